@@ -1,0 +1,135 @@
+"""Atomic save / resume of a whole run, and export to a plain Hugging Face model directory.
+
+A checkpoint is ``<run>/checkpoints/step_<N>/`` holding ``model/`` (safetensors + config + tokenizer: already a plain
+HF directory), each worker's optimizer / scheduler / RNG state, and ``driver_state.pt`` (step, data cursor, driver
+RNG, counters). It is written into ``.tmp-step_<N>`` and renamed into place only when complete, and ``latest`` is
+replaced atomically after that, so a run killed at any instant leaves either the previous or the new checkpoint,
+never a torn one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CKPT_DIR = "checkpoints"
+DRIVER_STATE = "driver_state.pt"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class CheckpointManager:
+    def __init__(self, run_dir: str | Path, max_to_keep: int = 2):
+        self.root = Path(run_dir) / CKPT_DIR
+        self.max_to_keep = max_to_keep
+
+    def save(self, step: int, write_workers: Callable[[Path], None], driver_state: dict[str, Any]) -> Path:
+        """``write_workers(tmp_dir)`` lets every worker write its part; then the driver's state; then rename."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / f"step_{step}"
+        tmp = self.root / f".tmp-step_{step}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        write_workers(tmp)
+        state = dict(driver_state, step=step, rng=driver_rng_state())
+        torch.save(state, tmp / DRIVER_STATE)
+        _fsync_dir(tmp)
+        if final.exists():  # a re-run of the same step after a resume: replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
+        _atomic_write_text(self.root / "latest", final.name + "\n")
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        steps = sorted(self.list_steps())
+        for s in steps[: max(0, len(steps) - self.max_to_keep)]:
+            shutil.rmtree(self.root / f"step_{s}", ignore_errors=True)
+
+    def list_steps(self) -> list[int]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in self.root.iterdir():
+            if p.is_dir() and p.name.startswith("step_") and (p / DRIVER_STATE).is_file():
+                try:
+                    out.append(int(p.name.removeprefix("step_")))
+                except ValueError:
+                    continue
+        return out
+
+    def latest(self) -> Path | None:
+        steps = self.list_steps()
+        return self.root / f"step_{max(steps)}" if steps else None
+
+
+def load_driver_state(ckpt_dir: str | Path) -> dict[str, Any]:
+    p = Path(ckpt_dir) / DRIVER_STATE
+    if not p.is_file():
+        raise CheckpointError(f"checkpoint {ckpt_dir}: no {DRIVER_STATE} (not a complete asyncrl checkpoint)")
+    return torch.load(p, weights_only=False)
+
+
+def driver_rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_driver_rng_state(s: dict[str, Any]) -> None:
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
+
+
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    """Copy a checkpoint's model as a plain HF directory (loadable by ``AutoModelForCausalLM.from_pretrained``).
+
+    ``checkpoint`` may be a ``step_<N>`` directory, a run's ``checkpoints/`` directory or a run directory (the latest
+    checkpoint is taken).
+    """
+    src = Path(checkpoint)
+    if not src.exists():
+        raise CheckpointError(f"checkpoint {src}: no such directory")
+    if (src / CKPT_DIR).is_dir():
+        src = src / CKPT_DIR
+    if not (src / "model").is_dir():
+        latest = CheckpointManager(src.parent if src.name == CKPT_DIR else src).latest()
+        if latest is None:
+            raise CheckpointError(f"checkpoint {checkpoint}: no step_<N>/model inside")
+        src = latest
+    model_dir = src / "model"
+    if not (model_dir / "config.json").is_file():
+        raise CheckpointError(f"checkpoint {src}: model/config.json missing")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in model_dir.iterdir():
+        if f.is_file():
+            shutil.copy2(f, out / f.name)
+    return out

@@ -1,0 +1,166 @@
+"""``asyncrl <command>``: data | sft | train | eval | export | report | demo.
+
+Every command that takes a config accepts dotted ``key=value`` overrides after its flags, e.g.
+``asyncrl train --config configs/quickstart.yaml rollout.n=8 trainer.total_training_steps=20``.
+Errors a user can fix (bad config, bad data row, bad model dir) print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+
+def _offline_env() -> None:
+    # Nothing this tool runs may reach a model hub; users loading a local directory never need it.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _parse_task_args(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise SystemExit(f"--task-arg {item!r}: expected key=value (e.g. max_terms=3)")
+        k, v = item.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def cmd_data(a: argparse.Namespace) -> None:
+    from asyncrl.data.tasks import write_task_dataset
+
+    train, test = write_task_dataset(
+        a.task,
+        a.size,
+        a.seed,
+        a.out,
+        test_size=a.test_size,
+        prompt_template=a.prompt_template,
+        **_parse_task_args(a.task_arg),
+    )
+    print(json.dumps({"train": str(train), "test": str(test)}))
+
+
+def cmd_sft(a: argparse.Namespace) -> None:
+    from asyncrl.sft import load_sft_config, run_sft
+
+    print(json.dumps(run_sft(load_sft_config(a.config, a.overrides))))
+
+
+def cmd_train(a: argparse.Namespace) -> None:
+    from asyncrl.config import load_config
+    from asyncrl.pipelines import run_pipeline
+
+    cfg = load_config(a.config, a.overrides)
+    print(json.dumps(run_pipeline(cfg)))
+
+
+def cmd_eval(a: argparse.Namespace) -> None:
+    import torch
+
+    from asyncrl.models.loading import load_model
+    from asyncrl.sft import evaluate_model
+
+    torch.set_num_threads(a.threads)
+    model, tok = load_model(a.model, for_training=False)
+    res = evaluate_model(model, tok, [a.data], a.response_length, a.n, temperature=a.temperature)
+    print(json.dumps({"accuracy": res["accuracy"], "n": int(res["n"]), "model": a.model, "data": a.data}))
+
+
+def cmd_export(a: argparse.Namespace) -> None:
+    from asyncrl.checkpoint import export_checkpoint
+
+    print(json.dumps({"exported": str(export_checkpoint(a.checkpoint, a.out))}))
+
+
+def cmd_report(a: argparse.Namespace) -> None:
+    from asyncrl.telemetry.report import write_report
+
+    print(json.dumps({"report": str(write_report(a.run_dir))}))
+
+
+def cmd_demo(a: argparse.Namespace) -> None:
+    from asyncrl.demo import run_demo
+
+    run_demo(a.out, sft_seconds=a.sft_seconds, rl_config=a.config, overrides=a.overrides)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="asyncrl", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("data", help="write train/test parquet (verl schema) from a reasoning-gym task")
+    s.add_argument("--task", default="chain_sum")
+    s.add_argument("--size", type=int, default=5000, help="training rows")
+    s.add_argument("--test-size", type=int, default=500, help="held-out rows")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", required=True)
+    s.add_argument("--task-arg", action="append", default=[], help="task option key=value (repeatable)")
+    s.add_argument(
+        "--prompt-template",
+        default="{question}",
+        help="user message, formatted with {question} and the task's metadata fields (chain_sum: {expression})",
+    )
+    s.set_defaults(fn=cmd_data)
+
+    for name, fn, helptext in (
+        ("sft", cmd_sft, "supervised warm start (question -> answer)"),
+        ("train", cmd_train, "RL training in the mode of trainer.mode"),
+    ):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("--config", required=name == "train")
+        s.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+        s.set_defaults(fn=fn)
+
+    s = sub.add_parser("eval", help="held-out accuracy of a model directory; prints one JSON line")
+    s.add_argument("--model", required=True)
+    s.add_argument("--data", required=True)
+    s.add_argument("--n", type=int, default=-1, help="evaluate the first N rows (-1 = all)")
+    s.add_argument("--response-length", type=int, default=32)
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--threads", type=int, default=2)
+    s.set_defaults(fn=cmd_eval)
+
+    s = sub.add_parser("export", help="write a checkpoint's model as a plain Hugging Face directory")
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("--out", required=True)
+    s.set_defaults(fn=cmd_export)
+
+    s = sub.add_parser("report", help="report.png (curves + Gantt chart of the timeline) for a run directory")
+    s.add_argument("run_dir")
+    s.set_defaults(fn=cmd_report)
+
+    s = sub.add_parser("demo", help="data -> tiny model -> SFT warm start -> RL vs an SFT control; prints a table")
+    s.add_argument("--out", default="runs/demo")
+    s.add_argument("--sft-seconds", type=float, default=180.0)
+    s.add_argument("--config", default="configs/quickstart.yaml")
+    s.add_argument("overrides", nargs="*")
+    s.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    _offline_env()
+    args = build_parser().parse_args(argv)
+    from asyncrl.checkpoint import CheckpointError
+    from asyncrl.config import ConfigError
+    from asyncrl.data.rows import DatasetError
+    from asyncrl.models.loading import ModelLoadError
+
+    try:
+        args.fn(args)
+    except (ConfigError, DatasetError, ModelLoadError, CheckpointError) as e:
+        print(f"asyncrl {args.command}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

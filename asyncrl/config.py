@@ -1,0 +1,244 @@
+"""One typed config tree for every mode.
+
+Leaf names follow verl's where the concept is the same (``data.train_batch_size``, ``rollout.n``,
+``actor.ppo_mini_batch_size``, ...) without verl's ``actor_rollout_ref.`` nesting. Every knob is read from here; a YAML
+file and dotted command-line overrides are merged onto the dataclass defaults with OmegaConf, so an unknown key or a
+wrong type fails at load, naming the key, before any worker starts. Range checks live in ``validate``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A config problem, always naming the key (``rollout.n``), the value and what is allowed."""
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=list)  # parquet/jsonl in verl's schema
+    val_files: list[str] = field(default_factory=list)
+    train_batch_size: int = 16  # prompts per training step (each gets rollout.n responses)
+    val_batch_size: int = 512  # prompts per eval generation call
+    val_max_samples: int = -1  # evaluate on at most this many held-out prompts (-1 = all)
+    max_prompt_length: int = 256  # tokens
+    overlong_prompts: str = "error"  # error | filter
+    shuffle: bool = True
+
+
+@dataclass
+class ModelConfig:
+    path: str = MISSING  # a local Hugging Face causal-LM directory
+    dtype: str = "float32"
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "builtin"  # builtin (our decode loop)
+    n: int = 8  # responses per prompt (the GRPO group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    response_length: int = 32  # max new tokens per response
+    max_batch_size: int = 256  # sequences decoded at once
+    val_temperature: float = 0.0  # 0 = greedy held-out evaluation
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_warmup_steps: int = 0  # linear warm-up, in optimizer steps
+    grad_clip: float = 1.0  # max global grad norm (<= 0 disables)
+
+
+@dataclass
+class ActorConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int = 16  # prompts per optimizer step (x rollout.n samples), as in verl
+    ppo_micro_batch_size: int = 64  # samples per forward/backward (gradient accumulation); memory only
+    ppo_epochs: int = 1
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None  # defaults to clip_ratio
+    clip_ratio_high: float | None = None  # defaults to clip_ratio
+    clip_ratio_c: float | None = None  # dual-clip bound for negative advantages (off when null)
+    entropy_coeff: float = 0.0
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl | kl | mse
+    use_rollout_log_probs: bool = False  # true: the rollout's behaviour log-probs are the PPO old policy
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    rollout_is: str | None = None  # null | token | sequence
+    rollout_is_threshold: float = 2.0
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"  # grpo
+    norm_adv_by_std_in_grpo: bool = True
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+
+
+@dataclass
+class RewardConfig:
+    custom_function: str | None = None  # "path/to/file.py:fn" with verl's signature; null = built-in registry
+
+
+@dataclass
+class TrainerConfig:
+    mode: str = "sync"  # sync
+    total_training_steps: int = 10
+    default_local_dir: str = "runs/default"
+    save_freq: int = 5  # steps between checkpoints (<= 0: only the final one)
+    test_freq: int = 5  # steps between held-out evaluations (<= 0: only before and after)
+    val_before_train: bool = True
+    resume_mode: str = "auto"  # auto | disable | a checkpoint directory
+    max_checkpoints_to_keep: int = 2
+    seed: int = 1
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    prometheus_port: int | None = None
+    cpus_per_worker: float = 2.0  # CPUs of the (colocated) trainer worker; torch threads = this, rounded down
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None  # connect to an existing cluster; null = start a local one on 127.0.0.1
+    num_cpus: int | None = None  # CPUs of the local cluster (null = all of this machine's)
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    schema: type = Config,
+    validate_fn: Any = None,
+) -> Any:
+    """Merge a YAML file and ``key=value`` overrides onto the dataclass defaults and validate.
+
+    Raises ``ConfigError`` naming the key for an unknown key, a wrong type, a missing value or an out-of-range value.
+    """
+    base = OmegaConf.structured(schema)
+    layers = []
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p}: no such file")
+        try:
+            layers.append((str(p), OmegaConf.load(p)))
+        except Exception as e:  # yaml syntax errors
+            raise ConfigError(f"config file {p}: not valid YAML: {e}") from None
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"command-line override {item!r}: expected key=value (e.g. rollout.n=8)")
+        layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
+    merged = base
+    for where, layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as e:
+            raise ConfigError(_describe(e, where)) from None
+    try:
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_describe(e, "config")) from None
+    (validate_fn or validate)(cfg)
+    return cfg
+
+
+def _describe(e: OmegaConfBaseException, where: str) -> str:
+    key = getattr(e, "full_key", None) or "?"
+    msg = str(e).splitlines()[0]
+    if "not in" in msg or "Key '" in msg and "not" in msg:
+        return f"{where}: unknown config key {key!r}"
+    if "missing mandatory value" in msg.lower():
+        return f"config key {key} is required (got no value)"
+    return f"{where}: config key {key}: {msg}"
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"config key {key} must be {allowed} (got {value!r})")
+
+
+def _choice(key: str, value: Any, choices: tuple) -> None:
+    _check(value in choices, key, value, "one of " + ", ".join(str(c) for c in choices))
+
+
+def validate(cfg: Config) -> None:
+    """Range and consistency checks that types alone cannot express."""
+    d, r, a, t = cfg.data, cfg.rollout, cfg.actor, cfg.trainer
+    _check(d.train_batch_size >= 1, "data.train_batch_size", d.train_batch_size, ">= 1")
+    _check(d.val_batch_size >= 1, "data.val_batch_size", d.val_batch_size, ">= 1")
+    _check(d.max_prompt_length >= 1, "data.max_prompt_length", d.max_prompt_length, ">= 1")
+    _choice("data.overlong_prompts", d.overlong_prompts, ("error", "filter"))
+    _check(bool(d.train_files), "data.train_files", d.train_files, "a non-empty list of parquet/jsonl files")
+    _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
+    _choice("rollout.engine", r.engine, ("builtin",))
+    _check(r.n >= 1, "rollout.n", r.n, ">= 1")
+    _check(r.temperature >= 0, "rollout.temperature", r.temperature, ">= 0")
+    _check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "in (0, 1]")
+    _check(r.top_k >= 0, "rollout.top_k", r.top_k, ">= 0 (0 = off)")
+    _check(r.response_length >= 1, "rollout.response_length", r.response_length, ">= 1")
+    _check(r.max_batch_size >= 1, "rollout.max_batch_size", r.max_batch_size, ">= 1")
+    _check(r.val_temperature >= 0, "rollout.val_temperature", r.val_temperature, ">= 0")
+    _check(a.optim.lr > 0, "actor.optim.lr", a.optim.lr, "> 0")
+    _check(a.optim.weight_decay >= 0, "actor.optim.weight_decay", a.optim.weight_decay, ">= 0")
+    _check(len(a.optim.betas) == 2 and all(0 <= b < 1 for b in a.optim.betas), "actor.optim.betas", a.optim.betas,
+           "two numbers in [0, 1)")
+    _check(a.optim.lr_warmup_steps >= 0, "actor.optim.lr_warmup_steps", a.optim.lr_warmup_steps, ">= 0")
+    _check(a.ppo_mini_batch_size >= 1, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size, ">= 1")
+    _check(a.ppo_mini_batch_size <= d.train_batch_size, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size,
+           f"<= data.train_batch_size ({d.train_batch_size})")
+    _check(d.train_batch_size % a.ppo_mini_batch_size == 0, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size,
+           f"a divisor of data.train_batch_size ({d.train_batch_size})")
+    _check(a.ppo_micro_batch_size >= 1, "actor.ppo_micro_batch_size", a.ppo_micro_batch_size, ">= 1")
+    _check(a.ppo_epochs >= 1, "actor.ppo_epochs", a.ppo_epochs, ">= 1")
+    _check(0 <= a.clip_ratio < 1, "actor.clip_ratio", a.clip_ratio, "in [0, 1)")
+    for k in ("clip_ratio_low", "clip_ratio_high"):
+        v = getattr(a, k)
+        _check(v is None or v >= 0, f"actor.{k}", v, ">= 0 or null")
+    _check(a.clip_ratio_c is None or a.clip_ratio_c > 1, "actor.clip_ratio_c", a.clip_ratio_c, "> 1 or null")
+    _choice("actor.loss_agg_mode", a.loss_agg_mode, ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"))
+    _choice("actor.kl_loss_type", a.kl_loss_type, ("k1", "k2", "k3", "low_var_kl", "kl", "mse"))
+    _check(a.kl_loss_coef >= 0, "actor.kl_loss_coef", a.kl_loss_coef, ">= 0")
+    _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ("grpo",))
+    rc = cfg.algorithm.rollout_correction
+    _choice("algorithm.rollout_correction.rollout_is", rc.rollout_is, (None, "token", "sequence"))
+    _check(rc.rollout_is_threshold >= 1, "algorithm.rollout_correction.rollout_is_threshold",
+           rc.rollout_is_threshold, ">= 1")
+    _choice("trainer.mode", t.mode, ("sync",))
+    _check(t.total_training_steps >= 1, "trainer.total_training_steps", t.total_training_steps, ">= 1")
+    _check(t.max_checkpoints_to_keep >= 1, "trainer.max_checkpoints_to_keep", t.max_checkpoints_to_keep, ">= 1")
+    _check(t.resume_mode in ("auto", "disable") or Path(t.resume_mode).is_dir(), "trainer.resume_mode",
+           t.resume_mode, "auto, disable, or an existing checkpoint directory")
+    for b in t.logger:
+        _choice("trainer.logger", b, ("console", "jsonl", "tensorboard", "prometheus"))
+    _check(t.cpus_per_worker >= 1, "trainer.cpus_per_worker", t.cpus_per_worker, ">= 1")
+    _check(cfg.ray.num_cpus is None or cfg.ray.num_cpus >= 1, "ray.num_cpus", cfg.ray.num_cpus, ">= 1 or null")

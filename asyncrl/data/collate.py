@@ -1,0 +1,79 @@
+"""Turn a list of ``Sample`` into padded tensors for the trainer.
+
+Layout: every row is ``[left pad][prompt][response][right pad]``, with all prompts left-padded to the longest prompt
+``P`` and all responses right-padded to the longest response ``T``. The response region therefore starts at the same
+column ``P`` in every row, so the logits that predict response token ``t`` are simply ``logits[:, P - 1 + t]`` for the
+whole batch, with no per-row gather. Position ids count real tokens only (``cumsum(mask) - 1``), exactly as the rollout
+engine numbers them, so trainer and engine see identical inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from asyncrl.types import Sample
+
+
+@dataclass
+class TrainBatch:
+    input_ids_BL: torch.Tensor  # long [B, P + T]
+    attention_mask_BL: torch.Tensor  # long [B, P + T]
+    position_ids_BL: torch.Tensor  # long [B, P + T]
+    response_ids_BT: torch.Tensor  # long [B, T]
+    response_mask_BT: torch.Tensor  # float [B, T], 1 = real response token
+    prompt_width: int  # P
+    behav_logp_BT: torch.Tensor  # float [B, T] the rollout's log-probs (0 on padding)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # advantages_BT, old_logp_BT, ref_logp_BT, ...
+
+    @property
+    def size(self) -> int:
+        return self.input_ids_BL.shape[0]
+
+    def select(self, idx: torch.Tensor | list[int]) -> TrainBatch:
+        """Rows ``idx`` of the batch (all tensors, extras included); the padding widths stay as they are."""
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        return TrainBatch(
+            input_ids_BL=self.input_ids_BL[idx],
+            attention_mask_BL=self.attention_mask_BL[idx],
+            position_ids_BL=self.position_ids_BL[idx],
+            response_ids_BT=self.response_ids_BT[idx],
+            response_mask_BT=self.response_mask_BT[idx],
+            prompt_width=self.prompt_width,
+            behav_logp_BT=self.behav_logp_BT[idx],
+            extras={k: v[idx] for k, v in self.extras.items()},
+        )
+
+
+def collate(samples: list[Sample], pad_token_id: int) -> TrainBatch:
+    if not samples:
+        raise ValueError("collate: no samples")
+    B = len(samples)
+    P = max(len(s.prompt.prompt_ids) for s in samples)
+    T = max(max(len(s.response_ids) for s in samples), 1)
+    input_ids = torch.full((B, P + T), pad_token_id, dtype=torch.long)
+    attn = torch.zeros((B, P + T), dtype=torch.long)
+    resp_mask = torch.zeros((B, T), dtype=torch.float32)
+    behav = torch.zeros((B, T), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        p, r = s.prompt.prompt_ids, s.response_ids
+        if len(s.logprobs) != len(r):
+            raise ValueError(f"sample {s.uid}: {len(r)} response tokens but {len(s.logprobs)} log-probs")
+        input_ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
+        attn[i, P - len(p) : P] = 1
+        if r:
+            input_ids[i, P : P + len(r)] = torch.tensor(r, dtype=torch.long)
+            attn[i, P : P + len(r)] = 1
+            resp_mask[i, : len(r)] = 1.0
+            behav[i, : len(r)] = torch.tensor(s.logprobs, dtype=torch.float32)
+    position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
+    return TrainBatch(
+        input_ids_BL=input_ids,
+        attention_mask_BL=attn,
+        position_ids_BL=position_ids,
+        response_ids_BT=input_ids[:, P:],
+        response_mask_BT=resp_mask,
+        prompt_width=P,
+        behav_logp_BT=behav,
+    )

@@ -1,0 +1,157 @@
+"""Tokenised prompts: rows from ``load_rows`` turned into ``asyncrl.types.Prompt`` objects.
+
+Prompts are tokenised once, up front, so over-long prompts are found at start-up (with their file and row) instead of
+being truncated silently during a rollout, and so rollout workers only ever handle token ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from asyncrl.data.rows import DatasetError, Rows, load_rows, validate_row
+from asyncrl.types import Prompt
+
+__all__ = ["DatasetError", "PromptDataset", "load_rows", "tokenize_messages"]
+
+
+def _as_id_list(encoded: Any, where: str) -> list[int]:
+    """Normalise what ``apply_chat_template(tokenize=True)`` / ``tokenizer(...)`` return to a flat ``list[int]``.
+
+    transformers 5.x returns a ``BatchEncoding`` (a mapping with ``input_ids``) by default, 4.x a plain list; either
+    may be nested one level if the tokenizer treated the input as a batch of one.
+    """
+    if isinstance(encoded, Mapping):
+        if "input_ids" not in encoded:
+            raise DatasetError(f"{where}: tokenizer returned a mapping without 'input_ids' (keys {list(encoded)})")
+        encoded = encoded["input_ids"]
+    if hasattr(encoded, "tolist"):  # a tensor or array, if a tokenizer insists on one
+        encoded = encoded.tolist()
+    encoded = list(encoded)
+    if encoded and isinstance(encoded[0], list | tuple):
+        if len(encoded) != 1:
+            raise DatasetError(f"{where}: tokenizer returned a batch of {len(encoded)} sequences for one prompt")
+        encoded = list(encoded[0])
+    return [int(t) for t in encoded]
+
+
+def tokenize_messages(
+    tokenizer: Any, messages: list[dict[str, Any]], apply_chat_template: bool = True, where: str = "prompt"
+) -> list[int]:
+    """Token ids of one prompt.
+
+    With ``apply_chat_template`` the tokenizer's chat template is applied with the generation prompt appended (the
+    template adds any special tokens). Without it the message contents are joined with newlines and encoded with the
+    tokenizer's own special tokens (e.g. BOS), which is what a base model without a chat format expects.
+    """
+    if apply_chat_template:
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    else:
+        text = "\n".join(m["content"] for m in messages)
+        encoded = tokenizer(text, add_special_tokens=True)
+    return _as_id_list(encoded, where)
+
+
+class PromptDataset:
+    """Indexable collection of tokenised ``Prompt`` objects.
+
+    ``Prompt.index`` is the row's position in ``rows`` (for one file: its position in the file; for several, in their
+    concatenation), so it stays the same across epochs, resumes and filtering. ``len(self)`` counts kept prompts only;
+    ``self[i]`` is the i-th *kept* prompt. Each access returns a fresh ``Prompt`` (epoch 0 unless ``get`` is given
+    one), so callers may set ``epoch`` without affecting other users.
+
+    ``overlong`` decides what happens to a prompt of more than ``max_prompt_length`` tokens: ``"error"`` raises a
+    ``DatasetError`` naming the first such row (and how many there are); ``"filter"`` drops them, counting them in
+    ``num_filtered`` and listing their row indices in ``filtered_indices``.
+    """
+
+    def __init__(
+        self,
+        rows: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        max_prompt_length: int,
+        apply_chat_template: bool = True,
+        overlong: Literal["error", "filter"] = "error",
+    ):
+        if overlong not in ("error", "filter"):
+            raise ValueError(f"PromptDataset: overlong must be 'error' or 'filter' (got {overlong!r})")
+        if max_prompt_length <= 0:
+            raise ValueError(f"PromptDataset: max_prompt_length must be positive (got {max_prompt_length})")
+        if apply_chat_template and getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                f"PromptDataset: tokenizer {type(tokenizer).__name__} has no chat_template; "
+                "use a tokenizer that has one or set apply_chat_template=False"
+            )
+        if not isinstance(rows, Rows):
+            rows = Rows(rows)
+        self.max_prompt_length = max_prompt_length
+        self._prompts: list[Prompt] = []
+        self.filtered_indices: list[int] = []
+        overlong_rows: list[tuple[int, int]] = []  # (row index, length)
+
+        for i, row in enumerate(rows):
+            where = rows.where(i)
+            row = validate_row(row, where)  # idempotent and cheap; covers rows built in code, not read by load_rows
+            ids = tokenize_messages(tokenizer, row["prompt"], apply_chat_template, where)
+            if len(ids) > max_prompt_length:
+                overlong_rows.append((i, len(ids)))
+                continue
+            self._prompts.append(
+                Prompt(
+                    index=i,
+                    prompt_ids=ids,
+                    data_source=row["data_source"],
+                    ground_truth=str(row["reward_model"]["ground_truth"]),
+                    extra_info=dict(row.get("extra_info") or {}),
+                )
+            )
+
+        if overlong_rows and overlong == "error":
+            first, length = overlong_rows[0]
+            raise DatasetError(
+                f"{rows.where(first)}: prompt is {length} tokens, longer than max_prompt_length={max_prompt_length} "
+                f"({len(overlong_rows)} of {len(rows)} rows are too long; raise max_prompt_length or filter "
+                "overlong prompts)"
+            )
+        self.filtered_indices = [i for i, _ in overlong_rows]
+        if len(rows) > 0 and not self._prompts:
+            raise DatasetError(
+                f"PromptDataset: all {len(rows)} prompts are longer than max_prompt_length={max_prompt_length}"
+            )
+
+    @classmethod
+    def from_files(
+        cls, paths: str | Path | Sequence[str | Path], tokenizer: Any, max_prompt_length: int, **kwargs: Any
+    ) -> PromptDataset:
+        """``load_rows(paths)`` then tokenise; keyword arguments as for the constructor."""
+        return cls(load_rows(paths), tokenizer, max_prompt_length, **kwargs)
+
+    @property
+    def num_filtered(self) -> int:
+        """How many rows were dropped for being longer than ``max_prompt_length`` (always 0 with ``"error"``)."""
+        return len(self.filtered_indices)
+
+    def __len__(self) -> int:
+        return len(self._prompts)
+
+    def get(self, i: int, epoch: int = 0) -> Prompt:
+        """A fresh copy of the i-th kept prompt, tagged with ``epoch`` (the token list is shared: do not mutate it)."""
+        p = self._prompts[i]
+        return Prompt(
+            index=p.index,
+            prompt_ids=p.prompt_ids,
+            data_source=p.data_source,
+            ground_truth=p.ground_truth,
+            extra_info=dict(p.extra_info),
+            epoch=epoch,
+        )
+
+    def __getitem__(self, i: int) -> Prompt:
+        if not isinstance(i, int):
+            raise TypeError(f"PromptDataset indices must be int (got {type(i).__name__})")
+        return self.get(i)
+
+    def max_length(self) -> int:
+        """Longest kept prompt, in tokens (0 if empty)."""
+        return max((len(p.prompt_ids) for p in self._prompts), default=0)

@@ -1,0 +1,228 @@
+"""Built-in tasks generated procedurally by reasoning-gym, written as verl-schema rows.
+
+Nothing is downloaded: reasoning-gym builds every item from ``random.Random(seed + item_index)``. That detail matters
+for splitting: datasets with seeds ``s`` and ``s + 1`` share all but one item, so the test split is drawn from
+``seed + TEST_SEED_OFFSET`` and then deduplicated against the training split.
+
+``TASKS`` holds tasks with tuned default generation settings (small numbers, so that small models can learn them);
+any other reasoning-gym dataset name works too, with reasoning-gym's own defaults. ``register_task`` adds or replaces
+an entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncrl.data.rows import write_rows
+
+TEST_SEED_OFFSET = 1_000_000_000
+"""Added to the seed for the test split; train items use seeds ``seed .. seed + size - 1``, so they never collide."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A reasoning-gym dataset plus the settings this project uses for it.
+
+    ``defaults`` are generation kwargs of the dataset's config class (overridable per call); ``score_metadata`` lists
+    the ``metadata`` keys its ``score_answer`` reads, so the reward can refuse rows that lack them instead of silently
+    scoring them as wrong.
+    """
+
+    name: str
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    ability: str = "math"
+    score_metadata: tuple[str, ...] = ()
+
+    def kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """Generation kwargs: the defaults updated with ``overrides``."""
+        return {**self.defaults, **overrides}
+
+
+TASKS: dict[str, TaskSpec] = {}
+
+
+def register_task(
+    name: str, defaults: Mapping[str, Any] | None = None, ability: str = "math", score_metadata: tuple[str, ...] = ()
+) -> TaskSpec:
+    """Add (or replace) a task; ``name`` must be a reasoning-gym dataset name (checked when it is first used)."""
+    spec = TaskSpec(name, dict(defaults or {}), ability, tuple(score_metadata))
+    TASKS[name] = spec
+    return spec
+
+
+# "chain_sum": "State the final answer to the following arithmetic problem: 4 - 1 - 7 =" -> "-4"
+register_task("chain_sum", {"min_terms": 2, "max_terms": 4, "min_digits": 1, "max_digits": 2})
+# "basic_arithmetic": "Calculate ( 2 + -8 ) + 4." -> "-2" (+ - * and exact integer /, with parentheses)
+register_task("basic_arithmetic", {"min_terms": 2, "max_terms": 4, "min_digits": 1, "max_digits": 2})
+# "countdown": "Calculate 309 using all of these numbers: 6, 61, 94, 4. ..." -> any expression using exactly those
+# numbers that evaluates to the target; score_answer reads metadata["numbers"] and metadata["target"].
+register_task("countdown", {"min_numbers": 3, "max_numbers": 4}, score_metadata=("numbers", "target"))
+
+
+def reasoning_gym_names() -> list[str]:
+    """All dataset names the installed reasoning-gym provides."""
+    from reasoning_gym.factory import DATASETS
+
+    return sorted(DATASETS)
+
+
+def get_task(name: str) -> TaskSpec:
+    """The registered task, or a default spec for any other reasoning-gym dataset; else ``ValueError`` listing both."""
+    if name in TASKS:
+        return TASKS[name]
+    rg_names = reasoning_gym_names()
+    if name in rg_names:
+        return TaskSpec(name)
+    raise ValueError(
+        f"unknown task {name!r}: built-in tasks are {', '.join(sorted(TASKS))}; "
+        f"any reasoning-gym dataset also works: {', '.join(rg_names)}"
+    )
+
+
+def create_task_dataset(task: str, size: int, seed: int, **task_kwargs: Any) -> Any:
+    """A reasoning-gym ``ProceduralDataset`` for ``task`` with its defaults updated by ``task_kwargs``.
+
+    Bad kwargs raise ``ValueError`` naming the task and listing the config fields it accepts (reasoning-gym itself
+    raises a bare ``TypeError``/``AssertionError``).
+    """
+    import reasoning_gym
+    from reasoning_gym.factory import DATASETS
+
+    spec = get_task(task)
+    kwargs = spec.kwargs(**task_kwargs)
+    for reserved in ("size", "seed"):
+        if reserved in kwargs:
+            raise ValueError(f"task {task!r}: pass {reserved!r} as an argument, not as a task kwarg")
+    _, config_cls = DATASETS[task]
+    allowed = sorted(f.name for f in dataclasses.fields(config_cls) if f.name not in ("size", "seed"))
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ValueError(f"task {task!r}: unknown kwargs {unknown} (allowed: {', '.join(allowed)})")
+    try:
+        return reasoning_gym.create_dataset(task, size=size, seed=seed, **kwargs)
+    except (AssertionError, TypeError, ValueError) as e:
+        raise ValueError(f"task {task!r}: invalid kwargs {kwargs}: {e}") from e
+
+
+def _json_default(value: Any) -> Any:
+    """Make reasoning-gym metadata JSON-able: sets become sorted lists, numpy scalars/arrays plain values."""
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=repr)
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return repr(value)
+
+
+def render_prompt(template: str, entry: Mapping[str, Any], where: str = "prompt_template") -> str:
+    """The user message for ``entry``: ``template`` formatted with ``question`` and the entry's metadata fields.
+
+    The default ``"{question}"`` is reasoning-gym's own wording. A shorter template (e.g. ``"{expression} ="`` for
+    chain_sum) keeps the same task and scorer but costs far fewer tokens per sample, which matters for a
+    character-level model on a CPU.
+    """
+    fields = {**dict(entry.get("metadata") or {}), "question": str(entry["question"])}
+    try:
+        return template.format(**fields)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"{where} {template!r}: cannot fill it ({e!r}); available fields: {sorted(fields)}") from None
+
+
+def _row(
+    task: str,
+    ability: str,
+    entry: Mapping[str, Any],
+    split: str,
+    index: int,
+    kwargs_json: str,
+    prompt_template: str = "{question}",
+) -> dict:
+    question, answer = str(entry["question"]), str(entry["answer"])
+    return {
+        "data_source": task,
+        "prompt": [{"role": "user", "content": render_prompt(prompt_template, entry)}],
+        "ability": ability,
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "answer": answer,
+            "question": question,
+            "task_kwargs": kwargs_json,
+            "metadata": json.dumps(entry.get("metadata", {}), default=_json_default),
+        },
+    }
+
+
+def _entries(task: str, seed: int, start: int, stop: int, kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Items ``start .. stop - 1`` of the dataset seeded with ``seed`` (item i depends only on ``seed + i``)."""
+    dataset = create_task_dataset(task, size=max(stop, 1), seed=seed, **kwargs)
+    return [dataset[i] for i in range(start, stop)]
+
+
+def make_rows(
+    task: str, size: int, seed: int, split: str, prompt_template: str = "{question}", **task_kwargs: Any
+) -> list[dict[str, Any]]:
+    """``size`` verl-schema rows of ``task`` generated from ``seed`` (same arguments, same rows).
+
+    ``extra_info`` holds only parquet-friendly values: ``task_kwargs`` (the full generation kwargs, defaults included)
+    and ``metadata`` (reasoning-gym's per-item metadata) are JSON strings, which the reward decodes.
+    """
+    if size <= 0:
+        raise ValueError(f"make_rows: size must be positive (got {size})")
+    spec = get_task(task)
+    kwargs = spec.kwargs(**task_kwargs)
+    kwargs_json = json.dumps(kwargs, sort_keys=True, default=_json_default)
+    return [
+        _row(task, spec.ability, e, split, i, kwargs_json, prompt_template)
+        for i, e in enumerate(_entries(task, seed, 0, size, kwargs))
+    ]
+
+
+def write_task_dataset(
+    task: str,
+    size: int,
+    seed: int,
+    out_dir: str | Path,
+    test_size: int = 500,
+    prompt_template: str = "{question}",
+    **task_kwargs: Any,
+) -> tuple[Path, Path]:
+    """Write ``out_dir/train.parquet`` (``size`` rows) and ``out_dir/test.parquet`` (``test_size`` rows).
+
+    The test split is generated from ``seed + TEST_SEED_OFFSET`` and deduplicated: any question that also appears in
+    the training split, or earlier in the test split, is dropped and replaced by further items from the test seed, so
+    the test split always has exactly ``test_size`` distinct questions, none seen in training. Tasks whose question
+    space is too small for that raise a ``ValueError``. Returns ``(train_path, test_path)``.
+    """
+    if test_size <= 0:
+        raise ValueError(f"write_task_dataset: test_size must be positive (got {test_size})")
+    spec = get_task(task)
+    kwargs = spec.kwargs(**task_kwargs)
+    kwargs_json = json.dumps(kwargs, sort_keys=True, default=_json_default)
+    train = make_rows(task, size, seed, "train", prompt_template=prompt_template, **task_kwargs)
+
+    seen = {row["extra_info"]["question"] for row in train}
+    test_entries: list[dict[str, Any]] = []
+    test_seed, drawn, max_draws = seed + TEST_SEED_OFFSET, 0, 10 * test_size + 100
+    while len(test_entries) < test_size and drawn < max_draws:
+        chunk = min(max_draws, drawn + 2 * (test_size - len(test_entries)))
+        for entry in _entries(task, test_seed, drawn, chunk, kwargs):
+            question = str(entry["question"])
+            if question not in seen and len(test_entries) < test_size:
+                seen.add(question)
+                test_entries.append(entry)
+        drawn = chunk
+    if len(test_entries) < test_size:
+        raise ValueError(
+            f"task {task!r} with kwargs {kwargs}: only {len(test_entries)} of {test_size} test questions are distinct "
+            f"and absent from the {size} training rows after {drawn} draws; widen the task or lower test_size"
+        )
+    test = [_row(task, spec.ability, e, "test", i, kwargs_json, prompt_template) for i, e in enumerate(test_entries)]
+
+    out = Path(out_dir)
+    return write_rows(out / "train.parquet", train), write_rows(out / "test.parquet", test)

@@ -1,0 +1,136 @@
+"""Load any local Hugging Face causal-LM directory (ours from ``init_model_dir`` or a downloaded checkpoint).
+
+Nothing is fetched from a hub: every call passes ``local_files_only=True``, and a path that is not a usable model
+directory fails up front with a :class:`ModelLoadError` that names the path and what is missing, instead of a
+transformers error about repository ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer directory could not be loaded; the message names the path and the reason."""
+
+
+def _resolve_dtype(dtype: str | torch.dtype, path: str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"model.dtype {dtype!r} for {path}: unknown dtype (known: {', '.join(DTYPES)})")
+    return DTYPES[dtype]
+
+
+def _check_model_dir(path: str) -> AutoConfig:
+    """Validate ``path`` as a local causal-LM directory and return its config, or raise ModelLoadError."""
+    if not os.path.exists(path):
+        raise ModelLoadError(f"model.path {path}: does not exist (expected a local Hugging Face model directory)")
+    if not os.path.isdir(path):
+        raise ModelLoadError(f"model.path {path}: is a file, not a directory (expected a Hugging Face model directory)")
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise ModelLoadError(f"model.path {path}: no config.json (expected a Hugging Face model directory)")
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            raw: dict[str, Any] = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"model.path {path}: config.json is not valid JSON ({e})") from e
+    model_type = raw.get("model_type")
+    if not model_type:
+        raise ModelLoadError(f"model.path {path}: config.json has no model_type (cannot tell which architecture)")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (ValueError, KeyError) as e:
+        raise ModelLoadError(
+            f"model.path {path}: config.json model_type {model_type!r} is not an architecture this transformers "
+            f"version knows ({type(e).__name__})"
+        ) from e
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ModelLoadError(
+            f"model.path {path}: model_type {model_type!r} is not a causal language model "
+            "(AutoModelForCausalLM cannot load it)"
+        )
+    return config
+
+
+def load_tokenizer_from(path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in ``path``; it must define an eos token. A missing pad token falls back to eos."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # transformers raises OSError / ValueError / TypeError depending on what is missing
+        raise ModelLoadError(f"model.path {path}: could not load a tokenizer ({type(e).__name__}: {e})") from e
+    if tokenizer.eos_token_id is None:
+        raise ModelLoadError(f"model.path {path}: the tokenizer has no eos token (generation could never stop)")
+    if tokenizer.pad_token_id is None:
+        # Padding is always masked out, so any id works; eos is the usual choice and is always in the vocabulary.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    dtype: str | torch.dtype = "float32",
+    for_training: bool = True,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load ``(model, tokenizer)`` from a local directory with AutoModelForCausalLM / AutoTokenizer.
+
+    ``for_training=True`` returns the model in train mode with gradients enabled; ``False`` returns it in eval mode
+    with ``requires_grad`` off (rollout and reference models never need gradients, which saves memory).
+    """
+    path = os.fspath(path)
+    torch_dtype = _resolve_dtype(dtype, path)
+    config = _check_model_dir(path)
+    tokenizer = load_tokenizer_from(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype, local_files_only=True)
+    except Exception as e:  # missing/corrupt weights surface as OSError, RuntimeError or ValueError
+        raise ModelLoadError(f"model.path {path}: could not load the model weights ({type(e).__name__}: {e})") from e
+    if for_training:
+        model.train()
+    else:
+        model.eval()
+        model.requires_grad_(False)
+    return model, tokenizer
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Every token id that ends a response: the tokenizer's eos plus the generation config's eos (sorted, unique).
+
+    Chat models often list more than one (e.g. ``<|im_end|>`` and ``<|endoftext|>``); stopping on only the tokenizer's
+    would let responses run on to the length limit.
+    """
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_config = getattr(model, "generation_config", None)
+    gen_eos = getattr(gen_config, "eos_token_id", None) if gen_config is not None else None
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos is not None:
+        ids.update(int(i) for i in gen_eos)
+    return sorted(ids)
+
+
+def set_seed_all(seed: int) -> None:
+    """Seed Python's ``random``, NumPy and torch (CPU and, if present, CUDA) global RNGs."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)

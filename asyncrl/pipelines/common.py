@@ -1,0 +1,218 @@
+"""What every pipeline mode shares: the run directory, data, rewards, metrics, evaluation and checkpoints.
+
+The order of events belongs to each mode's own module; this one only provides the parts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+import yaml
+
+from asyncrl import algos
+from asyncrl.checkpoint import CheckpointManager, load_driver_state, set_driver_rng_state
+from asyncrl.config import Config, to_dict
+from asyncrl.data.collate import TrainBatch
+from asyncrl.data.dataset import PromptDataset, load_rows
+from asyncrl.data.sampler import EpochSampler
+from asyncrl.evaluation import evaluate_prompts
+from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
+from asyncrl.rewards.reward_fn import build_reward_fn
+from asyncrl.rollout.engine import SamplingParams
+from asyncrl.telemetry.metrics import MetricsLogger, read_metrics
+from asyncrl.telemetry.timeline import get_timeline, write_chrome_trace
+from asyncrl.types import Prompt, Sample
+
+
+class StepTimer:
+    """Collects ``timing_s/<name>`` wall-clock seconds for one step, and records each as a driver span."""
+
+    def __init__(self, step: int):
+        self.step = step
+        self.timings: dict[str, float] = {}
+        self.timeline = get_timeline()
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        with self.timeline.span(name, step=self.step, worker="driver"):
+            yield
+        self.timings[f"timing_s/{name}"] = self.timings.get(f"timing_s/{name}", 0.0) + time.perf_counter() - t0
+
+
+class Run:
+    """One training run's driver-side state: data cursor, reward function, logger, checkpoints, counters."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.dir = Path(cfg.trainer.default_local_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.tokenizer = load_tokenizer(cfg.model.path)
+        d = cfg.data
+        self.train = PromptDataset(
+            load_rows(d.train_files), self.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts
+        )
+        self.val: PromptDataset | None = None
+        if d.val_files:
+            rows = load_rows(d.val_files)
+            if d.val_max_samples > 0:
+                rows = rows[: d.val_max_samples]
+            self.val = PromptDataset(rows, self.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts)
+        self.sampler = EpochSampler(len(self.train), d.train_batch_size, seed=cfg.trainer.seed, shuffle=d.shuffle)
+        self.reward_fn = build_reward_fn(cfg.reward.custom_function)
+        self.ckpt = CheckpointManager(self.dir, cfg.trainer.max_checkpoints_to_keep)
+        self.start_step = 1
+        self.samples_trained = 0
+        self.wall_offset_s = 0.0  # wall seconds spent before the last resume
+        self.t0 = time.time()
+        self.summary: dict[str, Any] = {}
+        self.logger: MetricsLogger | None = None
+        (self.dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+    # ---- data ----------------------------------------------------------------------------------------------------
+    def next_prompts(self) -> list[Prompt]:
+        out = []
+        for epoch, index in self.sampler.next_batch():
+            p = self.train[index]
+            out.append(Prompt(**{**asdict(p), "epoch": epoch}))
+        return out
+
+    def sampling(self) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(
+            n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.response_length
+        )
+
+    def gen_seed(self, step: int) -> int:
+        """Generation seed depends on (trainer.seed, step) only, so a resumed run samples what the unbroken run did."""
+        return self.cfg.trainer.seed * 1_000_003 + step
+
+    # ---- rewards and advantages ------------------------------------------------------------------------------------
+    def score(self, samples: list[Sample]) -> dict[str, float]:
+        stats = self.reward_fn.score(samples)
+        return {k: float(v) for k, v in (stats or {}).items()}
+
+    def grpo_advantages(self, samples: list[Sample], batch: TrainBatch) -> torch.Tensor:
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        uids = {u: i for i, u in enumerate(dict.fromkeys(s.uid for s in samples))}
+        group_ids = torch.tensor([uids[s.uid] for s in samples], dtype=torch.long)
+        adv_B = algos.compute_grpo_advantages(rewards, group_ids, norm_by_std=self.cfg.algorithm.norm_adv_by_std_in_grpo)
+        self._group_spread = algos.group_reward_spread(rewards, group_ids)
+        return algos.broadcast_advantages(adv_B, batch.response_mask_BT)
+
+    def sample_metrics(self, samples: list[Sample], batch: TrainBatch) -> dict[str, float]:
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        lens = batch.response_mask_BT.sum(dim=1)
+        return {
+            "reward/mean": float(rewards.mean()),
+            "reward/max": float(rewards.max()),
+            "reward/min": float(rewards.min()),
+            "reward/group_spread_frac": float(getattr(self, "_group_spread", 0.0)),
+            "response_length/mean": float(lens.mean()),
+            "response_length/max": float(lens.max()),
+            "response_length/clip_ratio": float(sum(s.stop_reason == "length" for s in samples) / len(samples)),
+            "prompt_length/mean": float(sum(len(s.prompt.prompt_ids) for s in samples) / len(samples)),
+        }
+
+    # ---- evaluation ------------------------------------------------------------------------------------------------
+    def evaluate(self, worker: Any, step: int) -> dict[str, float]:
+        """Held-out accuracy through the worker's engine, at ``rollout.val_temperature`` (0 = greedy)."""
+        if self.val is None:
+            return {}
+        prompts = [self.val[i] for i in range(len(self.val))]
+
+        def generate(chunk: list[Prompt], params: SamplingParams, seed: int) -> list[Sample]:
+            return ray.get(worker.generate.remote(chunk, params, seed=seed, step=step))
+
+        with get_timeline().span("validate", step=step, worker="driver"):
+            res = evaluate_prompts(
+                generate,
+                prompts,
+                self.reward_fn,
+                self.cfg.rollout.response_length,
+                temperature=self.cfg.rollout.val_temperature,
+                batch_size=self.cfg.data.val_batch_size,
+            )
+        return {"val/accuracy": res["accuracy"], "val/n": res["n"]}
+
+    # ---- logging ---------------------------------------------------------------------------------------------------
+    def open_logger(self) -> MetricsLogger:
+        t = self.cfg.trainer
+        self.logger = MetricsLogger(self.dir, t.logger, run_name=self.dir.name, prometheus_port=t.prometheus_port)
+        self.logger.set_total(t.total_training_steps)
+        return self.logger
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        assert self.logger is not None
+        self.logger.log(step, metrics)
+
+    def wall_s(self) -> float:
+        return self.wall_offset_s + time.time() - self.t0
+
+    # ---- checkpoints -----------------------------------------------------------------------------------------------
+    def save(self, step: int, workers: dict[str, Any]) -> Path:
+        def write(tmp: Path) -> None:
+            ray.get([w.save_checkpoint.remote(str(tmp)) for w in workers.values()])
+
+        state = {
+            "sampler": self.sampler.state_dict(),
+            "samples_trained": self.samples_trained,
+            "wall_s": self.wall_s(),
+            "summary": self.summary,
+        }
+        with get_timeline().span("checkpoint", step=step, worker="driver"):
+            return self.ckpt.save(step, write, state)
+
+    def maybe_resume(self, workers: dict[str, Any]) -> int:
+        """Restore from the latest (``auto``) or the given checkpoint; returns the first step still to run.
+
+        Metrics logged after the checkpoint's step (by a run that died before its next checkpoint) are dropped from
+        ``metrics.jsonl``, so each step appears exactly once after the resumed run logs it again.
+        """
+        mode = self.cfg.trainer.resume_mode
+        if mode == "disable":
+            return 1
+        ckpt = self.ckpt.latest() if mode == "auto" else Path(mode)
+        if ckpt is None:
+            return 1
+        state = load_driver_state(ckpt)
+        ray.get([w.load_checkpoint.remote(str(ckpt)) for w in workers.values()])
+        self.sampler.load_state_dict(state["sampler"])
+        self.samples_trained = int(state["samples_trained"])
+        self.wall_offset_s = float(state["wall_s"])
+        self.summary = dict(state.get("summary", {}))
+        set_driver_rng_state(state["rng"])
+        step = int(state["step"])
+        self._truncate_metrics(step)
+        self.start_step = step + 1
+        return self.start_step
+
+    def _truncate_metrics(self, last_step: int) -> None:
+        path = self.dir / "metrics.jsonl"
+        if not path.exists():
+            return
+        keep = [m for m in read_metrics(path) if int(m.get("step", 0)) <= last_step]
+        tmp = path.with_name("metrics.jsonl.tmp")
+        tmp.write_text("".join(json.dumps(m) + "\n" for m in keep))
+        tmp.replace(path)
+
+    # ---- the end ---------------------------------------------------------------------------------------------------
+    def finish(self, worker: Any, step: int, extra_events: list[dict]) -> dict[str, Any]:
+        final = self.dir / "final"
+        ray.get(worker.export_model.remote(str(final)))
+        self.summary.update(
+            steps=step, samples=self.samples_trained, wall_s=round(self.wall_s(), 2), final_model=str(final)
+        )
+        (self.dir / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        events = get_timeline().drain() + extra_events
+        write_chrome_trace(self.dir / "timeline.json", events)
+        if self.logger is not None:
+            self.logger.close()
+        return self.summary

@@ -1,0 +1,91 @@
+"""``sync``: the baseline every other mode is measured against.
+
+One colocated worker generates, then trains, then generates again: nothing overlaps. Per step, top to bottom:
+generate -> reward -> (reference log-probs) -> (old log-probs) -> GRPO advantages -> PPO update -> metrics ->
+(held-out eval) -> (checkpoint). On-policy, so the weight version of every sample equals the trainer's (staleness 0).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+
+from asyncrl.config import Config
+from asyncrl.data.collate import collate
+from asyncrl.pipelines.common import Run, StepTimer
+from asyncrl.workers.actor_worker import ActorRolloutWorker
+from asyncrl.workers.cluster import check_fits, init_ray, spawn
+
+
+def run_sync(cfg: Config) -> dict[str, Any]:
+    run = Run(cfg)
+    init_ray(cfg.ray)
+    check_fits({"actor_rollout": cfg.trainer.cpus_per_worker})
+    worker = spawn(ActorRolloutWorker, cfg.trainer.cpus_per_worker, cfg)
+    workers = {"actor_rollout": worker}
+    start = run.maybe_resume(workers)
+    logger = run.open_logger()
+    total = cfg.trainer.total_training_steps
+    params = run.sampling()
+    pad = run.tokenizer.pad_token_id
+
+    if "accuracy_before" not in run.summary and run.val is not None and cfg.trainer.val_before_train:
+        acc = run.evaluate(worker, step=0)
+        run.summary["accuracy_before"] = acc["val/accuracy"]
+        logger.log(0, acc)
+
+    step = start - 1
+    for step in range(start, total + 1):
+        t = StepTimer(step)
+        t_step = time.perf_counter()
+        prompts = run.next_prompts()
+        with t("gen"):
+            samples = ray.get(worker.generate.remote(prompts, params, seed=run.gen_seed(step), step=step))
+        with t("reward"):
+            reward_stats = run.score(samples)
+        batch = collate(samples, pad)
+        if cfg.actor.use_kl_loss:
+            with t("ref"):
+                batch.extras["ref_logp_BT"] = ray.get(worker.compute_logprobs.remote(batch, "ref", step))
+        if cfg.actor.use_rollout_log_probs:
+            batch.extras["old_logp_BT"] = batch.behav_logp_BT  # bypass: behaviour policy = old policy
+        else:
+            with t("old_log_prob"):
+                batch.extras["old_logp_BT"] = ray.get(worker.compute_logprobs.remote(batch, "actor", step))
+        with t("adv"):
+            batch.extras["advantages_BT"] = run.grpo_advantages(samples, batch)
+        with t("update_actor"):
+            actor_metrics = ray.get(worker.update.remote(batch, step))
+        run.samples_trained += len(samples)
+        t.timings["timing_s/step"] = time.perf_counter() - t_step
+
+        metrics = {**run.sample_metrics(samples, batch), **reward_stats, **actor_metrics, **t.timings}
+        tokens = float(batch.attention_mask_BL.sum())
+        metrics["perf/throughput_tokens_per_s"] = tokens / t.timings["timing_s/step"]
+        metrics["perf/samples_per_s"] = len(samples) / t.timings["timing_s/step"]
+        metrics["fully_async/staleness/mean"] = _mean_staleness(samples, trainer_version=step - 1)
+        if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0 or step == total:
+            metrics.update(run.evaluate(worker, step))
+        logger.log(step, metrics)
+        if cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 or step == total:
+            run.save(step, workers)
+
+    last_acc = _last_val_accuracy(run)
+    if last_acc is not None:
+        run.summary["accuracy_after"] = last_acc
+    events = ray.get(worker.pop_timeline.remote())
+    return run.finish(worker, step, events)
+
+
+def _mean_staleness(samples: list, trainer_version: int) -> float:
+    """Staleness measured from each sample's recorded start version; 0 for sync by construction, checked here."""
+    return sum(trainer_version - s.start_version for s in samples) / len(samples)
+
+
+def _last_val_accuracy(run: Run) -> float | None:
+    from asyncrl.telemetry.metrics import read_metrics
+
+    vals = [m["val/accuracy"] for m in read_metrics(run.dir / "metrics.jsonl") if m.get("val/accuracy") is not None]
+    return vals[-1] if vals else None

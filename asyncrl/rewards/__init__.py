@@ -1,0 +1,31 @@
+"""Rewards: answer extraction, built-in scorers (reasoning-gym, math-verify), user functions, and batch scoring."""
+
+from asyncrl.rewards.custom import RewardSpecError, load_custom_function
+from asyncrl.rewards.extract import extract_answer
+from asyncrl.rewards.registry import (
+    MATH_DATA_SOURCES,
+    UnknownDataSourceError,
+    get_scorer,
+    known_data_sources,
+    register_scorer,
+    unregister_scorer,
+)
+from asyncrl.rewards.reward_fn import RewardFn, build_reward_fn, normalize_result
+from asyncrl.rewards.scorers import math_verify_score, reasoning_gym_score
+
+__all__ = [
+    "MATH_DATA_SOURCES",
+    "RewardFn",
+    "RewardSpecError",
+    "UnknownDataSourceError",
+    "build_reward_fn",
+    "extract_answer",
+    "get_scorer",
+    "known_data_sources",
+    "load_custom_function",
+    "math_verify_score",
+    "normalize_result",
+    "reasoning_gym_score",
+    "register_scorer",
+    "unregister_scorer",
+]

@@ -1,0 +1,136 @@
+"""Scoring a batch of samples: the one entry point the rollout side calls.
+
+A reward must never take the training run down: a scorer that raises, returns garbage or meets an unknown
+``data_source`` marks only that sample (``reward_failed=True``, ``reward=0.0``) and is counted, so one malformed
+response or row costs one sample, not the run. Persistent failures stay visible through the returned
+``reward/failed_count``, ``RewardFn.failed_total`` and the logged messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from asyncrl.rewards.custom import ScoreFn, load_custom_function
+from asyncrl.rewards.registry import get_scorer
+from asyncrl.types import Sample
+
+logger = logging.getLogger(__name__)
+
+
+def _as_number(value: Any) -> float | None:
+    """``float(value)`` for bools, ints, floats and numpy/torch scalars; ``None`` for anything else."""
+    if isinstance(value, bool | int | float):
+        return float(value)
+    if hasattr(value, "item") and callable(value.item):
+        try:
+            item = value.item()
+        except (TypeError, ValueError, RuntimeError):  # arrays/tensors with more than one element
+            return None
+        return float(item) if isinstance(item, bool | int | float) else None
+    return None
+
+
+def normalize_result(result: Any, who: str) -> tuple[float, dict[str, float]]:
+    """Turn a scorer's return value into ``(reward, extra)``.
+
+    A number is the reward. A dict must have a numeric ``"score"``; its other numeric values (bools count, as 1.0/0.0)
+    go to ``extra`` and non-numeric ones (e.g. verl's ``"pred"`` string) are dropped, since ``Sample.reward_extra``
+    holds floats only. A non-finite reward raises: NaN would poison every advantage in its group.
+    """
+    extra: dict[str, float] = {}
+    if isinstance(result, Mapping):
+        if "score" not in result:
+            raise ValueError(f"{who} returned a dict without 'score' (keys {sorted(result)})")
+        score = _as_number(result["score"])
+        if score is None:
+            raise ValueError(f"{who} returned score of type {type(result['score']).__name__}, expected a number")
+        for key, value in result.items():
+            number = _as_number(value)
+            if key != "score" and number is not None:
+                extra[str(key)] = number
+    else:
+        score = _as_number(result)
+        if score is None:
+            raise ValueError(f"{who} returned {type(result).__name__}, expected a number or a dict with 'score'")
+    if not math.isfinite(score):
+        raise ValueError(f"{who} returned a non-finite reward ({score})")
+    return score, extra
+
+
+class RewardFn:
+    """Fills ``reward``, ``reward_failed`` and ``reward_extra`` of samples from their ``response_text``.
+
+    With ``custom_function`` (a spec for ``load_custom_function``) that function scores every data source, as verl's
+    ``custom_reward_function`` does; otherwise the scorer is looked up by ``data_source`` in the registry. Picklable
+    (for Ray): only the spec travels, the function is re-imported on the other side.
+    """
+
+    def __init__(self, custom_function: str | None = None, max_logged_errors: int = 5):
+        self.custom_function = custom_function
+        self.max_logged_errors = max_logged_errors
+        self._custom: ScoreFn | None = load_custom_function(custom_function) if custom_function else None
+        self.failed_total = 0
+        self.last_errors: list[str] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_custom"] = None  # functions loaded from a file are not importable by name, so not picklable
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.custom_function:
+            self._custom = load_custom_function(self.custom_function)
+
+    def scorer_for(self, data_source: str) -> ScoreFn:
+        """The function that scores ``data_source`` (raises ``UnknownDataSourceError`` if there is none)."""
+        return self._custom if self._custom is not None else get_scorer(data_source)
+
+    def score_one(
+        self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+    ) -> tuple[float, dict[str, float]]:
+        """``(reward, extra)`` for one response; raises whatever the scorer raises."""
+        fn = self.scorer_for(data_source)
+        who = f"reward function {self.custom_function!r}" if self._custom is not None else f"scorer {fn.__name__}"
+        result = fn(data_source, solution_str, ground_truth, dict(extra_info or {}))
+        return normalize_result(result, who)
+
+    def score(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """Score ``samples`` in place; never raises for a single sample. Returns ``{"reward/failed_count": n}``.
+
+        A failed sample gets ``reward=0.0``, ``reward_failed=True``, empty ``reward_extra``; the failure messages of
+        this call are kept in ``last_errors`` (and the first ``max_logged_errors`` are logged as warnings).
+        """
+        self.last_errors = []
+        for sample in samples:
+            prompt = sample.prompt
+            try:
+                reward, extra = self.score_one(
+                    prompt.data_source, sample.response_text or "", prompt.ground_truth, prompt.extra_info
+                )
+            except Exception as e:  # any scorer error is confined to its sample (see module docstring)
+                message = f"sample {sample.uid} (data_source {prompt.data_source!r}): {type(e).__name__}: {e}"
+                self.last_errors.append(message)
+                sample.reward, sample.reward_failed, sample.reward_extra = 0.0, True, {}
+                if len(self.last_errors) <= self.max_logged_errors:
+                    logger.warning("reward failed for %s", message)
+                continue
+            sample.reward, sample.reward_failed, sample.reward_extra = reward, False, extra
+        failed = len(self.last_errors)
+        if failed > self.max_logged_errors:
+            logger.warning(
+                "reward failed for %d more samples in this batch (see RewardFn.last_errors)",
+                failed - self.max_logged_errors,
+            )
+        self.failed_total += failed
+        return {"reward/failed_count": failed}
+
+    __call__ = score
+
+
+def build_reward_fn(custom_function: str | None = None) -> RewardFn:
+    """A ``RewardFn``; a bad ``custom_function`` spec raises ``RewardSpecError`` here, at start-up."""
+    return RewardFn(custom_function or None)

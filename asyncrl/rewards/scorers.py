@@ -1,0 +1,111 @@
+"""Built-in scorers, all with verl's signature ``fn(data_source, solution_str, ground_truth, extra_info) -> float``.
+
+* ``reasoning_gym_score``: the task's own ``score_answer`` (exactly what reasoning-gym reports as accuracy).
+* ``math_verify_score``: symbolic equivalence with HuggingFace math-verify (``\\frac{1}{2}`` == ``0.5``), 1.0 or 0.0.
+
+Both score the answer found by ``extract_answer``, not the whole response.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from functools import lru_cache
+from typing import Any
+
+from asyncrl.rewards.extract import ANSWER_TAG_RE, extract_answer
+
+# Countdown's score_answer evaluates the answer with sympy's parse_expr, which accepts ``**`` and ``!`` (factorial):
+# ``9**9**9**9`` or ``999999!`` from a model hangs the reward worker (observed), and neither is an allowed operator.
+# Answers with ``**``, anything beyond digits, + - * / ( ) . = and spaces, or absurd length get countdown's "invalid"
+# score without being evaluated.
+_COUNTDOWN_SAFE = re.compile(r"^[\d\s+\-*/().=]*$")
+_COUNTDOWN_MAX_CHARS = 500
+_COUNTDOWN_INVALID_SCORE = 0.01
+
+
+def _countdown_is_safe(answer: str) -> bool:
+    return len(answer) <= _COUNTDOWN_MAX_CHARS and "**" not in answer and bool(_COUNTDOWN_SAFE.match(answer))
+
+
+@lru_cache(maxsize=64)
+def _rg_dataset(task: str, kwargs_json: str) -> Any:
+    """One reasoning-gym dataset object per (task, generation kwargs), used only for its ``score_answer``.
+
+    ``size=1`` keeps construction cheap: ``score_answer`` reads the entry, and at most the config (which is why the
+    row's ``task_kwargs`` are used when present).
+    """
+    import reasoning_gym
+
+    kwargs = json.loads(kwargs_json) if kwargs_json else {}
+    return reasoning_gym.create_dataset(task, size=1, seed=0, **kwargs)
+
+
+def _decode_json_field(extra_info: dict[str, Any], key: str, data_source: str) -> Any:
+    value = extra_info.get(key)
+    if value is None or isinstance(value, dict):
+        return value
+    try:
+        return json.loads(value)
+    except (TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"data_source {data_source!r}: extra_info[{key!r}] is not valid JSON ({e})") from e
+
+
+def reasoning_gym_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]) -> float:
+    """Score with reasoning-gym's ``score_answer`` for the task named by ``data_source``.
+
+    The entry is rebuilt from the row: ``{"question": extra_info["question"], "answer": ground_truth,
+    "metadata": json.loads(extra_info["metadata"])}``. Tasks whose scorer reads metadata (countdown: ``numbers``,
+    ``target``) raise ``ValueError`` if it is missing, rather than score every answer as wrong.
+    """
+    from asyncrl.data.tasks import get_task
+
+    extra_info = extra_info or {}
+    metadata = _decode_json_field(extra_info, "metadata", data_source) or {}
+    missing = [k for k in get_task(data_source).score_metadata if k not in metadata]
+    if missing:
+        raise ValueError(
+            f"data_source {data_source!r}: scoring needs extra_info['metadata'] with keys {missing} "
+            "(rows made by asyncrl.data.tasks have them)"
+        )
+    task_kwargs = _decode_json_field(extra_info, "task_kwargs", data_source) or {}
+    dataset = _rg_dataset(data_source, json.dumps(task_kwargs, sort_keys=True))
+    answer = extract_answer(solution_str)
+    if data_source == "countdown" and not _countdown_is_safe(answer):
+        return _COUNTDOWN_INVALID_SCORE
+    entry = {"question": extra_info.get("question", ""), "answer": ground_truth, "metadata": metadata}
+    return float(dataset.score_answer(answer, entry))
+
+
+def _math_verify_timeouts() -> dict[str, Any]:
+    """math-verify's timeouts use ``signal.alarm``, which only works in the main thread; elsewhere run without."""
+    if threading.current_thread() is threading.main_thread():
+        return {}
+    return {"parsing_timeout": None}
+
+
+def math_verify_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]) -> float:
+    """1.0 if the response's answer is mathematically equal to ``ground_truth`` (math-verify), else 0.0.
+
+    The answer parsed is the ``<answer>`` tag content if there is one; else the whole response if it contains
+    ``\\boxed`` (math-verify finds the box itself); else ``extract_answer``'s result (``#### x``, ``Answer: x``, last
+    line). An unparseable ground truth raises ``ValueError`` (a data problem, not a wrong answer).
+    """
+    from math_verify import parse, verify
+
+    timeouts = _math_verify_timeouts()
+    gold = parse(ground_truth, **timeouts) or parse(f"${ground_truth}$", **timeouts)
+    if not gold:
+        raise ValueError(f"data_source {data_source!r}: math-verify cannot parse ground truth {ground_truth!r}")
+    if "\\boxed" in solution_str and not ANSWER_TAG_RE.search(solution_str):
+        candidate = solution_str
+    else:
+        candidate = extract_answer(solution_str)
+    if not candidate:
+        return 0.0
+    pred = parse(candidate, **timeouts)
+    if not pred:
+        return 0.0
+    verify_timeout = {"timeout_seconds": None} if timeouts else {}
+    return 1.0 if verify(gold, pred, **verify_timeout) else 0.0

@@ -1,0 +1,139 @@
+"""The batched decode loop for one chunk of sequences: left-padded prefill, then one token per step with a KV cache.
+
+Every row continues its own prefix (a prompt, or a prompt plus a partial response when resuming) for at most its own
+budget of new tokens. All rows are sampled together each step; a row that emits an eos token or reaches its budget
+stops (its later outputs are ignored), and once at most half of the batch is still running the finished rows are
+dropped from the batch and the KV cache, so long tails do not pay for rows that are already done.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from asyncrl.rollout.kv_cache import PreallocatedCache
+from asyncrl.rollout.sampling import SamplingParams, sample_tokens
+
+RUNNING, EOS, LENGTH, INTERRUPTED = 0, 1, 2, 3
+STOP_REASONS = {EOS: "eos", LENGTH: "length", INTERRUPTED: "interrupted"}
+
+
+@dataclass
+class DecodeResult:
+    """Per row (in input order): new tokens, their behaviour log-probs, and why the row stopped."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    stop_reasons: list[str]
+
+
+def supports_logits_to_keep(model: PreTrainedModel) -> bool:
+    """Whether ``model.forward`` can skip the lm_head for all but the last position (saves prefill time and memory)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def _last_logits(
+    model: PreTrainedModel,
+    ids_BS: torch.Tensor,
+    mask_BK: torch.Tensor,
+    pos_BS: torch.Tensor,
+    cache: DynamicCache,
+    keep_last: bool,
+) -> torch.Tensor:
+    """Run the model on ``ids_BS`` (S new positions, K = cached + S keys) and return the last position's logits_BV."""
+    kwargs = dict(input_ids=ids_BS, attention_mask=mask_BK, position_ids=pos_BS, past_key_values=cache, use_cache=True)
+    if keep_last:
+        kwargs["logits_to_keep"] = 1
+    return model(**kwargs).logits[:, -1, :]
+
+
+def left_pad(prefixes: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids_BL, mask_BL, pos_BL)``: prefixes right-aligned, mask 1 on real tokens, positions = cumsum(mask) - 1.
+
+    Pad positions get position 0; they are masked out, so their value never reaches a real token.
+    """
+    lengths = [len(p) for p in prefixes]
+    L = max(lengths)
+    ids_BL = torch.full((len(prefixes), L), pad_id, dtype=torch.long)
+    mask_BL = torch.zeros((len(prefixes), L), dtype=torch.long)
+    for b, prefix in enumerate(prefixes):
+        ids_BL[b, L - lengths[b] :] = torch.tensor(prefix, dtype=torch.long)
+        mask_BL[b, L - lengths[b] :] = 1
+    pos_BL = (mask_BL.cumsum(-1) - 1).clamp_(min=0)
+    return ids_BL, mask_BL, pos_BL
+
+
+def decode_batch(
+    model: PreTrainedModel,
+    prefixes: list[list[int]],
+    budgets: list[int],
+    params: SamplingParams,
+    generator: torch.Generator,
+    eos_ids_E: torch.Tensor,
+    pad_id: int,
+    should_stop: Callable[[], bool],
+    keep_last: bool = True,
+) -> DecodeResult:
+    """Continue every prefix by up to ``budgets[b]`` (>= 1) tokens; call under ``torch.inference_mode()``.
+
+    ``should_stop`` is polled before the prefill and between decode steps; when it returns True every row still
+    running stops with reason "interrupted", keeping the tokens it has so far.
+    """
+    B = len(prefixes)
+    T = max(budgets)
+    device = next(model.parameters()).device
+    out_tok_BT = torch.zeros((B, T), dtype=torch.long)
+    out_logp_BT = torch.zeros((B, T), dtype=torch.float32)
+    length_B = torch.zeros(B, dtype=torch.long)
+    reason_B = torch.full((B,), RUNNING, dtype=torch.long)
+    budget_B = torch.tensor(budgets, dtype=torch.long)
+
+    if should_stop():
+        return DecodeResult([[] for _ in range(B)], [[] for _ in range(B)], ["interrupted"] * B)
+
+    ids_BL, mask_BL, pos_BL = left_pad(prefixes, pad_id)
+    cache = PreallocatedCache(model.config, capacity=ids_BL.shape[1] + T)
+    logits_bV = _last_logits(model, ids_BL.to(device), mask_BL.to(device), pos_BL.to(device), cache, keep_last)
+
+    # Lower-case b indexes the live batch, which shrinks when finished rows are dropped; rows_b maps it to chunk rows.
+    rows_b = torch.arange(B)
+    active_b = torch.ones(B, dtype=torch.bool)
+    mask_bK = mask_BL.to(device)
+    next_pos_b = pos_BL[:, -1].to(device) + 1
+    for t in range(T):
+        # Sampling runs on the CPU (where the seeded generator lives); a no-op move for a CPU model.
+        tok_b, logp_b = sample_tokens(logits_bV.cpu(), params, generator)
+        # Finished rows still in the batch write past their length here; those entries are never read.
+        out_tok_BT[rows_b, t] = tok_b
+        out_logp_BT[rows_b, t] = logp_b
+        length_B[rows_b[active_b]] = t + 1
+        eos_b = active_b & torch.isin(tok_b, eos_ids_E)
+        full_b = active_b & ~eos_b & (budget_B[rows_b] <= t + 1)
+        reason_B[rows_b[eos_b]] = EOS
+        reason_B[rows_b[full_b]] = LENGTH
+        active_b &= ~(eos_b | full_b)
+        n_active = int(active_b.sum())
+        if n_active == 0:
+            break
+        if should_stop():
+            reason_B[rows_b[active_b]] = INTERRUPTED
+            break
+        if n_active <= len(rows_b) // 2:
+            keep_b = active_b.nonzero().squeeze(-1)
+            cache.batch_select_indices(keep_b.to(device))
+            rows_b, tok_b, active_b = rows_b[keep_b], tok_b[keep_b], active_b[keep_b]
+            mask_bK, next_pos_b = mask_bK[keep_b.to(device)], next_pos_b[keep_b.to(device)]
+        feed_b = torch.where(active_b, tok_b, pad_id).to(device)
+        mask_bK = torch.cat([mask_bK, torch.ones_like(mask_bK[:, :1])], dim=1)
+        logits_bV = _last_logits(model, feed_b[:, None], mask_bK, next_pos_b[:, None], cache, keep_last)
+        next_pos_b = next_pos_b + 1
+
+    lengths = length_B.tolist()
+    tokens = [row[:n] for row, n in zip(out_tok_BT.tolist(), lengths)]
+    logprobs = [row[:n] for row, n in zip(out_logp_BT.tolist(), lengths)]
+    reasons = [STOP_REASONS[r] for r in reason_B.tolist()]
+    return DecodeResult(tokens, logprobs, reasons)

@@ -1,0 +1,305 @@
+"""RolloutEngine: batched sampling from a transformers causal LM, pausable, with in-place weight updates.
+
+This is the rollout hot path of the CPU setup: our own decode loop (``asyncrl.rollout.decode``) instead of
+``model.generate``, because RL needs per-token behaviour log-probs and weight versions, mid-generation pause/resume
+around weight syncs, and no per-step work that is not needed.
+
+Threading model: ``generate``/``resume`` run on one thread; ``request_pause`` may be called from any thread and makes a
+running call return at the next decode step with the unfinished rows marked "interrupted". ``update_weights`` refuses
+to run while a call is in flight (pause first, wait for the call to return, then update, ``clear_pause`` and
+``resume``), so every token's recorded version is exactly the weights that produced it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
+from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_to_keep
+from asyncrl.rollout.sampling import SamplingParams, make_generator
+from asyncrl.types import Prompt, Sample
+
+logger = logging.getLogger(__name__)
+
+
+class EngineBusyError(RuntimeError):
+    """An operation that needs the engine idle (weight update, a second generate) was called during a generate."""
+
+
+class WeightUpdateError(ValueError):
+    """``update_weights`` got a tensor the rollout model has no parameter for, or one of the wrong shape."""
+
+
+class RolloutEngine:
+    """Generates ``Sample``s from ``Prompt``s with the weights of version ``version``.
+
+    ``eos_token_ids`` default to the tokenizer's eos plus the model generation config's eos. ``max_batch_size`` caps
+    the sequences decoded together (prompts x n are processed in chunks of at most this many).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        eos_token_ids: list[int] | None = None,
+        max_batch_size: int = 256,
+        version: int = 0,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"RolloutEngine: max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        if eos_token_ids is None:
+            eos_token_ids = default_eos_token_ids(model, tokenizer)
+        self.eos_token_ids = list(eos_token_ids)
+        if not self.eos_token_ids:
+            raise ValueError("RolloutEngine: no eos token ids (tokenizer and generation config define none)")
+        self.max_batch_size = max_batch_size
+        self.version = version
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.pad_id: int = int(pad_id)
+        self._eos_ids_E = torch.tensor(self.eos_token_ids, dtype=torch.long)
+        self._keep_last = supports_logits_to_keep(model)
+        self._pause = threading.Event()
+        self._lock = threading.Lock()  # guards _busy / _updating
+        self._busy = False
+        self._updating = False
+        self._params = dict(model.named_parameters(remove_duplicate=False))  # tied aliases included
+        self._max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
+        self._warned_positions = False
+
+    # ----------------------------------------------------------------------------------------------------- pause
+
+    def request_pause(self) -> None:
+        """Make a running (or the next) generate/resume return at its next decode step. Safe from any thread."""
+        self._pause.set()
+
+    def clear_pause(self) -> None:
+        self._pause.clear()
+
+    @property
+    def pause_requested(self) -> bool:
+        return self._pause.is_set()
+
+    # -------------------------------------------------------------------------------------------------- generate
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int | None = None) -> list[Sample]:
+        """``len(prompts) * params.n`` samples, prompt-major (prompt 0's n samples first).
+
+        Same ``seed`` and weights give identical samples; ``seed=None`` draws fresh randomness.
+        """
+        for prompt in prompts:
+            if not prompt.prompt_ids:
+                raise ValueError(f"RolloutEngine.generate: prompt index {prompt.index} has no tokens")
+        rows = [prompt for prompt in prompts for _ in range(params.n)]
+        prefixes = [row.prompt_ids for row in rows]
+        budgets = [params.max_new_tokens] * len(rows)
+        with self._running():
+            start_version = self.version
+            result = self._decode_all(prefixes, budgets, params, seed)
+        texts = self.tokenizer.batch_decode(result.tokens, skip_special_tokens=True)
+        return [
+            Sample(
+                prompt=prompt,
+                response_ids=tokens,
+                logprobs=logprobs,
+                versions=[start_version] * len(tokens),
+                stop_reason=reason,
+                start_version=start_version,
+                response_text=text,
+            )
+            for prompt, tokens, logprobs, reason, text in zip(
+                rows, result.tokens, result.logprobs, result.stop_reasons, texts
+            )
+        ]
+
+    def resume(self, samples: list[Sample], params: SamplingParams, seed: int | None = None) -> list[Sample]:
+        """Continue "interrupted" samples with the current weights until eos or ``max_new_tokens`` in total.
+
+        Returns new Sample objects in input order: the response so far plus the continuation (tokens, log-probs, and
+        versions = the current version), with the original ``start_version``. One continuation per sample
+        (``params.n`` is ignored); samples that are not "interrupted" are returned unchanged, and an interrupted
+        sample already at ``max_new_tokens`` becomes "length" without decoding.
+        """
+        out = list(samples)
+        todo: list[int] = []
+        for i, s in enumerate(samples):
+            if s.stop_reason != "interrupted":
+                continue
+            if len(s.response_ids) >= params.max_new_tokens:
+                out[i] = _with(s, [], [], [], "length", self.tokenizer)
+            else:
+                todo.append(i)
+        if not todo:
+            return out
+        prefixes = [samples[i].prompt.prompt_ids + samples[i].response_ids for i in todo]
+        budgets = [params.max_new_tokens - len(samples[i].response_ids) for i in todo]
+        with self._running():
+            version = self.version
+            result = self._decode_all(prefixes, budgets, params, seed)
+        for j, i in enumerate(todo):
+            tokens = result.tokens[j]
+            out[i] = _with(
+                samples[i], tokens, result.logprobs[j], [version] * len(tokens), result.stop_reasons[j], self.tokenizer
+            )
+        return out
+
+    def _decode_all(
+        self, prefixes: list[list[int]], budgets: list[int], params: SamplingParams, seed: int | None
+    ) -> DecodeResult:
+        """Decode all rows in chunks of <= max_batch_size, results in input order.
+
+        With more than one chunk, rows are grouped by prefix length so each chunk pads (and prefills) less.
+        """
+        self._check_positions(prefixes, budgets)
+        generator = make_generator(seed)
+        order = list(range(len(prefixes)))
+        if len(prefixes) > self.max_batch_size:
+            order.sort(key=lambda i: len(prefixes[i]))
+        tokens: list[list[int]] = [[] for _ in prefixes]
+        logprobs: list[list[float]] = [[] for _ in prefixes]
+        reasons: list[str] = ["interrupted"] * len(prefixes)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(order), self.max_batch_size):
+                    chunk = order[start : start + self.max_batch_size]
+                    result = decode_batch(
+                        self.model,
+                        [prefixes[i] for i in chunk],
+                        [budgets[i] for i in chunk],
+                        params,
+                        generator,
+                        self._eos_ids_E,
+                        self.pad_id,
+                        self._pause.is_set,
+                        self._keep_last,
+                    )
+                    for j, i in enumerate(chunk):
+                        tokens[i], logprobs[i], reasons[i] = (
+                            result.tokens[j],
+                            result.logprobs[j],
+                            result.stop_reasons[j],
+                        )
+        finally:
+            self.model.train(was_training)
+        return DecodeResult(tokens, logprobs, reasons)
+
+    def _check_positions(self, prefixes: list[list[int]], budgets: list[int]) -> None:
+        longest = max(len(p) + n for p, n in zip(prefixes, budgets)) if prefixes else 0
+        if self._max_positions and longest > self._max_positions and not self._warned_positions:
+            self._warned_positions = True
+            logger.warning(
+                "RolloutEngine: prompt + max_new_tokens reaches %d tokens, beyond the model's "
+                "max_position_embeddings %d; quality past that length is untrained",
+                longest,
+                self._max_positions,
+            )
+
+    # ---------------------------------------------------------------------------------------------------- weights
+
+    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
+        """Parameter name -> tensor (the live parameters, detached) that a weight sync must cover.
+
+        Tied parameters appear once, under their first name (e.g. ``model.embed_tokens.weight``, not
+        ``lm_head.weight``); ``update_weights`` accepts either name for them.
+        """
+        return {name: p.detach() for name, p in self.model.named_parameters()}
+
+    def update_weights(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
+        version: int,
+        strict: bool = True,
+    ) -> None:
+        """Copy ``named_tensors`` into the model's parameters in place, then set ``version``.
+
+        Every name and shape is checked before anything is copied, so a bad update leaves the weights and version
+        untouched. With ``strict`` every parameter of ``state_dict_for_sync()`` must be present (a partial sync
+        would silently mix versions). Raises EngineBusyError during a generate/resume.
+        """
+        items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
+        with self._lock:
+            if self._busy:
+                raise EngineBusyError(
+                    f"RolloutEngine.update_weights(version={version}) called while a generate/resume is running; "
+                    "call request_pause() and wait for it to return first"
+                )
+            if self._updating:
+                raise EngineBusyError(f"RolloutEngine.update_weights(version={version}): another update is running")
+            self._updating = True
+        try:
+            self._validate_update(items, strict)
+            with torch.no_grad():
+                for name, tensor in items:
+                    self._params[name].copy_(tensor)
+            self.version = version
+        finally:
+            with self._lock:
+                self._updating = False
+
+    def _validate_update(self, items: list[tuple[str, torch.Tensor]], strict: bool) -> None:
+        covered: set[int] = set()
+        for name, tensor in items:
+            param = self._params.get(name)
+            if param is None:
+                known = ", ".join(list(self._params)[:3])
+                raise WeightUpdateError(
+                    f"update_weights: unknown parameter {name!r} (the rollout model has no such parameter; "
+                    f"names look like {known}, ...)"
+                )
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise WeightUpdateError(
+                    f"update_weights: parameter {name!r} has shape {list(tensor.shape)}, "
+                    f"the rollout model expects {list(param.shape)}"
+                )
+            covered.add(id(param))
+        if strict:
+            missing = [name for name, p in self.model.named_parameters() if id(p) not in covered]
+            if missing:
+                raise WeightUpdateError(
+                    f"update_weights: {len(missing)} parameter(s) missing from the update (strict), e.g. "
+                    f"{', '.join(missing[:5])}"
+                )
+
+    @contextmanager
+    def _running(self) -> Iterator[None]:
+        """Mark the engine busy for the duration of a generate/resume (so update_weights can refuse)."""
+        with self._lock:
+            if self._busy or self._updating:
+                what = "a generate/resume" if self._busy else "update_weights"
+                raise EngineBusyError(f"RolloutEngine: cannot start a generate/resume while {what} is running")
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy = False
+
+
+def _with(
+    sample: Sample,
+    tokens: list[int],
+    logprobs: list[float],
+    versions: list[int],
+    stop_reason: str,
+    tokenizer: PreTrainedTokenizerBase,
+) -> Sample:
+    """A copy of ``sample`` with a continuation appended (reward fields reset: the response changed)."""
+    response_ids = sample.response_ids + tokens
+    return Sample(
+        prompt=sample.prompt,
+        response_ids=response_ids,
+        logprobs=sample.logprobs + logprobs,
+        versions=sample.versions + versions,
+        stop_reason=stop_reason,
+        start_version=sample.start_version,
+        response_text=tokenizer.decode(response_ids, skip_special_tokens=True),
+    )

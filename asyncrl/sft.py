@@ -1,0 +1,193 @@
+"""Supervised warm start: teach a model the task's answer format from question -> answer pairs.
+
+RL needs a policy that already gets some answers right (GRPO learns nothing from a group whose rewards are all equal),
+so a tiny model built here from a preset is first fitted on the dataset's ground-truth answers. Runs in-process
+(one model, no Ray). Stops at ``trainer.total_steps`` or ``trainer.max_time_s`` wall seconds, whichever comes first,
+so a control run can be given exactly the wall time another run took. Output: a plain HF directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asyncrl.config import ConfigError, _check, load_config
+from asyncrl.data.dataset import load_rows, tokenize_messages
+from asyncrl.evaluation import evaluate_prompts
+from asyncrl.models.loading import load_model, set_seed_all
+from asyncrl.models.presets import PRESETS, init_model_dir
+from asyncrl.models.tokenizer import build_char_tokenizer
+from asyncrl.rewards.reward_fn import build_reward_fn
+from asyncrl.rollout.engine import RolloutEngine
+from asyncrl.data.dataset import PromptDataset
+
+
+@dataclass
+class SFTDataConfig:
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)
+    val_max_samples: int = 500
+    response_key: str = "ground_truth"  # reward_model.ground_truth, or a key of extra_info holding the target text
+    batch_size: int = 64  # sequences per optimizer step
+    max_prompt_length: int = 256
+    max_response_length: int = 32
+
+
+@dataclass
+class SFTModelConfig:
+    path: str | None = None  # continue from this HF directory; null = build `preset` with a new tokenizer
+    preset: str = "tiny"
+    tokenizer: str = "char"  # char: character-level, built from the training text
+
+
+@dataclass
+class SFTOptimConfig:
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    grad_clip: float = 1.0
+
+
+@dataclass
+class SFTTrainerConfig:
+    total_steps: int = 1000
+    max_time_s: float = 0.0  # stop after this many wall seconds of training (0 = no limit)
+    output_dir: str = "runs/sft"
+    seed: int = 1
+    num_threads: int = 2
+    log_every: int = 50
+
+
+@dataclass
+class SFTConfig:
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    model: SFTModelConfig = field(default_factory=SFTModelConfig)
+    optim: SFTOptimConfig = field(default_factory=SFTOptimConfig)
+    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
+
+
+def load_sft_config(path: str | None, overrides: list[str] | None = None) -> SFTConfig:
+    cfg = load_config(path, overrides, schema=SFTConfig, validate_fn=validate_sft)
+    return cfg
+
+
+def validate_sft(cfg: SFTConfig) -> None:
+    d, t = cfg.data, cfg.trainer
+    _check(bool(d.train_files), "data.train_files", d.train_files, "a non-empty list of parquet/jsonl files")
+    _check(d.batch_size >= 1, "data.batch_size", d.batch_size, ">= 1")
+    _check(d.max_response_length >= 1, "data.max_response_length", d.max_response_length, ">= 1")
+    _check(cfg.optim.lr > 0, "optim.lr", cfg.optim.lr, "> 0")
+    _check(t.total_steps >= 1, "trainer.total_steps", t.total_steps, ">= 1")
+    _check(t.max_time_s >= 0, "trainer.max_time_s", t.max_time_s, ">= 0 (0 = no limit)")
+    _check(t.num_threads >= 1, "trainer.num_threads", t.num_threads, ">= 1")
+    if cfg.model.path is None:
+        _check(cfg.model.preset in PRESETS, "model.preset", cfg.model.preset, "one of " + ", ".join(PRESETS))
+        _check(cfg.model.tokenizer == "char", "model.tokenizer", cfg.model.tokenizer, "char")
+
+
+def _response_text(row: dict[str, Any], key: str, where: str) -> str:
+    if key == "ground_truth":
+        return str(row["reward_model"]["ground_truth"])
+    extra = row.get("extra_info") or {}
+    if key not in extra:
+        raise ConfigError(f"{where}: data.response_key {key!r} is not in extra_info (keys: {sorted(extra)})")
+    return str(extra[key])
+
+
+def _init_model(cfg: SFTConfig, rows: list[dict[str, Any]]) -> str:
+    """A fresh model directory from the preset, with a char tokenizer covering every training character."""
+    out = Path(cfg.trainer.output_dir)
+    texts = [m["content"] for r in rows for m in r["prompt"]]
+    texts += [_response_text(r, cfg.data.response_key, "row") for r in rows]
+    tok = build_char_tokenizer(texts)
+    init_dir = out / "init"
+    init_model_dir(cfg.model.preset, tok, init_dir, seed=cfg.trainer.seed)
+    return str(init_dir)
+
+
+def run_sft(cfg: SFTConfig) -> dict[str, Any]:
+    torch.set_num_threads(cfg.trainer.num_threads)
+    set_seed_all(cfg.trainer.seed)
+    out = Path(cfg.trainer.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = load_rows(cfg.data.train_files)
+    model_path = cfg.model.path or _init_model(cfg, rows)
+    model, tok = load_model(model_path)
+    eos = tok.eos_token_id
+    examples: list[tuple[list[int], list[int]]] = []
+    for i, row in enumerate(rows):
+        where = rows.where(i) if hasattr(rows, "where") else f"row {i}"
+        p = tokenize_messages(tok, row["prompt"], where=where)[-cfg.data.max_prompt_length :]
+        r = tok(_response_text(row, cfg.data.response_key, where), add_special_tokens=False)["input_ids"]
+        examples.append((p, (list(r) + [eos])[: cfg.data.max_response_length]))
+
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    warm = cfg.optim.warmup_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
+    gen = torch.Generator().manual_seed(cfg.trainer.seed)
+    model.train()
+    t0 = time.time()
+    step, losses = 0, []
+    while step < cfg.trainer.total_steps:
+        if cfg.trainer.max_time_s > 0 and time.time() - t0 >= cfg.trainer.max_time_s:
+            break
+        idx = torch.randint(len(examples), (cfg.data.batch_size,), generator=gen).tolist()
+        loss = _sft_loss(model, [examples[i] for i in idx], tok.pad_token_id)
+        if not math.isfinite(float(loss)):
+            raise FloatingPointError(f"sft step {step}: non-finite loss {float(loss)}; lower optim.lr")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        opt.step()
+        sched.step()
+        step += 1
+        losses.append(float(loss))
+        if cfg.trainer.log_every and step % cfg.trainer.log_every == 0:
+            print(f"sft step {step} loss {sum(losses[-50:]) / len(losses[-50:]):.4f} ({time.time() - t0:.0f}s)")
+    train_s = time.time() - t0
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    summary: dict[str, Any] = {"steps": step, "train_s": round(train_s, 2), "final_loss": losses[-1] if losses else None}
+    if cfg.data.val_files:
+        summary.update(evaluate_model(model, tok, cfg.data.val_files, cfg.data.max_response_length,
+                                      cfg.data.val_max_samples, cfg.data.max_prompt_length))
+    (out / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _sft_loss(model: torch.nn.Module, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
+    """Token-mean cross-entropy on response tokens only (prompt tokens are context, not targets)."""
+    L = max(len(p) + len(r) for p, r in batch)
+    ids = torch.full((len(batch), L), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), L), -100, dtype=torch.long)
+    attn = torch.zeros((len(batch), L), dtype=torch.long)
+    for i, (p, r) in enumerate(batch):
+        seq = p + r
+        ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, len(p) : len(seq)] = torch.tensor(r)
+        attn[i, : len(seq)] = 1
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+
+
+def evaluate_model(
+    model: torch.nn.Module, tokenizer: Any, files: list[str], response_length: int, max_samples: int = -1,
+    max_prompt_length: int = 512, temperature: float = 0.0,
+) -> dict[str, float]:
+    rows = load_rows(files)
+    if max_samples > 0:
+        rows = rows[:max_samples]
+    ds = PromptDataset(rows, tokenizer, max_prompt_length)
+    engine = RolloutEngine(model, tokenizer)
+    prompts = [ds[i] for i in range(len(ds))]
+    res = evaluate_prompts(
+        lambda ps, params, seed: engine.generate(ps, params, seed=seed), prompts, build_reward_fn(None),
+        response_length, temperature=temperature,
+    )
+    return res

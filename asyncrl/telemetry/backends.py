@@ -1,0 +1,164 @@
+"""Metric sinks behind :class:`asyncrl.telemetry.metrics.MetricsLogger`: TensorBoard, Prometheus, console.
+
+Each backend receives already-validated ``dict[str, float]`` values (NaN/inf included) and decides what to do with
+non-finite ones itself: TensorBoard and Prometheus skip them, so a single bad step does not wreck a plot's y-range or
+fire an alert on a meaningless value. Heavy imports (torch's SummaryWriter) happen only when a backend is chosen.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+METRIC_PREFIX = "asyncrl_"
+_INVALID_CHARS = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def sanitize_metric_name(key: str) -> str:
+    """Prometheus name for a metric key: ``reward/mean`` -> ``asyncrl_reward_mean``.
+
+    Every character outside ``[a-zA-Z0-9_]`` becomes ``_`` (no collapsing, so the mapping is easy to predict when
+    writing Grafana queries); the prefix keeps names valid even when a key starts with a digit.
+    """
+    return METRIC_PREFIX + _INVALID_CHARS.sub("_", key)
+
+
+class TensorBoardBackend:
+    """Scalars to ``log_dir`` via torch's SummaryWriter, flushed every step so a crash loses nothing already logged."""
+
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = Path(log_dir)
+        self._writer = SummaryWriter(log_dir=str(self.log_dir))
+
+    def log(self, step: int, metrics: dict[str, float], walltime_s: float) -> None:
+        for key, value in metrics.items():
+            if math.isfinite(value):
+                self._writer.add_scalar(key, value, global_step=step, walltime=walltime_s)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class PrometheusBackend:
+    """One gauge per metric key, served on ``http://127.0.0.1:<port>/metrics`` from a daemon thread.
+
+    Uses a private registry, so several loggers in one process (tests, sweeps) do not collide on metric names. The
+    run name goes into an info metric (``asyncrl_run_info{run="..."} 1``) rather than a label on every gauge, so
+    dashboard queries stay plain metric names. ``port=0`` lets the OS pick a free port; read it back from ``.port``.
+    """
+
+    def __init__(self, port: int, run_name: str = "") -> None:
+        from prometheus_client import CollectorRegistry, Gauge, Info, start_http_server
+
+        self._gauge_cls = Gauge
+        self._registry = CollectorRegistry(auto_describe=True)
+        self._gauges: dict[str, Any] = {}
+        self._key_of: dict[str, str] = {}  # sanitised name -> the metric key that claimed it
+        self._step = Gauge(METRIC_PREFIX + "step", "Last logged training step", registry=self._registry)
+        if run_name:
+            Info(METRIC_PREFIX + "run", "Name of the asyncrl run", registry=self._registry).info({"run": run_name})
+        try:
+            self._server, self._thread = start_http_server(port, addr="127.0.0.1", registry=self._registry)
+        except OSError as e:
+            raise OSError(f"prometheus backend: cannot serve metrics on 127.0.0.1:{port}: {e}") from e
+        self.port: int = int(self._server.server_port)
+
+    def _gauge(self, key: str) -> Any:
+        name = sanitize_metric_name(key)
+        owner = self._key_of.get(name)
+        if owner is not None and owner != key:
+            raise ValueError(f"prometheus backend: metric keys {owner!r} and {key!r} both map to {name!r}")
+        if name not in self._gauges:
+            try:
+                self._gauges[name] = self._gauge_cls(name, f"asyncrl metric {key}", registry=self._registry)
+            except ValueError as e:
+                raise ValueError(f"prometheus backend: cannot register gauge {name!r} for key {key!r}: {e}") from e
+            self._key_of[name] = key
+        return self._gauges[name]
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._step.set(step)
+        for key, value in metrics.items():
+            gauge = self._gauge(key)  # registered even when non-finite, so the name is known to collide early
+            if math.isfinite(value):
+                gauge.set(value)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5.0)
+
+
+def _fmt_number(value: float) -> str:
+    return f"{value:.4g}" if math.isfinite(value) else str(value)
+
+
+def format_console_line(step: int, metrics: dict[str, float], run_name: str = "", total: int | None = None) -> str:
+    """The short per-step summary: step, reward, validation accuracy, step time (s), throughput (tokens/s).
+
+    Only keys that are present appear, so early steps without validation just omit it.
+    """
+    parts = [f"[{run_name}]"] if run_name else []
+    parts.append(f"step {step}" + (f"/{total}" if total else ""))
+    if "reward/mean" in metrics:
+        parts.append(f"reward {_fmt_number(metrics['reward/mean'])}")
+    if "val/accuracy" in metrics:
+        parts.append(f"val_acc {_fmt_number(metrics['val/accuracy'])}")
+    if "timing_s/step" in metrics:
+        value = metrics["timing_s/step"]
+        parts.append(f"time {value:.2f}s" if math.isfinite(value) else f"time {value}")
+    if "perf/throughput_tokens_per_s" in metrics:
+        value = metrics["perf/throughput_tokens_per_s"]
+        parts.append(f"{value:,.0f} tok/s" if math.isfinite(value) else f"{value} tok/s")
+    return "  ".join(parts)
+
+
+class ConsoleBackend:
+    """Prints :func:`format_console_line` per step via rich; optionally keeps a progress bar under it.
+
+    The progress bar only exists when stdout is a terminal: in log files and CI output a bar is a mess of carriage
+    returns, so there :meth:`set_total` only makes lines show ``step k/total``.
+    """
+
+    def __init__(self, run_name: str = "") -> None:
+        from rich.console import Console
+
+        self.run_name = run_name
+        self.total: int | None = None
+        self._console = Console(highlight=False, soft_wrap=True)
+        self._progress: Any = None
+        self._task: Any = None
+
+    def set_total(self, total_steps: int) -> None:
+        self.total = total_steps
+        if not self._console.is_terminal:
+            return
+        if self._progress is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=self._console,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(self.run_name or "train", total=total_steps)
+        else:
+            self._progress.update(self._task, total=total_steps)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._console.print(format_console_line(step, metrics, self.run_name, self.total), markup=False)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None

@@ -1,0 +1,152 @@
+"""One entry point for per-step scalar metrics, fanned out to the configured backends.
+
+The driver calls :meth:`MetricsLogger.log` once per training step with a flat ``{"reward/mean": 0.5, ...}`` dict.
+Keys are slash-separated families; the console line and the bundled Grafana dashboard look for these ones:
+
+- ``reward/mean``, ``val/accuracy``
+- ``timing_s/<phase>`` (seconds; ``timing_s/step`` is the whole step)
+- ``perf/throughput_tokens_per_s``
+- ``staleness/mean``, ``staleness/max`` (weight versions between generation start and the update using the sample)
+
+Values are validated once here (numbers only, so a stray string or tensor fails at the call site with the key named,
+not deep inside a backend), then every backend gets the same ``dict[str, float]`` and the same timestamp.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncrl.telemetry.backends import ConsoleBackend, PrometheusBackend, TensorBoardBackend
+from asyncrl.telemetry.jsonl import JsonlWriter, last_logged_step, read_metrics
+
+__all__ = ["ALLOWED_BACKENDS", "MetricsLogger", "last_logged_step", "read_metrics"]
+
+ALLOWED_BACKENDS: tuple[str, ...] = ("console", "jsonl", "tensorboard", "prometheus")
+RESERVED_KEYS = frozenset({"step", "time"})  # the jsonl record's own fields
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def _to_float(key: str, value: Any) -> float:
+    """``value`` as a float; real numbers, numpy scalars and 0-d arrays/tensors pass, anything else names ``key``."""
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        item = value.item()
+        if isinstance(item, numbers.Real):
+            return float(item)
+    raise ValueError(f"MetricsLogger.log: metric {key!r} must be a real number, got {type(value).__name__}: {value!r}")
+
+
+def validate_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """Metrics as ``{str: float}``, NaN/inf kept (each backend decides how to store them)."""
+    if not isinstance(metrics, dict):
+        raise ValueError(f"MetricsLogger.log: metrics must be a dict, got {type(metrics).__name__}")
+    clean: dict[str, float] = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"MetricsLogger.log: metric keys must be non-empty strings, got {key!r}")
+        if key in RESERVED_KEYS:
+            raise ValueError(f"MetricsLogger.log: metric key {key!r} is reserved (the record's own {key!r} field)")
+        clean[key] = _to_float(key, value)
+    return clean
+
+
+class MetricsLogger:
+    """Logs per-step scalars to any of ``console``, ``jsonl``, ``tensorboard``, ``prometheus``.
+
+    Files go under ``out_dir``: ``metrics.jsonl`` (one durable line per step, non-finite values as ``null``) and
+    ``tensorboard/``. Prometheus serves gauges on ``127.0.0.1:<prometheus_port>``; ``0`` or None picks a free port,
+    available afterwards as :attr:`prometheus_port`. ``console=False`` silences the console backend even when it is
+    listed, so Ray workers or tests can share a config with the driver without printing. Thread-safe: one lock
+    serialises ``log`` calls, so lines never interleave.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        backends: list[str],
+        run_name: str = "",
+        prometheus_port: int | None = None,
+        console: bool = True,
+    ) -> None:
+        unknown = [b for b in backends if b not in ALLOWED_BACKENDS]
+        if unknown:
+            raise ValueError(f"MetricsLogger: unknown backend(s) {unknown}; allowed: {list(ALLOWED_BACKENDS)}")
+        self.out_dir = Path(out_dir)
+        self.run_name = run_name
+        self.backends: list[str] = list(dict.fromkeys(backends))
+        self.prometheus_port: int | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._jsonl: JsonlWriter | None = None
+        self._tensorboard: TensorBoardBackend | None = None
+        self._prometheus: PrometheusBackend | None = None
+        self._console: ConsoleBackend | None = None
+        try:
+            if "jsonl" in self.backends:
+                self._jsonl = JsonlWriter(self.out_dir / METRICS_FILE)
+            if "tensorboard" in self.backends:
+                self._tensorboard = TensorBoardBackend(self.out_dir / TENSORBOARD_DIR)
+            if "prometheus" in self.backends:
+                self._prometheus = PrometheusBackend(prometheus_port or 0, run_name)
+                self.prometheus_port = self._prometheus.port
+            if "console" in self.backends and console:
+                self._console = ConsoleBackend(run_name)
+        except BaseException:
+            self.close()  # do not leak a bound port or open files when a later backend fails
+            raise
+
+    @property
+    def metrics_path(self) -> Path:
+        """Where the jsonl backend writes (whether or not it is enabled)."""
+        return self.out_dir / METRICS_FILE
+
+    def set_total(self, total_steps: int) -> None:
+        """Total training steps, for the console progress bar (no bar when stdout is not a terminal)."""
+        if not isinstance(total_steps, int) or total_steps < 0:
+            raise ValueError(f"MetricsLogger.set_total: total_steps must be a non-negative int, got {total_steps!r}")
+        if self._console is not None:
+            self._console.set_total(total_steps)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Record ``metrics`` for training ``step`` in every backend; returns once the jsonl line is on disk."""
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            raise ValueError(f"MetricsLogger.log: step must be a non-negative int, got {step!r}")
+        step = int(step)
+        clean = validate_metrics(metrics)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"MetricsLogger({self.out_dir}): log(step={step}) after close()")
+            walltime_s = time.time()
+            if self._jsonl is not None:
+                record: dict[str, Any] = {"step": step, "time": walltime_s}
+                record.update({k: (v if math.isfinite(v) else None) for k, v in clean.items()})
+                self._jsonl.write(record)
+            if self._tensorboard is not None:
+                self._tensorboard.log(step, clean, walltime_s)
+            if self._prometheus is not None:
+                self._prometheus.log(step, clean)
+            if self._console is not None:
+                self._console.log(step, clean)
+
+    def close(self) -> None:
+        """Flush and release everything (files, the Prometheus port, the progress bar). Safe to call twice."""
+        with self._lock:
+            self._closed = True
+            for backend in (self._console, self._prometheus, self._tensorboard, self._jsonl):
+                if backend is not None:
+                    backend.close()
+            self._console = self._prometheus = self._tensorboard = self._jsonl = None
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,182 @@
+"""Static PNG summary of a run: learning curves on top, a Gantt chart of who was busy when below.
+
+The Gantt chart is what makes asynchrony visible: with ``one_step_off`` the rollout and trainer rows overlap, with
+``sync`` they alternate. :func:`compare_report` stacks several runs' charts on one x scale to show exactly that.
+Reads only the files a run leaves behind (``metrics.jsonl``, ``timeline.json``), so it works on finished, crashed
+or still-running runs alike. Figures are drawn on an explicit Agg canvas instead of through pyplot: no global backend
+switch, no display needed, and safe to call from a background thread of the driver.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from asyncrl.telemetry.jsonl import read_metrics
+from asyncrl.telemetry.timeline import read_chrome_trace
+
+METRICS_FILE = "metrics.jsonl"
+TIMELINE_FILE = "timeline.json"
+REPORT_FILE = "report.png"
+
+
+def _figure(width_in: float, height_in: float) -> Figure:
+    fig = Figure(figsize=(width_in, height_in))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) for ``key``, skipping records without it or with null (non-finite) values."""
+    pairs = [(r["step"], r[key]) for r in records if isinstance(r.get(key), int | float) and "step" in r]
+    return [p[0] for p in pairs], [float(p[1]) for p in pairs]
+
+
+def _plot_curves(ax: Axes, records: list[dict[str, Any]]) -> None:
+    steps, reward = _series(records, "reward/mean")
+    if steps:
+        ax.plot(steps, reward, label="reward/mean", color="tab:blue", linewidth=1.5)
+    val_steps, val = _series(records, "val/accuracy")
+    if val_steps:
+        ax.plot(val_steps, val, label="val/accuracy", color="tab:orange", marker="o", linestyle="--")
+    if not steps and not val_steps:
+        ax.text(0.5, 0.5, "no reward/mean or val/accuracy logged", ha="center", va="center", transform=ax.transAxes)
+    else:
+        ax.legend(loc="best", fontsize="small")
+    ax.set_xlabel("step")
+    ax.set_ylabel("value")
+    ax.grid(True, alpha=0.3)
+
+
+def _colours(names: list[str]) -> dict[str, Any]:
+    """A stable colour per span name (sorted order), shared across runs in :func:`compare_report`."""
+    cmap = colormaps["tab10" if len(names) <= 10 else "tab20"]
+    return {name: cmap(i % cmap.N) for i, name in enumerate(sorted(names))}
+
+
+def _lanes(spans: list[dict[str, Any]]) -> tuple[list[int], int]:
+    """Sub-row for each span so overlapping spans of one worker (nesting, threads) are stacked, not hidden."""
+    lane_end: list[float] = []
+    lanes: list[int] = [0] * len(spans)
+    for i in sorted(range(len(spans)), key=lambda i: (spans[i]["start_s"], -spans[i]["end_s"])):
+        span = spans[i]
+        for lane, end in enumerate(lane_end):
+            if end <= span["start_s"]:
+                lanes[i], lane_end[lane] = lane, span["end_s"]
+                break
+        else:
+            lanes[i] = len(lane_end)
+            lane_end.append(span["end_s"])
+    return lanes, max(1, len(lane_end))
+
+
+def _plot_gantt(ax: Axes, events: list[dict[str, Any]], colours: dict[str, Any], t_origin_s: float) -> None:
+    """One row per worker; x in seconds since ``t_origin_s``; instants as black ticks."""
+    workers = sorted({e["worker"] for e in events})
+    for row, worker in enumerate(workers):
+        spans = [e for e in events if e["worker"] == worker and e.get("kind", "span") == "span"]
+        lanes, n_lanes = _lanes(spans)
+        height = 0.8 / n_lanes
+        for span, lane in zip(spans, lanes):
+            y = row - 0.4 + lane * height
+            width = span["end_s"] - span["start_s"]
+            ax.broken_barh([(span["start_s"] - t_origin_s, width)], (y, height), facecolors=colours[span["name"]])
+        instants = [e["start_s"] - t_origin_s for e in events if e["worker"] == worker and e.get("kind") == "instant"]
+        if instants:
+            ax.vlines(instants, row - 0.45, row + 0.45, colors="black", linewidth=0.8)
+    ax.set_yticks(range(len(workers)), labels=workers)
+    ax.set_ylim(-0.6, len(workers) - 0.4)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since run start")
+    ax.grid(True, axis="x", alpha=0.3)
+
+
+def _span_names(events: list[dict[str, Any]]) -> list[str]:
+    return sorted({e["name"] for e in events if e.get("kind", "span") == "span"})
+
+
+def _legend(fig: Figure, colours: dict[str, Any]) -> None:
+    handles = [Patch(facecolor=c, label=name) for name, c in colours.items()]
+    if handles:
+        fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize="small", frameon=False)
+
+
+def write_report(run_dir: str | os.PathLike[str]) -> Path:
+    """Render ``run_dir/report.png`` from ``metrics.jsonl`` (+ ``timeline.json`` if present); returns its path.
+
+    A missing timeline is normal (telemetry spans off, or the run died before writing it): then only the curves are
+    drawn and the title says so. A missing ``metrics.jsonl`` means this is not a run directory, so that raises.
+    """
+    run = Path(run_dir)
+    metrics_path = run / METRICS_FILE
+    if not metrics_path.exists():
+        raise FileNotFoundError(f"write_report: no {METRICS_FILE} at {metrics_path}")
+    records = read_metrics(metrics_path)
+    timeline_path = run / TIMELINE_FILE
+    events = read_chrome_trace(timeline_path) if timeline_path.exists() else None
+
+    title = f"asyncrl run {run.resolve().name}"
+    if events is None:
+        fig = _figure(10, 4.5)
+        ax_curves = fig.subplots()
+        title += f" (no {TIMELINE_FILE}: curves only)"
+    else:
+        n_workers = max(1, len({e["worker"] for e in events}))
+        fig = _figure(12, 5 + 0.5 * n_workers)
+        ax_curves, ax_gantt = fig.subplots(2, 1, gridspec_kw={"height_ratios": [3, max(2, n_workers * 0.6)]})
+        colours = _colours(_span_names(events))
+        t_origin_s = min((e["start_s"] for e in events), default=0.0)
+        _plot_gantt(ax_gantt, events, colours, t_origin_s)
+        ax_gantt.set_title("timeline (one row per worker)", fontsize="medium")
+        _legend(fig, colours)
+    _plot_curves(ax_curves, records)
+    ax_curves.set_title("learning curves", fontsize="medium")
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.06 if events else 0, 1, 1))
+    out = run / REPORT_FILE
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def compare_report(run_dirs: list[str | os.PathLike[str]], out_png: str | os.PathLike[str]) -> Path:
+    """Stack the Gantt charts of several runs on a shared x axis (seconds since each run's own start).
+
+    Span colours are shared across runs, so "generate" is the same colour in the ``sync`` and ``one_step_off``
+    panels. Every run needs a ``timeline.json``; a missing one raises naming the path.
+    """
+    if not run_dirs:
+        raise ValueError("compare_report: run_dirs is empty")
+    runs: list[tuple[str, list[dict[str, Any]]]] = []
+    for run_dir in run_dirs:
+        path = Path(run_dir) / TIMELINE_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"compare_report: no {TIMELINE_FILE} at {path}")
+        runs.append((Path(run_dir).resolve().name, read_chrome_trace(path)))
+
+    colours = _colours(sorted({n for _, events in runs for n in _span_names(events)}))
+    heights = [max(1.5, 0.6 * len({e["worker"] for e in events})) for _, events in runs]
+    fig = _figure(12, 1.5 + sum(heights))
+    axes = fig.subplots(len(runs), 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": heights})
+    longest_s = 0.0
+    for ax, (name, events) in zip(axes[:, 0], runs):
+        t_origin_s = min((e["start_s"] for e in events), default=0.0)
+        longest_s = max(longest_s, max((e["end_s"] - t_origin_s for e in events), default=0.0))
+        _plot_gantt(ax, events, colours, t_origin_s)
+        ax.set_title(name, fontsize="medium")
+    for ax in axes[:-1, 0]:
+        ax.set_xlabel("")
+    axes[0, 0].set_xlim(0, longest_s * 1.02 or 1.0)
+    _legend(fig, colours)
+    fig.suptitle("timeline comparison")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    return out

@@ -1,0 +1,282 @@
+"""Wall-clock spans of what each worker did when, for Chrome/Perfetto traces and idle-time accounting.
+
+Every process (driver, each Ray worker) keeps its own :class:`Timeline` (usually the one from :func:`get_timeline`)
+and records spans around its phases::
+
+    tl = get_timeline()
+    with tl.span("generate", step=3, worker="rollout0", n_prompts=64):
+        ...
+
+Workers return ``tl.drain()`` to the driver (events are plain dicts, so they pickle through Ray), the driver
+``extend``s its own timeline with them and writes ``timeline.json`` with :func:`write_chrome_trace`. Times are
+``time.time()`` (Unix seconds), so spans from different processes on one machine line up; across machines they are
+only as aligned as the clocks are.
+
+Event dicts: ``{"name", "kind": "span" | "instant", "worker", "thread", "start_s", "end_s", "step", "args"}``, with
+``start_s``/``end_s`` in Unix seconds (``end_s == start_s`` for instants) and ``step`` an int or None.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+IDLE_PREFIXES: tuple[str, ...] = ("wait", "idle")  # spans named like this mean "blocked", not "busy"
+
+
+class Timeline:
+    """Thread-safe, in-memory list of span/instant events for one process.
+
+    ``worker`` is the default row name for events that do not pass ``worker=`` (set it once in a Ray actor's
+    ``__init__``, e.g. ``get_timeline().worker = "trainer0"``). ``clock`` returns Unix seconds; tests pass a fake one.
+    """
+
+    def __init__(self, worker: str | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.worker: str = worker or f"pid{os.getpid()}"
+        self._clock = clock
+        self._events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def _event(
+        self,
+        name: str,
+        kind: str,
+        start_s: float,
+        end_s: float,
+        step: int | None,
+        worker: str | None,
+        args: dict[str, Any],
+    ) -> dict[str, Any]:
+        return {
+            "name": name,
+            "kind": kind,
+            "worker": worker or self.worker,
+            "thread": threading.current_thread().name,
+            "start_s": start_s,
+            "end_s": end_s,
+            "step": step,
+            "args": args,
+        }
+
+    @contextmanager
+    def span(self, name: str, step: int | None = None, worker: str | None = None, **args: Any) -> Iterator[None]:
+        """Record the wall-clock interval of the ``with`` body. An exception still closes the span (with
+        ``args["error"]`` set to the exception type) and propagates."""
+        start_s = self._clock()
+        try:
+            yield
+        except BaseException as e:
+            args["error"] = type(e).__name__
+            raise
+        finally:
+            event = self._event(name, "span", start_s, self._clock(), step, worker, args)
+            with self._lock:
+                self._events.append(event)
+
+    def instant(self, name: str, step: int | None = None, worker: str | None = None, **args: Any) -> None:
+        """Record a point in time (e.g. "weights_updated")."""
+        now_s = self._clock()
+        event = self._event(name, "instant", now_s, now_s, step, worker, args)
+        with self._lock:
+            self._events.append(event)
+
+    def add_span(
+        self, name: str, start_s: float, end_s: float, step: int | None = None, worker: str | None = None, **args: Any
+    ) -> None:
+        """Record a span measured elsewhere (Unix seconds), e.g. timings reported by an inference engine."""
+        if end_s < start_s:
+            raise ValueError(f"Timeline.add_span({name!r}): end_s={end_s} is before start_s={start_s}")
+        event = self._event(name, "span", float(start_s), float(end_s), step, worker, args)
+        with self._lock:
+            self._events.append(event)
+
+    def events(self) -> list[dict[str, Any]]:
+        """A copy of all events so far (picklable plain dicts)."""
+        with self._lock:
+            return [dict(e) for e in self._events]
+
+    def drain(self) -> list[dict[str, Any]]:
+        """All events so far, removing them: lets a worker ship its spans incrementally without sending any twice."""
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def extend(self, events: Iterable[dict[str, Any]]) -> None:
+        """Add events recorded by another process (the output of its ``events()``/``drain()``)."""
+        incoming = [dict(e) for e in events]
+        for e in incoming:
+            missing = {"name", "worker", "start_s", "end_s"} - e.keys()
+            if missing:
+                raise ValueError(f"Timeline.extend: event {e!r} lacks {sorted(missing)}")
+            e.setdefault("kind", "span")
+            e.setdefault("thread", "main")
+            e.setdefault("step", None)
+            e.setdefault("args", {})
+        with self._lock:
+            self._events.extend(incoming)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._events.clear()
+
+
+_GLOBAL: Timeline | None = None
+_GLOBAL_LOCK = threading.Lock()
+
+
+def get_timeline() -> Timeline:
+    """This process's shared timeline, created on first use."""
+    global _GLOBAL
+    with _GLOBAL_LOCK:
+        if _GLOBAL is None:
+            _GLOBAL = Timeline()
+        return _GLOBAL
+
+
+def _us(seconds: float) -> int:
+    return int(round(seconds * 1_000_000))
+
+
+def _jsonable(value: Any) -> Any:
+    """Span args as JSON: numbers/strings/bools/None as-is, containers recursively, anything else as ``str``."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+def to_chrome_trace(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Chrome trace-event JSON object for ``events``.
+
+    Each worker becomes a process (``pid`` 1, 2, ... in sorted-name order, with ``process_name`` metadata so Perfetto
+    shows the name) and each thread within it a ``tid`` (with ``thread_name`` metadata). Spans are complete events
+    (``"ph": "X"``), instants ``"ph": "i"``; ``ts``/``dur`` are integer microseconds since the Unix epoch.
+    """
+    events = list(events)
+    pids = {w: i + 1 for i, w in enumerate(sorted({str(e["worker"]) for e in events}))}
+    tids: dict[tuple[str, str], int] = {}
+    trace: list[dict[str, Any]] = []
+    for worker, pid in pids.items():
+        trace.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": worker}})
+        trace.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+    for e in sorted(events, key=lambda e: e["start_s"]):
+        worker, thread = str(e["worker"]), str(e.get("thread", "main"))
+        pid = pids[worker]
+        if (worker, thread) not in tids:
+            tids[(worker, thread)] = tid = sum(1 for w, _ in tids if w == worker) + 1
+            trace.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": thread}})
+        args = _jsonable(e.get("args") or {})
+        if e.get("step") is not None:
+            args["step"] = e["step"]
+        out = {"name": e["name"], "cat": "asyncrl", "pid": pid, "tid": tids[(worker, thread)], "ts": _us(e["start_s"])}
+        if e.get("kind", "span") == "instant":
+            out.update(ph="i", s="t")
+        else:
+            out.update(ph="X", dur=max(0, _us(e["end_s"]) - _us(e["start_s"])))
+        out["args"] = args
+        trace.append(out)
+    return {"traceEvents": trace, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(path: str | os.PathLike[str], events: Iterable[dict[str, Any]]) -> Path:
+    """Write ``events`` as a Chrome trace (open in https://ui.perfetto.dev or chrome://tracing); returns the path.
+
+    Written to a temporary file and renamed, so a crash mid-write never leaves a truncated ``timeline.json``.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(to_chrome_trace(events)), encoding="utf-8")
+    os.replace(tmp, p)
+    return p
+
+
+def read_chrome_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Events back from a trace written by :func:`write_chrome_trace` (worker/thread names restored)."""
+    p = Path(path)
+    try:
+        trace = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"read_chrome_trace: {p} is not valid JSON: {e}") from e
+    raw = trace.get("traceEvents") if isinstance(trace, dict) else trace
+    if not isinstance(raw, list):
+        raise ValueError(f"read_chrome_trace: {p} has no traceEvents list")
+    workers = {e["pid"]: e["args"]["name"] for e in raw if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {
+        (e["pid"], e["tid"]): e["args"]["name"] for e in raw if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+    events: list[dict[str, Any]] = []
+    for e in raw:
+        if e.get("ph") not in ("X", "i", "I"):
+            continue
+        args = dict(e.get("args") or {})
+        start_s = e["ts"] / 1e6
+        events.append(
+            {
+                "name": e["name"],
+                "kind": "span" if e["ph"] == "X" else "instant",
+                "worker": workers.get(e["pid"], str(e["pid"])),
+                "thread": threads.get((e["pid"], e.get("tid")), str(e.get("tid"))),
+                "start_s": start_s,
+                "end_s": start_s + e.get("dur", 0) / 1e6,
+                "step": args.pop("step", None),
+                "args": args,
+            }
+        )
+    return events
+
+
+def is_busy(event: dict[str, Any]) -> bool:
+    """A span counts as work unless its name starts with "wait" or "idle" (instants are never busy)."""
+    return event.get("kind", "span") == "span" and not str(event["name"]).lower().startswith(IDLE_PREFIXES)
+
+
+def span_totals(
+    events: Iterable[dict[str, Any]], step: int | None = None, worker: str | None = None
+) -> dict[str, float]:
+    """Total seconds per span name (summed over workers and threads), optionally for one step and/or one worker."""
+    totals: dict[str, float] = {}
+    for e in events:
+        if e.get("kind", "span") != "span":
+            continue
+        if (step is not None and e.get("step") != step) or (worker is not None and e["worker"] != worker):
+            continue
+        totals[e["name"]] = totals.get(e["name"], 0.0) + (e["end_s"] - e["start_s"])
+    return totals
+
+
+def idle_fraction(events: Iterable[dict[str, Any]], worker: str, t0: float, t1: float) -> float:
+    """Fraction of the window ``[t0, t1]`` (Unix seconds) in which ``worker`` had no busy span running.
+
+    Busy time is the *union* of the worker's busy spans clipped to the window, so nested or overlapping spans (a
+    "step" span around "generate", two threads at once) are not double-counted. "wait*"/"idle*" spans are not busy.
+    """
+    if not t1 > t0:
+        raise ValueError(f"idle_fraction(worker={worker!r}): window end t1={t1} must be after t0={t0}")
+    intervals = sorted(
+        (max(e["start_s"], t0), min(e["end_s"], t1))
+        for e in events
+        if e["worker"] == worker and is_busy(e) and e["end_s"] > t0 and e["start_s"] < t1
+    )
+    busy_s = 0.0
+    cur_start: float | None = None
+    cur_end = t0
+    for start, end in intervals:
+        if cur_start is None or start > cur_end:
+            if cur_start is not None:
+                busy_s += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_start is not None:
+        busy_s += cur_end - cur_start
+    return 1.0 - busy_s / (t1 - t0)

@@ -1,0 +1,61 @@
+"""Typed data that crosses role boundaries.
+
+One ``Sample`` carries everything a rollout produced for one response, from the engine through reward and the
+trainer, so no role passes raw dicts with string keys. Token lists are plain Python lists (cheap to pickle across Ray);
+the trainer turns a list of samples into padded tensors with ``asyncrl.data.collate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Prompt:
+    """One dataset row, tokenised. ``index`` is the row's position in its file (stable across epochs and resume)."""
+
+    index: int
+    prompt_ids: list[int]
+    data_source: str
+    ground_truth: str
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    epoch: int = 0
+
+    @property
+    def uid(self) -> str:
+        """Identifies one (epoch, row) pair: the group of ``rollout.n`` responses generated from it shares this."""
+        return f"{self.epoch}:{self.index}"
+
+
+@dataclass
+class Sample:
+    """One response to one prompt.
+
+    ``logprobs`` are the behaviour policy's per-token log-probabilities (of the temperature-scaled distribution, before
+    top-p/top-k truncation), ``versions`` the weight version that produced each response token. ``start_version`` is
+    the version in force when generation of this sample began (staleness is measured from it).
+    """
+
+    prompt: Prompt
+    response_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    stop_reason: str = "length"  # "eos" | "length" (hit rollout.response_length) | "interrupted" (paused mid-way)
+    start_version: int = 0
+    response_text: str = ""
+    reward: float = 0.0
+    reward_failed: bool = False
+    reward_extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def uid(self) -> str:
+        return self.prompt.uid
+
+    @property
+    def finished(self) -> bool:
+        return self.stop_reason == "eos"
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt.prompt_ids) + len(self.response_ids)

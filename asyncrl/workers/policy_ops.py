@@ -1,0 +1,165 @@
+"""Model-side training operations: response log-probs and the PPO/GRPO update.
+
+These functions hold no role or mode logic: a worker calls them with a model, an optimizer and a ``TrainBatch``
+whose ``extras`` carry ``advantages_BT`` and ``old_logp_BT`` (and ``ref_logp_BT`` when the KL loss is on). The losses
+themselves are the pure functions of ``asyncrl.algos``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from asyncrl import algos
+from asyncrl.config import ActorConfig, RolloutCorrectionConfig
+from asyncrl.data.collate import TrainBatch
+
+
+def _forward_logits(model: torch.nn.Module, mb: TrainBatch, temperature: float) -> torch.Tensor:
+    """Logits predicting each response token, scaled by the sampling temperature: [B, T, V]."""
+    T = mb.response_ids_BT.shape[1]
+    out = model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, position_ids=mb.position_ids_BL)
+    logits = out.logits[:, mb.prompt_width - 1 : mb.prompt_width - 1 + T].float()
+    return logits / temperature if temperature > 0 else logits
+
+
+def response_logprobs(
+    model: torch.nn.Module, batch: TrainBatch, temperature: float, micro_batch_size: int
+) -> torch.Tensor:
+    """Per-token log-probs of the batch's responses under ``model`` (no grad), in micro-batches: [B, T]."""
+    was_training = model.training
+    model.eval()
+    outs = []
+    with torch.inference_mode():
+        for start in range(0, batch.size, micro_batch_size):
+            mb = batch.select(list(range(start, min(start + micro_batch_size, batch.size))))
+            logits = _forward_logits(model, mb, temperature)
+            outs.append(algos.logprobs_from_logits(logits, mb.response_ids_BT) * mb.response_mask_BT)
+    model.train(was_training)
+    return torch.cat(outs, dim=0)
+
+
+@dataclass
+class UpdateResult:
+    metrics: dict[str, float]
+    optimizer_steps: int
+    skipped_nonfinite: int
+
+
+def ppo_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: TrainBatch,
+    actor: ActorConfig,
+    correction: RolloutCorrectionConfig,
+    temperature: float,
+    num_mini_batches: int,
+    seed: int,
+) -> UpdateResult:
+    """``actor.ppo_epochs`` passes over ``batch`` in ``num_mini_batches`` optimizer steps each.
+
+    Gradients are accumulated over micro-batches with weights chosen so that the accumulated gradient equals the
+    gradient of the loss aggregated over the whole mini-batch (token-mean: by token count; seq-mean-*: by sequence
+    count). A non-finite loss or gradient norm skips that optimizer step (counted), so NaN/inf never reaches the weights.
+    """
+    model.train()
+    low = actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low
+    high = actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high
+    gen = torch.Generator().manual_seed(seed)
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+
+    def add(key: str, value: float) -> None:
+        sums[key] = sums.get(key, 0.0) + float(value)
+        counts[key] = counts.get(key, 0) + 1
+
+    steps = skipped = 0
+    for _epoch in range(actor.ppo_epochs):
+        perm = torch.randperm(batch.size, generator=gen)
+        for mini_idx in perm.chunk(num_mini_batches):
+            mini = batch.select(mini_idx)
+            mini_tokens = float(mini.response_mask_BT.sum().clamp(min=1))
+            optimizer.zero_grad(set_to_none=True)
+            finite = True
+            for start in range(0, mini.size, actor.ppo_micro_batch_size):
+                mb = mini.select(list(range(start, min(start + actor.ppo_micro_batch_size, mini.size))))
+                if actor.loss_agg_mode == "token-mean":
+                    weight = float(mb.response_mask_BT.sum()) / mini_tokens
+                else:
+                    weight = mb.size / mini.size
+                loss, stats = _micro_loss(model, mb, actor, correction, temperature, low, high)
+                if not torch.isfinite(loss):
+                    finite = False
+                    break
+                (loss * weight).backward()
+                for k, v in stats.items():
+                    add(k, v)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), actor.optim.grad_clip if actor.optim.grad_clip > 0 else float("inf")
+            )
+            if not finite or not math.isfinite(float(grad_norm)):
+                optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
+            add("actor/grad_norm", float(grad_norm))
+            optimizer.step()
+            scheduler.step()
+            steps += 1
+    metrics = {k: sums[k] / counts[k] for k in sums}
+    metrics["actor/lr"] = float(scheduler.get_last_lr()[0])
+    metrics["actor/nonfinite_skipped_steps"] = float(skipped)
+    optimizer.zero_grad(set_to_none=True)
+    return UpdateResult(metrics=metrics, optimizer_steps=steps, skipped_nonfinite=skipped)
+
+
+def _micro_loss(
+    model: torch.nn.Module,
+    mb: TrainBatch,
+    actor: ActorConfig,
+    correction: RolloutCorrectionConfig,
+    temperature: float,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    mask = mb.response_mask_BT
+    logits = _forward_logits(model, mb, temperature)
+    logp = algos.logprobs_from_logits(logits, mb.response_ids_BT)
+    old_logp = mb.extras["old_logp_BT"]
+    is_weights = None
+    stats: dict[str, float] = {}
+    if correction.rollout_is is not None:
+        is_weights, is_stats = algos.truncated_importance_weights(
+            mb.behav_logp_BT, old_logp, mask, level=correction.rollout_is, threshold=correction.rollout_is_threshold
+        )
+        stats.update(is_stats)
+    pg_loss, pg_stats = algos.policy_loss_ppo_clip(
+        logp,
+        old_logp,
+        mb.extras["advantages_BT"],
+        mask,
+        clip_ratio_low=clip_low,
+        clip_ratio_high=clip_high,
+        loss_agg_mode=actor.loss_agg_mode,
+        clip_ratio_c=actor.clip_ratio_c,
+        is_weights_BT=is_weights,
+    )
+    loss = pg_loss
+    stats["actor/pg_loss"] = float(pg_loss.detach())
+    for k, v in pg_stats.items():
+        stats[f"actor/{k}"] = float(v)
+    with torch.set_grad_enabled(actor.entropy_coeff != 0):
+        entropy_BT = algos.entropy_from_logits(logits if actor.entropy_coeff != 0 else logits.detach())
+        entropy = algos.agg_loss(entropy_BT, mask, actor.loss_agg_mode)
+    stats["actor/entropy"] = float(entropy.detach())
+    if actor.entropy_coeff != 0:
+        loss = loss - actor.entropy_coeff * entropy
+    if actor.use_kl_loss:
+        kl_BT = algos.kl_penalty(logp, mb.extras["ref_logp_BT"], actor.kl_loss_type)
+        kl = algos.agg_loss(kl_BT, mask, actor.loss_agg_mode)
+        loss = loss + actor.kl_loss_coef * kl
+        stats["actor/kl_loss"] = float(kl.detach())
+        stats["actor/kl_coef"] = actor.kl_loss_coef
+    return loss, stats

@@ -1,0 +1,79 @@
+"""Config loading: every shipped config validates; bad keys, types and ranges fail at load naming the key."""
+
+from pathlib import Path
+
+import pytest
+
+from asyncrl.config import Config, ConfigError, load_config
+from asyncrl.sft import load_sft_config
+
+CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").glob("*.yaml"))
+BASE = ["model.path=m", "data.train_files=[t.parquet]"]
+
+
+def test_configs_dir_is_not_empty():
+    assert len(CONFIGS) >= 2
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_validates(path):
+    if path.name.startswith("sft"):
+        cfg = load_sft_config(str(path))
+        assert cfg.data.train_files
+    else:
+        cfg = load_config(path)
+        assert isinstance(cfg, Config)
+        assert cfg.model.path
+
+
+def test_dotted_overrides_apply_with_types():
+    cfg = load_config(None, BASE + ["rollout.n=4", "actor.optim.lr=3e-4", "trainer.logger=[jsonl]"])
+    assert cfg.rollout.n == 4
+    assert cfg.actor.optim.lr == pytest.approx(3e-4)
+    assert cfg.trainer.logger == ["jsonl"]
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("rollout.nn=3", "unknown config key 'rollout.nn'"),
+        ("nonsense=1", "unknown config key 'nonsense'"),
+        ("rollout.n=abc", "config key rollout.n"),
+        ("rollout.n=0", "config key rollout.n must be >= 1 (got 0)"),
+        ("rollout.top_p=1.5", "config key rollout.top_p must be in (0, 1] (got 1.5)"),
+        ("actor.loss_agg_mode=mean", "config key actor.loss_agg_mode must be one of token-mean"),
+        ("actor.kl_loss_type=k9", "config key actor.kl_loss_type must be one of"),
+        ("actor.ppo_mini_batch_size=5", "config key actor.ppo_mini_batch_size must be a divisor of"),
+        ("trainer.logger=[wandb]", "config key trainer.logger must be one of console"),
+        ("trainer.resume_mode=/no/such/dir", "config key trainer.resume_mode must be auto, disable"),
+        ("algorithm.rollout_correction.rollout_is=tok", "algorithm.rollout_correction.rollout_is must be one of"),
+        ("rollout.n", "expected key=value"),
+    ],
+)
+def test_bad_config_value_names_the_key(override, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, BASE + [override])
+    assert fragment in str(e.value)
+
+
+def test_missing_model_path_is_named():
+    with pytest.raises(ConfigError, match="config key model.path is required"):
+        load_config(None, ["data.train_files=[t.parquet]"])
+
+
+def test_unknown_key_in_yaml_file_names_file_and_key(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("model:\n  path: m\ndata:\n  train_files: [a]\nrollout:\n  temprature: 0.5\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert "rollout.temprature" in str(e.value) and str(p) in str(e.value)
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_sft_config_range_error():
+    with pytest.raises(ConfigError, match="config key optim.lr must be > 0"):
+        load_sft_config(None, ["data.train_files=[a]", "optim.lr=0"])
