@@ -94,6 +94,7 @@ class AlgorithmConfig:
 @dataclass
 class RewardConfig:
     custom_function: str | None = None  # "path/to/file.py:fn" with verl's signature; null = built-in registry
+    binarize: bool = False  # reward 1.0 only for a full score (reasoning-gym scorers give partial credit), else 0.0
 
 
 @dataclass
@@ -182,63 +183,83 @@ def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+def check(ok: bool, key: str, value: Any, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"config key {key} must be {allowed} (got {value!r})")
 
 
 def _choice(key: str, value: Any, choices: tuple) -> None:
-    _check(value in choices, key, value, "one of " + ", ".join(str(c) for c in choices))
+    check(value in choices, key, value, "one of " + ", ".join(str(c) for c in choices))
 
 
 def validate(cfg: Config) -> None:
     """Range and consistency checks that types alone cannot express."""
     d, r, a, t = cfg.data, cfg.rollout, cfg.actor, cfg.trainer
-    _check(d.train_batch_size >= 1, "data.train_batch_size", d.train_batch_size, ">= 1")
-    _check(d.val_batch_size >= 1, "data.val_batch_size", d.val_batch_size, ">= 1")
-    _check(d.max_prompt_length >= 1, "data.max_prompt_length", d.max_prompt_length, ">= 1")
+    check(d.train_batch_size >= 1, "data.train_batch_size", d.train_batch_size, ">= 1")
+    check(d.val_batch_size >= 1, "data.val_batch_size", d.val_batch_size, ">= 1")
+    check(d.max_prompt_length >= 1, "data.max_prompt_length", d.max_prompt_length, ">= 1")
     _choice("data.overlong_prompts", d.overlong_prompts, ("error", "filter"))
-    _check(bool(d.train_files), "data.train_files", d.train_files, "a non-empty list of parquet/jsonl files")
+    check(bool(d.train_files), "data.train_files", d.train_files, "a non-empty list of parquet/jsonl files")
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
     _choice("rollout.engine", r.engine, ("builtin",))
-    _check(r.n >= 1, "rollout.n", r.n, ">= 1")
-    _check(r.temperature >= 0, "rollout.temperature", r.temperature, ">= 0")
-    _check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "in (0, 1]")
-    _check(r.top_k >= 0, "rollout.top_k", r.top_k, ">= 0 (0 = off)")
-    _check(r.response_length >= 1, "rollout.response_length", r.response_length, ">= 1")
-    _check(r.max_batch_size >= 1, "rollout.max_batch_size", r.max_batch_size, ">= 1")
-    _check(r.val_temperature >= 0, "rollout.val_temperature", r.val_temperature, ">= 0")
-    _check(a.optim.lr > 0, "actor.optim.lr", a.optim.lr, "> 0")
-    _check(a.optim.weight_decay >= 0, "actor.optim.weight_decay", a.optim.weight_decay, ">= 0")
-    _check(len(a.optim.betas) == 2 and all(0 <= b < 1 for b in a.optim.betas), "actor.optim.betas", a.optim.betas,
-           "two numbers in [0, 1)")
-    _check(a.optim.lr_warmup_steps >= 0, "actor.optim.lr_warmup_steps", a.optim.lr_warmup_steps, ">= 0")
-    _check(a.ppo_mini_batch_size >= 1, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size, ">= 1")
-    _check(a.ppo_mini_batch_size <= d.train_batch_size, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size,
-           f"<= data.train_batch_size ({d.train_batch_size})")
-    _check(d.train_batch_size % a.ppo_mini_batch_size == 0, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size,
-           f"a divisor of data.train_batch_size ({d.train_batch_size})")
-    _check(a.ppo_micro_batch_size >= 1, "actor.ppo_micro_batch_size", a.ppo_micro_batch_size, ">= 1")
-    _check(a.ppo_epochs >= 1, "actor.ppo_epochs", a.ppo_epochs, ">= 1")
-    _check(0 <= a.clip_ratio < 1, "actor.clip_ratio", a.clip_ratio, "in [0, 1)")
+    check(r.n >= 1, "rollout.n", r.n, ">= 1")
+    check(r.temperature >= 0, "rollout.temperature", r.temperature, ">= 0")
+    check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "in (0, 1]")
+    check(r.top_k >= 0, "rollout.top_k", r.top_k, ">= 0 (0 = off)")
+    check(r.response_length >= 1, "rollout.response_length", r.response_length, ">= 1")
+    check(r.max_batch_size >= 1, "rollout.max_batch_size", r.max_batch_size, ">= 1")
+    check(r.val_temperature >= 0, "rollout.val_temperature", r.val_temperature, ">= 0")
+    check(a.optim.lr > 0, "actor.optim.lr", a.optim.lr, "> 0")
+    check(a.optim.weight_decay >= 0, "actor.optim.weight_decay", a.optim.weight_decay, ">= 0")
+    check(
+        len(a.optim.betas) == 2 and all(0 <= b < 1 for b in a.optim.betas),
+        "actor.optim.betas",
+        a.optim.betas,
+        "two numbers in [0, 1)",
+    )
+    check(a.optim.lr_warmup_steps >= 0, "actor.optim.lr_warmup_steps", a.optim.lr_warmup_steps, ">= 0")
+    check(a.ppo_mini_batch_size >= 1, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size, ">= 1")
+    check(
+        a.ppo_mini_batch_size <= d.train_batch_size,
+        "actor.ppo_mini_batch_size",
+        a.ppo_mini_batch_size,
+        f"<= data.train_batch_size ({d.train_batch_size})",
+    )
+    check(
+        d.train_batch_size % a.ppo_mini_batch_size == 0,
+        "actor.ppo_mini_batch_size",
+        a.ppo_mini_batch_size,
+        f"a divisor of data.train_batch_size ({d.train_batch_size})",
+    )
+    check(a.ppo_micro_batch_size >= 1, "actor.ppo_micro_batch_size", a.ppo_micro_batch_size, ">= 1")
+    check(a.ppo_epochs >= 1, "actor.ppo_epochs", a.ppo_epochs, ">= 1")
+    check(0 <= a.clip_ratio < 1, "actor.clip_ratio", a.clip_ratio, "in [0, 1)")
     for k in ("clip_ratio_low", "clip_ratio_high"):
         v = getattr(a, k)
-        _check(v is None or v >= 0, f"actor.{k}", v, ">= 0 or null")
-    _check(a.clip_ratio_c is None or a.clip_ratio_c > 1, "actor.clip_ratio_c", a.clip_ratio_c, "> 1 or null")
+        check(v is None or v >= 0, f"actor.{k}", v, ">= 0 or null")
+    check(a.clip_ratio_c is None or a.clip_ratio_c > 1, "actor.clip_ratio_c", a.clip_ratio_c, "> 1 or null")
     _choice("actor.loss_agg_mode", a.loss_agg_mode, ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"))
     _choice("actor.kl_loss_type", a.kl_loss_type, ("k1", "k2", "k3", "low_var_kl", "kl", "mse"))
-    _check(a.kl_loss_coef >= 0, "actor.kl_loss_coef", a.kl_loss_coef, ">= 0")
+    check(a.kl_loss_coef >= 0, "actor.kl_loss_coef", a.kl_loss_coef, ">= 0")
     _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ("grpo",))
     rc = cfg.algorithm.rollout_correction
     _choice("algorithm.rollout_correction.rollout_is", rc.rollout_is, (None, "token", "sequence"))
-    _check(rc.rollout_is_threshold >= 1, "algorithm.rollout_correction.rollout_is_threshold",
-           rc.rollout_is_threshold, ">= 1")
+    check(
+        rc.rollout_is_threshold >= 1,
+        "algorithm.rollout_correction.rollout_is_threshold",
+        rc.rollout_is_threshold,
+        ">= 1",
+    )
     _choice("trainer.mode", t.mode, ("sync",))
-    _check(t.total_training_steps >= 1, "trainer.total_training_steps", t.total_training_steps, ">= 1")
-    _check(t.max_checkpoints_to_keep >= 1, "trainer.max_checkpoints_to_keep", t.max_checkpoints_to_keep, ">= 1")
-    _check(t.resume_mode in ("auto", "disable") or Path(t.resume_mode).is_dir(), "trainer.resume_mode",
-           t.resume_mode, "auto, disable, or an existing checkpoint directory")
+    check(t.total_training_steps >= 1, "trainer.total_training_steps", t.total_training_steps, ">= 1")
+    check(t.max_checkpoints_to_keep >= 1, "trainer.max_checkpoints_to_keep", t.max_checkpoints_to_keep, ">= 1")
+    check(
+        t.resume_mode in ("auto", "disable") or Path(t.resume_mode).is_dir(),
+        "trainer.resume_mode",
+        t.resume_mode,
+        "auto, disable, or an existing checkpoint directory",
+    )
     for b in t.logger:
         _choice("trainer.logger", b, ("console", "jsonl", "tensorboard", "prometheus"))
-    _check(t.cpus_per_worker >= 1, "trainer.cpus_per_worker", t.cpus_per_worker, ">= 1")
-    _check(cfg.ray.num_cpus is None or cfg.ray.num_cpus >= 1, "ray.num_cpus", cfg.ray.num_cpus, ">= 1 or null")
+    check(t.cpus_per_worker >= 1, "trainer.cpus_per_worker", t.cpus_per_worker, ">= 1")
+    check(cfg.ray.num_cpus is None or cfg.ray.num_cpus >= 1, "ray.num_cpus", cfg.ray.num_cpus, ">= 1 or null")

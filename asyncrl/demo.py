@@ -94,9 +94,17 @@ def _print_table(r: dict) -> None:
     t.add_column("extra wall s", justify="right")
     base = r["sft_start_accuracy"]
     t.add_row("SFT warm start", f"{base:.1%}", "", "")
-    t.add_row("+ GRPO (asyncrl train)", f"{r['rl_accuracy']:.1%}", f"{(r['rl_accuracy'] - base) * 100:+.1f} pts",
-              f"{r['rl_wall_s']:.0f}")
-    t.add_row("+ more SFT (control)", f"{r['control_accuracy']:.1%}",
-              f"{(r['control_accuracy'] - base) * 100:+.1f} pts", f"{r['control_wall_s']:.0f}")
+    t.add_row(
+        "+ GRPO (asyncrl train)",
+        f"{r['rl_accuracy']:.1%}",
+        f"{(r['rl_accuracy'] - base) * 100:+.1f} pts",
+        f"{r['rl_wall_s']:.0f}",
+    )
+    t.add_row(
+        "+ more SFT (control)",
+        f"{r['control_accuracy']:.1%}",
+        f"{(r['control_accuracy'] - base) * 100:+.1f} pts",
+        f"{r['control_wall_s']:.0f}",
+    )
     Console().print(t)
     print(f"total demo wall time: {r['total_wall_s']:.0f} s")

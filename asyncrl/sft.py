@@ -17,15 +17,14 @@ from typing import Any
 
 import torch
 
-from asyncrl.config import ConfigError, _check, load_config
-from asyncrl.data.dataset import load_rows, tokenize_messages
+from asyncrl.config import ConfigError, check, load_config
+from asyncrl.data.dataset import PromptDataset, load_rows, tokenize_messages
 from asyncrl.evaluation import evaluate_prompts
 from asyncrl.models.loading import load_model, set_seed_all
 from asyncrl.models.presets import PRESETS, init_model_dir
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.engine import RolloutEngine
-from asyncrl.data.dataset import PromptDataset
 
 
 @dataclass
@@ -79,16 +78,16 @@ def load_sft_config(path: str | None, overrides: list[str] | None = None) -> SFT
 
 def validate_sft(cfg: SFTConfig) -> None:
     d, t = cfg.data, cfg.trainer
-    _check(bool(d.train_files), "data.train_files", d.train_files, "a non-empty list of parquet/jsonl files")
-    _check(d.batch_size >= 1, "data.batch_size", d.batch_size, ">= 1")
-    _check(d.max_response_length >= 1, "data.max_response_length", d.max_response_length, ">= 1")
-    _check(cfg.optim.lr > 0, "optim.lr", cfg.optim.lr, "> 0")
-    _check(t.total_steps >= 1, "trainer.total_steps", t.total_steps, ">= 1")
-    _check(t.max_time_s >= 0, "trainer.max_time_s", t.max_time_s, ">= 0 (0 = no limit)")
-    _check(t.num_threads >= 1, "trainer.num_threads", t.num_threads, ">= 1")
+    check(bool(d.train_files), "data.train_files", d.train_files, "a non-empty list of parquet/jsonl files")
+    check(d.batch_size >= 1, "data.batch_size", d.batch_size, ">= 1")
+    check(d.max_response_length >= 1, "data.max_response_length", d.max_response_length, ">= 1")
+    check(cfg.optim.lr > 0, "optim.lr", cfg.optim.lr, "> 0")
+    check(t.total_steps >= 1, "trainer.total_steps", t.total_steps, ">= 1")
+    check(t.max_time_s >= 0, "trainer.max_time_s", t.max_time_s, ">= 0 (0 = no limit)")
+    check(t.num_threads >= 1, "trainer.num_threads", t.num_threads, ">= 1")
     if cfg.model.path is None:
-        _check(cfg.model.preset in PRESETS, "model.preset", cfg.model.preset, "one of " + ", ".join(PRESETS))
-        _check(cfg.model.tokenizer == "char", "model.tokenizer", cfg.model.tokenizer, "char")
+        check(cfg.model.preset in PRESETS, "model.preset", cfg.model.preset, "one of " + ", ".join(PRESETS))
+        check(cfg.model.tokenizer == "char", "model.tokenizer", cfg.model.tokenizer, "char")
 
 
 def _response_text(row: dict[str, Any], key: str, where: str) -> str:
@@ -153,10 +152,22 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
     train_s = time.time() - t0
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    summary: dict[str, Any] = {"steps": step, "train_s": round(train_s, 2), "final_loss": losses[-1] if losses else None}
+    summary: dict[str, Any] = {
+        "steps": step,
+        "train_s": round(train_s, 2),
+        "final_loss": losses[-1] if losses else None,
+    }
     if cfg.data.val_files:
-        summary.update(evaluate_model(model, tok, cfg.data.val_files, cfg.data.max_response_length,
-                                      cfg.data.val_max_samples, cfg.data.max_prompt_length))
+        summary.update(
+            evaluate_model(
+                model,
+                tok,
+                cfg.data.val_files,
+                cfg.data.max_response_length,
+                cfg.data.val_max_samples,
+                cfg.data.max_prompt_length,
+            )
+        )
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -177,8 +188,13 @@ def _sft_loss(model: torch.nn.Module, batch: list[tuple[list[int], list[int]]], 
 
 
 def evaluate_model(
-    model: torch.nn.Module, tokenizer: Any, files: list[str], response_length: int, max_samples: int = -1,
-    max_prompt_length: int = 512, temperature: float = 0.0,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    files: list[str],
+    response_length: int,
+    max_samples: int = -1,
+    max_prompt_length: int = 512,
+    temperature: float = 0.0,
 ) -> dict[str, float]:
     rows = load_rows(files)
     if max_samples > 0:
@@ -187,7 +203,10 @@ def evaluate_model(
     engine = RolloutEngine(model, tokenizer)
     prompts = [ds[i] for i in range(len(ds))]
     res = evaluate_prompts(
-        lambda ps, params, seed: engine.generate(ps, params, seed=seed), prompts, build_reward_fn(None),
-        response_length, temperature=temperature,
+        lambda ps, params, seed: engine.generate(ps, params, seed=seed),
+        prompts,
+        build_reward_fn(None),
+        response_length,
+        temperature=temperature,
     )
     return res

@@ -77,3 +77,20 @@ def test_missing_config_file_is_named(tmp_path):
 def test_sft_config_range_error():
     with pytest.raises(ConfigError, match="config key optim.lr must be > 0"):
         load_sft_config(None, ["data.train_files=[a]", "optim.lr=0"])
+
+
+def _leaf_keys(cls, prefix=""):
+    import dataclasses
+
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            yield from _leaf_keys(type(default), prefix + f.name + ".")
+        else:
+            yield prefix + f.name
+
+
+def test_every_config_key_is_documented():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    missing = [k for k in _leaf_keys(Config) if f"`{k}`" not in doc]
+    assert not missing, f"keys missing from docs/config.md: {missing}"

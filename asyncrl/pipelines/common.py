@@ -27,8 +27,18 @@ from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.engine import SamplingParams
 from asyncrl.telemetry.metrics import MetricsLogger, read_metrics
-from asyncrl.telemetry.timeline import get_timeline, write_chrome_trace
+from asyncrl.telemetry.timeline import get_timeline, read_chrome_trace, write_chrome_trace
 from asyncrl.types import Prompt, Sample
+
+
+def _rewards(samples: list[Sample]) -> torch.Tensor:
+    return torch.tensor([s.reward for s in samples], dtype=torch.float32)
+
+
+def _group_ids(samples: list[Sample]) -> torch.Tensor:
+    """Samples generated from the same (epoch, prompt) share a group id."""
+    uids = {u: i for i, u in enumerate(dict.fromkeys(s.uid for s in samples))}
+    return torch.tensor([uids[s.uid] for s in samples], dtype=torch.long)
 
 
 class StepTimer:
@@ -66,7 +76,7 @@ class Run:
                 rows = rows[: d.val_max_samples]
             self.val = PromptDataset(rows, self.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts)
         self.sampler = EpochSampler(len(self.train), d.train_batch_size, seed=cfg.trainer.seed, shuffle=d.shuffle)
-        self.reward_fn = build_reward_fn(cfg.reward.custom_function)
+        self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)
         self.ckpt = CheckpointManager(self.dir, cfg.trainer.max_checkpoints_to_keep)
         self.start_step = 1
         self.samples_trained = 0
@@ -100,21 +110,20 @@ class Run:
         return {k: float(v) for k, v in (stats or {}).items()}
 
     def grpo_advantages(self, samples: list[Sample], batch: TrainBatch) -> torch.Tensor:
-        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        uids = {u: i for i, u in enumerate(dict.fromkeys(s.uid for s in samples))}
-        group_ids = torch.tensor([uids[s.uid] for s in samples], dtype=torch.long)
-        adv_B = algos.compute_grpo_advantages(rewards, group_ids, norm_by_std=self.cfg.algorithm.norm_adv_by_std_in_grpo)
-        self._group_spread = algos.group_reward_spread(rewards, group_ids)
+        adv_B = algos.compute_grpo_advantages(
+            _rewards(samples), _group_ids(samples), norm_by_std=self.cfg.algorithm.norm_adv_by_std_in_grpo
+        )
         return algos.broadcast_advantages(adv_B, batch.response_mask_BT)
 
     def sample_metrics(self, samples: list[Sample], batch: TrainBatch) -> dict[str, float]:
-        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        rewards = _rewards(samples)
         lens = batch.response_mask_BT.sum(dim=1)
         return {
             "reward/mean": float(rewards.mean()),
             "reward/max": float(rewards.max()),
             "reward/min": float(rewards.min()),
-            "reward/group_spread_frac": float(getattr(self, "_group_spread", 0.0)),
+            # groups whose rewards differ: the only ones GRPO learns from
+            "reward/group_spread_frac": algos.group_reward_spread(rewards, _group_ids(samples)),
             "response_length/mean": float(lens.mean()),
             "response_length/max": float(lens.max()),
             "response_length/clip_ratio": float(sum(s.stop_reason == "length" for s in samples) / len(samples)),
@@ -212,7 +221,10 @@ class Run:
         )
         (self.dir / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
         events = get_timeline().drain() + extra_events
-        write_chrome_trace(self.dir / "timeline.json", events)
+        trace = self.dir / "timeline.json"
+        if self.start_step > 1 and trace.exists():  # resumed: keep the spans of the runs before
+            events = read_chrome_trace(trace) + events
+        write_chrome_trace(trace, events)
         if self.logger is not None:
             self.logger.close()
         return self.summary

@@ -24,6 +24,13 @@ def run_sync(cfg: Config) -> dict[str, Any]:
     init_ray(cfg.ray)
     check_fits({"actor_rollout": cfg.trainer.cpus_per_worker})
     worker = spawn(ActorRolloutWorker, cfg.trainer.cpus_per_worker, cfg)
+    try:
+        return _loop(cfg, run, worker)
+    finally:
+        ray.kill(worker)  # frees its CPUs for whatever runs next on this cluster
+
+
+def _loop(cfg: Config, run: Run, worker: Any) -> dict[str, Any]:
     workers = {"actor_rollout": worker}
     start = run.maybe_resume(workers)
     logger = run.open_logger()

@@ -68,8 +68,9 @@ class RewardFn:
     (for Ray): only the spec travels, the function is re-imported on the other side.
     """
 
-    def __init__(self, custom_function: str | None = None, max_logged_errors: int = 5):
+    def __init__(self, custom_function: str | None = None, max_logged_errors: int = 5, binarize: bool = False):
         self.custom_function = custom_function
+        self.binarize = binarize  # reward = 1.0 for a full score, else 0.0 (the raw score stays in reward_extra)
         self.max_logged_errors = max_logged_errors
         self._custom: ScoreFn | None = load_custom_function(custom_function) if custom_function else None
         self.failed_total = 0
@@ -118,6 +119,9 @@ class RewardFn:
                 if len(self.last_errors) <= self.max_logged_errors:
                     logger.warning("reward failed for %s", message)
                 continue
+            if self.binarize:
+                extra = {**extra, "score": reward}
+                reward = 1.0 if reward >= 1.0 - 1e-6 else 0.0
             sample.reward, sample.reward_failed, sample.reward_extra = reward, False, extra
         failed = len(self.last_errors)
         if failed > self.max_logged_errors:
@@ -131,6 +135,6 @@ class RewardFn:
     __call__ = score
 
 
-def build_reward_fn(custom_function: str | None = None) -> RewardFn:
+def build_reward_fn(custom_function: str | None = None, binarize: bool = False) -> RewardFn:
     """A ``RewardFn``; a bad ``custom_function`` spec raises ``RewardSpecError`` here, at start-up."""
-    return RewardFn(custom_function or None)
+    return RewardFn(custom_function or None, binarize=binarize)

@@ -63,7 +63,7 @@ def ppo_update(
 
     Gradients are accumulated over micro-batches with weights chosen so that the accumulated gradient equals the
     gradient of the loss aggregated over the whole mini-batch (token-mean: by token count; seq-mean-*: by sequence
-    count). A non-finite loss or gradient norm skips that optimizer step (counted), so NaN/inf never reaches the weights.
+    count). A non-finite loss or gradient norm skips that optimizer step (counted): NaN/inf never reaches the weights.
     """
     model.train()
     low = actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low

@@ -1,0 +1,47 @@
+"""Builders shared by integration tests: a tiny chain_sum dataset and a micro model made here, in seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asyncrl.data.rows import load_rows
+from asyncrl.data.tasks import write_task_dataset
+from asyncrl.models.presets import init_model_dir
+from asyncrl.models.tokenizer import build_char_tokenizer
+
+TASK_KWARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+
+
+def make_data(root: Path, size: int = 64, test_size: int = 16) -> tuple[Path, Path]:
+    return write_task_dataset(
+        "chain_sum", size, 0, root / "data", test_size=test_size, prompt_template="{expression} =", **TASK_KWARGS
+    )
+
+
+def make_model(root: Path, train_file: Path, preset: str = "micro", seed: int = 0) -> Path:
+    rows = load_rows(train_file)
+    texts = [m["content"] for r in rows for m in r["prompt"]] + [r["reward_model"]["ground_truth"] for r in rows]
+    out = root / f"model_{preset}"
+    init_model_dir(preset, build_char_tokenizer(texts + ["0123456789-"]), out, seed=seed)
+    return out
+
+
+def train_overrides(model: Path, train: Path, test: Path, run_dir: Path, steps: int) -> list[str]:
+    return [
+        f"model.path={model}",
+        f"data.train_files=[{train}]",
+        f"data.val_files=[{test}]",
+        "data.train_batch_size=4",
+        "actor.ppo_mini_batch_size=2",
+        "actor.ppo_micro_batch_size=4",
+        "rollout.n=4",
+        "rollout.response_length=6",
+        "actor.optim.lr=1e-3",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.logger=[jsonl,tensorboard]",
+        "trainer.save_freq=2",
+        "trainer.test_freq=2",
+        "trainer.cpus_per_worker=1",
+        "ray.num_cpus=2",
+    ]
