@@ -49,6 +49,8 @@ class RolloutConfig:
     response_length: int = 32  # max new tokens per response
     max_batch_size: int = 256  # sequences decoded at once
     val_temperature: float = 0.0  # 0 = greedy held-out evaluation
+    num_workers: int = 1  # rollout workers in the rollout pool (modes with a separate rollout pool)
+    cpus_per_worker: float = 1.0  # CPUs per rollout worker; its torch threads = this, rounded down
 
 
 @dataclass
@@ -99,7 +101,7 @@ class RewardConfig:
 
 @dataclass
 class TrainerConfig:
-    mode: str = "sync"  # sync
+    mode: str = "sync"  # sync | one_step_off
     total_training_steps: int = 10
     default_local_dir: str = "runs/default"
     save_freq: int = 5  # steps between checkpoints (<= 0: only the final one)
@@ -111,6 +113,14 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     prometheus_port: int | None = None
     cpus_per_worker: float = 2.0  # CPUs of the (colocated) trainer worker; torch threads = this, rounded down
+    num_workers: int = 1  # trainer workers (data parallel); only 1 is implemented
+
+
+@dataclass
+class SyncConfig:
+    bucket_mb: float = 64.0  # MiB per flat broadcast bucket
+    verify: bool = False  # CRC32 per bucket, checked by every rollout worker
+    timeout_s: float = 60.0  # a weight sync that takes longer raises, naming the step and the worker
 
 
 @dataclass
@@ -128,6 +138,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
 
@@ -250,7 +261,7 @@ def validate(cfg: Config) -> None:
         rc.rollout_is_threshold,
         ">= 1",
     )
-    _choice("trainer.mode", t.mode, ("sync",))
+    _choice("trainer.mode", t.mode, ("sync", "one_step_off"))
     check(t.total_training_steps >= 1, "trainer.total_training_steps", t.total_training_steps, ">= 1")
     check(t.max_checkpoints_to_keep >= 1, "trainer.max_checkpoints_to_keep", t.max_checkpoints_to_keep, ">= 1")
     check(
@@ -262,4 +273,12 @@ def validate(cfg: Config) -> None:
     for b in t.logger:
         _choice("trainer.logger", b, ("console", "jsonl", "tensorboard", "prometheus"))
     check(t.cpus_per_worker >= 1, "trainer.cpus_per_worker", t.cpus_per_worker, ">= 1")
+    check(
+        t.num_workers == 1, "trainer.num_workers", t.num_workers, "1 (data-parallel trainers are not implemented yet)"
+    )
+    check(r.num_workers >= 1, "rollout.num_workers", r.num_workers, ">= 1")
+    check(r.cpus_per_worker > 0, "rollout.cpus_per_worker", r.cpus_per_worker, "> 0")
+    s = cfg.sync
+    check(s.bucket_mb > 0, "sync.bucket_mb", s.bucket_mb, "> 0")
+    check(s.timeout_s > 0, "sync.timeout_s", s.timeout_s, "> 0")
     check(cfg.ray.num_cpus is None or cfg.ray.num_cpus >= 1, "ray.num_cpus", cfg.ray.num_cpus, ">= 1 or null")

@@ -138,15 +138,15 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
             break
         idx = torch.randint(len(examples), (cfg.data.batch_size,), generator=gen).tolist()
         loss = _sft_loss(model, [examples[i] for i in idx], tok.pad_token_id)
-        if not math.isfinite(float(loss)):
-            raise FloatingPointError(f"sft step {step}: non-finite loss {float(loss)}; lower optim.lr")
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"sft step {step}: non-finite loss {loss.item()}; lower optim.lr")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
         sched.step()
         step += 1
-        losses.append(float(loss))
+        losses.append(loss.item())
         if cfg.trainer.log_every and step % cfg.trainer.log_every == 0:
             print(f"sft step {step} loss {sum(losses[-50:]) / len(losses[-50:]):.4f} ({time.time() - t0:.0f}s)")
     train_s = time.time() - t0

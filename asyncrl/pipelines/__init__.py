@@ -12,4 +12,8 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
         from asyncrl.pipelines.sync import run_sync
 
         return run_sync(cfg)
+    if cfg.trainer.mode == "one_step_off":
+        from asyncrl.pipelines.one_step_off import run_one_step_off
+
+        return run_one_step_off(cfg)
     raise NotImplementedError(f"trainer.mode={cfg.trainer.mode!r} is not implemented yet")

@@ -41,6 +41,30 @@ def _group_ids(samples: list[Sample]) -> torch.Tensor:
     return torch.tensor([uids[s.uid] for s in samples], dtype=torch.long)
 
 
+def launch_generation(
+    rollouts: list[Any], prompts: list[Prompt], params: SamplingParams, seed: int, step: int
+) -> list[Any]:
+    """Split ``prompts`` over the rollout pool (whole prompts: a GRPO group stays on one worker); not waited for."""
+    k = len(rollouts)
+    chunks = [prompts[i::k] for i in range(k)]
+    return [
+        w.generate_timed.remote(c, params, seed * 101 + i, step) for i, (w, c) in enumerate(zip(rollouts, chunks)) if c
+    ]
+
+
+def gather_generation(refs: list[Any]) -> tuple[list[Sample], float]:
+    """All samples of a launched batch, and the slowest worker's generation seconds."""
+    results = ray.get(refs)
+    return [s for samples, _ in results for s in samples], max(sec for _, sec in results)
+
+
+def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, float]:
+    """Staleness of each sample = the trainer's version at the update that consumes it minus the version its
+    generation started with, computed from what the engine recorded (never assumed from the mode)."""
+    st = [trainer_version - s.start_version for s in samples]
+    return {"fully_async/staleness/mean": sum(st) / len(st), "fully_async/staleness/max": float(max(st))}
+
+
 class StepTimer:
     """Collects ``timing_s/<name>`` wall-clock seconds for one step, and records each as a driver span."""
 
@@ -166,12 +190,15 @@ class Run:
         return self.wall_offset_s + time.time() - self.t0
 
     # ---- checkpoints -----------------------------------------------------------------------------------------------
-    def save(self, step: int, workers: dict[str, Any]) -> Path:
+    def save(self, step: int, workers: dict[str, Any], sampler_state: dict | None = None) -> Path:
+        """Checkpoint at ``step``. ``sampler_state``: the data cursor to record when it differs from the live one
+        (a mode with a batch in flight records the cursor from before that batch was drawn, so it is not lost)."""
+
         def write(tmp: Path) -> None:
             ray.get([w.save_checkpoint.remote(str(tmp)) for w in workers.values()])
 
         state = {
-            "sampler": self.sampler.state_dict(),
+            "sampler": sampler_state or self.sampler.state_dict(),
             "samples_trained": self.samples_trained,
             "wall_s": self.wall_s(),
             "summary": self.summary,
@@ -211,6 +238,12 @@ class Run:
         tmp = path.with_name("metrics.jsonl.tmp")
         tmp.write_text("".join(json.dumps(m) + "\n" for m in keep))
         tmp.replace(path)
+
+    def last_val_accuracy(self) -> float | None:
+        vals = [
+            m["val/accuracy"] for m in read_metrics(self.dir / "metrics.jsonl") if m.get("val/accuracy") is not None
+        ]
+        return vals[-1] if vals else None
 
     # ---- the end ---------------------------------------------------------------------------------------------------
     def finish(self, worker: Any, step: int, extra_events: list[dict]) -> dict[str, Any]:

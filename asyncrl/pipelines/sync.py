@@ -14,20 +14,21 @@ import ray
 
 from asyncrl.config import Config
 from asyncrl.data.collate import collate
-from asyncrl.pipelines.common import Run, StepTimer
+from asyncrl.pipelines.common import Run, StepTimer, staleness_metrics
 from asyncrl.workers.actor_worker import ActorRolloutWorker
-from asyncrl.workers.cluster import check_fits, init_ray, spawn
+from asyncrl.workers.cluster import init_ray, make_pools, release_pools
 
 
 def run_sync(cfg: Config) -> dict[str, Any]:
     run = Run(cfg)
     init_ray(cfg.ray)
-    check_fits({"actor_rollout": cfg.trainer.cpus_per_worker})
-    worker = spawn(ActorRolloutWorker, cfg.trainer.cpus_per_worker, cfg)
+    pools = make_pools({"actor_rollout": (1, cfg.trainer.cpus_per_worker)})
+    worker = pools["actor_rollout"].spawn(0, ActorRolloutWorker, cfg)
     try:
         return _loop(cfg, run, worker)
     finally:
         ray.kill(worker)  # frees its CPUs for whatever runs next on this cluster
+        release_pools(pools)
 
 
 def _loop(cfg: Config, run: Run, worker: Any) -> dict[str, Any]:
@@ -72,27 +73,15 @@ def _loop(cfg: Config, run: Run, worker: Any) -> dict[str, Any]:
         tokens = float(batch.attention_mask_BL.sum())
         metrics["perf/throughput_tokens_per_s"] = tokens / t.timings["timing_s/step"]
         metrics["perf/samples_per_s"] = len(samples) / t.timings["timing_s/step"]
-        metrics["fully_async/staleness/mean"] = _mean_staleness(samples, trainer_version=step - 1)
+        metrics.update(staleness_metrics(samples, trainer_version=step - 1))  # 0 by construction; measured anyway
         if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0 or step == total:
             metrics.update(run.evaluate(worker, step))
         logger.log(step, metrics)
         if cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 or step == total:
             run.save(step, workers)
 
-    last_acc = _last_val_accuracy(run)
+    last_acc = run.last_val_accuracy()
     if last_acc is not None:
         run.summary["accuracy_after"] = last_acc
     events = ray.get(worker.pop_timeline.remote())
     return run.finish(worker, step, events)
-
-
-def _mean_staleness(samples: list, trainer_version: int) -> float:
-    """Staleness measured from each sample's recorded start version; 0 for sync by construction, checked here."""
-    return sum(trainer_version - s.start_version for s in samples) / len(samples)
-
-
-def _last_val_accuracy(run: Run) -> float | None:
-    from asyncrl.telemetry.metrics import read_metrics
-
-    vals = [m["val/accuracy"] for m in read_metrics(run.dir / "metrics.jsonl") if m.get("val/accuracy") is not None]
-    return vals[-1] if vals else None

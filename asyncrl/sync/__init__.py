@@ -1,0 +1,35 @@
+"""Weight synchronization from the trainer to the rollout workers over torch.distributed (gloo on CPU, NCCL on GPU).
+
+- ``buckets``: pure packing of parameters into flat per-dtype buckets, and their CRC32.
+- ``handshake``: the parameter list/bucket plan agreed at group creation and its check against a rollout model.
+- ``transport``: a process group of its own (TCPStore + ProcessGroupGloo/NCCL), never the default group.
+- ``group``: ``WeightSyncGroup``, one rank's view of the group: ``send`` (rank 0) / ``receive`` (ranks 1..N).
+- ``ray_sync``: the Ray edge: worker mixins, ``setup_weight_sync`` and ``sync_weights`` for the pipelines (import it
+  from ``asyncrl.sync.ray_sync``; it is not imported here so the core stays usable without Ray).
+"""
+
+from asyncrl.sync.buckets import Bucket, BucketEntry, ParamMeta, checksum, pack, plan_buckets, unpack
+from asyncrl.sync.errors import HandshakeError, SyncTimeoutError, WeightSyncError
+from asyncrl.sync.group import WeightSyncGroup
+from asyncrl.sync.handshake import SyncPlan, validate_plan
+from asyncrl.sync.stats import SyncStats, memcpy_bytes_per_s
+from asyncrl.sync.transport import find_free_port
+
+__all__ = [
+    "Bucket",
+    "BucketEntry",
+    "HandshakeError",
+    "ParamMeta",
+    "SyncPlan",
+    "SyncStats",
+    "SyncTimeoutError",
+    "WeightSyncError",
+    "WeightSyncGroup",
+    "checksum",
+    "find_free_port",
+    "memcpy_bytes_per_s",
+    "pack",
+    "plan_buckets",
+    "unpack",
+    "validate_plan",
+]

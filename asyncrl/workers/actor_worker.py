@@ -2,7 +2,9 @@
 
 A plain Python class: it owns one model that both generates (through the built-in ``RolloutEngine``) and trains, an
 optional frozen reference copy for the KL loss, the optimizer and its schedule. It knows nothing of pipeline modes;
-a pipeline decides the order of calls. ``asyncrl.workers.ray_actors`` wraps it as a Ray actor.
+a pipeline decides the order of calls. ``asyncrl.workers.cluster`` places it on a resource pool as a Ray actor.
+In modes with a separate rollout pool it is the trainer, and sends its weights to the rollout workers
+(``SyncSenderMixin``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from asyncrl.config import Config
 from asyncrl.data.collate import TrainBatch
 from asyncrl.models.loading import load_model
 from asyncrl.rollout.engine import RolloutEngine, SamplingParams
+from asyncrl.sync.ray_sync import SyncSenderMixin
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Prompt, Sample
 from asyncrl.workers import policy_ops
@@ -28,7 +31,7 @@ def _warmup_lambda(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
-class ActorRolloutWorker:
+class ActorRolloutWorker(SyncSenderMixin):
     def __init__(self, cfg: Config, name: str = "actor_rollout", num_threads: int | None = None):
         if num_threads:
             torch.set_num_threads(num_threads)
@@ -50,6 +53,7 @@ class ActorRolloutWorker:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _warmup_lambda(o.lr_warmup_steps))
         self.version = 0  # number of policy updates applied (one per training step)
         self.timeline = get_timeline()
+        self.timeline.worker = name
 
     # ---- rollout -------------------------------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int = -1) -> list[Sample]:

@@ -6,6 +6,8 @@ import os
 from typing import Any
 
 import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config import RayConfig
 
@@ -56,15 +58,57 @@ def check_fits(requests: dict[str, float]) -> None:
         parts = ", ".join(f"{k}={v:g}" for k, v in requests.items())
         raise PlacementError(
             f"workers ask for {total:g} CPUs ({parts}) but the Ray cluster has {have:g}; "
-            "lower the *.cpus_per_worker / *.num_workers keys or raise ray.num_cpus"
+            "lower the rollout/trainer cpus_per_worker or num_workers keys, or raise ray.num_cpus"
         )
 
 
-def spawn(cls: type, num_cpus: float, *args: Any, **kwargs: Any) -> Any:
-    """Start ``cls`` as a Ray actor holding ``num_cpus`` CPUs; its torch threads are set from that share."""
-    threads = max(1, int(num_cpus))
-    actor_cls = ray.remote(cls).options(num_cpus=num_cpus)
-    return actor_cls.remote(*args, num_threads=threads, **kwargs)
+class ResourcePool:
+    """A named Ray placement group of ``num_workers`` bundles of ``cpus_per_worker`` CPUs (strategy PACK).
+
+    Reserving the pool up front means a mode's workers either all fit or fail at start with a clear message, and
+    roles on different pools never compete for the same CPUs.
+    """
+
+    def __init__(self, name: str, num_workers: int, cpus_per_worker: float, ready_timeout_s: float = 60.0):
+        self.name = name
+        self.num_workers = num_workers
+        self.cpus_per_worker = cpus_per_worker
+        self.pg = placement_group([{"CPU": cpus_per_worker}] * num_workers, strategy="PACK", name="")
+        try:
+            ray.get(self.pg.ready(), timeout=ready_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(self.pg)
+            raise PlacementError(
+                f"resource pool {name!r} ({num_workers} x {cpus_per_worker:g} CPUs) could not be placed within "
+                f"{ready_timeout_s:g} s; the cluster has {cluster_cpus():g} CPUs"
+            ) from None
+
+    def spawn(self, index: int, cls: type, *args: Any, **kwargs: Any) -> Any:
+        """Start ``cls`` on bundle ``index``; its torch threads are set from the bundle's CPU share."""
+        strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=index)
+        actor_cls = ray.remote(cls).options(num_cpus=self.cpus_per_worker, scheduling_strategy=strategy)
+        return actor_cls.remote(*args, num_threads=max(1, int(self.cpus_per_worker)), **kwargs)
+
+    def release(self) -> None:
+        remove_placement_group(self.pg)
+
+
+def make_pools(pools: dict[str, tuple[int, float]]) -> dict[str, ResourcePool]:
+    """``{"trainer": (1, 1.0), "rollout": (2, 0.5)}`` -> reserved pools, after checking they fit the cluster."""
+    check_fits({f"{name} ({n} x {c:g})": n * c for name, (n, c) in pools.items()})
+    made: dict[str, ResourcePool] = {}
+    try:
+        for name, (n, c) in pools.items():
+            made[name] = ResourcePool(name, n, c)
+    except BaseException:
+        release_pools(made)
+        raise
+    return made
+
+
+def release_pools(pools: dict[str, ResourcePool]) -> None:
+    for pool in pools.values():
+        pool.release()
 
 
 def shutdown() -> None:

@@ -1,0 +1,54 @@
+"""What one weight sync cost, and the in-process copy speed to compare it with."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """Cost of one sync as seen by one rank.
+
+    ``seconds`` is the transport wall time on that rank (from the first bucket's header to the last bucket received
+    or sent, packing and checksums included); ``bytes`` is the parameter payload (headers excluded); ``bytes_per_s``
+    is ``bytes / seconds``; ``buckets`` is how many flat tensors were broadcast. ``apply_seconds`` is the time a
+    rollout worker then spent copying the weights into its model (0 on the trainer and for a bare ``receive``).
+    """
+
+    seconds: float
+    bytes: int
+    bytes_per_s: float
+    buckets: int
+    apply_seconds: float = 0.0
+
+    @classmethod
+    def measured(cls, seconds: float, nbytes: int, buckets: int, apply_seconds: float = 0.0) -> SyncStats:
+        seconds = max(seconds, 1e-9)  # a zero-byte or instantaneous sync must not divide by zero
+        return cls(seconds, nbytes, nbytes / seconds, buckets, apply_seconds)
+
+    @property
+    def total_seconds(self) -> float:
+        """Transport plus apply: how long the rank was busy with this sync."""
+        return self.seconds + self.apply_seconds
+
+
+def memcpy_bytes_per_s(nbytes: int, repeats: int = 3) -> float:
+    """Bytes per second of an in-process ``copy_`` of ``nbytes`` bytes (best of ``repeats``), on the CPU.
+
+    This is the physical limit to report next to a sync's ``bytes_per_s``: a sync over loopback moves the same bytes
+    at least once through memory, so it cannot beat a plain copy on the same machine.
+    """
+    if nbytes <= 0:
+        raise ValueError(f"memcpy_bytes_per_s: nbytes must be > 0, got {nbytes}")
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch: page faults are not the copy's cost
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / max(best, 1e-9)
