@@ -6,7 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint clean
 
-setup: $(STAMP)
+DATA := data/chain_sum/train.parquet
+INIT_MODEL := runs/tiny_init/config.json
+
+setup: $(STAMP) $(DATA) $(INIT_MODEL)
 
 # torch is pinned to the CPU wheel (2.13.0); an unpinned torch would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -15,6 +18,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+# The default task (what configs/quickstart.yaml and configs/sft_tiny.yaml point at) and an untrained tiny model.
+$(DATA): | $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/asyncrl data --task chain_sum --size 20000 --seed 0 --out data/chain_sum \
+		--task-arg min_terms=2 --task-arg max_terms=3 --task-arg max_digits=2 --prompt-template "{expression} ="
+
+$(INIT_MODEL): $(DATA)
+	HF_HUB_OFFLINE=1 $(BIN)/asyncrl init-model --preset tiny --data $(DATA) data/chain_sum/test.parquet --out runs/tiny_init
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/asyncrl demo --out runs/demo
@@ -27,4 +38,4 @@ lint: setup
 	$(BIN)/ruff format --check asyncrl tests examples
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs data

@@ -1,4 +1,4 @@
-"""``asyncrl <command>``: data | sft | train | eval | export | report | demo.
+"""``asyncrl <command>``: data | init-model | sft | train | eval | export | report | bench | demo.
 
 Every command that takes a config accepts dotted ``key=value`` overrides after its flags, e.g.
 ``asyncrl train --config configs/quickstart.yaml rollout.n=8 trainer.total_training_steps=20``.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -47,6 +48,12 @@ def cmd_data(a: argparse.Namespace) -> None:
         **_parse_task_args(a.task_arg),
     )
     print(json.dumps({"train": str(train), "test": str(test)}))
+
+
+def cmd_init_model(a: argparse.Namespace) -> None:
+    from asyncrl.sft import init_model_from_data
+
+    print(json.dumps({"model": init_model_from_data(a.preset, a.data, a.out, a.seed)}))
 
 
 def cmd_sft(a: argparse.Namespace) -> None:
@@ -87,6 +94,13 @@ def cmd_report(a: argparse.Namespace) -> None:
     print(json.dumps({"report": str(write_report(a.run_dir))}))
 
 
+def cmd_bench(a: argparse.Namespace) -> None:
+    from asyncrl.bench import run_bench
+
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    run_bench(modes, a.workload, a.out, a.steps, a.work_dir, a.cpus, a.sft_seconds, a.overrides)
+
+
 def cmd_demo(a: argparse.Namespace) -> None:
     from asyncrl.demo import run_demo
 
@@ -110,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="user message, formatted with {question} and the task's metadata fields (chain_sum: {expression})",
     )
     s.set_defaults(fn=cmd_data)
+
+    s = sub.add_parser("init-model", help="a new tiny Qwen2 (preset) with a char tokenizer built from a dataset's text")
+    s.add_argument("--preset", default="tiny")
+    s.add_argument("--data", required=True, nargs="+", help="parquet/jsonl files whose text the tokenizer must cover")
+    s.add_argument("--out", required=True)
+    s.add_argument("--seed", type=int, default=1)
+    s.set_defaults(fn=cmd_init_model)
 
     for name, fn, helptext in (
         ("sft", cmd_sft, "supervised warm start (question -> answer)"),
@@ -138,6 +159,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("run_dir")
     s.set_defaults(fn=cmd_report)
 
+    s = sub.add_parser("bench", help="every mode on the same work against sync; writes bench.json and bench.md")
+    s.add_argument("--modes", default="sync,one_step_off", help="comma-separated (sync is always run)")
+    s.add_argument("--workload", default="short", choices=["short", "long"])
+    s.add_argument("--steps", type=int, default=20, help="training steps per mode (the first is left out of rates)")
+    s.add_argument("--out", default="runs/bench")
+    s.add_argument("--work-dir", default="runs/bench_work", help="cached data + SFT models per workload")
+    s.add_argument("--cpus", type=int, default=2, help="CPUs every mode gets in total")
+    s.add_argument("--sft-seconds", type=float, default=None, help="warm start length when a workload is prepared")
+    s.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every mode")
+    s.set_defaults(fn=cmd_bench)
+
     s = sub.add_parser("demo", help="data -> tiny model -> SFT warm start -> RL vs an SFT control; prints a table")
     s.add_argument("--out", default="runs/demo")
     s.add_argument("--sft-seconds", type=float, default=180.0)
@@ -149,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     _offline_env()
+    # SIGTERM (kill, a scheduler's stop) unwinds like Ctrl-C: pipelines' finally blocks kill their Ray actors and
+    # the local cluster shuts down, instead of leaving workers computing for a driver that is gone.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     args = build_parser().parse_args(argv)
     from asyncrl.checkpoint import CheckpointError
     from asyncrl.config import ConfigError

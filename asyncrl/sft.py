@@ -99,15 +99,17 @@ def _response_text(row: dict[str, Any], key: str, where: str) -> str:
     return str(extra[key])
 
 
-def _init_model(cfg: SFTConfig, rows: list[dict[str, Any]]) -> str:
-    """A fresh model directory from the preset, with a char tokenizer covering every training character."""
-    out = Path(cfg.trainer.output_dir)
-    texts = [m["content"] for r in rows for m in r["prompt"]]
-    texts += [_response_text(r, cfg.data.response_key, "row") for r in rows]
-    tok = build_char_tokenizer(texts)
-    init_dir = out / "init"
-    init_model_dir(cfg.model.preset, tok, init_dir, seed=cfg.trainer.seed)
-    return str(init_dir)
+def init_model_from_data(preset: str, files: list[str], out_dir: str, seed: int, response_key: str = "") -> str:
+    """A fresh ``preset`` model directory whose char tokenizer covers every character of ``files`` (prompts, answers,
+    worked solutions) plus the digits and signs, so no answer can need an unknown token."""
+    rows = load_rows(files)
+    texts = [m["content"] for r in rows for m in r["prompt"]] + ["0123456789+-=#\n "]
+    texts += [str(r["reward_model"]["ground_truth"]) for r in rows]
+    texts += [
+        str(r["extra_info"][response_key]) for r in rows if response_key and response_key in (r.get("extra_info") or {})
+    ]
+    init_model_dir(preset, build_char_tokenizer(texts), out_dir, seed=seed)
+    return str(out_dir)
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, Any]:
@@ -116,7 +118,9 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = load_rows(cfg.data.train_files)
-    model_path = cfg.model.path or _init_model(cfg, rows)
+    model_path = cfg.model.path or init_model_from_data(
+        cfg.model.preset, cfg.data.train_files, str(out / "init"), cfg.trainer.seed, cfg.data.response_key
+    )
     model, tok = load_model(model_path)
     eos = tok.eos_token_id
     examples: list[tuple[list[int], list[int]]] = []

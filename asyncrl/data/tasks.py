@@ -64,6 +64,28 @@ register_task("basic_arithmetic", {"min_terms": 2, "max_terms": 4, "min_digits":
 register_task("countdown", {"min_numbers": 3, "max_numbers": 4}, score_metadata=("numbers", "target"))
 
 
+def chain_sum_solution(entry: Mapping[str, Any]) -> str:
+    """A worked solution with running sums, one operation per line, ending in ``#### <answer>``.
+
+    ``"12 + 5 - 3 ="`` -> ``"12+5=17\n17-3=14\n#### 14"``. Used as the SFT target (``data.response_key=solution``)
+    for a generation-heavy workload whose response length grows with the number of terms; the reward reads the
+    answer after ``####`` (see ``asyncrl.rewards.extract``).
+    """
+    tokens = str((entry.get("metadata") or {})["expression"]).split()
+    total, lines = int(tokens[0]), []
+    for op, num in zip(tokens[1::2], tokens[2::2]):
+        new = total + int(num) if op == "+" else total - int(num)
+        lines.append(f"{total}{op}{int(num)}={new}")
+        total = new
+    if total != int(str(entry["answer"])):
+        raise ValueError(f"chain_sum_solution: {entry['question']!r} sums to {total}, not {entry['answer']}")
+    return "\n".join(lines + [f"#### {total}"])
+
+
+SOLUTIONS = {"chain_sum": chain_sum_solution}
+"""Tasks whose rows also carry ``extra_info["solution"]``, a worked solution for step-by-step SFT."""
+
+
 def reasoning_gym_names() -> list[str]:
     """All dataset names the installed reasoning-gym provides."""
     from reasoning_gym.factory import DATASETS
@@ -154,6 +176,7 @@ def _row(
             "question": question,
             "task_kwargs": kwargs_json,
             "metadata": json.dumps(entry.get("metadata", {}), default=_json_default),
+            **({"solution": SOLUTIONS[task](entry)} if task in SOLUTIONS else {}),
         },
     }
 
