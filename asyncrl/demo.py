@@ -19,13 +19,16 @@ from asyncrl.sft import load_sft_config, run_sft
 TASK = "chain_sum"
 TASK_KWARGS = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}
 TRAIN_SIZE, TEST_SIZE = 20000, 500
+PROMPT_TEMPLATE = "{expression} ="  # the bare expression: same task and scorer, ~5x fewer tokens than the question
 
 
 def run_demo(out: str, sft_seconds: float, rl_config: str, overrides: list[str] | None = None) -> dict:
     t_start = time.time()
     root = Path(out)
     data_dir = root / "data"
-    train, test = write_task_dataset(TASK, TRAIN_SIZE, 0, data_dir, test_size=TEST_SIZE, **TASK_KWARGS)
+    train, test = write_task_dataset(
+        TASK, TRAIN_SIZE, 0, data_dir, test_size=TEST_SIZE, prompt_template=PROMPT_TEMPLATE, **TASK_KWARGS
+    )
     print(f"[demo] data: {train} ({TRAIN_SIZE} rows), {test} ({TEST_SIZE} held-out rows)")
 
     sft_dir = root / "sft"

@@ -45,6 +45,42 @@ class TrainBatch:
             extras={k: v[idx] for k, v in self.extras.items()},
         )
 
+    def trimmed(self) -> TrainBatch:
+        """The same rows without padding columns no row needs (left of the longest prompt, right of the longest
+        response); position ids are unchanged, so the model sees exactly the same inputs."""
+        T = max(int(self.response_mask_BT.sum(dim=1).max()), 1)
+        prompt_mask = self.attention_mask_BL[:, : self.prompt_width]
+        P = max(int(prompt_mask.sum(dim=1).max()), 1)
+        cut = self.prompt_width - P
+        return TrainBatch(
+            input_ids_BL=self.input_ids_BL[:, cut : self.prompt_width + T],
+            attention_mask_BL=self.attention_mask_BL[:, cut : self.prompt_width + T],
+            position_ids_BL=self.position_ids_BL[:, cut : self.prompt_width + T],
+            response_ids_BT=self.response_ids_BT[:, :T],
+            response_mask_BT=self.response_mask_BT[:, :T],
+            prompt_width=P,
+            behav_logp_BT=self.behav_logp_BT[:, :T],
+            extras={
+                k: v[:, :T] if v.dim() == 2 and v.shape[1] == self.response_mask_BT.shape[1] else v
+                for k, v in self.extras.items()
+            },
+        )
+
+
+def micro_batches(batch: TrainBatch, size: int) -> list[tuple[torch.Tensor, TrainBatch]]:
+    """Split ``batch`` into micro-batches of at most ``size`` rows, grouped by response length and trimmed.
+
+    Rows are ordered by response length so each micro-batch holds similar lengths, and every micro-batch is cut to
+    its own longest response and longest prompt: with a long tail of lengths, padding every row to the batch's
+    longest response would multiply the trainer's work. Returns ``(row indices into batch, micro-batch)`` pairs.
+    """
+    lengths = batch.response_mask_BT.sum(dim=1)
+    order = torch.argsort(lengths, stable=True)
+    out = []
+    for idx in order.split(size):
+        out.append((idx, batch.select(idx).trimmed()))
+    return out
+
 
 def collate(samples: list[Sample], pad_token_id: int) -> TrainBatch:
     if not samples:

@@ -14,7 +14,7 @@ import torch
 
 from asyncrl import algos
 from asyncrl.config import ActorConfig, RolloutCorrectionConfig
-from asyncrl.data.collate import TrainBatch
+from asyncrl.data.collate import TrainBatch, micro_batches
 
 
 def _forward_logits(model: torch.nn.Module, mb: TrainBatch, temperature: float) -> torch.Tensor:
@@ -31,14 +31,15 @@ def response_logprobs(
     """Per-token log-probs of the batch's responses under ``model`` (no grad), in micro-batches: [B, T]."""
     was_training = model.training
     model.eval()
-    outs = []
+    out = torch.zeros_like(batch.response_mask_BT)
     with torch.inference_mode():
-        for start in range(0, batch.size, micro_batch_size):
-            mb = batch.select(list(range(start, min(start + micro_batch_size, batch.size))))
+        for idx, mb in micro_batches(batch, micro_batch_size):
             logits = _forward_logits(model, mb, temperature)
-            outs.append(algos.logprobs_from_logits(logits, mb.response_ids_BT) * mb.response_mask_BT)
+            out[idx, : mb.response_mask_BT.shape[1]] = (
+                algos.logprobs_from_logits(logits, mb.response_ids_BT) * mb.response_mask_BT
+            )
     model.train(was_training)
-    return torch.cat(outs, dim=0)
+    return out
 
 
 @dataclass
@@ -84,8 +85,7 @@ def ppo_update(
             mini_tokens = float(mini.response_mask_BT.sum().clamp(min=1))
             optimizer.zero_grad(set_to_none=True)
             finite = True
-            for start in range(0, mini.size, actor.ppo_micro_batch_size):
-                mb = mini.select(list(range(start, min(start + actor.ppo_micro_batch_size, mini.size))))
+            for _, mb in micro_batches(mini, actor.ppo_micro_batch_size):
                 if actor.loss_agg_mode == "token-mean":
                     weight = float(mb.response_mask_BT.sum()) / mini_tokens
                 else:

@@ -1,0 +1,62 @@
+"""bench figures from a run directory, checked by hand on a synthetic run (no training involved)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from asyncrl.bench import markdown_table, summarize
+from asyncrl.telemetry.timeline import write_chrome_trace
+
+
+def _write_run(run_dir, step_s, gen_s, spans, samples=10, tokens=1000, sync=None):
+    run_dir.mkdir(parents=True)
+    lines = []
+    for step in (1, 2, 3):
+        m = {"step": step, "timing_s/step": step_s, "timing_s/gen": gen_s, "perf/samples_per_s": samples / step_s,
+             "perf/throughput_tokens_per_s": tokens / step_s, "response_length/mean": 5.0,
+             "fully_async/staleness/mean": 0.0 if sync is None else 1.0}
+        if sync is not None:
+            m.update({"sync/seconds": sync, "sync/bytes_per_s": 1e9})
+        if step == 3:
+            m["val/accuracy"] = 0.25
+        lines.append(json.dumps(m))
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    write_chrome_trace(run_dir / "timeline.json", spans)
+
+
+def _span(name, worker, t0, t1, step):
+    return {"name": name, "kind": "span", "worker": worker, "thread": "main", "start_s": t0, "end_s": t1,
+            "step": step, "args": {}}
+
+
+def test_overlap_limit_ratio_and_idle_fraction_by_hand(tmp_path):
+    # sync: gen 1 s + train 3 s per step; steps 2 and 3 are measured (step 1 is warm-up)
+    sync_spans = [_span("gen", "driver", 100 + 4 * i, 101 + 4 * i, i + 1) for i in range(3)]
+    sync_spans += [_span("update_actor", "driver", 101 + 4 * i, 104 + 4 * i, i + 1) for i in range(3)]
+    sync_spans += [_span("generate", "actor_rollout", 100 + 4 * i, 101 + 4 * i, i + 1) for i in range(3)]
+    sync_spans += [_span("update_actor", "actor_rollout", 101 + 4 * i, 104 + 4 * i, i + 1) for i in range(3)]
+    _write_run(tmp_path / "sync", step_s=4.0, gen_s=1.0, spans=sync_spans)
+    s = summarize("sync", "short", tmp_path / "sync", None)
+    assert s["overlap_limit"] == pytest.approx(4 / 3)
+    assert s["ratio_to_sync"] == pytest.approx(1.0)
+    assert s["pipeline_efficiency"] == pytest.approx(3 / 4)
+    assert s["samples_per_s"] == pytest.approx(10 / 4)
+    assert s["trainer_idle_fraction"] == pytest.approx(0.0)  # the colocated worker is busy all the time
+    assert s["accuracy"] == 0.25
+
+    # one_step_off: 3.2 s per step, trainer busy 3 s of each (idle 0.2 s)
+    osp = [_span("wait_prev_gen", "driver", 200 + 3.2 * i, 200.2 + 3.2 * i, i + 1) for i in range(3)]
+    osp += [_span("update_actor", "driver", 200.2 + 3.2 * i, 203.2 + 3.2 * i, i + 1) for i in range(3)]
+    osp += [_span("update_actor", "trainer", 200.2 + 3.2 * i, 203.2 + 3.2 * i, i + 1) for i in range(3)]
+    _write_run(tmp_path / "osp", step_s=3.2, gen_s=1.0, spans=osp, sync=0.01)
+    o = summarize("one_step_off", "short", tmp_path / "osp", s)
+    assert o["ratio_to_sync"] == pytest.approx(4.0 / 3.2)
+    assert o["limit_fraction"] == pytest.approx((4.0 / 3.2) / (4 / 3))
+    assert o["pipeline_efficiency"] == pytest.approx(3 / 3.2)
+    # measured window: start of step 2 (203.2) to the end of the last update (209.6); busy 2 x 3 s of 6.4 s
+    assert o["trainer_idle_fraction"] == pytest.approx(1 - 6.0 / 6.4)
+    assert o["sync_s"] == pytest.approx(0.01)
+    table = markdown_table([s, o])
+    assert "| short | one_step_off |" in table and "1.25x" in table
