@@ -1,4 +1,4 @@
-"""``asyncrl <command>``: data | init-model | sft | train | eval | export | report | bench | demo.
+"""``asyncrl <command>``: data | init-model | sft | train | eval | export | report | bench | serve-teacher | demo.
 
 Every command that takes a config accepts dotted ``key=value`` overrides after its flags, e.g.
 ``asyncrl train --config configs/quickstart.yaml rollout.n=8 trainer.total_training_steps=20``.
@@ -82,6 +82,12 @@ def cmd_eval(a: argparse.Namespace) -> None:
     print(json.dumps({"accuracy": res["accuracy"], "n": int(res["n"]), "model": a.model, "data": a.data}))
 
 
+def cmd_serve_teacher(a: argparse.Namespace) -> None:
+    from asyncrl.distill.server import run_from_args
+
+    run_from_args(a)
+
+
 def cmd_export(a: argparse.Namespace) -> None:
     from asyncrl.checkpoint import export_checkpoint
 
@@ -149,6 +155,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--temperature", type=float, default=0.0)
     s.add_argument("--threads", type=int, default=2)
     s.set_defaults(fn=cmd_eval)
+
+    s = sub.add_parser("serve-teacher", help="serve a model dir as a distillation teacher (vLLM /v1/completions)")
+    s.add_argument("--model", required=True, help="local Hugging Face causal-LM directory")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it loopback)")
+    s.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    s.add_argument("--max-batch", type=int, default=8, help="sequences per forward pass")
+    s.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more sequences")
+    s.add_argument("--served-model-name", default=None, help="model id in replies (default: the --model path)")
+    s.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+    s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    s.set_defaults(fn=cmd_serve_teacher)
 
     s = sub.add_parser("export", help="write a checkpoint's model as a plain Hugging Face directory")
     s.add_argument("--checkpoint", required=True)

@@ -119,3 +119,22 @@ def test_set_seed_all_makes_python_numpy_and_torch_repeatable():
     first = (random.random(), np.random.rand(), torch.rand(1).item())
     set_seed_all(5)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
+
+
+def test_char_tokenizer_in_a_model_dir_keeps_spaces_newlines_and_unknowns(tmp_path):
+    """Regression: AutoTokenizer picked Qwen2Tokenizer for a Qwen2 dir and silently dropped spaces and newlines."""
+    from asyncrl.models.loading import load_model
+    from asyncrl.models.presets import init_model_dir
+    from asyncrl.models.tokenizer import build_char_tokenizer
+
+    built = build_char_tokenizer(["0123456789 +-=#\n"])
+    init_model_dir("micro", built, tmp_path / "m", seed=0)
+    _, loaded = load_model(tmp_path / "m")
+    text = "12 + 3 = é\n#### 15"
+    assert loaded(text)["input_ids"] == built(text)["input_ids"]
+    assert loaded.decode(loaded(text)["input_ids"]) == "12 + 3 = <|unk|>\n#### 15"
+    loaded.save_pretrained(tmp_path / "again")  # a re-saved tokenizer must load the same way
+    from asyncrl.models.loading import load_tokenizer_from
+
+    again = load_tokenizer_from(str(tmp_path / "again"))
+    assert again(text)["input_ids"] == built(text)["input_ids"]

@@ -14,7 +14,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 DTYPES: dict[str, torch.dtype] = {
@@ -71,10 +78,24 @@ def _check_model_dir(path: str) -> AutoConfig:
     return config
 
 
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 def load_tokenizer_from(path: str) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in ``path``; it must define an eos token. A missing pad token falls back to eos."""
+    """The tokenizer saved in ``path``; it must define an eos token. A missing pad token falls back to eos.
+
+    A tokenizer saved as a plain ``tokenizers`` backend (our char/BPE tokenizers) is loaded as exactly that:
+    ``AutoTokenizer`` would otherwise pick the model type's class (``Qwen2Tokenizer`` for a Qwen2 config), whose own
+    pre-tokenizer silently drops spaces, newlines and unknown characters from a character-level vocabulary.
+    """
+    cls: Any = AutoTokenizer
+    config_file = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(config_file):
+        with open(config_file) as f:
+            if json.load(f).get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES:
+                cls = PreTrainedTokenizerFast
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = cls.from_pretrained(path, local_files_only=True)
     except Exception as e:  # transformers raises OSError / ValueError / TypeError depending on what is missing
         raise ModelLoadError(f"model.path {path}: could not load a tokenizer ({type(e).__name__}: {e})") from e
     if tokenizer.eos_token_id is None:

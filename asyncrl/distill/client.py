@@ -1,0 +1,293 @@
+"""Client for a teacher server: top-k log-probs of token sequences, with bounded concurrency and retries.
+
+The teacher is anything that speaks vLLM's ``/v1/completions`` with ``prompt_logprobs`` (``asyncrl serve-teacher`` or
+``vllm serve``). Each sequence is one request (the server batches concurrent ones), sent as
+``{"prompt": ids, "max_tokens": 1, "prompt_logprobs": k, "temperature": 0}``: ``max_tokens=1`` because vLLM rejects
+``max_tokens=0`` without ``echo``; the one generated token is ignored (so sequences must be shorter than the teacher's
+``max_model_len``).
+
+Failure policy, per request: connection errors, timeouts and HTTP 5xx/408/429 are retried up to ``max_retries`` times
+with exponential back-off (``backoff_s``, then x2 each retry), then raise :class:`TeacherUnavailableError` naming the
+URL; HTTP 4xx means the request itself is wrong and raises :class:`TeacherRequestError` at once, with the server's
+message. Connections are kept alive, one per worker thread.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import threading
+import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from typing import Any
+from urllib.parse import urlsplit
+
+from asyncrl.distill.protocol import (
+    TeacherRequestError,
+    TeacherResponseError,
+    TeacherUnavailableError,
+    TokenizerMismatchError,
+    TopK,
+    tokenizer_fingerprint,
+    topk_from_prompt_logprobs,
+)
+
+logger = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+PROBE_TOKENS = 256  # student ids sent by the probe check (evenly spread over the vocabulary, the last id included)
+
+
+class TeacherClient:
+    """Scores token sequences on a teacher server; thread-safe.
+
+    ``url`` is the server root (``http://127.0.0.1:8000``; a trailing ``/v1`` is accepted). ``top_k`` ids per position
+    are returned; ``max_in_flight`` bounds concurrent requests (worker threads); ``timeout_s`` bounds, in seconds, each
+    connect and each wait for bytes of a reply; ``model`` is sent as the request's ``model`` (vLLM needs it only
+    when it serves several models, or for old versions).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        top_k: int,
+        max_in_flight: int = 8,
+        timeout_s: float = 30.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        model: str | None = None,
+    ) -> None:
+        if top_k < 1:
+            raise ValueError(f"TeacherClient: top_k must be >= 1 (got {top_k})")
+        if max_in_flight < 1:
+            raise ValueError(f"TeacherClient: max_in_flight must be >= 1 (got {max_in_flight})")
+        if max_retries < 0 or timeout_s <= 0 or backoff_s < 0:
+            raise ValueError(
+                f"TeacherClient: need max_retries >= 0, timeout_s > 0, backoff_s >= 0 "
+                f"(got {max_retries}, {timeout_s}, {backoff_s})"
+            )
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"TeacherClient: teacher url {url!r} must look like http://host:port")
+        self.url = f"{parts.scheme}://{parts.netloc}"
+        self._prefix = parts.path.rstrip("/").removesuffix("/v1")
+        self._https = parts.scheme == "https"
+        self._host, self._port = parts.hostname, parts.port
+        self.top_k, self.max_in_flight, self.timeout_s = top_k, max_in_flight, timeout_s
+        self.max_retries, self.backoff_s, self.model = max_retries, backoff_s, model
+        self._local = threading.local()
+        self._conns: set[http.client.HTTPConnection] = set()  # every open connection, so close() reaches them all
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    # ---- public API --------------------------------------------------------------------------------------------
+    def topk(self, prompts_and_responses: list[list[int]]) -> list[TopK]:
+        """One :class:`TopK` per sequence (in order), requested concurrently, at most ``max_in_flight`` at a time."""
+        if not prompts_and_responses:
+            return []
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="teacher-client")
+            pool = self._pool
+        futures = [pool.submit(self.score, seq) for seq in prompts_and_responses]
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in pending:
+            f.cancel()
+        for f in futures:  # the first failure in sequence order, so errors are reproducible
+            if f in done and f.exception() is not None:
+                raise f.exception()  # type: ignore[misc]
+        return [f.result() for f in futures]
+
+    def score(self, tokens: list[int]) -> TopK:
+        """The teacher's top-k for one sequence (blocking, in the caller's thread)."""
+        if not tokens:
+            raise ValueError("TeacherClient.score: a sequence needs at least one token")
+        body: dict[str, Any] = {
+            "prompt": [int(t) for t in tokens],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": self.top_k,
+        }
+        if self.model is not None:
+            body["model"] = self.model
+        reply = self._request("POST", "/v1/completions", body)
+        choices = reply.get("choices") if isinstance(reply, dict) else None
+        if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+            raise TeacherResponseError(f"teacher at {self.url}: /v1/completions reply has no single choice")
+        where = f"teacher at {self.url} ({len(tokens)}-token sequence)"
+        return topk_from_prompt_logprobs(choices[0].get("prompt_logprobs"), list(tokens), self.top_k, where)
+
+    def models(self) -> dict[str, Any]:
+        """The first entry of ``GET /v1/models`` (id, ``max_model_len``; our server adds vocabulary fields)."""
+        reply = self._request("GET", "/v1/models")
+        data = reply.get("data") if isinstance(reply, dict) else None
+        if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+            raise TeacherResponseError(f"teacher at {self.url}: /v1/models lists no model")
+        return data[0]
+
+    def check_compatible(self, student_tokenizer: Any, method: str = "auto") -> dict[str, Any]:
+        """Check that the teacher's token ids mean the same tokens as the student's; raise if not.
+
+        ``"fingerprint"`` (our server): the teacher's ``/v1/models`` entry carries ``tokenizer_fingerprint``, a hash of
+        its whole ``(token, id)`` table; it must equal the student's. ``"probe"`` (any vLLM-compatible server): the
+        student's highest id and :data:`PROBE_TOKENS` ids spread over its vocabulary are scored (the teacher must
+        accept them: its vocabulary is at least as large) and ``POST /detokenize``-d (the text must equal the
+        student's decoding; skipped, and said so in the result, if the server has no ``/detokenize``). ``"auto"``
+        uses the fingerprint when offered, else the probe. Returns what was checked plus the teacher's id and
+        ``max_model_len``; raises :class:`TokenizerMismatchError` naming both sides.
+        """
+        if method not in ("auto", "fingerprint", "probe"):
+            raise ValueError(f"check_compatible: method must be auto, fingerprint or probe (got {method!r})")
+        info = self.models()
+        teacher = f"teacher at {self.url} (model {info.get('id')!r})"
+        student = (
+            f"student tokenizer {getattr(student_tokenizer, 'name_or_path', '') or type(student_tokenizer).__name__}"
+        )
+        result = {"model": info.get("id"), "max_model_len": info.get("max_model_len"), "checked": []}
+        fingerprint = info.get("tokenizer_fingerprint")
+        if method == "fingerprint" and fingerprint is None:
+            raise TeacherResponseError(f"{teacher}: /v1/models has no tokenizer_fingerprint (use method='probe')")
+        if method != "probe" and fingerprint is not None:
+            mine = tokenizer_fingerprint(student_tokenizer)
+            if fingerprint != mine:
+                raise TokenizerMismatchError(
+                    f"{teacher} and {student} have different vocabularies: teacher {info.get('tokenizer_len')} "
+                    f"tokens ({fingerprint[:23]}), student {len(student_tokenizer)} tokens ({mine[:23]}); "
+                    "distillation needs the same token ids on both sides"
+                )
+            result["checked"].append("fingerprint")
+            return result
+        size = len(student_tokenizer)
+        step = max(1, size // PROBE_TOKENS)
+        limit = max(1, int(info.get("max_model_len") or PROBE_TOKENS + 2) - 2)
+        probe = (list(range(0, size, step))[: PROBE_TOKENS - 1] + [size - 1])[-limit:]
+        try:
+            self._request("POST", "/v1/completions", {**self._model_field(), "prompt": probe, "max_tokens": 1})
+        except TeacherRequestError as e:
+            raise TokenizerMismatchError(
+                f"{teacher} rejects token ids of the {student} ({size} tokens); its vocabulary is smaller? {e}"
+            ) from e
+        result["checked"].append(f"student ids 0..{size - 1} accepted")
+        try:
+            text = self._request("POST", "/detokenize", {**self._model_field(), "tokens": probe}).get("prompt")
+        except TeacherRequestError as e:
+            if e.status != 404:
+                raise
+            logger.warning("%s has no /detokenize: only the vocabulary size was checked", teacher)
+            return result
+        mine = student_tokenizer.decode(probe)
+        if text != mine:
+            raise TokenizerMismatchError(
+                f"{teacher} and {student} decode the same {len(probe)} probe ids differently: "
+                f"teacher {text!r:.120}, student {mine!r:.120}; distillation needs the same token ids on both sides"
+            )
+        result["checked"].append(f"detokenize of {len(probe)} probe ids")
+        return result
+
+    def close(self) -> None:
+        """Stop the worker threads and close kept-alive connections."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            conns, self._conns = self._conns, set()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        for conn in conns:
+            conn.close()
+
+    def __enter__(self) -> TeacherClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- transport ---------------------------------------------------------------------------------------------
+    def _model_field(self) -> dict[str, str]:
+        return {"model": self.model} if self.model is not None else {}
+
+    def _connection(self, fresh: bool) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and not fresh:
+            return conn
+        if conn is not None:
+            self._drop(conn)
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = cls(self._host, self._port, timeout=self.timeout_s)
+        self._local.conn, self._local.used = conn, False
+        with self._lock:
+            self._conns.add(conn)
+        return conn
+
+    def _drop(self, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        self._local.conn = None
+        with self._lock:
+            self._conns.discard(conn)
+
+    def _once(self, method: str, path: str, data: bytes | None) -> tuple[int, bytes]:
+        """One HTTP exchange. A kept-alive connection the server closed meanwhile is re-opened once, not counted."""
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        for attempt in (0, 1):
+            conn = self._connection(fresh=attempt == 1)
+            reused = self._local.used
+            try:
+                conn.request(method, self._prefix + path, body=data, headers=headers)
+                resp = conn.getresponse()
+                payload = resp.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self._drop(conn)
+                if reused and attempt == 0:
+                    continue
+                raise
+            except BaseException:
+                self._drop(conn)
+                raise
+            self._local.used = True
+            if resp.will_close:
+                self._drop(conn)
+            return resp.status, payload
+        raise AssertionError("unreachable")
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> Any:
+        """JSON request with the retry policy of the module docstring; returns the decoded JSON reply."""
+        data = json.dumps(body).encode("utf-8") if body is not None else None
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                status, payload = self._once(method, path, data)
+            except TimeoutError:
+                last = f"{method} {path} timed out after {self.timeout_s:g} s"
+                continue
+            except (OSError, http.client.HTTPException) as e:
+                last = f"{method} {path}: {type(e).__name__}: {e}"
+                continue
+            if status in RETRYABLE_STATUS:
+                last = f"{method} {path}: HTTP {status}: {_message(payload)}"
+                continue
+            if status >= 400:
+                message = f"teacher at {self.url} rejected {method} {path} (HTTP {status}): {_message(payload)}"
+                raise TeacherRequestError(message, status)
+            try:
+                return json.loads(payload)
+            except ValueError as e:
+                raise TeacherResponseError(
+                    f"teacher at {self.url}: {method} {path} replied with invalid JSON ({e})"
+                ) from e
+        raise TeacherUnavailableError(f"teacher at {self.url} unreachable after {self.max_retries} retries: {last}")
+
+
+def _message(payload: bytes) -> str:
+    """The server's error message (vLLM/OpenAI ``{"error": {"message", "param"}}`` or FastAPI ``{"detail"}``)."""
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return payload[:300].decode("utf-8", "replace")
+    err = obj.get("error", obj) if isinstance(obj, dict) else obj
+    if isinstance(err, dict) and "message" in err:
+        param = err.get("param")
+        return f"{err['message']}" + (f" (param {param!r})" if param else "")
+    if isinstance(obj, dict) and "detail" in obj:
+        return str(obj["detail"])
+    return str(obj)[:300]
