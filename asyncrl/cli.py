@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("demo", help="data -> tiny model -> SFT warm start -> RL vs an SFT control; prints a table")
     s.add_argument("--out", default="runs/demo")
-    s.add_argument("--sft-seconds", type=float, default=180.0)
+    s.add_argument("--sft-seconds", type=float, default=360.0)
     s.add_argument("--config", default="configs/quickstart.yaml")
     s.add_argument("overrides", nargs="*")
     s.set_defaults(fn=cmd_demo)

@@ -14,9 +14,15 @@ def _write_run(run_dir, step_s, gen_s, spans, samples=10, tokens=1000, sync=None
     run_dir.mkdir(parents=True)
     lines = []
     for step in (1, 2, 3):
-        m = {"step": step, "timing_s/step": step_s, "timing_s/gen": gen_s, "perf/samples_per_s": samples / step_s,
-             "perf/throughput_tokens_per_s": tokens / step_s, "response_length/mean": 5.0,
-             "fully_async/staleness/mean": 0.0 if sync is None else 1.0}
+        m = {
+            "step": step,
+            "timing_s/step": step_s,
+            "timing_s/gen": gen_s,
+            "perf/samples_per_s": samples / step_s,
+            "perf/throughput_tokens_per_s": tokens / step_s,
+            "response_length/mean": 5.0,
+            "fully_async/staleness/mean": 0.0 if sync is None else 1.0,
+        }
         if sync is not None:
             m.update({"sync/seconds": sync, "sync/bytes_per_s": 1e9})
         if step == 3:
@@ -27,8 +33,16 @@ def _write_run(run_dir, step_s, gen_s, spans, samples=10, tokens=1000, sync=None
 
 
 def _span(name, worker, t0, t1, step):
-    return {"name": name, "kind": "span", "worker": worker, "thread": "main", "start_s": t0, "end_s": t1,
-            "step": step, "args": {}}
+    return {
+        "name": name,
+        "kind": "span",
+        "worker": worker,
+        "thread": "main",
+        "start_s": t0,
+        "end_s": t1,
+        "step": step,
+        "args": {},
+    }
 
 
 def test_overlap_limit_ratio_and_idle_fraction_by_hand(tmp_path):

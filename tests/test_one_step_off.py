@@ -19,8 +19,14 @@ from tests.helpers import make_data, make_model, train_overrides
 
 pytestmark = pytest.mark.ray
 
-POOLS = ["trainer.mode=one_step_off", "trainer.cpus_per_worker=1", "rollout.num_workers=2",
-         "rollout.cpus_per_worker=0.5", "sync.verify=true", "sync.timeout_s=30"]
+POOLS = [
+    "trainer.mode=one_step_off",
+    "trainer.cpus_per_worker=1",
+    "rollout.num_workers=2",
+    "rollout.cpus_per_worker=0.5",
+    "sync.verify=true",
+    "sync.timeout_s=30",
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +51,7 @@ def test_three_one_step_off_steps_train_one_version_behind(setup):
         assert metrics[step]["fully_async/staleness/mean"] == 1.0
         assert metrics[step]["fully_async/staleness/max"] == 1.0
         assert metrics[step]["sync/bytes_per_s"] > 0
-        for key in ("timing_s/wait_prev_gen", "timing_s/sync_rollout_weights", "timing_s/update_actor",
-                    "timing_s/gen"):
+        for key in ("timing_s/wait_prev_gen", "timing_s/sync_rollout_weights", "timing_s/update_actor", "timing_s/gen"):
             assert key in metrics[step], key
     assert summary["samples"] == 3 * 4 * 4
     trace = json.loads((run_dir / "timeline.json").read_text())
