@@ -34,8 +34,8 @@ test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 lint: setup
-	$(BIN)/ruff check asyncrl tests examples
-	$(BIN)/ruff format --check asyncrl tests examples
+	$(BIN)/ruff check asyncrl tests
+	$(BIN)/ruff format --check asyncrl tests
 
 clean:
 	rm -rf $(VENV) runs data

@@ -90,7 +90,7 @@ def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Wo
             max_digits=2,
         )
         files = {"train": [str(short_tr), str(long_tr)], "val": [str(short_te), str(long_te)]}
-        sft_over = ["data.response_key=solution", "data.max_response_length=256"]
+        sft_over = ["data.response_key=solution", "data.max_response_length=256", "data.batch_size=16"]
         train_over = [
             "rollout.response_length=256",
             "data.train_batch_size=8",
@@ -98,7 +98,7 @@ def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Wo
             "actor.ppo_micro_batch_size=32",
             "data.max_prompt_length=192",
         ]
-        secs = 120.0 if sft_seconds is None else sft_seconds
+        secs = 180.0 if sft_seconds is None else sft_seconds
     else:
         raise ValueError(f"bench: unknown workload {name!r} (allowed: short, long)")
     model_dir = wdir / "sft"
