@@ -185,6 +185,7 @@ def summarize(mode: str, workload: str, run_dir: Path, sync_ref: dict[str, float
         "gen_s": gen,
         "train_s": mean_step - gen if mode == "sync" else None,
         "response_length_mean": sum(m["response_length/mean"] for m in body) / len(body),
+        "response_length_p95": sum(m.get("response_length/p95", 0.0) for m in body) / len(body),
         "trainer_idle_fraction": idle_fraction(events, trainer, t0, t1),
         "sync_s": sum(m.get("sync/seconds", 0.0) for m in body) / len(body),
         "sync_bytes_per_s": sum(m.get("sync/bytes_per_s", 0.0) for m in body) / len(body),

@@ -150,6 +150,7 @@ class Run:
             "reward/group_spread_frac": algos.group_reward_spread(rewards, _group_ids(samples)),
             "response_length/mean": float(lens.mean()),
             "response_length/max": float(lens.max()),
+            "response_length/p95": float(torch.quantile(lens, 0.95)),
             "response_length/clip_ratio": float(sum(s.stop_reason == "length" for s in samples) / len(samples)),
             "prompt_length/mean": float(sum(len(s.prompt.prompt_ids) for s in samples) / len(samples)),
         }
@@ -213,10 +214,9 @@ class Run:
         ``metrics.jsonl``, so each step appears exactly once after the resumed run logs it again.
         """
         mode = self.cfg.trainer.resume_mode
-        if mode == "disable":
-            return 1
-        ckpt = self.ckpt.latest() if mode == "auto" else Path(mode)
-        if ckpt is None:
+        ckpt = None if mode == "disable" else self.ckpt.latest() if mode == "auto" else Path(mode)
+        if ckpt is None:  # a fresh run: metrics an earlier run left in this directory must not mix with its own
+            self._truncate_metrics(0)
             return 1
         state = load_driver_state(ckpt)
         ray.get([w.load_checkpoint.remote(str(ckpt)) for w in workers.values()])
@@ -234,7 +234,7 @@ class Run:
         path = self.dir / "metrics.jsonl"
         if not path.exists():
             return
-        keep = [m for m in read_metrics(path) if int(m.get("step", 0)) <= last_step]
+        keep = [m for m in read_metrics(path) if int(m.get("step", 0)) <= last_step] if last_step > 0 else []
         tmp = path.with_name("metrics.jsonl.tmp")
         tmp.write_text("".join(json.dumps(m) + "\n" for m in keep))
         tmp.replace(path)
