@@ -19,7 +19,7 @@ import yaml
 from asyncrl import algos
 from asyncrl.checkpoint import CheckpointManager, load_driver_state, set_driver_rng_state
 from asyncrl.config import Config, to_dict
-from asyncrl.data.collate import TrainBatch
+from asyncrl.data.collate import TrainBatch, collate
 from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
 from asyncrl.evaluation import evaluate_prompts
@@ -154,6 +154,30 @@ class Run:
             "response_length/clip_ratio": float(sum(s.stop_reason == "length" for s in samples) / len(samples)),
             "prompt_length/mean": float(sum(len(s.prompt.prompt_ids) for s in samples) / len(samples)),
         }
+
+    def make_train_batch(self, samples: list[Sample], trainer: Any, tm: StepTimer, step: int) -> TrainBatch:
+        """Collate scored samples and attach what the update needs, in the order every GRPO mode uses:
+        (reference log-probs) -> (old log-probs, or the behaviour log-probs in bypass mode) -> advantages."""
+        batch = collate(samples, self.tokenizer.pad_token_id)
+        if self.cfg.actor.use_kl_loss:
+            with tm("ref"):
+                batch.extras["ref_logp_BT"] = ray.get(trainer.compute_logprobs.remote(batch, "ref", step))
+        if self.cfg.actor.use_rollout_log_probs:
+            batch.extras["old_logp_BT"] = batch.behav_logp_BT  # bypass: the behaviour policy is the old policy
+        else:
+            with tm("old_log_prob"):
+                batch.extras["old_logp_BT"] = ray.get(trainer.compute_logprobs.remote(batch, "actor", step))
+        with tm("adv"):
+            batch.extras["advantages_BT"] = self.grpo_advantages(samples, batch)
+        return batch
+
+    def step_metrics(self, samples: list[Sample], batch: TrainBatch, tm: StepTimer, *parts: dict) -> dict[str, float]:
+        """Everything logged for a step: sample statistics, the given parts, timings and throughput."""
+        step_s = tm.timings["timing_s/step"]
+        metrics = {**self.sample_metrics(samples, batch), **{k: v for p in parts for k, v in p.items()}, **tm.timings}
+        metrics["perf/throughput_tokens_per_s"] = float(batch.attention_mask_BL.sum()) / step_s
+        metrics["perf/samples_per_s"] = len(samples) / step_s
+        return metrics
 
     # ---- evaluation ------------------------------------------------------------------------------------------------
     def evaluate(self, worker: Any, step: int) -> dict[str, float]:

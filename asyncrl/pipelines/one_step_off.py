@@ -23,7 +23,6 @@ from typing import Any
 import ray
 
 from asyncrl.config import Config
-from asyncrl.data.collate import collate
 from asyncrl.pipelines.common import Run, StepTimer, gather_generation, launch_generation, staleness_metrics
 from asyncrl.sync.ray_sync import setup_weight_sync, sync_weights
 from asyncrl.sync.stats import memcpy_bytes_per_s
@@ -58,7 +57,6 @@ def _loop(cfg: Config, run: Run, trainer: Any, rollouts: list[Any]) -> dict[str,
     logger = run.open_logger()
     total = cfg.trainer.total_training_steps
     params = run.sampling()
-    pad = run.tokenizer.pad_token_id
 
     if "accuracy_before" not in run.summary and run.val is not None and cfg.trainer.val_before_train:
         acc = run.evaluate(trainer, step=0)
@@ -81,17 +79,7 @@ def _loop(cfg: Config, run: Run, trainer: Any, rollouts: list[Any]) -> dict[str,
             pending = launch_generation(rollouts, run.next_prompts(), params, run.gen_seed(step + 1), step + 1)
         with tm("reward"):
             reward_stats = run.score(samples)
-        batch = collate(samples, pad)
-        if cfg.actor.use_kl_loss:
-            with tm("ref"):
-                batch.extras["ref_logp_BT"] = ray.get(trainer.compute_logprobs.remote(batch, "ref", step))
-        if cfg.actor.use_rollout_log_probs:
-            batch.extras["old_logp_BT"] = batch.behav_logp_BT  # bypass: the behaviour policy is the old policy
-        else:
-            with tm("old_log_prob"):
-                batch.extras["old_logp_BT"] = ray.get(trainer.compute_logprobs.remote(batch, "actor", step))
-        with tm("adv"):
-            batch.extras["advantages_BT"] = run.grpo_advantages(samples, batch)
+        batch = run.make_train_batch(samples, trainer, tm, step)  # (ref) -> (old log-probs) -> advantages
         with tm("update_actor"):
             actor_metrics = ray.get(trainer.update.remote(batch, step))
         staleness = staleness_metrics(samples, trainer_version=version)
@@ -99,10 +87,8 @@ def _loop(cfg: Config, run: Run, trainer: Any, rollouts: list[Any]) -> dict[str,
         run.samples_trained += len(samples)
         tm.timings["timing_s/step"] = time.perf_counter() - t_step
 
-        metrics = {**run.sample_metrics(samples, batch), **reward_stats, **actor_metrics, **tm.timings, **staleness}
+        metrics = run.step_metrics(samples, batch, tm, reward_stats, actor_metrics, staleness)
         metrics["timing_s/gen"] = gen_s  # measured on the rollout workers, overlapped with the previous step
-        metrics["perf/throughput_tokens_per_s"] = float(batch.attention_mask_BL.sum()) / tm.timings["timing_s/step"]
-        metrics["perf/samples_per_s"] = len(samples) / tm.timings["timing_s/step"]
         metrics["sync/seconds"] = stats.seconds
         metrics["sync/bytes_per_s"] = stats.bytes_per_s
         if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0 or step == total:

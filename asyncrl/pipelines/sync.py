@@ -13,7 +13,6 @@ from typing import Any
 import ray
 
 from asyncrl.config import Config
-from asyncrl.data.collate import collate
 from asyncrl.pipelines.common import Run, StepTimer, staleness_metrics
 from asyncrl.workers.actor_worker import ActorRolloutWorker
 from asyncrl.workers.cluster import init_ray, make_pools, release_pools
@@ -37,7 +36,6 @@ def _loop(cfg: Config, run: Run, worker: Any) -> dict[str, Any]:
     logger = run.open_logger()
     total = cfg.trainer.total_training_steps
     params = run.sampling()
-    pad = run.tokenizer.pad_token_id
 
     if "accuracy_before" not in run.summary and run.val is not None and cfg.trainer.val_before_train:
         acc = run.evaluate(worker, step=0)
@@ -53,26 +51,13 @@ def _loop(cfg: Config, run: Run, worker: Any) -> dict[str, Any]:
             samples = ray.get(worker.generate.remote(prompts, params, seed=run.gen_seed(step), step=step))
         with t("reward"):
             reward_stats = run.score(samples)
-        batch = collate(samples, pad)
-        if cfg.actor.use_kl_loss:
-            with t("ref"):
-                batch.extras["ref_logp_BT"] = ray.get(worker.compute_logprobs.remote(batch, "ref", step))
-        if cfg.actor.use_rollout_log_probs:
-            batch.extras["old_logp_BT"] = batch.behav_logp_BT  # bypass: behaviour policy = old policy
-        else:
-            with t("old_log_prob"):
-                batch.extras["old_logp_BT"] = ray.get(worker.compute_logprobs.remote(batch, "actor", step))
-        with t("adv"):
-            batch.extras["advantages_BT"] = run.grpo_advantages(samples, batch)
+        batch = run.make_train_batch(samples, worker, t, step)  # (ref) -> (old log-probs) -> advantages
         with t("update_actor"):
             actor_metrics = ray.get(worker.update.remote(batch, step))
         run.samples_trained += len(samples)
         t.timings["timing_s/step"] = time.perf_counter() - t_step
 
-        metrics = {**run.sample_metrics(samples, batch), **reward_stats, **actor_metrics, **t.timings}
-        tokens = float(batch.attention_mask_BL.sum())
-        metrics["perf/throughput_tokens_per_s"] = tokens / t.timings["timing_s/step"]
-        metrics["perf/samples_per_s"] = len(samples) / t.timings["timing_s/step"]
+        metrics = run.step_metrics(samples, batch, t, reward_stats, actor_metrics)
         metrics.update(staleness_metrics(samples, trainer_version=step - 1))  # 0 by construction; measured anyway
         if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0 or step == total:
             metrics.update(run.evaluate(worker, step))
