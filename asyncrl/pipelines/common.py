@@ -200,6 +200,14 @@ class Run:
             )
         return {"val/accuracy": res["accuracy"], "val/n": res["n"]}
 
+    def evaluate_before_training(self, worker: Any) -> None:
+        """``accuracy_before`` (logged as step 0) once per run: a resumed run already has it in its summary."""
+        if "accuracy_before" in self.summary or self.val is None or not self.cfg.trainer.val_before_train:
+            return
+        acc = self.evaluate(worker, step=0)
+        self.summary["accuracy_before"] = acc["val/accuracy"]
+        self.log(0, acc)
+
     # ---- logging ---------------------------------------------------------------------------------------------------
     def open_logger(self) -> MetricsLogger:
         t = self.cfg.trainer

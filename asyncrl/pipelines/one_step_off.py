@@ -58,10 +58,7 @@ def _loop(cfg: Config, run: Run, trainer: Any, rollouts: list[Any]) -> dict[str,
     total = cfg.trainer.total_training_steps
     params = run.sampling()
 
-    if "accuracy_before" not in run.summary and run.val is not None and cfg.trainer.val_before_train:
-        acc = run.evaluate(trainer, step=0)
-        run.summary["accuracy_before"] = acc["val/accuracy"]
-        logger.log(0, acc)
+    run.evaluate_before_training(trainer)
 
     cursor_before_inflight = run.sampler.state_dict()
     pending = launch_generation(rollouts, run.next_prompts(), params, run.gen_seed(start), start)

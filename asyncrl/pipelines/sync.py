@@ -37,10 +37,7 @@ def _loop(cfg: Config, run: Run, worker: Any) -> dict[str, Any]:
     total = cfg.trainer.total_training_steps
     params = run.sampling()
 
-    if "accuracy_before" not in run.summary and run.val is not None and cfg.trainer.val_before_train:
-        acc = run.evaluate(worker, step=0)
-        run.summary["accuracy_before"] = acc["val/accuracy"]
-        logger.log(0, acc)
+    run.evaluate_before_training(worker)
 
     step = start - 1
     for step in range(start, total + 1):
