@@ -91,10 +91,13 @@ def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Wo
         )
         files = {"train": [str(short_tr), str(long_tr)], "val": [str(short_te), str(long_te)]}
         sft_over = ["data.response_key=solution", "data.max_response_length=256", "data.batch_size=16"]
+        # 2 prompts x 4 samples per step: the arrangement where generation dominates the step on a 2-core CPU
+        # (measured: 0.75 s generating vs 0.43 s training in sync); with 64 samples per step training dominates.
         train_over = [
             "rollout.response_length=256",
-            "data.train_batch_size=8",
-            "actor.ppo_mini_batch_size=8",
+            "rollout.n=4",
+            "data.train_batch_size=2",
+            "actor.ppo_mini_batch_size=2",
             "actor.ppo_micro_batch_size=32",
             "data.max_prompt_length=192",
         ]
