@@ -250,6 +250,7 @@ COLUMNS = [
     ("sync_s", "{:.3f}"),
     ("sync_bytes_per_s", "{:.2e}"),
     ("response_length_mean", "{:.1f}"),
+    ("response_length_p95", "{:.1f}"),
     ("accuracy", "{:.3f}"),
 ]
 
