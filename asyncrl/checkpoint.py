@@ -58,7 +58,7 @@ class CheckpointManager:
             shutil.rmtree(tmp)
         tmp.mkdir()
         write_workers(tmp)
-        state = dict(driver_state, step=step, rng=driver_rng_state())
+        state = dict(driver_state, step=step, rng=rng_state())
         torch.save(state, tmp / DRIVER_STATE)
         _fsync_dir(tmp)
         if final.exists():  # a re-run of the same step after a resume: replace it
@@ -98,11 +98,12 @@ def load_driver_state(ckpt_dir: str | Path) -> dict[str, Any]:
     return torch.load(p, weights_only=False)
 
 
-def driver_rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """This process's Python, NumPy and torch RNG states (the driver's and every worker's go into a checkpoint)."""
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
 
-def set_driver_rng_state(s: dict[str, Any]) -> None:
+def set_rng_state(s: dict[str, Any]) -> None:
     random.setstate(s["python"])
     np.random.set_state(s["numpy"])
     torch.set_rng_state(s["torch"])

@@ -100,9 +100,13 @@ def _response_text(row: dict[str, Any], key: str, where: str) -> str:
 
 
 def init_model_from_data(preset: str, files: list[str], out_dir: str, seed: int, response_key: str = "") -> str:
-    """A fresh ``preset`` model directory whose char tokenizer covers every character of ``files`` (prompts, answers,
+    """``init_model_from_rows`` over the rows of ``files``."""
+    return init_model_from_rows(preset, load_rows(files), out_dir, seed, response_key)
+
+
+def init_model_from_rows(preset: str, rows: list[dict], out_dir: str, seed: int, response_key: str = "") -> str:
+    """A fresh ``preset`` model directory whose char tokenizer covers every character of ``rows`` (prompts, answers,
     worked solutions) plus the digits and signs, so no answer can need an unknown token."""
-    rows = load_rows(files)
     texts = [m["content"] for r in rows for m in r["prompt"]] + ["0123456789+-=#\n "]
     texts += [str(r["reward_model"]["ground_truth"]) for r in rows]
     texts += [
@@ -118,8 +122,8 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = load_rows(cfg.data.train_files)
-    model_path = cfg.model.path or init_model_from_data(
-        cfg.model.preset, cfg.data.train_files, str(out / "init"), cfg.trainer.seed, cfg.data.response_key
+    model_path = cfg.model.path or init_model_from_rows(
+        cfg.model.preset, rows, str(out / "init"), cfg.trainer.seed, cfg.data.response_key
     )
     model, tok = load_model(model_path)
     eos = tok.eos_token_id

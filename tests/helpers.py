@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asyncrl.data.rows import load_rows
 from asyncrl.data.tasks import write_task_dataset
-from asyncrl.models.presets import init_model_dir
-from asyncrl.models.tokenizer import build_char_tokenizer
+from asyncrl.sft import init_model_from_data
 
 TASK_KWARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 
@@ -19,10 +17,8 @@ def make_data(root: Path, size: int = 64, test_size: int = 16) -> tuple[Path, Pa
 
 
 def make_model(root: Path, train_file: Path, preset: str = "micro", seed: int = 0) -> Path:
-    rows = load_rows(train_file)
-    texts = [m["content"] for r in rows for m in r["prompt"]] + [r["reward_model"]["ground_truth"] for r in rows]
     out = root / f"model_{preset}"
-    init_model_dir(preset, build_char_tokenizer(texts + ["0123456789-"]), out, seed=seed)
+    init_model_from_data(preset, [str(train_file)], str(out), seed)
     return out
 
 

@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from asyncrl import algos
-from asyncrl.checkpoint import CheckpointManager, load_driver_state, set_driver_rng_state
+from asyncrl.checkpoint import CheckpointManager, load_driver_state, set_rng_state
 from asyncrl.config import Config, to_dict
 from asyncrl.data.collate import TrainBatch, collate
 from asyncrl.data.dataset import PromptDataset, load_rows
@@ -256,7 +256,7 @@ class Run:
         self.samples_trained = int(state["samples_trained"])
         self.wall_offset_s = float(state["wall_s"])
         self.summary = dict(state.get("summary", {}))
-        set_driver_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         step = int(state["step"])
         self._truncate_metrics(step)
         self.start_step = step + 1

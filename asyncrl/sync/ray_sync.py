@@ -45,7 +45,7 @@ class _WeightSyncMixin:
     _weight_sync: WeightSyncGroup | None = None
 
     def weight_sync_tensors(self) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        raise TypeError(f"{type(self).__name__}: use SyncSenderMixin or SyncReceiverMixin, which say what is synced")
 
     def init_weight_sync(
         self,

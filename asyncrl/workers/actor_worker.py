@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import copy
 import os
-import random
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from asyncrl.checkpoint import rng_state, set_rng_state
 from asyncrl.config import Config
 from asyncrl.data.collate import TrainBatch
 from asyncrl.models.loading import load_model
@@ -101,7 +100,7 @@ class ActorRolloutWorker(SyncSenderMixin):
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
-            "rng": _rng_state(),
+            "rng": rng_state(),
         }
         torch.save(state, d / f"{self.name}_state.pt")
         if self.ref_model is not None:
@@ -126,7 +125,7 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
         self.engine.version = self.version
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         if self.ref_model is not None:
             self.ref_model.load_state_dict(torch.load(d / "ref_model.pt", weights_only=True))
         return self.version
@@ -148,13 +147,3 @@ class ActorRolloutWorker(SyncSenderMixin):
 
 def _is_tied(model: torch.nn.Module, name: str) -> bool:
     return name == "lm_head.weight" and bool(getattr(model.config, "tie_word_embeddings", False))
-
-
-def _rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-
-
-def _set_rng_state(s: dict) -> None:
-    random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
-    torch.set_rng_state(s["torch"])
