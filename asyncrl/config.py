@@ -101,7 +101,7 @@ class RewardConfig:
 
 @dataclass
 class TrainerConfig:
-    mode: str = "sync"  # sync | one_step_off
+    mode: str = "sync"  # sync | one_step_off | fully_async
     total_training_steps: int = 10
     default_local_dir: str = "runs/default"
     save_freq: int = 5  # steps between checkpoints (<= 0: only the final one)
@@ -124,6 +124,20 @@ class SyncConfig:
 
 
 @dataclass
+class AsyncTrainingConfig:
+    """``fully_async`` only (verl's ``async_training`` section); see asyncrl/streaming/staleness.py for the bound."""
+
+    staleness_threshold: float = 0.0  # extra groups in flight, as a fraction of one sync window
+    trigger_parameter_sync_step: int = 1  # trainer steps per weight sync (= per version)
+    require_batches: int = 1  # ppo_mini_batch_size groups per trainer step (one optimizer step each)
+    drop_policy: str = "backpressure"  # queue full: backpressure (the rollouter waits) | oldest (drop, counted)
+    max_queue_size: int | None = None  # groups; null = the staleness budget (never fills while synced)
+    partial_rollout: bool = True  # at a sync, interrupt in-flight generations and resume them with the new weights
+    compute_prox_log_prob: bool = False  # decoupled PPO: old = the weights at the start of the sync window
+    max_inflight_groups: int | None = None  # groups generated at once; null = rollout.max_batch_size // rollout.n
+
+
+@dataclass
 class RayConfig:
     address: str | None = None  # connect to an existing cluster; null = start a local one on 127.0.0.1
     num_cpus: int | None = None  # CPUs of the local cluster (null = all of this machine's)
@@ -139,6 +153,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
 
@@ -261,7 +276,7 @@ def validate(cfg: Config) -> None:
         rc.rollout_is_threshold,
         ">= 1",
     )
-    _choice("trainer.mode", t.mode, ("sync", "one_step_off"))
+    _choice("trainer.mode", t.mode, ("sync", "one_step_off", "fully_async"))
     check(t.total_training_steps >= 1, "trainer.total_training_steps", t.total_training_steps, ">= 1")
     check(t.max_checkpoints_to_keep >= 1, "trainer.max_checkpoints_to_keep", t.max_checkpoints_to_keep, ">= 1")
     check(
@@ -282,3 +297,65 @@ def validate(cfg: Config) -> None:
     check(s.bucket_mb > 0, "sync.bucket_mb", s.bucket_mb, "> 0")
     check(s.timeout_s > 0, "sync.timeout_s", s.timeout_s, "> 0")
     check(cfg.ray.num_cpus is None or cfg.ray.num_cpus >= 1, "ray.num_cpus", cfg.ray.num_cpus, ">= 1 or null")
+    _validate_async_training(cfg)
+
+
+def _validate_async_training(cfg: Config) -> None:
+    at, a = cfg.async_training, cfg.actor
+    key = "async_training."
+    check(at.staleness_threshold >= 0, key + "staleness_threshold", at.staleness_threshold, ">= 0")
+    check(
+        at.trigger_parameter_sync_step >= 1,
+        key + "trigger_parameter_sync_step",
+        at.trigger_parameter_sync_step,
+        ">= 1",
+    )
+    check(at.require_batches >= 1, key + "require_batches", at.require_batches, ">= 1")
+    _choice(key + "drop_policy", at.drop_policy, ("backpressure", "oldest"))
+    groups_per_step = at.require_batches * a.ppo_mini_batch_size
+    check(
+        at.max_queue_size is None or at.max_queue_size >= groups_per_step,
+        key + "max_queue_size",
+        at.max_queue_size,
+        f">= require_batches * actor.ppo_mini_batch_size = {groups_per_step} groups (one trainer step), or null",
+    )
+    check(
+        at.max_inflight_groups is None or at.max_inflight_groups >= 1,
+        key + "max_inflight_groups",
+        at.max_inflight_groups,
+        ">= 1 or null",
+    )
+    if cfg.trainer.mode == "fully_async":
+        t = cfg.trainer
+        k = at.trigger_parameter_sync_step
+        check(
+            t.save_freq <= 0 or t.save_freq % k == 0,
+            "trainer.save_freq",
+            t.save_freq,
+            f"a multiple of async_training.trigger_parameter_sync_step ({k}): checkpoints are taken at weight syncs",
+        )
+        check(
+            t.total_training_steps % k == 0,
+            "trainer.total_training_steps",
+            t.total_training_steps,
+            f"a multiple of async_training.trigger_parameter_sync_step ({k}): the run ends at a weight sync",
+        )
+        check(
+            cfg.rollout.num_workers == 1,
+            "rollout.num_workers",
+            cfg.rollout.num_workers,
+            "1 in fully_async (one Rollouter; several are not implemented yet)",
+        )
+        check(
+            not at.compute_prox_log_prob or cfg.algorithm.rollout_correction.rollout_is is not None,
+            "algorithm.rollout_correction.rollout_is",
+            cfg.algorithm.rollout_correction.rollout_is,
+            "token or sequence when async_training.compute_prox_log_prob is true (decoupled PPO weights every "
+            "sample by its truncated behaviour->proximal ratio)",
+        )
+        check(
+            not (at.compute_prox_log_prob and a.use_rollout_log_probs),
+            key + "compute_prox_log_prob",
+            at.compute_prox_log_prob,
+            "false when actor.use_rollout_log_probs is true (bypass and decoupled PPO are alternatives)",
+        )

@@ -16,4 +16,8 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
         from asyncrl.pipelines.one_step_off import run_one_step_off
 
         return run_one_step_off(cfg)
+    if cfg.trainer.mode == "fully_async":
+        from asyncrl.pipelines.fully_async import run_fully_async
+
+        return run_fully_async(cfg)
     raise NotImplementedError(f"trainer.mode={cfg.trainer.mode!r} is not implemented yet")

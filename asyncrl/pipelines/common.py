@@ -103,6 +103,7 @@ class Run:
         self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)
         self.ckpt = CheckpointManager(self.dir, cfg.trainer.max_checkpoints_to_keep)
         self.start_step = 1
+        self.resumed_from: Path | None = None  # the checkpoint this run resumed from
         self.samples_trained = 0
         self.wall_offset_s = 0.0  # wall seconds spent before the last resume
         self.t0 = time.time()
@@ -155,9 +156,12 @@ class Run:
             "prompt_length/mean": float(sum(len(s.prompt.prompt_ids) for s in samples) / len(samples)),
         }
 
-    def make_train_batch(self, samples: list[Sample], trainer: Any, tm: StepTimer, step: int) -> TrainBatch:
+    def make_train_batch(
+        self, samples: list[Sample], trainer: Any, tm: StepTimer, step: int, old_policy: str = "actor"
+    ) -> TrainBatch:
         """Collate scored samples and attach what the update needs, in the order every GRPO mode uses:
-        (reference log-probs) -> (old log-probs, or the behaviour log-probs in bypass mode) -> advantages."""
+        (reference log-probs) -> (old log-probs, or the behaviour log-probs in bypass mode) -> advantages.
+        ``old_policy="prox"``: the old log-probs come from the trainer's proximal snapshot (decoupled PPO)."""
         batch = collate(samples, self.tokenizer.pad_token_id)
         if self.cfg.actor.use_kl_loss:
             with tm("ref"):
@@ -166,7 +170,7 @@ class Run:
             batch.extras["old_logp_BT"] = batch.behav_logp_BT  # bypass: the behaviour policy is the old policy
         else:
             with tm("old_log_prob"):
-                batch.extras["old_logp_BT"] = ray.get(trainer.compute_logprobs.remote(batch, "actor", step))
+                batch.extras["old_logp_BT"] = ray.get(trainer.compute_logprobs.remote(batch, old_policy, step))
         with tm("adv"):
             batch.extras["advantages_BT"] = self.grpo_advantages(samples, batch)
         return batch
@@ -223,12 +227,21 @@ class Run:
         return self.wall_offset_s + time.time() - self.t0
 
     # ---- checkpoints -----------------------------------------------------------------------------------------------
-    def save(self, step: int, workers: dict[str, Any], sampler_state: dict | None = None) -> Path:
+    def save(
+        self,
+        step: int,
+        workers: dict[str, Any],
+        sampler_state: dict | None = None,
+        extra_files: dict[str, Any] | None = None,
+    ) -> Path:
         """Checkpoint at ``step``. ``sampler_state``: the data cursor to record when it differs from the live one
-        (a mode with a batch in flight records the cursor from before that batch was drawn, so it is not lost)."""
+        (a mode with a batch in flight records the cursor from before that batch was drawn, so it is not lost).
+        ``extra_files``: file name -> object, written with ``torch.save`` inside the same atomic checkpoint."""
 
         def write(tmp: Path) -> None:
             ray.get([w.save_checkpoint.remote(str(tmp)) for w in workers.values()])
+            for name, obj in (extra_files or {}).items():
+                torch.save(obj, tmp / name)
 
         state = {
             "sampler": sampler_state or self.sampler.state_dict(),
@@ -260,6 +273,7 @@ class Run:
         step = int(state["step"])
         self._truncate_metrics(step)
         self.start_step = step + 1
+        self.resumed_from = ckpt
         return self.start_step
 
     def _truncate_metrics(self, last_step: int) -> None:

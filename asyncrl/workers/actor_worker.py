@@ -41,6 +41,7 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.pad_token_id = self.tokenizer.pad_token_id
         self.engine = RolloutEngine(self.model, self.tokenizer, max_batch_size=cfg.rollout.max_batch_size)
         self.ref_model = None
+        self.prox_model = None  # decoupled PPO (fully_async): the weights at the start of the sync window
         if cfg.actor.use_kl_loss:
             self.ref_model = copy.deepcopy(self.model).eval()
             for p in self.ref_model.parameters():
@@ -61,18 +62,34 @@ class ActorRolloutWorker(SyncSenderMixin):
 
     # ---- training ------------------------------------------------------------------------------------------------
     def compute_logprobs(self, batch: TrainBatch, which: str = "actor", step: int = -1) -> torch.Tensor:
-        """Per-token log-probs [B, T] of ``batch``'s responses under the current (``actor``) or reference model."""
-        model = self.model if which == "actor" else self.ref_model
+        """Per-token log-probs [B, T] of ``batch``'s responses under the current (``actor``), reference (``ref``) or
+        proximal (``prox``: the weights at the last ``snapshot_prox``) model."""
+        models = {"actor": self.model, "ref": self.ref_model, "prox": self.prox_model}
+        if which not in models:
+            raise ValueError(f"{self.name}.compute_logprobs: which must be actor, ref or prox (got {which!r})")
+        model = models[which]
         if model is None:
-            raise RuntimeError(f"{self.name}: no reference model (set actor.use_kl_loss=true to load one)")
+            hint = "set actor.use_kl_loss=true" if which == "ref" else "call snapshot_prox() first"
+            raise RuntimeError(f"{self.name}: no {which} model ({hint})")
         with self.timeline.span(f"{which}_logprobs", step=step, worker=self.name):
             return policy_ops.response_logprobs(
                 model, batch, self.cfg.rollout.temperature, self.cfg.actor.ppo_micro_batch_size
             )
 
-    def update(self, batch: TrainBatch, step: int) -> dict[str, float]:
-        """One training step on ``batch`` (extras: advantages_BT, old_logp_BT, ref_logp_BT); bumps the version."""
-        num_mini = self.cfg.data.train_batch_size // self.cfg.actor.ppo_mini_batch_size
+    def snapshot_prox(self) -> None:
+        """Keep a frozen copy of the current weights as the proximal policy (decoupled PPO's anchor)."""
+        if self.prox_model is None:
+            self.prox_model = copy.deepcopy(self.model).eval()
+            for p in self.prox_model.parameters():
+                p.requires_grad_(False)
+        else:
+            self.prox_model.load_state_dict(self.model.state_dict())
+
+    def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> dict[str, float]:
+        """One training step on ``batch`` (extras: advantages_BT, old_logp_BT, ref_logp_BT); bumps the version.
+
+        ``num_mini_batches`` optimizer steps (default: data.train_batch_size // actor.ppo_mini_batch_size)."""
+        num_mini = num_mini_batches or self.cfg.data.train_batch_size // self.cfg.actor.ppo_mini_batch_size
         with self.timeline.span("update_actor", step=step, worker=self.name):
             res = policy_ops.ppo_update(
                 self.model,

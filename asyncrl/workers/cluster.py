@@ -95,10 +95,15 @@ class ResourcePool:
                 f"{ready_timeout_s:g} s; the cluster has {cluster_cpus():g} CPUs"
             ) from None
 
-    def spawn(self, index: int, cls: type, *args: Any, **kwargs: Any) -> Any:
-        """Start ``cls`` on bundle ``index``; its torch threads are set from the bundle's CPU share."""
+    def spawn(self, index: int, cls: type, *args: Any, max_concurrency: int = 1, **kwargs: Any) -> Any:
+        """Start ``cls`` on bundle ``index``; its torch threads are set from the bundle's CPU share.
+
+        ``max_concurrency > 1`` makes a threaded actor (calls run on a thread pool), for workers with a background
+        loop that must still answer calls (the fully_async Rollouter)."""
         strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=index)
         opts: dict[str, Any] = {"num_cpus": self.cpus_per_worker, "scheduling_strategy": strategy}
+        if max_concurrency > 1:
+            opts["max_concurrency"] = max_concurrency
         if self.env:
             opts["runtime_env"] = {"env_vars": {**WORKER_ENV, **self.env}}
         actor_cls = ray.remote(cls).options(**opts)
