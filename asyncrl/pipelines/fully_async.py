@@ -122,6 +122,7 @@ def _loop(cfg: Config, run: Run, trainer: Any, rollouter: Any) -> dict[str, Any]
         batch = run.make_train_batch(samples, trainer, tm, step, old_policy=old_policy)
         with tm("update_actor"):
             actor_metrics = ray.get(trainer.update.remote(batch, step, at.require_batches))
+        trained_at = version
         staleness = staleness_metrics(samples, trainer_version=version)
         if max(got["staleness"]) != staleness["fully_async/staleness/max"]:  # two accounts of the same fact
             raise RuntimeError(f"step {step}: controller staleness {got['staleness']} != recorded {staleness}")
@@ -152,7 +153,7 @@ def _loop(cfg: Config, run: Run, trainer: Any, rollouter: Any) -> dict[str, Any]
         metrics.update(processing_metrics(got["processing_s"]))
         metrics["trainer/idle_ratio"] = tm.timings["timing_s/wait_batch"] / tm.timings["timing_s/step"]
         metrics["timing_s/gen"] = ro["rollouter/busy_s"]  # decode seconds on the Rollouter during this step
-        metrics["fully_async/trainer_version"] = float(version)
+        metrics["fully_async/trainer_version"] = float(trained_at)  # the version this step's update ran at
         if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0 or step == total:
             metrics.update(run.evaluate(trainer, step))
         logger.log(step, metrics)
@@ -162,9 +163,10 @@ def _loop(cfg: Config, run: Run, trainer: Any, rollouter: Any) -> dict[str, Any]
     last = run.last_val_accuracy()
     if last is not None:
         run.summary["accuracy_after"] = last
-    ledger_state = ray.get(rollouter.ledger_state.remote())
-    run.summary["ledger"] = write_ledger_report(run, ledger_state)
-    ray.get(rollouter.stop.remote())
+    ray.get(rollouter.stop.remote())  # the books are final from here on
+    counts = ray.get(rollouter.take_metrics.remote())
+    run.summary["counts"] = {k.rsplit("/", 1)[1]: v for k, v in counts.items() if k.startswith("fully_async/count/")}
+    run.summary["ledger"] = write_ledger_report(run, ray.get(rollouter.ledger_state.remote()))
     events = ray.get(trainer.pop_timeline.remote()) + ray.get(rollouter.pop_timeline.remote())
     return run.finish(trainer, step, events)
 

@@ -39,7 +39,16 @@ from asyncrl.streaming.staleness import StalenessBudget, StalenessController
 from asyncrl.types import Prompt, Sample
 from asyncrl.workers.rollout_worker import RolloutWorker
 
-POLL_S = 0.02  # how often an idle generation thread re-checks admission and the queue
+POLL_S = 0.02
+# fully_async/count/<key>: every group admitted ends up consumed, dropped, queued or in flight; each is counted
+COUNT_KEYS = (
+    "started_groups",
+    "queued_groups",
+    "consumed_groups",
+    "dropped_groups",
+    "dropped_stale_samples",
+    "interrupted_rows",
+)  # how often an idle generation thread re-checks admission and the queue
 
 
 class RollouterError(RuntimeError):
@@ -98,7 +107,7 @@ class Rollouter(RolloutWorker):
         self.max_groups = at.max_inflight_groups or max(1, cfg.rollout.max_batch_size // cfg.rollout.n)
         self.inflight: dict[str, InFlightGroup] = {}  # insertion order = start order
         self.processing_s: dict[str, float] = {}  # queued group -> seconds from admission to the queue
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter(dict.fromkeys(COUNT_KEYS, 0))
         self._books = threading.Lock()  # ledger, counts, processing_s, inflight (shared with the driver's calls)
         self._cv = threading.Condition()
         self._want_park = self._parked = self._stop = False

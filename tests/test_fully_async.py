@@ -1,0 +1,223 @@
+"""fully_async on a real local Ray cluster, and its Rollouter as a plain object with a real model.
+
+Every staleness figure is checked against the versions the engine recorded on each sample; the kill -9 test kills a
+real `asyncrl train` process group mid-run and reads the prompt ledger the resumed run wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from asyncrl.config import load_config
+from asyncrl.data.collate import collate
+from asyncrl.pipelines import run_pipeline
+from asyncrl.pipelines.fully_async import partial_metrics, processing_metrics
+from asyncrl.streaming.staleness import StalenessBudget
+from asyncrl.telemetry.metrics import read_metrics
+from asyncrl.workers.rollouter import Rollouter
+from tests.helpers import make_data, make_model, train_overrides
+
+FULLY_ASYNC = [
+    "trainer.mode=fully_async",
+    "trainer.cpus_per_worker=1",
+    "rollout.cpus_per_worker=1",
+    "sync.verify=true",
+    "sync.timeout_s=30",
+]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fa")
+    train, test = make_data(root, size=10, test_size=8)
+    model = make_model(root, train)
+    yield root, model, train, test
+    ray.shutdown()
+
+
+def _bound(cfg) -> int:
+    at = cfg.async_training
+    return StalenessBudget(
+        at.require_batches, cfg.actor.ppo_mini_batch_size, at.trigger_parameter_sync_step, at.staleness_threshold
+    ).max_staleness
+
+
+@pytest.mark.ray
+def test_fully_async_run_bounds_staleness_and_reports_verl_metrics(setup):
+    root, model, train, test = setup
+    run_dir = root / "run"
+    over = train_overrides(model, train, test, run_dir, 6) + FULLY_ASYNC
+    over += ["async_training.staleness_threshold=1.0", "async_training.trigger_parameter_sync_step=2"]
+    cfg = load_config(None, over)
+    summary = run_pipeline(cfg)
+    bound = _bound(cfg)
+    assert bound == 1
+    metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl")}
+    assert sorted(metrics) == [0, 1, 2, 3, 4, 5, 6]
+    for step in range(1, 7):
+        m = metrics[step]
+        assert 0 <= m["fully_async/staleness/max"] <= bound
+        # version rises after every second step: steps 1-2 train at 0, 3-4 at 1, 5-6 at 2
+        assert m["fully_async/trainer_version"] == (step - 1) // 2
+        for key in (
+            "trainer/idle_ratio",
+            "rollouter/idle_ratio",
+            "fully_async/count/consumed_groups",
+            "fully_async/count/dropped_stale_samples",
+            "fully_async/processing_time/tp95",
+            "fully_async/partial/partial_ratio",
+        ):
+            assert key in m, key
+        assert ("timing_s/param_sync" in m) == (step % 2 == 0)
+    assert metrics[6]["fully_async/count/consumed_groups"] == 12
+    assert metrics[6]["fully_async/count/dropped_stale_samples"] == 0
+    assert summary["samples"] == 6 * 2 * 4
+    assert summary["ledger"]["lost"] == 0 and summary["ledger"]["duplicated"] == 0
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    assert ledger["epochs"]["0"]["complete"] and ledger["epochs"]["0"]["consumed_once"] == 10
+    trace = json.loads((run_dir / "timeline.json").read_text())
+    names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+    assert {"generate", "update_actor", "param_sync", "wait_batch"} <= names, names
+
+
+@pytest.mark.ray
+def test_drop_oldest_counts_every_dropped_group(setup):
+    root, model, train, test = setup
+    run_dir = root / "drop"
+    over = train_overrides(model, train, test, run_dir, 4) + FULLY_ASYNC
+    over += [
+        "async_training.staleness_threshold=2.0",
+        "async_training.drop_policy=oldest",
+        "async_training.max_queue_size=2",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=0",
+    ]
+    summary = run_pipeline(load_config(None, over))
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    dropped_in_ledger = sum(len(e["dropped"]) for e in ledger["epochs"].values())
+    c = summary["counts"]  # taken after the Rollouter stopped, like the ledger
+    assert c["dropped_groups"] > 0  # a queue of 2 groups with 2 versions of run-ahead must overflow
+    # every admitted group is consumed, dropped, queued or still in flight: nothing vanished uncounted
+    assert c["started_groups"] == c["consumed_groups"] + c["dropped_groups"] + c["queue_size"] + c["in_flight_groups"]
+    assert c["dropped_stale_samples"] == c["dropped_groups"] * 4
+    assert dropped_in_ledger == summary["ledger"]["dropped"] == c["dropped_groups"]
+    assert summary["ledger"]["lost"] == 0 and summary["ledger"]["duplicated"] == 0
+
+
+def test_partial_rollout_keeps_tokens_from_both_versions(setup):
+    """A sync interrupts a running decode; the rows resume with the new weights, and the trainer's batch holds the
+    tokens from before and after the interruption with the version that produced each."""
+    root, model, train, test = setup
+    over = train_overrides(model, train, test, root / "partial", 2) + FULLY_ASYNC
+    over += [
+        "rollout.response_length=400",
+        "async_training.staleness_threshold=1.0",
+        "async_training.max_inflight_groups=1",  # one group per decode: B starts once A is done
+        "actor.ppo_mini_batch_size=1",
+    ]
+    cfg = load_config(None, over + ["data.train_batch_size=2"])
+    ro = Rollouter(cfg, num_threads=1)
+    # An untrained micro model emits eos within a few tokens; with no eos every row runs all 400 tokens, so the
+    # pause below lands mid-decode.
+    ro.engine.eos_token_ids = [10**9]
+    ro.engine._eos_ids_E = torch.tensor(ro.engine.eos_token_ids)
+    ro.start()
+    try:
+        first = ro.get_batch(1, trainer_version=0, timeout_s=120)  # group A, all at version 0; B is decoding now
+        assert first["staleness"] == [0]
+        deadline = time.monotonic() + 60
+        while not ro.engine._busy and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.05)
+        ro.pause(interrupt=True, timeout_s=60)
+        interrupted = [s for g in ro.inflight.values() for s in g.samples if s.stop_reason == "interrupted"]
+        assert interrupted and all(0 < len(s.response_ids) < 400 for s in interrupted)
+        before = {gid: [len(s.response_ids) for s in g.samples] for gid, g in ro.inflight.items()}
+        new = {k: v + 0.01 for k, v in ro.engine.state_dict_for_sync().items()}
+        ro.engine.update_weights(new, version=1)
+        ro.resume_generation(1)
+        got = ro.get_batch(1, trainer_version=1, timeout_s=120)
+    finally:
+        ro.stop()
+    (group,) = got["groups"]
+    assert group.start_version == 0 and got["staleness"] == [1]
+    for i, s in enumerate(group.samples):
+        assert len(s.response_ids) == len(s.logprobs) == len(s.versions) == 400
+        # version 0 produced exactly the tokens it had when the sync interrupted it, version 1 the rest
+        cut = before[group.group_id][i]
+        assert s.versions == [0] * cut + [1] * (400 - cut)
+    assert partial_metrics(group.samples)["fully_async/partial/partial_ratio"] == 1.0
+    batch = collate(group.samples, ro.engine.pad_id)
+    assert int(batch.response_mask_BT.sum()) == 4 * 400  # both sides of the cut are trained on
+    assert torch.equal(batch.behav_logp_BT[0, :400], torch.tensor(group.samples[0].logprobs))
+
+
+def test_processing_time_percentiles():
+    m = processing_metrics([4.0, 1.0, 3.0, 2.0])
+    assert m["fully_async/processing_time/avg"] == 2.5
+    assert m["fully_async/processing_time/max"] == 4.0
+    assert m["fully_async/processing_time/tp50"] in (2.0, 3.0)
+    assert m["fully_async/processing_time/tp99"] == 4.0
+
+
+def _train_cmd(overrides: list[str]) -> list[str]:
+    config = str(Path(__file__).resolve().parents[1] / "configs" / "fully_async.yaml")
+    return [sys.executable, "-m", "asyncrl.cli", "train", "--config", config, *overrides]
+
+
+@pytest.mark.ray
+def test_kill_9_and_resume_loses_and_repeats_no_prompt(setup, tmp_path):
+    root, model, train, test = setup
+    run_dir = tmp_path / "killed"
+    over = train_overrides(model, train, test, run_dir, 12) + FULLY_ASYNC
+    over = [o for o in over if not o.startswith("trainer.save_freq")]
+    over += [
+        "trainer.save_freq=2",
+        "trainer.test_freq=0",
+        "trainer.val_before_train=false",
+        "async_training.staleness_threshold=1.0",
+        "async_training.partial_rollout=true",
+        "rollout.response_length=24",
+    ]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen(
+        _train_cmd(over), env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    ckpt = run_dir / "checkpoints" / "step_4"
+    deadline = time.monotonic() + 240
+    try:
+        while not (ckpt / "rollouter_state.pt").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert ckpt.exists(), "no checkpoint at step 4 in time"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver and every Ray process it started
+        proc.wait()
+    assert not (run_dir / "summary.json").exists()  # it really died mid-run
+    done = subprocess.run(_train_cmd(over), env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    steps = [m["step"] for m in read_metrics(run_dir / "metrics.jsonl")]
+    assert steps == list(range(1, 13))  # each step logged exactly once across the two processes
+    for m in read_metrics(run_dir / "metrics.jsonl"):
+        assert m["fully_async/staleness/max"] <= 1
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    epochs = ledger["epochs"]
+    assert epochs["0"]["complete"] and epochs["1"]["complete"]  # 12 steps x 2 groups = 2.4 epochs of 10
+    for e in ("0", "1"):
+        assert epochs[e]["consumed_once"] == 10
+        assert epochs[e]["lost"] == [] and epochs[e]["duplicated"] == [] and epochs[e]["dropped"] == []
+    assert epochs["2"]["duplicated"] == [] and epochs["2"]["lost"] == []
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["samples"] == 12 * 2 * 4
