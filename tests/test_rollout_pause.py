@@ -11,7 +11,7 @@ from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.types import Prompt
+from asyncrl.types import Prompt, Sample
 
 TEXTS = ["a", "hello world", "What is 2+2?", "xy"]
 NEW_TOKENS = 10
@@ -141,3 +141,26 @@ def test_resume_leaves_finished_samples_alone_and_closes_full_ones_as_length(mod
     out = engine.resume([finished, full], SamplingParams(max_new_tokens=3), seed=0)
     assert out[0] is finished
     assert out[1].stop_reason == "length" and out[1].response_ids == full.response_ids
+
+
+def test_refill_cuts_a_decode_short_and_greedy_continuation_is_unchanged(tok, model):
+    """``refill`` interrupts between decode steps (for the fully_async Rollouter to batch new rows in); resuming the
+    interrupted rows with the same weights gives exactly the uninterrupted greedy output."""
+    engine = RolloutEngine(model, tok)
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=NEW_TOKENS)
+    prompts = make_prompts(tok)
+    straight = engine.generate(prompts, greedy, seed=0)
+    polls: list[int] = []
+
+    def refill(n_active: int) -> bool:
+        polls.append(n_active)
+        return len(polls) == 3  # after the 3rd decode step
+
+    blank = [Sample(prompt=p, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted") for p in prompts]
+    cut = engine.resume(blank, greedy, seed=0, refill=refill)
+    assert all(s.stop_reason == "interrupted" and len(s.response_ids) == 3 for s in cut)
+    assert polls == [len(prompts)] * 3  # polled with the number of running rows
+    done = engine.resume(cut, greedy, seed=0)
+    assert [s.response_ids for s in done] == [s.response_ids for s in straight]
+    for a, b in zip(done, straight):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)

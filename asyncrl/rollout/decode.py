@@ -77,11 +77,14 @@ def decode_batch(
     pad_id: int,
     should_stop: Callable[[], bool],
     keep_last: bool = True,
+    refill: Callable[[int], bool] | None = None,
 ) -> DecodeResult:
     """Continue every prefix by up to ``budgets[b]`` (>= 1) tokens; call under ``torch.inference_mode()``.
 
     ``should_stop`` is polled before the prefill and between decode steps; when it returns True every row still
-    running stops with reason "interrupted", keeping the tokens it has so far.
+    running stops with reason "interrupted", keeping the tokens it has so far. ``refill(n_active)`` is polled between
+    decode steps too: True interrupts the same way, so a caller can refill a batch whose long tail left it mostly
+    empty (continuing the interrupted rows together with new ones, with the same weights).
     """
     B = len(prefixes)
     T = max(budgets)
@@ -119,7 +122,7 @@ def decode_batch(
         n_active = int(active_b.sum())
         if n_active == 0:
             break
-        if should_stop():
+        if should_stop() or (refill is not None and refill(n_active)):
             reason_B[rows_b[active_b]] = INTERRUPTED
             break
         if n_active <= len(rows_b) // 2:

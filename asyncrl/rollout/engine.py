@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
@@ -119,8 +119,17 @@ class RolloutEngine:
             )
         ]
 
-    def resume(self, samples: list[Sample], params: SamplingParams, seed: int | None = None) -> list[Sample]:
+    def resume(
+        self,
+        samples: list[Sample],
+        params: SamplingParams,
+        seed: int | None = None,
+        refill: Callable[[int], bool] | None = None,
+    ) -> list[Sample]:
         """Continue "interrupted" samples with the current weights until eos or ``max_new_tokens`` in total.
+
+        ``refill(n_active)`` (optional, polled between decode steps) interrupts the call early when it returns True,
+        e.g. when few rows are still running and new work is waiting; the unfinished rows come back "interrupted".
 
         Returns new Sample objects in input order: the response so far plus the continuation (tokens, log-probs, and
         versions = the current version), with the original ``start_version``. One continuation per sample
@@ -142,7 +151,7 @@ class RolloutEngine:
         budgets = [params.max_new_tokens - len(samples[i].response_ids) for i in todo]
         with self._running():
             version = self.version
-            result = self._decode_all(prefixes, budgets, params, seed)
+            result = self._decode_all(prefixes, budgets, params, seed, refill)
         for j, i in enumerate(todo):
             tokens = result.tokens[j]
             out[i] = _with(
@@ -151,7 +160,12 @@ class RolloutEngine:
         return out
 
     def _decode_all(
-        self, prefixes: list[list[int]], budgets: list[int], params: SamplingParams, seed: int | None
+        self,
+        prefixes: list[list[int]],
+        budgets: list[int],
+        params: SamplingParams,
+        seed: int | None,
+        refill: Callable[[int], bool] | None = None,
     ) -> DecodeResult:
         """Decode all rows in chunks of <= max_batch_size, results in input order.
 
@@ -181,6 +195,7 @@ class RolloutEngine:
                         self.pad_id,
                         self._pause.is_set,
                         self._keep_last,
+                        refill,
                     )
                     for j, i in enumerate(chunk):
                         tokens[i], logprobs[i], reasons[i] = (

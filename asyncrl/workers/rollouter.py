@@ -48,6 +48,7 @@ COUNT_KEYS = (
     "dropped_groups",
     "dropped_stale_samples",
     "interrupted_rows",
+    "refills",
 )  # how often an idle generation thread re-checks admission and the queue
 
 
@@ -172,9 +173,10 @@ class Rollouter(RolloutWorker):
         rows = [s for g in groups for s in g.samples]
         self._calls += 1
         seed = self.cfg.trainer.seed * 7_000_003 + self._calls
+        running = sum(s.stop_reason == "interrupted" for s in rows)
         t0 = time.perf_counter()
-        with self.timeline.span("generate", worker=self.name, version=self.engine.version, rows=len(rows)):
-            out = self.engine.resume(rows, self.params, seed=seed)
+        with self.timeline.span("generate", worker=self.name, version=self.engine.version, rows=running):
+            out = self.engine.resume(rows, self.params, seed=seed, refill=lambda n: self._should_refill(n, running))
         self._busy_s += time.perf_counter() - t0
         with self._books:
             i = 0
@@ -185,6 +187,15 @@ class Rollouter(RolloutWorker):
             for g in groups:
                 if g.finished:
                     self.ledger.generated(g.group_id)
+
+    def _should_refill(self, n_active: int, n_rows: int) -> bool:
+        """Cut a decode short when its long tail left at most half the rows running and a new group could start:
+        the rows continue in the next call, batched with the new ones (same weights, so no version is mixed)."""
+        if n_active > n_rows // 2 or len(self.inflight) >= self.max_groups or not self.controller.can_start():
+            return False
+        with self._books:
+            self.counts["refills"] += 1
+        return True
 
     def _put_finished(self) -> bool:
         """Queue finished groups in start order; False if none could be queued (queue full, or none finished)."""
