@@ -29,7 +29,7 @@ from asyncrl.data.tasks import write_task_dataset
 from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.telemetry.timeline import idle_fraction, read_chrome_trace
 
-MODES = ("sync", "one_step_off")
+MODES = ("sync", "one_step_off", "fully_async")
 
 
 @dataclass
@@ -135,6 +135,18 @@ def mode_overrides(mode: str, total_cpus: int) -> list[str]:
             f"trainer.cpus_per_worker={max(1.0, half):g}",
             "rollout.num_workers=1",
             f"rollout.cpus_per_worker={half:g}",
+        ]
+    if mode == "fully_async":
+        half = total_cpus / 2
+        return [
+            "trainer.mode=fully_async",
+            f"trainer.cpus_per_worker={max(1.0, half):g}",
+            "rollout.num_workers=1",
+            f"rollout.cpus_per_worker={half:g}",
+            # the Rollouter may run one sync window ahead (every sample <= 1 version stale), decoding the groups
+            # of two trainer steps in one batch; partial rollout + refill keep that batch full through the long tail
+            "async_training.staleness_threshold=1.0",
+            "async_training.partial_rollout=true",
         ]
     raise ValueError(f"bench: unknown mode {mode!r} (allowed: {', '.join(MODES)})")
 

@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser("bench", help="every mode on the same work against sync; writes bench.json and bench.md")
-    s.add_argument("--modes", default="sync,one_step_off", help="comma-separated (sync is always run)")
+    s.add_argument("--modes", default="sync,one_step_off,fully_async", help="comma-separated (sync is always run)")
     s.add_argument("--workload", default="short", choices=["short", "long"])
     s.add_argument("--steps", type=int, default=20, help="training steps per mode (the first is left out of rates)")
     s.add_argument("--out", default="runs/bench")
@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("demo", help="data -> tiny model -> SFT warm start -> RL vs an SFT control; prints a table")
     s.add_argument("--out", default="runs/demo")
     s.add_argument("--sft-seconds", type=float, default=360.0)
-    s.add_argument("--config", default="configs/quickstart.yaml")
+    s.add_argument("--config", default="configs/fully_async.yaml", help="the RL run (configs/quickstart.yaml: sync)")
     s.add_argument("overrides", nargs="*")
     s.set_defaults(fn=cmd_demo)
     return p
