@@ -2,8 +2,8 @@
 
 chain_sum data -> a tiny Qwen2 with a character tokenizer -> a short SFT warm start -> GRPO with
 ``configs/fully_async.yaml`` (``--config configs/quickstart.yaml`` for sync) -> a control that simply continues SFT
-for the same wall time as the RL run -> a table of held-out accuracy. The control is what makes the RL gain mean something: it answers "would more supervised training
-have done as well in the same time?".
+for the same wall time as the RL run -> a table of held-out accuracy. The control is what makes the RL gain mean
+something: it answers "would more supervised training have done as well in the same time?".
 """
 
 from __future__ import annotations
