@@ -48,11 +48,42 @@ def test_dotted_overrides_apply_with_types():
         ("trainer.resume_mode=/no/such/dir", "config key trainer.resume_mode must be auto, disable"),
         ("algorithm.rollout_correction.rollout_is=tok", "algorithm.rollout_correction.rollout_is must be one of"),
         ("rollout.n", "expected key=value"),
+        ("async_training.drop_policy=newest", "async_training.drop_policy must be one of backpressure, oldest"),
+        ("async_training.staleness_threshold=-1", "async_training.staleness_threshold must be >= 0"),
+        ("async_training.trigger_parameter_sync_step=0", "trigger_parameter_sync_step must be >= 1"),
+        ("async_training.max_queue_size=0", "async_training.max_queue_size must be >= require_batches"),
     ],
 )
 def test_bad_config_value_names_the_key(override, fragment):
     with pytest.raises(ConfigError) as e:
         load_config(None, BASE + [override])
+    assert fragment in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["async_training.trigger_parameter_sync_step=3"], "trainer.total_training_steps must be a multiple of"),
+        (
+            ["async_training.trigger_parameter_sync_step=2", "trainer.total_training_steps=4", "trainer.save_freq=3"],
+            "trainer.save_freq must be a multiple of async_training.trigger_parameter_sync_step",
+        ),
+        (["rollout.num_workers=2"], "rollout.num_workers must be 1 in fully_async"),
+        (["async_training.compute_prox_log_prob=true"], "rollout_correction.rollout_is must be token or sequence"),
+        (
+            [
+                "async_training.compute_prox_log_prob=true",
+                "algorithm.rollout_correction.rollout_is=token",
+                "actor.use_rollout_log_probs=true",
+            ],
+            "compute_prox_log_prob must be false when actor.use_rollout_log_probs is true",
+        ),
+    ],
+)
+def test_fully_async_consistency_errors_name_the_key(overrides, fragment):
+    base = BASE + ["trainer.mode=fully_async", "trainer.total_training_steps=10", "trainer.save_freq=0"]
+    with pytest.raises(ConfigError) as e:
+        load_config(None, base + overrides)
     assert fragment in str(e.value)
 
 

@@ -221,3 +221,32 @@ def test_kill_9_and_resume_loses_and_repeats_no_prompt(setup, tmp_path):
     assert epochs["2"]["duplicated"] == [] and epochs["2"]["lost"] == []
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["samples"] == 12 * 2 * 4
+
+
+@pytest.mark.ray
+def test_decoupled_ppo_anchors_at_the_sync_window_start(setup):
+    """compute_prox_log_prob: the old policy is the trainer's weights at the start of the sync window. Before the first
+    sync every sample was generated with exactly those weights, so behaviour and proximal log-probs agree (KL ~ 0) at
+    both steps of the window; recomputing with the current weights instead sees the first update at step 2."""
+    root, model, train, test = setup
+    kl = {}
+    for prox in (True, False):
+        run_dir = root / f"prox_{prox}"
+        over = train_overrides(model, train, test, run_dir, 2) + FULLY_ASYNC
+        over += [
+            "async_training.trigger_parameter_sync_step=2",
+            f"async_training.compute_prox_log_prob={str(prox).lower()}",
+            "actor.use_rollout_log_probs=false",
+            "algorithm.rollout_correction.rollout_is=token",
+            "actor.entropy_coeff=0.01",  # the update moves the weights even when every reward is 0
+            "trainer.val_before_train=false",
+            "trainer.test_freq=0",
+        ]
+        run_pipeline(load_config(None, over))
+        metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl")}
+        for step in (1, 2):
+            assert metrics[step]["fully_async/staleness/max"] == 0
+            assert "rollout_corr/is_mean" in metrics[step] and "timing_s/old_log_prob" in metrics[step]
+        kl[prox] = [abs(metrics[s]["rollout_corr/kl"]) for s in (1, 2)]
+    assert max(kl[True]) < 1e-4
+    assert kl[False][0] < 1e-4 and kl[False][1] > 1e-3
