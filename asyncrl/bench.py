@@ -125,24 +125,24 @@ def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Wo
 
 
 def mode_overrides(mode: str, total_cpus: int) -> list[str]:
-    """The same CPUs for every mode: sync gives them all to its one colocated worker; one_step_off splits them."""
+    """The same cores for every mode. sync gives them all to its one colocated worker. The overlapping modes give
+    the trainer all of them too and add one single-threaded rollout worker that shares them (one extra logical CPU
+    in Ray's accounting): training scales ~1.9x from 1 to 2 threads here while decoding barely does, so halving the
+    trainer to give the rollout a core of its own loses more than the overlap wins (measured in BENCHMARKS.md)."""
     if mode == "sync":
-        return ["trainer.mode=sync", f"trainer.cpus_per_worker={total_cpus}"]
+        return ["trainer.mode=sync", f"trainer.cpus_per_worker={total_cpus}", f"ray.num_cpus={total_cpus}"]
+    shared = [
+        f"trainer.cpus_per_worker={total_cpus}",
+        "rollout.num_workers=1",
+        "rollout.cpus_per_worker=1",
+        f"ray.num_cpus={total_cpus + 1}",
+    ]
     if mode == "one_step_off":
-        half = total_cpus / 2
-        return [
-            "trainer.mode=one_step_off",
-            f"trainer.cpus_per_worker={max(1.0, half):g}",
-            "rollout.num_workers=1",
-            f"rollout.cpus_per_worker={half:g}",
-        ]
+        return ["trainer.mode=one_step_off", *shared]
     if mode == "fully_async":
-        half = total_cpus / 2
         return [
             "trainer.mode=fully_async",
-            f"trainer.cpus_per_worker={max(1.0, half):g}",
-            "rollout.num_workers=1",
-            f"rollout.cpus_per_worker={half:g}",
+            *shared,
             # the Rollouter may run one sync window ahead (every sample <= 1 version stale), decoding the groups
             # of two trainer steps in one batch; partial rollout + refill keep that batch full through the long tail
             "async_training.staleness_threshold=1.0",
@@ -166,7 +166,6 @@ def run_mode(mode: str, wl: Workload, out: Path, steps: int, total_cpus: int, ex
         "trainer.test_freq=0",
         f"trainer.save_freq={steps}",
         "trainer.logger=[console,jsonl]",
-        f"ray.num_cpus={total_cpus}",
         *wl.train_overrides,
         *mode_overrides(mode, total_cpus),
         *extra,

@@ -11,6 +11,7 @@ import json
 import pytest
 import ray
 
+from asyncrl.checkpoint import load_driver_state
 from asyncrl.config import load_config
 from asyncrl.pipelines import run_pipeline
 from asyncrl.telemetry.metrics import read_metrics
@@ -69,6 +70,18 @@ def test_resumed_one_step_off_regenerates_the_in_flight_batch(setup):
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["samples"] == 4 * 4 * 4
+
+
+def test_mid_run_checkpoint_records_the_cursor_after_the_trained_batch(setup):
+    """A checkpoint at step s is taken while batch s+1 is in flight: it must record the data cursor after batch s
+    (s x train_batch_size prompts), so a resume draws batch s+1 again, neither skipping nor retraining any batch."""
+    root, model, train, test = setup
+    run_dir = root / "osp_cursor"
+    over = train_overrides(model, train, test, run_dir, 3) + POOLS
+    run_pipeline(load_config(None, over + ["trainer.save_freq=1", "trainer.test_freq=0"]))
+    for step in (2, 3):  # the manager keeps the last two; step 2 was saved with batch 3 in flight
+        state = load_driver_state(run_dir / "checkpoints" / f"step_{step}")
+        assert (state["sampler"]["epoch"], state["sampler"]["position"]) == (0, step * 4), step
 
 
 def test_pools_larger_than_the_cluster_fail_at_start(setup):

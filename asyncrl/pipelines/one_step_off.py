@@ -60,7 +60,6 @@ def _loop(cfg: Config, run: Run, trainer: Any, rollouts: list[Any]) -> dict[str,
 
     run.evaluate_before_training(trainer)
 
-    cursor_before_inflight = run.sampler.state_dict()
     pending = launch_generation(rollouts, run.next_prompts(), params, run.gen_seed(start), start)
     step = start - 1
     for step in range(start, total + 1):
@@ -70,9 +69,10 @@ def _loop(cfg: Config, run: Run, trainer: Any, rollouts: list[Any]) -> dict[str,
             samples, gen_s = gather_generation(pending)
         with tm("sync_rollout_weights"):
             stats = sync_weights(trainer, rollouts, version, verify=s.verify, timeout_s=s.timeout_s)
-        cursor_for_checkpoint = cursor_before_inflight
+        # the cursor after batch `step` (the one trained now), before batch step+1 is drawn: a checkpoint of this
+        # step resumes by drawing and generating the in-flight batch step+1 again, so it is neither lost nor repeated
+        cursor_for_checkpoint = run.sampler.state_dict()
         if step < total:
-            cursor_before_inflight = run.sampler.state_dict()
             pending = launch_generation(rollouts, run.next_prompts(), params, run.gen_seed(step + 1), step + 1)
         with tm("reward"):
             reward_stats = run.score(samples)
@@ -92,7 +92,7 @@ def _loop(cfg: Config, run: Run, trainer: Any, rollouts: list[Any]) -> dict[str,
             metrics.update(run.evaluate(trainer, step))
         logger.log(step, metrics)
         if cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 or step == total:
-            run.save(step, {"actor_rollout": trainer}, sampler_state=cursor_for_checkpoint if step < total else None)
+            run.save(step, {"actor_rollout": trainer}, sampler_state=cursor_for_checkpoint)
 
     last = run.last_val_accuracy()
     if last is not None:
