@@ -51,6 +51,10 @@ class SFTOptimConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 20
     grad_clip: float = 1.0
+    # constant: lr after warm-up; cosine: decays to lr * min_lr_ratio at the end of the budget, where the budget is
+    # trainer.total_steps or trainer.max_time_s, whichever is used up first (so a time-limited run still anneals).
+    lr_schedule: str = "constant"
+    min_lr_ratio: float = 0.1
 
 
 @dataclass
@@ -82,12 +86,28 @@ def validate_sft(cfg: SFTConfig) -> None:
     check(d.batch_size >= 1, "data.batch_size", d.batch_size, ">= 1")
     check(d.max_response_length >= 1, "data.max_response_length", d.max_response_length, ">= 1")
     check(cfg.optim.lr > 0, "optim.lr", cfg.optim.lr, "> 0")
+    check(cfg.optim.lr_schedule in LR_SCHEDULES, "optim.lr_schedule", cfg.optim.lr_schedule, " or ".join(LR_SCHEDULES))
+    check(0.0 <= cfg.optim.min_lr_ratio <= 1.0, "optim.min_lr_ratio", cfg.optim.min_lr_ratio, "in [0, 1]")
     check(t.total_steps >= 1, "trainer.total_steps", t.total_steps, ">= 1")
     check(t.max_time_s >= 0, "trainer.max_time_s", t.max_time_s, ">= 0 (0 = no limit)")
     check(t.num_threads >= 1, "trainer.num_threads", t.num_threads, ">= 1")
     if cfg.model.path is None:
         check(cfg.model.preset in PRESETS, "model.preset", cfg.model.preset, "one of " + ", ".join(PRESETS))
         check(cfg.model.tokenizer == "char", "model.tokenizer", cfg.model.tokenizer, "char")
+
+
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def lr_factor(step: int, progress: float, warmup_steps: int, schedule: str, min_lr_ratio: float) -> float:
+    """Multiplier of optim.lr at ``step``: linear warm-up over ``warmup_steps``, then constant or a cosine from 1 down
+    to ``min_lr_ratio`` as ``progress`` (fraction of the step or time budget used, 0..1) goes from 0 to 1."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    p = min(max(progress, 0.0), 1.0)
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * p))
 
 
 def _response_text(row: dict[str, Any], key: str, where: str) -> str:
@@ -135,8 +155,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
         examples.append((p, (list(r) + [eos])[: cfg.data.max_response_length]))
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-    warm = cfg.optim.warmup_steps
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
+    o, t = cfg.optim, cfg.trainer
     gen = torch.Generator().manual_seed(cfg.trainer.seed)
     model.train()
     t0 = time.time()
@@ -151,8 +170,12 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        progress = step / t.total_steps
+        if t.max_time_s > 0:
+            progress = max(progress, (time.time() - t0) / t.max_time_s)
+        for g in opt.param_groups:
+            g["lr"] = o.lr * lr_factor(step, progress, o.warmup_steps, o.lr_schedule, o.min_lr_ratio)
         opt.step()
-        sched.step()
         step += 1
         losses.append(loss.item())
         if cfg.trainer.log_every and step % cfg.trainer.log_every == 0:
