@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 import ray
+import ray._private.ray_constants as ray_constants
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -36,7 +37,11 @@ def init_ray(cfg: RayConfig) -> None:
     if cfg.address:
         ray.init(address=cfg.address, runtime_env={"env_vars": env}, log_to_driver=True)
         return
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # binds every Ray socket to 127.0.0.1
+    # Bind every Ray socket to 127.0.0.1. Ray reads this variable once, when `ray` is first imported, so setting it
+    # here only reaches the processes Ray starts; the driver's own copy of the flag is set too (without it the
+    # cluster of `asyncrl train` listened on every interface: seen with `ss -ltnp`).
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     # Ray starts workers at niceness 15 by default, so on a shared machine any other process outranks the workers
     # that do all of a run's compute (measured: a step 20x slower next to a nice-10 job); run them as the driver runs
@@ -51,6 +56,10 @@ def init_ray(cfg: RayConfig) -> None:
         logging_level="WARNING",
         log_to_driver=True,
     )
+    ip = ray.util.get_node_ip_address()
+    if ip != "127.0.0.1":
+        ray.shutdown()
+        raise RuntimeError(f"the local Ray cluster bound {ip}, not 127.0.0.1: this Ray ignores its loopback flag")
 
 
 def cluster_cpus() -> float:
