@@ -1,4 +1,5 @@
-"""``asyncrl <command>``: data | init-model | sft | train | eval | export | report | bench | serve-teacher | demo.
+"""``asyncrl <command>``: data | init-model | sft | train | distill | eval | export | report | bench | serve-teacher
+| demo.
 
 Every command that takes a config accepts dotted ``key=value`` overrides after its flags, e.g.
 ``asyncrl train --config configs/quickstart.yaml rollout.n=8 trainer.total_training_steps=20``.
@@ -67,6 +68,14 @@ def cmd_train(a: argparse.Namespace) -> None:
     from asyncrl.pipelines import run_pipeline
 
     cfg = load_config(a.config, a.overrides)
+    print(json.dumps(run_pipeline(cfg)))
+
+
+def cmd_distill(a: argparse.Namespace) -> None:
+    from asyncrl.config import load_config
+    from asyncrl.pipelines import run_pipeline
+
+    cfg = load_config(a.config, ["trainer.mode=distill", *a.overrides])
     print(json.dumps(run_pipeline(cfg)))
 
 
@@ -141,9 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, helptext in (
         ("sft", cmd_sft, "supervised warm start (question -> answer)"),
         ("train", cmd_train, "RL training in the mode of trainer.mode"),
+        ("distill", cmd_distill, "on-policy distillation from a teacher server (trainer.mode=distill)"),
     ):
         s = sub.add_parser(name, help=helptext)
-        s.add_argument("--config", required=name == "train")
+        s.add_argument("--config", required=name != "sft")
         s.add_argument("overrides", nargs="*", help="dotted key=value overrides")
         s.set_defaults(fn=fn)
 
@@ -205,11 +215,13 @@ def main(argv: list[str] | None = None) -> None:
     from asyncrl.checkpoint import CheckpointError
     from asyncrl.config import ConfigError
     from asyncrl.data.rows import DatasetError
+    from asyncrl.distill.launch import TeacherStartError
+    from asyncrl.distill.protocol import TeacherError
     from asyncrl.models.loading import ModelLoadError
 
     try:
         args.fn(args)
-    except (ConfigError, DatasetError, ModelLoadError, CheckpointError) as e:
+    except (ConfigError, DatasetError, ModelLoadError, CheckpointError, TeacherError, TeacherStartError) as e:
         print(f"asyncrl {args.command}: error: {e}", file=sys.stderr)
         sys.exit(2)
 

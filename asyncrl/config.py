@@ -101,7 +101,8 @@ class RewardConfig:
 
 @dataclass
 class TrainerConfig:
-    mode: str = "sync"  # sync | one_step_off | fully_async
+    mode: str = "sync"  # sync | one_step_off | fully_async | distill
+    scheduler: str = "one_step_off"  # distill only: serial | one_step_off | two_step_off
     total_training_steps: int = 10
     default_local_dir: str = "runs/default"
     save_freq: int = 5  # steps between checkpoints (<= 0: only the final one)
@@ -138,6 +139,35 @@ class AsyncTrainingConfig:
 
 
 @dataclass
+class TeacherConfig:
+    """``distill`` only: the teacher server (vLLM's /v1/completions with prompt_logprobs)."""
+
+    # a running server (ours, or `vllm serve`); null = start `asyncrl serve-teacher` on teacher.model_path
+    url: str | None = None
+    model_path: str | None = None  # the teacher's HF directory, for the server started here
+    top_k: int = 16  # teacher log-probs per position
+    max_in_flight: int = 16  # concurrent requests (one sequence each; the server batches them)
+    timeout_s: float = 60.0  # per connect / per wait for reply bytes
+    max_retries: int = 3  # retries of a failed request (connection errors, 5xx, 408, 429), with back-off
+    backoff_s: float = 0.5  # first retry delay; doubles each retry
+    server_max_batch: int = 64  # sequences per teacher forward pass (the server started here)
+    server_threads: int = 1  # torch threads of the server started here
+    startup_timeout_s: float = 120.0  # how long to wait for the started server to answer /health
+    check_tokenizer: str = "auto"  # auto | fingerprint | probe: how the shared vocabulary is checked at start
+
+
+@dataclass
+class DistillConfig:
+    """``distill`` only: the loss between teacher p and student q on the student's responses (GKD)."""
+
+    loss: str = "forward_kl"  # forward_kl (top-k KL(p||q)) | jsd (generalised JSD with beta) | reverse_kl (sampled)
+    beta: float = 0.5  # jsd: weight of the teacher side (0 = forward KL, 1 = reverse KL)
+    lmbda: float = 1.0  # fraction of steps trained on student-generated responses; the rest on the dataset's answers
+    tail: str = "bucket"  # top-k losses: the teacher mass outside its top k as one bucket, or renorm over the top k
+    reverse_kl_estimator: str = "k3"  # reverse_kl: k1 | k3 (score-function gradient either way)
+
+
+@dataclass
 class RayConfig:
     address: str | None = None  # connect to an existing cluster; null = start a local one on 127.0.0.1
     num_cpus: int | None = None  # CPUs of the local cluster (null = all of this machine's)
@@ -154,6 +184,8 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
 
@@ -276,7 +308,8 @@ def validate(cfg: Config) -> None:
         rc.rollout_is_threshold,
         ">= 1",
     )
-    _choice("trainer.mode", t.mode, ("sync", "one_step_off", "fully_async"))
+    _choice("trainer.mode", t.mode, ("sync", "one_step_off", "fully_async", "distill"))
+    _choice("trainer.scheduler", t.scheduler, ("serial", "one_step_off", "two_step_off"))
     check(t.total_training_steps >= 1, "trainer.total_training_steps", t.total_training_steps, ">= 1")
     check(t.max_checkpoints_to_keep >= 1, "trainer.max_checkpoints_to_keep", t.max_checkpoints_to_keep, ">= 1")
     check(
@@ -298,6 +331,32 @@ def validate(cfg: Config) -> None:
     check(s.timeout_s > 0, "sync.timeout_s", s.timeout_s, "> 0")
     check(cfg.ray.num_cpus is None or cfg.ray.num_cpus >= 1, "ray.num_cpus", cfg.ray.num_cpus, ">= 1 or null")
     _validate_async_training(cfg)
+    _validate_distill(cfg)
+
+
+def _validate_distill(cfg: Config) -> None:
+    tc, dc = cfg.teacher, cfg.distill
+    check(tc.top_k >= 1, "teacher.top_k", tc.top_k, ">= 1")
+    check(tc.max_in_flight >= 1, "teacher.max_in_flight", tc.max_in_flight, ">= 1")
+    check(tc.timeout_s > 0, "teacher.timeout_s", tc.timeout_s, "> 0")
+    check(tc.max_retries >= 0, "teacher.max_retries", tc.max_retries, ">= 0")
+    check(tc.backoff_s >= 0, "teacher.backoff_s", tc.backoff_s, ">= 0")
+    check(tc.server_max_batch >= 1, "teacher.server_max_batch", tc.server_max_batch, ">= 1")
+    check(tc.server_threads >= 1, "teacher.server_threads", tc.server_threads, ">= 1")
+    check(tc.startup_timeout_s > 0, "teacher.startup_timeout_s", tc.startup_timeout_s, "> 0")
+    _choice("teacher.check_tokenizer", tc.check_tokenizer, ("auto", "fingerprint", "probe"))
+    _choice("distill.loss", dc.loss, ("forward_kl", "jsd", "reverse_kl"))
+    check(0.0 <= dc.beta <= 1.0, "distill.beta", dc.beta, "in [0, 1]")
+    check(0.0 <= dc.lmbda <= 1.0, "distill.lmbda", dc.lmbda, "in [0, 1]")
+    _choice("distill.tail", dc.tail, ("bucket", "renorm"))
+    _choice("distill.reverse_kl_estimator", dc.reverse_kl_estimator, ("k1", "k3"))
+    if cfg.trainer.mode == "distill":
+        check(
+            bool(tc.url) or bool(tc.model_path),
+            "teacher.model_path",
+            tc.model_path,
+            "a teacher model directory when teacher.url is not given (distill needs a teacher)",
+        )
 
 
 def _validate_async_training(cfg: Config) -> None:

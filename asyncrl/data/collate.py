@@ -61,7 +61,7 @@ class TrainBatch:
             prompt_width=P,
             behav_logp_BT=self.behav_logp_BT[:, :T],
             extras={
-                k: v[:, :T] if v.dim() == 2 and v.shape[1] == self.response_mask_BT.shape[1] else v
+                k: v[:, :T] if v.dim() >= 2 and v.shape[1] == self.response_mask_BT.shape[1] else v
                 for k, v in self.extras.items()
             },
         )

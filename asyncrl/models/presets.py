@@ -1,9 +1,10 @@
 """Randomly initialised tiny Qwen2 models, sized for a 1-2 core CPU.
 
-"tiny" (~4.2M parameters with a ~100-token character vocabulary) is the policy used in examples and end-to-end tests;
-"small" (~17M) is a larger teacher for distillation; "micro" (~80k) is for unit tests. All tie the input embedding
-and the lm_head, so the vocabulary costs parameters only once. Sizes are fixed here rather than in YAML so "tiny"
-means the same thing everywhere; any ``Qwen2Config`` field can still be overridden per call.
+"tiny" (~4.2M parameters with a ~100-token character vocabulary) is the policy used in examples and end-to-end tests
+(and the teacher of the distillation example); "small" (~17M) is larger; "mini" (~0.7M) is the distillation example's
+student; "micro" (~80k) is for unit tests. All tie the input embedding and the lm_head, so the vocabulary costs
+parameters only once. Sizes are fixed here rather than in YAML so "tiny" means the same thing everywhere; any
+``Qwen2Config`` field can still be overridden per call.
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_attention_heads=6,
         num_key_value_heads=2,
         intermediate_size=1536,
+    ),
+    # 4 x (attention 49k + MLP 123k) + embeddings vocab*128 ~= 0.7M: the student of the distillation example.
+    "mini": dict(
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=320,
     ),
     # ~80k parameters: unit tests of anything that needs a real transformers model (runs in milliseconds).
     "micro": dict(

@@ -106,6 +106,25 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.engine.version = self.version  # colocated: the engine generates with these very weights
         return res.metrics
 
+    def update_distill(self, batch: TrainBatch, step: int) -> dict[str, float]:
+        """One distillation step on ``batch`` (extras: the teacher's top-k and sampled-token log-probs); bumps the
+        version. ``data.train_batch_size // actor.ppo_mini_batch_size`` optimizer steps."""
+        num_mini = self.cfg.data.train_batch_size // self.cfg.actor.ppo_mini_batch_size
+        with self.timeline.span("update_actor", step=step, worker=self.name):
+            res = policy_ops.distill_update(
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                batch,
+                self.cfg.actor,
+                self.cfg.distill,
+                num_mini_batches=num_mini,
+                seed=self.cfg.trainer.seed * 100_003 + step,
+            )
+        self.version += 1
+        self.engine.version = self.version
+        return res.metrics
+
     # ---- checkpoint ----------------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:
         """Writes model (safetensors) + tokenizer, optimizer, scheduler and RNG states into ``directory``."""

@@ -8,12 +8,13 @@ themselves are the pure functions of ``asyncrl.algos``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from asyncrl import algos
-from asyncrl.config import ActorConfig, RolloutCorrectionConfig
+from asyncrl.config import ActorConfig, DistillConfig, RolloutCorrectionConfig
 from asyncrl.data.collate import TrainBatch, micro_batches
 
 
@@ -60,15 +61,63 @@ def ppo_update(
     num_mini_batches: int,
     seed: int,
 ) -> UpdateResult:
-    """``actor.ppo_epochs`` passes over ``batch`` in ``num_mini_batches`` optimizer steps each.
+    """``actor.ppo_epochs`` passes over ``batch`` in ``num_mini_batches`` optimizer steps each, PPO-clip loss."""
+    low = actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low
+    high = actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high
+    return optimize(
+        model,
+        optimizer,
+        scheduler,
+        batch,
+        actor,
+        num_mini_batches,
+        seed,
+        lambda mb: _micro_loss(model, mb, actor, correction, temperature, low, high),
+    )
+
+
+def distill_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: TrainBatch,
+    actor: ActorConfig,
+    distill: DistillConfig,
+    num_mini_batches: int,
+    seed: int,
+) -> UpdateResult:
+    """Distillation steps on ``batch`` (extras: ``teacher_topk_ids_BTK``, ``teacher_topk_logp_BTK``,
+    ``teacher_logp_BT``): the student is fitted to the teacher on the batch's responses (see ``distill_loss``)."""
+    return optimize(
+        model,
+        optimizer,
+        scheduler,
+        batch,
+        actor,
+        num_mini_batches,
+        seed,
+        lambda mb: _distill_micro_loss(model, mb, actor, distill),
+    )
+
+
+def optimize(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: TrainBatch,
+    actor: ActorConfig,
+    num_mini_batches: int,
+    seed: int,
+    micro_loss: Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]],
+) -> UpdateResult:
+    """``actor.ppo_epochs`` passes over ``batch`` in ``num_mini_batches`` optimizer steps each, minimising
+    ``micro_loss(micro_batch)``.
 
     Gradients are accumulated over micro-batches with weights chosen so that the accumulated gradient equals the
     gradient of the loss aggregated over the whole mini-batch (token-mean: by token count; seq-mean-*: by sequence
     count). A non-finite loss or gradient norm skips that optimizer step (counted): NaN/inf never reaches the weights.
     """
     model.train()
-    low = actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low
-    high = actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high
     gen = torch.Generator().manual_seed(seed)
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
@@ -90,7 +139,7 @@ def ppo_update(
                     weight = float(mb.response_mask_BT.sum()) / mini_tokens
                 else:
                     weight = mb.size / mini.size
-                loss, stats = _micro_loss(model, mb, actor, correction, temperature, low, high)
+                loss, stats = micro_loss(mb)
                 if not torch.isfinite(loss):
                     finite = False
                     break
@@ -113,6 +162,32 @@ def ppo_update(
     metrics["actor/nonfinite_skipped_steps"] = float(skipped)
     optimizer.zero_grad(set_to_none=True)
     return UpdateResult(metrics=metrics, optimizer_steps=steps, skipped_nonfinite=skipped)
+
+
+def _distill_micro_loss(
+    model: torch.nn.Module, mb: TrainBatch, actor: ActorConfig, distill: DistillConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The distillation loss of one micro-batch. The student's logits are taken at temperature 1, the scale the
+    teacher's log-probs come in."""
+    mask = mb.response_mask_BT
+    logits = _forward_logits(model, mb, 1.0)
+    agg = actor.loss_agg_mode
+    ids, teacher_logp = mb.extras["teacher_topk_ids_BTK"], mb.extras["teacher_topk_logp_BTK"]
+    if distill.loss == "forward_kl":
+        loss, _ = algos.topk_forward_kl(logits, ids, teacher_logp, mask, tail=distill.tail, loss_agg_mode=agg)
+    elif distill.loss == "jsd":
+        loss, _ = algos.generalized_jsd_topk(
+            logits, ids, teacher_logp, mask, beta=distill.beta, tail=distill.tail, loss_agg_mode=agg
+        )
+    else:
+        student_logp = algos.logprobs_from_logits(logits, mb.response_ids_BT)
+        loss, _ = algos.reverse_kl_sampled(
+            student_logp, mb.extras["teacher_logp_BT"], mask, estimator=distill.reverse_kl_estimator, loss_agg_mode=agg
+        )
+    stats = {"actor/kl_loss": float(loss.detach())}
+    with torch.no_grad():
+        stats["actor/entropy"] = float(algos.agg_loss(algos.entropy_from_logits(logits), mask, agg))
+    return loss, stats
 
 
 def _micro_loss(
