@@ -266,11 +266,14 @@ COLUMNS = [
 ]
 
 
-def markdown_table(results: list[dict[str, Any]]) -> str:
-    head = "| workload | " + " | ".join(c for c, _ in COLUMNS) + " |"
-    sep = "|" + " --- |" * (len(COLUMNS) + 1)
+def markdown_table(
+    results: list[dict[str, Any]], columns: list[tuple[str, str]] | None = None, first: str = "workload"
+) -> str:
+    columns = columns or COLUMNS
+    head = f"| {first} | " + " | ".join(c for c, _ in columns) + " |"
+    sep = "|" + " --- |" * (len(columns) + 1)
     rows = []
     for r in results:
-        cells = [r["workload"]] + [("-" if r.get(c) is None else f.format(r[c])) for c, f in COLUMNS]
+        cells = [str(r[first])] + [("-" if r.get(c) is None else f.format(r[c])) for c, f in columns]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join([head, sep, *rows]) + "\n"

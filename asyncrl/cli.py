@@ -110,6 +110,12 @@ def cmd_report(a: argparse.Namespace) -> None:
 
 
 def cmd_bench(a: argparse.Namespace) -> None:
+    if a.distill:
+        from asyncrl.bench_distill import run_distill_bench
+
+        schedulers = [m.strip() for m in (a.schedulers or "serial,one_step_off,two_step_off").split(",") if m.strip()]
+        run_distill_bench(schedulers, a.out, a.steps, a.cpus, a.overrides)
+        return
     from asyncrl.bench import run_bench
 
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
@@ -188,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("bench", help="every mode on the same work against sync; writes bench.json and bench.md")
     s.add_argument("--modes", default="sync,one_step_off,fully_async", help="comma-separated (sync is always run)")
+    s.add_argument("--distill", action="store_true", help="bench the distillation schedulers (configs/distill.yaml)")
+    s.add_argument("--schedulers", default=None, help="with --distill: comma-separated (serial is always run)")
     s.add_argument("--workload", default="short", choices=["short", "long"])
     s.add_argument("--steps", type=int, default=20, help="training steps per mode (the first is left out of rates)")
     s.add_argument("--out", default="runs/bench")

@@ -74,3 +74,48 @@ def test_overlap_limit_ratio_and_idle_fraction_by_hand(tmp_path):
     assert o["sync_s"] == pytest.approx(0.01)
     table = markdown_table([s, o])
     assert "| short | one_step_off |" in table and "1.25x" in table
+
+
+def _write_distill_run(run_dir, step_s, staleness):
+    run_dir.mkdir(parents=True)
+    lines = []
+    for step in (1, 2, 3):
+        m = {
+            "step": step,
+            "timing_s/step": step_s,
+            "timing_s/gen": 1.0,
+            "timing_s/get_teacher_knowledge": 1.0,
+            "timing_s/update_actor": 2.0,
+            "perf/samples_per_s": 8 / step_s,
+            "perf/throughput_tokens_per_s": 800 / step_s,
+            "fully_async/staleness/mean": staleness,
+            "actor/kl_loss": 0.5,
+        }
+        lines.append(json.dumps(m))
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    spans = [_span("update_actor", "driver", 100 + step_s * i, 102 + step_s * i, i + 1) for i in range(3)]
+    spans += [_span("update_actor", "trainer", 100 + step_s * i, 102 + step_s * i, i + 1) for i in range(3)]
+    write_chrome_trace(run_dir / "timeline.json", spans)
+
+
+def test_distill_bench_limits_by_hand(tmp_path):
+    from asyncrl.bench_distill import COLUMNS, summarize_distill
+
+    # serial: generate 1 s + teacher 1 s + update 2 s = 4 s per step
+    _write_distill_run(tmp_path / "serial", 4.0, 0.0)
+    _write_distill_run(tmp_path / "osp", 3.0, 1.0)
+    _write_distill_run(tmp_path / "tsp", 2.0, 2.0)
+    serial = summarize_distill("serial", tmp_path / "serial", None)
+    assert serial["overlap_limit"] == pytest.approx(1.0) and serial["ratio_to_serial"] == pytest.approx(1.0)
+    assert serial["samples_per_s"] == pytest.approx(2.0)
+    # the update is 2 of every 4 s on the trainer, measured from step 2's first span to the last update's end
+    assert serial["trainer_idle_fraction"] == pytest.approx(1 - 4 / 6)
+    osp = summarize_distill("one_step_off", tmp_path / "osp", serial)
+    assert osp["overlap_limit"] == pytest.approx(4 / 3)  # generation hidden behind teacher + update (3 s)
+    assert osp["ratio_to_serial"] == pytest.approx(4 / 3) and osp["limit_fraction"] == pytest.approx(1.0)
+    tsp = summarize_distill("two_step_off", tmp_path / "tsp", serial)
+    assert tsp["overlap_limit"] == pytest.approx(2.0)  # all three at once: the update (2 s) is the bound
+    assert tsp["ratio_to_serial"] == pytest.approx(2.0) and tsp["staleness_mean"] == pytest.approx(2.0)
+    table = markdown_table([serial, osp, tsp], COLUMNS, first="scheduler")
+    assert table.splitlines()[0].startswith("| scheduler | samples_per_s |")
+    assert "| two_step_off | 4.0 |" in table
