@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint clean distill
 
 DATA := data/chain_sum/train.parquet
 INIT_MODEL := runs/tiny_init/config.json
@@ -29,6 +29,22 @@ $(INIT_MODEL): $(DATA)
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/asyncrl demo --out runs/demo
+
+# The distillation example (README, "distill"): a teacher (tiny preset, 4.2M) SFT-trained long with a cosine lr, a
+# student (mini preset, 0.7M) after a short SFT, then on-policy distillation with the teacher served on loopback.
+TEACHER := runs/distill/teacher/config.json
+STUDENT := runs/distill/student_sft/config.json
+
+$(TEACHER): | $(DATA)
+	HF_HUB_OFFLINE=1 $(BIN)/asyncrl sft --config configs/sft_tiny.yaml trainer.output_dir=runs/distill/teacher \
+		trainer.total_steps=3000 trainer.max_time_s=0 optim.lr_schedule=cosine
+
+$(STUDENT): | $(DATA)
+	HF_HUB_OFFLINE=1 $(BIN)/asyncrl sft --config configs/sft_tiny.yaml model.preset=mini \
+		trainer.output_dir=runs/distill/student_sft trainer.total_steps=400 trainer.max_time_s=0 trainer.num_threads=1
+
+distill: setup $(TEACHER) $(STUDENT)
+	HF_HUB_OFFLINE=1 $(BIN)/asyncrl distill --config configs/distill.yaml
 
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests
