@@ -20,4 +20,8 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
         from asyncrl.pipelines.fully_async import run_fully_async
 
         return run_fully_async(cfg)
+    if cfg.trainer.mode == "ppo":
+        from asyncrl.pipelines.ppo import run_ppo
+
+        return run_ppo(cfg)
     raise NotImplementedError(f"trainer.mode={cfg.trainer.mode!r} is not implemented yet")
