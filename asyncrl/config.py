@@ -88,8 +88,10 @@ class RolloutCorrectionConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"  # grpo
+    adv_estimator: str = "grpo"  # grpo | gae (PPO with a critic: trainer.mode=ppo)
     norm_adv_by_std_in_grpo: bool = True
+    gamma: float = 1.0  # gae: discount per response token
+    lam: float = 1.0  # gae: lambda (bias/variance trade-off of the advantage estimate)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
@@ -101,7 +103,7 @@ class RewardConfig:
 
 @dataclass
 class TrainerConfig:
-    mode: str = "sync"  # sync | one_step_off | fully_async | distill
+    mode: str = "sync"  # sync | one_step_off | fully_async | ppo | distill
     scheduler: str = "one_step_off"  # distill only: serial | one_step_off | two_step_off
     total_training_steps: int = 10
     default_local_dir: str = "runs/default"
@@ -115,6 +117,7 @@ class TrainerConfig:
     prometheus_port: int | None = None
     cpus_per_worker: float = 2.0  # CPUs of the (colocated) trainer worker; torch threads = this, rounded down
     num_workers: int = 1  # trainer workers (data parallel); only 1 is implemented
+    critic_warmup: int = 0  # ppo: steps that update only the critic before the actor starts learning
 
 
 @dataclass
@@ -173,6 +176,44 @@ class RayConfig:
     num_cpus: int | None = None  # CPUs of the local cluster (null = all of this machine's)
 
 
+# ---- PPO with a critic, a reward model and role placement (trainer.mode=ppo) -------------------------------------
+@dataclass
+class CriticModelConfig:
+    path: str | None = None  # a causal-LM directory for the critic's body; null = the policy's model.path
+
+
+@dataclass
+class CriticConfig:
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    cliprange_value: float = 0.5  # reward units: a value prediction may move at most this far from its old one
+    ppo_epochs: int = 1
+    ppo_micro_batch_size: int = 64  # samples per forward/backward; memory only
+    loss_agg_mode: str = "token-mean"
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = False
+    path: str | None = None  # a sequence-classification directory (e.g. from `asyncrl train-rm`)
+    weight: float = 1.0  # reward = rule_weight * rule reward + weight * sigmoid(reward-model logit)
+    rule_weight: float = 1.0
+    micro_batch_size: int = 64
+
+
+@dataclass
+class PoolConfig:
+    cpus: float = 1.0  # CPUs reserved for the pool; every role on it gets this many torch threads
+
+
+@dataclass
+class PlacementConfig:
+    """Roles -> named pools. Empty = PPO's split default (see asyncrl/workers/placement.py)."""
+
+    pools: dict[str, PoolConfig] = field(default_factory=dict)
+    roles: dict[str, str] = field(default_factory=dict)  # actor | rollout | ref | critic | reward_model -> pool
+
+
 @dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
@@ -187,6 +228,9 @@ class Config:
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
 
 def load_config(
@@ -299,7 +343,7 @@ def validate(cfg: Config) -> None:
     _choice("actor.loss_agg_mode", a.loss_agg_mode, ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"))
     _choice("actor.kl_loss_type", a.kl_loss_type, ("k1", "k2", "k3", "low_var_kl", "kl", "mse"))
     check(a.kl_loss_coef >= 0, "actor.kl_loss_coef", a.kl_loss_coef, ">= 0")
-    _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ("grpo",))
+    _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ("grpo", "gae"))
     rc = cfg.algorithm.rollout_correction
     _choice("algorithm.rollout_correction.rollout_is", rc.rollout_is, (None, "token", "sequence"))
     check(
@@ -308,7 +352,7 @@ def validate(cfg: Config) -> None:
         rc.rollout_is_threshold,
         ">= 1",
     )
-    _choice("trainer.mode", t.mode, ("sync", "one_step_off", "fully_async", "distill"))
+    _choice("trainer.mode", t.mode, ("sync", "one_step_off", "fully_async", "ppo", "distill"))
     _choice("trainer.scheduler", t.scheduler, ("serial", "one_step_off", "two_step_off"))
     check(t.total_training_steps >= 1, "trainer.total_training_steps", t.total_training_steps, ">= 1")
     check(t.max_checkpoints_to_keep >= 1, "trainer.max_checkpoints_to_keep", t.max_checkpoints_to_keep, ">= 1")
@@ -332,6 +376,7 @@ def validate(cfg: Config) -> None:
     check(cfg.ray.num_cpus is None or cfg.ray.num_cpus >= 1, "ray.num_cpus", cfg.ray.num_cpus, ">= 1 or null")
     _validate_async_training(cfg)
     _validate_distill(cfg)
+    _validate_ppo(cfg)
 
 
 def _validate_distill(cfg: Config) -> None:
@@ -357,6 +402,24 @@ def _validate_distill(cfg: Config) -> None:
             tc.model_path,
             "a teacher model directory when teacher.url is not given (distill needs a teacher)",
         )
+
+
+def _validate_ppo(cfg: Config) -> None:
+    al, c, rm, t = cfg.algorithm, cfg.critic, cfg.reward_model, cfg.trainer
+    check(0 <= al.gamma <= 1, "algorithm.gamma", al.gamma, "in [0, 1]")
+    check(0 <= al.lam <= 1, "algorithm.lam", al.lam, "in [0, 1]")
+    check(c.cliprange_value >= 0, "critic.cliprange_value", c.cliprange_value, ">= 0")
+    check(c.optim.lr > 0, "critic.optim.lr", c.optim.lr, "> 0")
+    check(c.ppo_epochs >= 1, "critic.ppo_epochs", c.ppo_epochs, ">= 1")
+    check(c.ppo_micro_batch_size >= 1, "critic.ppo_micro_batch_size", c.ppo_micro_batch_size, ">= 1")
+    _choice("critic.loss_agg_mode", c.loss_agg_mode, ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"))
+    check(t.critic_warmup >= 0, "trainer.critic_warmup", t.critic_warmup, ">= 0")
+    check(not rm.enable or bool(rm.path), "reward_model.path", rm.path, "a model directory when reward_model.enable")
+    check(rm.micro_batch_size >= 1, "reward_model.micro_batch_size", rm.micro_batch_size, ">= 1")
+    if t.mode == "ppo":
+        check(al.adv_estimator == "gae", "algorithm.adv_estimator", al.adv_estimator, "gae when trainer.mode=ppo")
+    elif al.adv_estimator == "gae":
+        check(False, "algorithm.adv_estimator", al.adv_estimator, "grpo unless trainer.mode=ppo (gae needs a critic)")
 
 
 def _validate_async_training(cfg: Config) -> None:

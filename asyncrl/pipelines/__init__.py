@@ -24,4 +24,8 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
         from asyncrl.pipelines.distill import run_distill
 
         return run_distill(cfg)
+    if cfg.trainer.mode == "ppo":
+        from asyncrl.pipelines.ppo import run_ppo
+
+        return run_ppo(cfg)
     raise NotImplementedError(f"trainer.mode={cfg.trainer.mode!r} is not implemented yet")

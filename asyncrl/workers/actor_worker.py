@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -124,6 +125,13 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.version += 1
         self.engine.version = self.version
         return res.metrics
+
+    def update_timed(self, batch: TrainBatch, step: int) -> dict[str, float]:
+        """``update`` plus ``timing_s/update_actor`` measured on this worker (a pipeline that joins several pools'
+        updates cannot time one of them from the driver)."""
+        t0 = time.perf_counter()
+        metrics = self.update(batch, step)
+        return {**metrics, "timing_s/update_actor": time.perf_counter() - t0}
 
     # ---- checkpoint ----------------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:

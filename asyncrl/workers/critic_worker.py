@@ -1,0 +1,152 @@
+"""The critic: a value head on a transformers causal-LM body, predicting the return from each response state.
+
+Initialised from ``critic.model.path`` or, when that is null, from the policy's ``model.path`` (the body's weights;
+the head starts at zero, so every first prediction is 0). The value of response token t is read from the hidden state
+that predicts token t (column ``P - 1 + t``, the same alignment as the policy's logits): the state *before* the
+token is chosen, as in verl. A plain Python class; a pipeline places it on a pool through ``RolePools``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from asyncrl import algos
+from asyncrl.checkpoint import rng_state, set_rng_state
+from asyncrl.config import Config
+from asyncrl.data.collate import TrainBatch, micro_batches
+from asyncrl.models.loading import load_model
+from asyncrl.telemetry.timeline import get_timeline
+
+
+class ValueModel(torch.nn.Module):
+    """A causal LM's body (its ``base_model``, lm_head dropped) + a linear head to one scalar per position."""
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.body = lm.base_model
+        self.value_head = torch.nn.Linear(lm.config.hidden_size, 1)
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, mb: TrainBatch) -> torch.Tensor:
+        """Values [B, T] of ``mb``'s response states (reward units)."""
+        T = mb.response_ids_BT.shape[1]
+        h = self.body(
+            input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, position_ids=mb.position_ids_BL
+        ).last_hidden_state
+        h = h[:, mb.prompt_width - 1 : mb.prompt_width - 1 + T].float()
+        return self.value_head(h).squeeze(-1)
+
+
+class CriticWorker:
+    def __init__(self, cfg: Config, name: str = "critic", num_threads: int | None = None):
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.cfg = cfg
+        self.name = name
+        torch.manual_seed(cfg.trainer.seed + 17)
+        path = cfg.critic.model.path or cfg.model.path
+        lm, _ = load_model(path, dtype=cfg.model.dtype)
+        self.model = ValueModel(lm)
+        o = cfg.critic.optim
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        )
+        self.updates = 0
+        self.timeline = get_timeline()
+        self.timeline.worker = name
+
+    def compute_values(self, batch: TrainBatch, step: int = -1) -> tuple[torch.Tensor, float]:
+        """Values [B, T] (0 on padding) and the seconds spent on this worker (``timing_s/values``)."""
+        t0 = time.perf_counter()
+        out = torch.zeros_like(batch.response_mask_BT)
+        self.model.eval()
+        with self.timeline.span("values", step=step, worker=self.name), torch.inference_mode():
+            for idx, mb in micro_batches(batch, self.cfg.critic.ppo_micro_batch_size):
+                out[idx, : mb.response_mask_BT.shape[1]] = self.model(mb) * mb.response_mask_BT
+        return out, time.perf_counter() - t0
+
+    def update(self, batch: TrainBatch, step: int, num_mini_batches: int) -> dict[str, float]:
+        """``critic.ppo_epochs`` passes of the clipped value loss on ``batch`` (extras: values_BT = the predictions
+        at rollout time, returns_BT = GAE returns). A non-finite loss or gradient skips that optimizer step."""
+        c = self.cfg.critic
+        t0 = time.perf_counter()
+        self.model.train()
+        gen = torch.Generator().manual_seed(self.cfg.trainer.seed * 100_019 + step)
+        losses, clipfracs, vpreds, grad_norms, skipped = [], [], [], [], 0
+        with self.timeline.span("update_critic", step=step, worker=self.name):
+            for _ in range(c.ppo_epochs):
+                for mini_idx in torch.randperm(batch.size, generator=gen).chunk(num_mini_batches):
+                    mini = batch.select(mini_idx)
+                    mini_tokens = float(mini.response_mask_BT.sum().clamp(min=1))
+                    self.optimizer.zero_grad(set_to_none=True)
+                    finite = True
+                    for _, mb in micro_batches(mini, c.ppo_micro_batch_size):
+                        mask = mb.response_mask_BT
+                        vpred = self.model(mb)
+                        loss, stats = algos.value_loss_clipped(
+                            vpred, mb.extras["values_BT"], mb.extras["returns_BT"], mask, c.cliprange_value,
+                            loss_agg_mode=c.loss_agg_mode,
+                        )  # fmt: skip
+                        if not torch.isfinite(loss):
+                            finite = False
+                            break
+                        token_mean = c.loss_agg_mode == "token-mean"
+                        weight = float(mask.sum()) / mini_tokens if token_mean else mb.size / mini.size
+                        (loss * weight).backward()
+                        losses.append(float(loss.detach()))
+                        clipfracs.append(float(stats["vf_clipfrac"]))
+                        vpreds.append(float(algos.masked_mean(vpred.detach(), mask)))
+                    limit = c.optim.grad_clip if c.optim.grad_clip > 0 else float("inf")
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit))
+                    if not finite or not math.isfinite(grad_norm):
+                        self.optimizer.zero_grad(set_to_none=True)
+                        skipped += 1
+                        continue
+                    grad_norms.append(grad_norm)
+                    self.optimizer.step()
+        self.updates += 1
+        mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+        return {
+            "critic/vf_loss": mean(losses),
+            "critic/vf_clipfrac": mean(clipfracs),
+            "critic/vpred_mean": mean(vpreds),
+            "critic/grad_norm": mean(grad_norms),
+            "critic/lr": c.optim.lr,
+            "critic/nonfinite_skipped_steps": float(skipped),
+            "timing_s/update_critic": time.perf_counter() - t0,
+        }
+
+    # ---- checkpoint ----------------------------------------------------------------------------------------------
+    def save_checkpoint(self, directory: str) -> None:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "updates": self.updates,
+            "rng": rng_state(),
+        }
+        torch.save(state, d / f"{self.name}_state.pt")
+
+    def load_checkpoint(self, directory: str) -> int:
+        f = Path(directory) / f"{self.name}_state.pt"
+        if not f.is_file():
+            raise FileNotFoundError(f"checkpoint {directory}: no {f.name} (was it written by a ppo run?)")
+        state = torch.load(f, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
+        set_rng_state(state["rng"])
+        return self.updates
+
+    def pop_timeline(self) -> list[dict]:
+        return self.timeline.drain()
+
+    def pid(self) -> int:
+        return os.getpid()
