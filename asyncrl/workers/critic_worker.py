@@ -57,6 +57,10 @@ class CriticWorker:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
         )
+        warm = o.lr_warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0
+        )
         self.updates = 0
         self.timeline = get_timeline()
         self.timeline.worker = name
@@ -110,6 +114,7 @@ class CriticWorker:
                         continue
                     grad_norms.append(grad_norm)
                     self.optimizer.step()
+                    self.scheduler.step()
         self.updates += 1
         mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
         return {
@@ -117,7 +122,7 @@ class CriticWorker:
             "critic/vf_clipfrac": mean(clipfracs),
             "critic/vpred_mean": mean(vpreds),
             "critic/grad_norm": mean(grad_norms),
-            "critic/lr": c.optim.lr,
+            "critic/lr": float(self.scheduler.get_last_lr()[0]),
             "critic/nonfinite_skipped_steps": float(skipped),
             "timing_s/update_critic": time.perf_counter() - t0,
         }
@@ -129,6 +134,7 @@ class CriticWorker:
         state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
             "updates": self.updates,
             "rng": rng_state(),
         }
@@ -141,6 +147,7 @@ class CriticWorker:
         state = torch.load(f, weights_only=False)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
         self.updates = int(state["updates"])
         set_rng_state(state["rng"])
         return self.updates
