@@ -232,6 +232,8 @@ def run_bench(
         out_dir.mkdir(parents=True, exist_ok=True)
         wl = prepare_workload(workload, Path(work_dir), sft_seconds)
         return run_ppo_bench(modes, wl, out_dir, steps, total_cpus, extra)
+    if any(m in PPO_MODES for m in modes):
+        raise ValueError(f"bench: ppo modes ({', '.join(PPO_MODES)}) are compared with each other only (got {modes})")
     if "sync" not in modes:
         modes = ["sync", *modes]  # every figure is a ratio to sync measured in this same invocation
     for m in modes:
