@@ -225,6 +225,15 @@ def run_bench(
     sft_seconds: float | None,
     extra: list[str],
 ) -> list[dict[str, Any]]:
+    from asyncrl.bench_ppo import PPO_MODES, run_ppo_bench
+
+    if modes and all(m in PPO_MODES for m in modes):  # PPO placements are measured against each other
+        out_dir = Path(out)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        wl = prepare_workload(workload, Path(work_dir), sft_seconds)
+        return run_ppo_bench(modes, wl, out_dir, steps, total_cpus, extra)
+    if any(m in PPO_MODES for m in modes):
+        raise ValueError(f"bench: ppo modes ({', '.join(PPO_MODES)}) are compared with each other only (got {modes})")
     if "sync" not in modes:
         modes = ["sync", *modes]  # every figure is a ratio to sync measured in this same invocation
     for m in modes:

@@ -128,6 +128,16 @@ def cmd_demo(a: argparse.Namespace) -> None:
     run_demo(a.out, sft_seconds=a.sft_seconds, rl_config=a.config, overrides=a.overrides)
 
 
+def cmd_train_rm(a: argparse.Namespace) -> None:
+    from asyncrl.rewards.train_rm import train_reward_model
+
+    summary = train_reward_model(
+        a.data, a.val or [], a.init, a.out, steps=a.steps, max_time_s=a.max_time_s, batch_size=a.batch_size, lr=a.lr,
+        seed=a.seed, num_threads=a.threads,
+    )  # fmt: skip
+    print(json.dumps(summary))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="asyncrl", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -211,6 +221,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", default="configs/fully_async.yaml", help="the RL run (configs/quickstart.yaml: sync)")
     s.add_argument("overrides", nargs="*")
     s.set_defaults(fn=cmd_demo)
+    s = sub.add_parser("train-rm", help="a reward model (sequence classification) from correct vs corrupted answers")
+    s.add_argument("--data", required=True, nargs="+", help="training parquet/jsonl (verl schema, integer answers)")
+    s.add_argument("--val", nargs="*", help="held-out files for the pairwise accuracy")
+    s.add_argument("--init", required=True, help="policy directory: the RM shares its tokenizer and starts from it")
+    s.add_argument("--out", required=True)
+    s.add_argument("--steps", type=int, default=300)
+    s.add_argument("--max-time-s", type=float, default=0.0, help="stop after this many seconds (0 = no limit)")
+    s.add_argument("--batch-size", type=int, default=32, help="sequences per step (half correct, half corrupted)")
+    s.add_argument("--lr", type=float, default=3e-4)
+    s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--threads", type=int, default=2)
+    s.set_defaults(fn=cmd_train_rm)
     return p
 
 
@@ -226,10 +248,19 @@ def main(argv: list[str] | None = None) -> None:
     from asyncrl.distill.launch import TeacherStartError
     from asyncrl.distill.protocol import TeacherError
     from asyncrl.models.loading import ModelLoadError
+    from asyncrl.workers.cluster import PlacementError
 
     try:
         args.fn(args)
-    except (ConfigError, DatasetError, ModelLoadError, CheckpointError, TeacherError, TeacherStartError) as e:
+    except (
+        ConfigError,
+        DatasetError,
+        ModelLoadError,
+        CheckpointError,
+        PlacementError,
+        TeacherError,
+        TeacherStartError,
+    ) as e:
         print(f"asyncrl {args.command}: error: {e}", file=sys.stderr)
         sys.exit(2)
 

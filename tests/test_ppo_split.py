@@ -113,6 +113,7 @@ def test_colocated_placement_runs_updates_one_after_another(setup):
 def test_critic_warmup_leaves_the_policy_untouched(setup):
     _, metrics = _run(setup, "warmup", 1, "trainer.critic_warmup=1", "trainer.val_before_train=false")
     assert "critic/vf_loss" in metrics[-1] and "actor/pg_loss" not in metrics[-1]
+    assert metrics[-1]["fully_async/staleness/mean"] == 0.0
     init = load_file(str(setup[1] / "model.safetensors"))
     final = load_file(str(setup[0] / "warmup" / "final" / "model.safetensors"))
     for k in final:

@@ -156,7 +156,8 @@ def _loop(cfg: Config, run: Run, placement: Placement, roles: dict[str, Any]) ->
         tm.timings["timing_s/step"] = time.perf_counter() - t_step
 
         metrics = run.step_metrics(samples, batch, tm, reward_stats, actor_metrics, critic_metrics, extra)
-        metrics.update(staleness_metrics(samples, trainer_version=step - 1 if step > warmup else 0))
+        # 0 by construction (on-policy); the actor's version = actor updates so far, none during the critic warm-up
+        metrics.update(staleness_metrics(samples, trainer_version=max(0, step - 1 - warmup)))
         if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0 or step == total:
             metrics.update(run.evaluate(actor, step))
         logger.log(step, metrics)

@@ -34,25 +34,26 @@ def load_reward_model(path: str, policy_path: str | None = None) -> tuple[torch.
     return model.eval().requires_grad_(False), tok
 
 
+def rm_logits(model: torch.nn.Module, seqs: list[list[int]], pad_id: int) -> torch.Tensor:
+    """One logit per token sequence, [B] (right-padded; gradients flow if the caller allows them)."""
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), L), dtype=torch.long)
+    for j, s in enumerate(seqs):
+        ids[j, : len(s)] = torch.tensor(s, dtype=torch.long)
+        attn[j, : len(s)] = 1
+    logits = model(input_ids=ids, attention_mask=attn).logits
+    if logits.dim() == 3:  # per-token logits: read the last real token
+        logits = logits[torch.arange(len(seqs)), attn.sum(dim=1) - 1]
+    return logits.reshape(len(seqs), -1)[:, 0].float()
+
+
 def score_ids(model: torch.nn.Module, seqs: list[list[int]], pad_id: int, micro_batch_size: int) -> torch.Tensor:
-    """One logit per token sequence, [B], right-padded micro-batches."""
-    out = []
+    """``rm_logits`` without gradients, in micro-batches: [B]."""
     with torch.inference_mode():
-        for i in range(0, len(seqs), micro_batch_size):
-            chunk = seqs[i : i + micro_batch_size]
-            L = max(len(s) for s in chunk)
-            ids = torch.full((len(chunk), L), pad_id, dtype=torch.long)
-            attn = torch.zeros((len(chunk), L), dtype=torch.long)
-            for j, s in enumerate(chunk):
-                ids[j, : len(s)] = torch.tensor(s, dtype=torch.long)
-                attn[j, : len(s)] = 1
-            logits = model(input_ids=ids, attention_mask=attn).logits
-            # read the last real token ourselves: transformers' pad-token search differs between versions
-            last = attn.sum(dim=1) - 1
-            if logits.dim() == 3:
-                logits = logits[torch.arange(len(chunk)), last]
-            out.append(logits.reshape(len(chunk), -1)[:, 0].float())
-    return torch.cat(out)
+        return torch.cat(
+            [rm_logits(model, seqs[i : i + micro_batch_size], pad_id) for i in range(0, len(seqs), micro_batch_size)]
+        )
 
 
 class RewardModelWorker:
