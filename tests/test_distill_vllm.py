@@ -14,6 +14,7 @@ import time
 import urllib.request
 
 import pytest
+import torch
 
 from asyncrl.distill.client import TeacherClient
 from asyncrl.distill.launch import stop_process
@@ -40,6 +41,9 @@ def test_client_scores_against_vllm_api_server(tmp_path):
     port = _free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256", "--dtype", "float32"]
+    # On CPU this is the fraction of RAM vLLM reserves for its KV cache; its default (0.92) refuses to start when other
+    # processes hold memory ("Available memory on node 0 ... is less than desired CPU memory utilization").
+    cmd += ["--gpu-memory-utilization", "0.2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "vllm.log", "wb"), env=os.environ)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -61,6 +65,12 @@ def test_client_scores_against_vllm_api_server(tmp_path):
         (topk,) = client.topk([seq])
         assert topk.ids_TK.shape == (len(seq) - 1, 4)
         assert bool((topk.logp_TK <= 0).all()) and bool((topk.logp_TK.exp().sum(-1) <= 1.0 + 1e-4).all())
+        # vLLM's numbers are the model's own: same log-probs at the returned ids, and those ids are a top 4
+        with torch.no_grad():
+            ours = torch.log_softmax(model(torch.tensor([seq])).logits[0, :-1].float(), dim=-1)
+        torch.testing.assert_close(topk.logp_TK, ours.gather(1, topk.ids_TK), atol=1e-3, rtol=0)
+        fourth = ours.topk(4, dim=-1).values[:, -1:]
+        assert bool((ours.gather(1, topk.ids_TK) >= fourth - 1e-3).all())
         client.close()
     finally:
         stop_process(proc, grace_s=30)
