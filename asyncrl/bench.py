@@ -124,6 +124,19 @@ def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Wo
     return Workload(name, secs, sft_over, [f"model.path={model_dir}", *train_over], files)
 
 
+def run_overrides(run_dir: Path, steps: int) -> list[str]:
+    """What every benched run shares: a fresh run dir, ``steps`` steps, no evaluation, one checkpoint, jsonl metrics."""
+    return [
+        f"trainer.default_local_dir={run_dir}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.resume_mode=disable",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=0",
+        f"trainer.save_freq={steps}",
+        "trainer.logger=[console,jsonl]",
+    ]
+
+
 def mode_overrides(mode: str, total_cpus: int) -> list[str]:
     """The same cores for every mode. sync gives them all to its one colocated worker. The overlapping modes give
     the trainer all of them too and add one single-threaded rollout worker that shares them (one extra logical CPU
@@ -159,13 +172,7 @@ def run_mode(mode: str, wl: Workload, out: Path, steps: int, total_cpus: int, ex
     over = [
         f"data.train_files=[{','.join(wl.files['train'])}]",
         f"data.val_files=[{','.join(wl.files['val'])}]",
-        f"trainer.default_local_dir={run_dir}",
-        f"trainer.total_training_steps={steps}",
-        "trainer.resume_mode=disable",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=0",
-        f"trainer.save_freq={steps}",
-        "trainer.logger=[console,jsonl]",
+        *run_overrides(run_dir, steps),
         *wl.train_overrides,
         *mode_overrides(mode, total_cpus),
         *extra,

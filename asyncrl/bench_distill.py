@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench import markdown_table
+from asyncrl.bench import markdown_table, run_overrides
 from asyncrl.config import ConfigError, load_config
 from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.telemetry.timeline import idle_fraction, read_chrome_trace
@@ -61,13 +61,7 @@ def run_distill_bench(
     for s in schedulers:
         run_dir = out_dir / f"distill_{s}"
         over = [
-            f"trainer.default_local_dir={run_dir}",
-            f"trainer.total_training_steps={steps}",
-            "trainer.resume_mode=disable",
-            "trainer.val_before_train=false",
-            "trainer.test_freq=0",
-            f"trainer.save_freq={steps}",
-            "trainer.logger=[console,jsonl]",
+            *run_overrides(run_dir, steps),
             *extra,
             *scheduler_overrides(s, total_cpus),
         ]

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench import markdown_table, run_overrides
 from asyncrl.config import load_config
 from asyncrl.telemetry.metrics import read_metrics
 
@@ -74,13 +75,7 @@ def run_ppo_bench(
         over = [
             f"data.train_files=[{','.join(wl.files['train'])}]",
             f"data.val_files=[{','.join(wl.files['val'])}]",
-            f"trainer.default_local_dir={run_dir}",
-            f"trainer.total_training_steps={steps}",
-            "trainer.resume_mode=disable",
-            "trainer.val_before_train=false",
-            "trainer.test_freq=0",
-            f"trainer.save_freq={steps}",
-            "trainer.logger=[console,jsonl]",
+            *run_overrides(run_dir, steps),
             *wl.train_overrides,
             *_placement(mode, total_cpus),
             *extra,
@@ -95,7 +90,7 @@ def run_ppo_bench(
         r["ratio_to_colocated"] = base["mean_step_s"] / r["mean_step_s"]
         r["loadavg_1m"] = round(load[0], 2)
     (out_dir / "bench_ppo.json").write_text(json.dumps(results, indent=2) + "\n")
-    table = markdown_table(results)
+    table = markdown_table(results, COLUMNS)
     (out_dir / "bench_ppo.md").write_text(table)
     print(table)
     return results
@@ -113,10 +108,3 @@ COLUMNS = [
     ("update_wall_s", "{:.2f}"),
     ("overlap_s", "{:.2f}"),
 ]
-
-
-def markdown_table(results: list[dict[str, Any]]) -> str:
-    head = "| workload | " + " | ".join(c for c, _ in COLUMNS) + " |"
-    sep = "|" + " --- |" * (len(COLUMNS) + 1)
-    rows = ["| " + " | ".join([r["workload"]] + [f.format(r[c]) for c, f in COLUMNS]) + " |" for r in results]
-    return "\n".join([head, sep, *rows]) + "\n"
