@@ -8,7 +8,6 @@ token is chosen, as in verl. A plain Python class; a pipeline places it on a poo
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from asyncrl.config import Config
 from asyncrl.data.collate import TrainBatch, micro_batches
 from asyncrl.models.loading import load_model
 from asyncrl.telemetry.timeline import get_timeline
+from asyncrl.workers.policy_ops import optimize
 
 
 class ValueModel(torch.nn.Module):
@@ -80,52 +80,31 @@ class CriticWorker:
         at rollout time, returns_BT = GAE returns). A non-finite loss or gradient skips that optimizer step."""
         c = self.cfg.critic
         t0 = time.perf_counter()
-        self.model.train()
-        gen = torch.Generator().manual_seed(self.cfg.trainer.seed * 100_019 + step)
-        losses, clipfracs, vpreds, grad_norms, skipped = [], [], [], [], 0
+
+        def micro_loss(mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+            mask = mb.response_mask_BT
+            vpred = self.model(mb)
+            loss, stats = algos.value_loss_clipped(
+                vpred, mb.extras["values_BT"], mb.extras["returns_BT"], mask, c.cliprange_value,
+                loss_agg_mode=c.loss_agg_mode,
+            )  # fmt: skip
+            return loss, {
+                "critic/vf_loss": float(loss.detach()),
+                "critic/vf_clipfrac": float(stats["vf_clipfrac"]),
+                "critic/vpred_mean": float(algos.masked_mean(vpred.detach(), mask)),
+            }
+
+        seed = self.cfg.trainer.seed * 100_019 + step
         with self.timeline.span("update_critic", step=step, worker=self.name):
-            for _ in range(c.ppo_epochs):
-                for mini_idx in torch.randperm(batch.size, generator=gen).chunk(num_mini_batches):
-                    mini = batch.select(mini_idx)
-                    mini_tokens = float(mini.response_mask_BT.sum().clamp(min=1))
-                    self.optimizer.zero_grad(set_to_none=True)
-                    finite = True
-                    for _, mb in micro_batches(mini, c.ppo_micro_batch_size):
-                        mask = mb.response_mask_BT
-                        vpred = self.model(mb)
-                        loss, stats = algos.value_loss_clipped(
-                            vpred, mb.extras["values_BT"], mb.extras["returns_BT"], mask, c.cliprange_value,
-                            loss_agg_mode=c.loss_agg_mode,
-                        )  # fmt: skip
-                        if not torch.isfinite(loss):
-                            finite = False
-                            break
-                        token_mean = c.loss_agg_mode == "token-mean"
-                        weight = float(mask.sum()) / mini_tokens if token_mean else mb.size / mini.size
-                        (loss * weight).backward()
-                        losses.append(float(loss.detach()))
-                        clipfracs.append(float(stats["vf_clipfrac"]))
-                        vpreds.append(float(algos.masked_mean(vpred.detach(), mask)))
-                    limit = c.optim.grad_clip if c.optim.grad_clip > 0 else float("inf")
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit))
-                    if not finite or not math.isfinite(grad_norm):
-                        self.optimizer.zero_grad(set_to_none=True)
-                        skipped += 1
-                        continue
-                    grad_norms.append(grad_norm)
-                    self.optimizer.step()
-                    self.scheduler.step()
+            result = optimize(
+                self.model, self.optimizer, self.scheduler, batch, c, num_mini_batches, seed, micro_loss, "critic"
+            )
         self.updates += 1
-        mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-        return {
-            "critic/vf_loss": mean(losses),
-            "critic/vf_clipfrac": mean(clipfracs),
-            "critic/vpred_mean": mean(vpreds),
-            "critic/grad_norm": mean(grad_norms),
-            "critic/lr": float(self.scheduler.get_last_lr()[0]),
-            "critic/nonfinite_skipped_steps": float(skipped),
-            "timing_s/update_critic": time.perf_counter() - t0,
-        }
+        metrics = {k: float("nan") for k in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean")}
+        metrics["critic/grad_norm"] = float("nan")  # these stay NaN when every micro-batch was non-finite
+        metrics.update(result.metrics)
+        metrics["timing_s/update_critic"] = time.perf_counter() - t0
+        return metrics
 
     # ---- checkpoint ----------------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:

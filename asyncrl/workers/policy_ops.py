@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from asyncrl import algos
-from asyncrl.config import ActorConfig, DistillConfig, RolloutCorrectionConfig
+from asyncrl.config import ActorConfig, CriticConfig, DistillConfig, RolloutCorrectionConfig
 from asyncrl.data.collate import TrainBatch, micro_batches
 
 
@@ -105,13 +105,15 @@ def optimize(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     batch: TrainBatch,
-    actor: ActorConfig,
+    actor: ActorConfig | CriticConfig,
     num_mini_batches: int,
     seed: int,
     micro_loss: Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]],
+    prefix: str = "actor",
 ) -> UpdateResult:
     """``actor.ppo_epochs`` passes over ``batch`` in ``num_mini_batches`` optimizer steps each, minimising
-    ``micro_loss(micro_batch)``.
+    ``micro_loss(micro_batch)``. ``actor`` is the role's config (the critic's has the same fields); ``prefix`` names
+    its grad-norm, lr and skipped-step metrics.
 
     Gradients are accumulated over micro-batches with weights chosen so that the accumulated gradient equals the
     gradient of the loss aggregated over the whole mini-batch (token-mean: by token count; seq-mean-*: by sequence
@@ -153,13 +155,13 @@ def optimize(
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
                 continue
-            add("actor/grad_norm", float(grad_norm))
+            add(f"{prefix}/grad_norm", float(grad_norm))
             optimizer.step()
             scheduler.step()
             steps += 1
     metrics = {k: sums[k] / counts[k] for k in sums}
-    metrics["actor/lr"] = float(scheduler.get_last_lr()[0])
-    metrics["actor/nonfinite_skipped_steps"] = float(skipped)
+    metrics[f"{prefix}/lr"] = float(scheduler.get_last_lr()[0])
+    metrics[f"{prefix}/nonfinite_skipped_steps"] = float(skipped)
     optimizer.zero_grad(set_to_none=True)
     return UpdateResult(metrics=metrics, optimizer_steps=steps, skipped_nonfinite=skipped)
 
