@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,10 +76,9 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     """SIGTERM, then SIGKILL after ``grace_s``; reaps the child."""
     if proc.poll() is None:
         proc.terminate()
-        deadline = time.time() + grace_s
-        while proc.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        if proc.poll() is None:
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
             proc.kill()
     proc.wait()
     if proc.stdout is not None:

@@ -184,6 +184,11 @@ class Run:
         return metrics
 
     # ---- evaluation ------------------------------------------------------------------------------------------------
+    def due(self, freq: int, step: int) -> bool:
+        """Whether something done every ``freq`` steps (``trainer.test_freq``/``save_freq``; 0 = never) happens at
+        ``step``: on multiples of ``freq``, and always at the last step."""
+        return (freq > 0 and step % freq == 0) or step == self.cfg.trainer.total_training_steps
+
     def evaluate(self, worker: Any, step: int) -> dict[str, float]:
         """Held-out accuracy through the worker's engine, at ``rollout.val_temperature`` (0 = greedy)."""
         if self.val is None:

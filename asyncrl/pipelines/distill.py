@@ -155,7 +155,6 @@ class _Distill:
                 self.sync(tm)
                 pending = self.launch(step + 2) if step + 2 <= self.total else None
                 scoring = self.submit_teacher(*generated, step + 1)
-            tm.timings["timing_s/get_teacher_knowledge"] = knowledge.seconds
             self.train(step, samples, on_policy, knowledge, tm, t0, gen_s=gen_s)
         return step
 
@@ -225,10 +224,10 @@ class _Distill:
             (knowledge.token_logp_BT * batch.response_mask_BT).sum() / batch.response_mask_BT.sum().clamp(min=1)
         )
         t = cfg.trainer
-        if t.test_freq > 0 and step % t.test_freq == 0 or step == self.total:
+        if run.due(t.test_freq, step):
             metrics.update(run.evaluate(self.trainer, step))
         self.logger.log(step, metrics)
-        if t.save_freq > 0 and step % t.save_freq == 0 or step == self.total:
+        if run.due(t.save_freq, step):
             run.save(step, {"actor_rollout": self.trainer}, sampler_state=self.cursors[step])
         for b in [b for b in self.cursors if b < step]:
             del self.cursors[b]

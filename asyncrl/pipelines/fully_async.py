@@ -130,7 +130,7 @@ def _loop(cfg: Config, run: Run, trainer: Any, rollouter: Any) -> dict[str, Any]
 
         snapshot = None
         sync_metrics: dict[str, float] = {}
-        save = cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 or step == total
+        save = run.due(cfg.trainer.save_freq, step)
         if step % k == 0:
             version += 1
             with tm("param_sync"):
@@ -154,7 +154,7 @@ def _loop(cfg: Config, run: Run, trainer: Any, rollouter: Any) -> dict[str, Any]
         metrics["trainer/idle_ratio"] = tm.timings["timing_s/wait_batch"] / tm.timings["timing_s/step"]
         metrics["timing_s/gen"] = ro["rollouter/busy_s"]  # decode seconds on the Rollouter during this step
         metrics["fully_async/trainer_version"] = float(trained_at)  # the version this step's update ran at
-        if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0 or step == total:
+        if run.due(cfg.trainer.test_freq, step):
             metrics.update(run.evaluate(trainer, step))
         logger.log(step, metrics)
         if snapshot is not None:

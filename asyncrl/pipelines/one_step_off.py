@@ -88,10 +88,10 @@ def _loop(cfg: Config, run: Run, trainer: Any, rollouts: list[Any]) -> dict[str,
         metrics["timing_s/gen"] = gen_s  # measured on the rollout workers, overlapped with the previous step
         metrics["sync/seconds"] = stats.seconds
         metrics["sync/bytes_per_s"] = stats.bytes_per_s
-        if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0 or step == total:
+        if run.due(cfg.trainer.test_freq, step):
             metrics.update(run.evaluate(trainer, step))
         logger.log(step, metrics)
-        if cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 or step == total:
+        if run.due(cfg.trainer.save_freq, step):
             run.save(step, {"actor_rollout": trainer}, sampler_state=cursor_for_checkpoint)
 
     last = run.last_val_accuracy()

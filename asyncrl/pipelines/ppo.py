@@ -158,10 +158,10 @@ def _loop(cfg: Config, run: Run, placement: Placement, roles: dict[str, Any]) ->
         metrics = run.step_metrics(samples, batch, tm, reward_stats, actor_metrics, critic_metrics, extra)
         # 0 by construction (on-policy); the actor's version = actor updates so far, none during the critic warm-up
         metrics.update(staleness_metrics(samples, trainer_version=max(0, step - 1 - warmup)))
-        if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0 or step == total:
+        if run.due(cfg.trainer.test_freq, step):
             metrics.update(run.evaluate(actor, step))
         logger.log(step, metrics)
-        if cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 or step == total:
+        if run.due(cfg.trainer.save_freq, step):
             run.save(step, checkpointed)
 
     last = run.last_val_accuracy()

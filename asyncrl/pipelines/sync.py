@@ -56,10 +56,10 @@ def _loop(cfg: Config, run: Run, worker: Any) -> dict[str, Any]:
 
         metrics = run.step_metrics(samples, batch, t, reward_stats, actor_metrics)
         metrics.update(staleness_metrics(samples, trainer_version=step - 1))  # 0 by construction; measured anyway
-        if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0 or step == total:
+        if run.due(cfg.trainer.test_freq, step):
             metrics.update(run.evaluate(worker, step))
         logger.log(step, metrics)
-        if cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 or step == total:
+        if run.due(cfg.trainer.save_freq, step):
             run.save(step, workers)
 
     last_acc = run.last_val_accuracy()
