@@ -76,7 +76,7 @@ def test_any_reasoning_gym_dataset_works_and_register_task_adds_defaults():
 
 
 def test_write_task_dataset_splits_are_disjoint_and_test_has_requested_size(tmp_path):
-    # 1-digit sums of 2 terms have only ~200 distinct questions: the test split must skip the ones seen in train.
+    # 1-digit sums of 2 terms have only ~200 distinct questions: the training split must skip the test's 50.
     small = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
     train_path, test_path = write_task_dataset("chain_sum", 100, seed=0, out_dir=tmp_path, test_size=50, **small)
 
@@ -92,7 +92,27 @@ def test_write_task_dataset_splits_are_disjoint_and_test_has_requested_size(tmp_
     assert pq.read_table(test_path).num_rows == 50
 
 
+def test_write_task_dataset_test_split_keeps_the_tasks_distribution(tmp_path):
+    # Mixed difficulty: ~1/4 of chain_sum items are 2-term 1-digit sums, whose ~200 questions a 2,000-row training split
+    # covers almost entirely. The test split is drawn first, so those easy items stay in it (a test that skipped every
+    # question seen in training would have none), and training skips them instead.
+    mixed = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}
+    train_path, test_path = write_task_dataset("chain_sum", 2000, seed=0, out_dir=tmp_path, test_size=200, **mixed)
+    train, test = load_rows(train_path), load_rows(test_path)
+    assert len(train) == 2000 and len(test) == 200
+    assert not {r["extra_info"]["question"] for r in train} & {r["extra_info"]["question"] for r in test}
+
+    def easy(r):
+        m = json.loads(r["extra_info"]["metadata"])
+        return m["num_terms"] == 2 and m["num_digits"] == 1
+
+    assert 0.10 < sum(map(easy, test)) / len(test) < 0.40
+
+
 def test_write_task_dataset_raises_when_question_space_is_too_small(tmp_path):
     tiny = {"min_terms": 1, "max_terms": 1, "min_digits": 1, "max_digits": 1}  # 10 possible questions
     with pytest.raises(ValueError, match="only .* of 50 test questions are distinct"):
         write_task_dataset("chain_sum", 20, seed=0, out_dir=tmp_path, test_size=50, **tiny)
+    # A test split that takes every question leaves nothing for training: also an error, not a silently short split.
+    with pytest.raises(ValueError, match="only 0 of 20 training items avoid the 10 test questions"):
+        write_task_dataset("chain_sum", 20, seed=0, out_dir=tmp_path, test_size=10, **tiny)

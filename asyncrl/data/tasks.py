@@ -2,7 +2,7 @@
 
 Nothing is downloaded: reasoning-gym builds every item from ``random.Random(seed + item_index)``. That detail matters
 for splitting: datasets with seeds ``s`` and ``s + 1`` share all but one item, so the test split is drawn from
-``seed + TEST_SEED_OFFSET`` and then deduplicated against the training split.
+``seed + TEST_SEED_OFFSET``, and the training split skips its questions.
 
 ``TASKS`` holds tasks with tuned default generation settings (small numbers, so that small models can learn them);
 any other reasoning-gym dataset name works too, with reasoning-gym's own defaults. ``register_task`` adds or replaces
@@ -217,35 +217,56 @@ def write_task_dataset(
 ) -> tuple[Path, Path]:
     """Write ``out_dir/train.parquet`` (``size`` rows) and ``out_dir/test.parquet`` (``test_size`` rows).
 
-    The test split is generated from ``seed + TEST_SEED_OFFSET`` and deduplicated: any question that also appears in
-    the training split, or earlier in the test split, is dropped and replaced by further items from the test seed, so
-    the test split always has exactly ``test_size`` distinct questions, none seen in training. Tasks whose question
-    space is too small for that raise a ``ValueError``. Returns ``(train_path, test_path)``.
+    The test split is drawn first, from ``seed + TEST_SEED_OFFSET``: the first ``test_size`` distinct questions, so it
+    follows the task's own distribution of difficulty. The training split is then drawn from ``seed`` and skips every
+    question in the test split (further items from the same seed take their place), so no test question is ever seen
+    in training. Deduplicating the other way round (test skips train) would empty the test split of every question
+    whose space is small enough for the training split to cover it: on chain_sum with 1-2 digits, all 2-term 1-digit
+    sums, a quarter of the task. Tasks whose question space is too small raise a ``ValueError``. Returns
+    ``(train_path, test_path)``.
     """
     if test_size <= 0:
         raise ValueError(f"write_task_dataset: test_size must be positive (got {test_size})")
+    if size <= 0:
+        raise ValueError(f"write_task_dataset: size must be positive (got {size})")
     spec = get_task(task)
     kwargs = spec.kwargs(**task_kwargs)
     kwargs_json = json.dumps(kwargs, sort_keys=True, default=_json_default)
-    train = make_rows(task, size, seed, "train", prompt_template=prompt_template, **task_kwargs)
 
-    seen = {row["extra_info"]["question"] for row in train}
-    test_entries: list[dict[str, Any]] = []
-    test_seed, drawn, max_draws = seed + TEST_SEED_OFFSET, 0, 10 * test_size + 100
-    while len(test_entries) < test_size and drawn < max_draws:
-        chunk = min(max_draws, drawn + 2 * (test_size - len(test_entries)))
-        for entry in _entries(task, test_seed, drawn, chunk, kwargs):
-            question = str(entry["question"])
-            if question not in seen and len(test_entries) < test_size:
-                seen.add(question)
-                test_entries.append(entry)
-        drawn = chunk
+    held_out: set[str] = set()
+    test_entries = _draw(task, seed + TEST_SEED_OFFSET, test_size, kwargs, skip=held_out, distinct=True)
     if len(test_entries) < test_size:
         raise ValueError(
             f"task {task!r} with kwargs {kwargs}: only {len(test_entries)} of {test_size} test questions are distinct "
-            f"and absent from the {size} training rows after {drawn} draws; widen the task or lower test_size"
+            f"after {10 * test_size + 100} draws; widen the task or lower test_size"
         )
+    train_entries = _draw(task, seed, size, kwargs, skip=held_out, distinct=False)
+    if len(train_entries) < size:
+        raise ValueError(
+            f"task {task!r} with kwargs {kwargs}: only {len(train_entries)} of {size} training items avoid the "
+            f"{test_size} test questions after {10 * size + 100} draws; widen the task or lower test_size"
+        )
+    train = [_row(task, spec.ability, e, "train", i, kwargs_json, prompt_template) for i, e in enumerate(train_entries)]
     test = [_row(task, spec.ability, e, "test", i, kwargs_json, prompt_template) for i, e in enumerate(test_entries)]
 
     out = Path(out_dir)
     return write_rows(out / "train.parquet", train), write_rows(out / "test.parquet", test)
+
+
+def _draw(
+    task: str, seed: int, want: int, kwargs: Mapping[str, Any], skip: set[str], distinct: bool
+) -> list[dict[str, Any]]:
+    """Up to ``want`` items from ``seed`` in order, leaving out questions in ``skip``; with ``distinct``, each kept
+    question is added to ``skip`` (so it is kept once). Gives up after ``10 * want + 100`` draws."""
+    kept: list[dict[str, Any]] = []
+    drawn, max_draws = 0, 10 * want + 100
+    while len(kept) < want and drawn < max_draws:
+        chunk = min(max_draws, drawn + (want - len(kept)) + 16)
+        for entry in _entries(task, seed, drawn, chunk, kwargs):
+            question = str(entry["question"])
+            if question not in skip and len(kept) < want:
+                if distinct:
+                    skip.add(question)
+                kept.append(entry)
+        drawn = chunk
+    return kept
