@@ -23,7 +23,10 @@ def evaluate_prompts(
     response_length: int,
     temperature: float = 0.0,
     batch_size: int = 512,
-) -> dict[str, float]:
+    group_of: Callable[[Prompt], str] | None = None,
+) -> dict:
+    """Greedy (or sampled) accuracy over ``prompts``. With ``group_of``, also ``by_group``: {group: [accuracy, n]}
+    for the groups it names (e.g. a difficulty level from the row's metadata), to see where a gain comes from."""
     params = SamplingParams(n=1, temperature=temperature, max_new_tokens=response_length)
     samples: list[Sample] = []
     for start in range(0, len(prompts), batch_size):
@@ -31,9 +34,15 @@ def evaluate_prompts(
     reward_fn.score(samples)
     if not samples:
         return {"accuracy": 0.0, "n": 0.0}
-    correct = sum(s.reward >= 1.0 - 1e-6 for s in samples)
-    return {
-        "accuracy": correct / len(samples),
+    ok = [s.reward >= 1.0 - 1e-6 for s in samples]
+    result: dict = {
+        "accuracy": sum(ok) / len(samples),
         "n": float(len(samples)),
         "response_length_mean": sum(len(s.response_ids) for s in samples) / len(samples),
     }
+    if group_of is not None:
+        groups: dict[str, list[bool]] = {}
+        for s, good in zip(samples, ok):
+            groups.setdefault(group_of(s.prompt), []).append(good)
+        result["by_group"] = {g: [sum(v) / len(v), len(v)] for g, v in sorted(groups.items())}
+    return result

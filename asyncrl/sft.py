@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from asyncrl.models.presets import PRESETS, init_model_dir
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.engine import RolloutEngine
+from asyncrl.types import Prompt
 
 
 @dataclass
@@ -226,7 +228,8 @@ def evaluate_model(
     max_samples: int = -1,
     max_prompt_length: int = 512,
     temperature: float = 0.0,
-) -> dict[str, float]:
+    group_of: Callable[[Prompt], str] | None = None,
+) -> dict:
     rows = load_rows(files)
     if max_samples > 0:
         rows = rows[:max_samples]
@@ -239,5 +242,6 @@ def evaluate_model(
         build_reward_fn(None),
         response_length,
         temperature=temperature,
+        group_of=group_of,
     )
     return res
