@@ -125,7 +125,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
 def cmd_demo(a: argparse.Namespace) -> None:
     from asyncrl.demo import run_demo
 
-    run_demo(a.out, sft_seconds=a.sft_seconds, rl_config=a.config, overrides=a.overrides)
+    run_demo(a.out, sft_steps=a.sft_steps, rl_config=a.config, overrides=a.overrides)
 
 
 def cmd_train_rm(a: argparse.Namespace) -> None:
@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("demo", help="data -> tiny model -> SFT warm start -> RL vs an SFT control; prints a table")
     s.add_argument("--out", default="runs/demo")
-    s.add_argument("--sft-seconds", type=float, default=360.0)
+    s.add_argument("--sft-steps", type=int, default=None, help="SFT warm-start steps (default: demo.SFT_STEPS)")
     s.add_argument("--config", default="configs/fully_async.yaml", help="the RL run (configs/quickstart.yaml: sync)")
     s.add_argument("overrides", nargs="*")
     s.set_defaults(fn=cmd_demo)
