@@ -234,17 +234,17 @@ def write_task_dataset(
     kwargs_json = json.dumps(kwargs, sort_keys=True, default=_json_default)
 
     held_out: set[str] = set()
-    test_entries = _draw(task, seed + TEST_SEED_OFFSET, test_size, kwargs, skip=held_out, distinct=True)
+    test_entries, drawn = _draw(task, seed + TEST_SEED_OFFSET, test_size, kwargs, skip=held_out, distinct=True)
     if len(test_entries) < test_size:
         raise ValueError(
             f"task {task!r} with kwargs {kwargs}: only {len(test_entries)} of {test_size} test questions are distinct "
-            f"after {10 * test_size + 100} draws; widen the task or lower test_size"
+            f"after {drawn} draws; widen the task or lower test_size"
         )
-    train_entries = _draw(task, seed, size, kwargs, skip=held_out, distinct=False)
+    train_entries, drawn = _draw(task, seed, size, kwargs, skip=held_out, distinct=False)
     if len(train_entries) < size:
         raise ValueError(
             f"task {task!r} with kwargs {kwargs}: only {len(train_entries)} of {size} training items avoid the "
-            f"{test_size} test questions after {10 * size + 100} draws; widen the task or lower test_size"
+            f"{test_size} test questions after {drawn} draws; widen the task or lower test_size"
         )
     train = [_row(task, spec.ability, e, "train", i, kwargs_json, prompt_template) for i, e in enumerate(train_entries)]
     test = [_row(task, spec.ability, e, "test", i, kwargs_json, prompt_template) for i, e in enumerate(test_entries)]
@@ -255,9 +255,10 @@ def write_task_dataset(
 
 def _draw(
     task: str, seed: int, want: int, kwargs: Mapping[str, Any], skip: set[str], distinct: bool
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], int]:
     """Up to ``want`` items from ``seed`` in order, leaving out questions in ``skip``; with ``distinct``, each kept
-    question is added to ``skip`` (so it is kept once). Gives up after ``10 * want + 100`` draws."""
+    question is added to ``skip`` (so it is kept once). Gives up after ``10 * want + 100`` draws. Returns the items
+    and how many were drawn."""
     kept: list[dict[str, Any]] = []
     drawn, max_draws = 0, 10 * want + 100
     while len(kept) < want and drawn < max_draws:
@@ -269,4 +270,4 @@ def _draw(
                     skip.add(question)
                 kept.append(entry)
         drawn = chunk
-    return kept
+    return kept, drawn
