@@ -47,7 +47,7 @@ def run_demo(out: str, sft_steps: int | None, rl_config: str, overrides: list[st
         "trainer.max_time_s=0",  # a step budget, not a time cap: the start (and the control's room) is the same
     ]  # on every machine, however loaded
     print(f"[demo] SFT warm start for {sft_steps} steps ...")
-    sft = run_sft(load_sft_config("configs/sft_tiny.yaml", sft_over))
+    sft = run_sft(load_sft_config("configs/sft_tiny.yaml", sft_over), group_of=_difficulty)
     print(f"[demo] SFT: {sft['steps']} steps in {sft['train_s']:.0f} s, held-out accuracy {sft['accuracy']:.3f}")
 
     from asyncrl.pipelines import run_pipeline
@@ -78,13 +78,14 @@ def run_demo(out: str, sft_steps: int | None, rl_config: str, overrides: list[st
         "trainer.seed=2",
     ]
     print(f"[demo] control: SFT continued for the RL run's wall time ({rl['wall_s']:.0f} s) ...")
-    ctrl = run_sft(load_sft_config("configs/sft_tiny.yaml", ctrl_over))
+    ctrl = run_sft(load_sft_config("configs/sft_tiny.yaml", ctrl_over), group_of=_difficulty)
 
-    # Where the gains come from: held-out accuracy of each model by difficulty (terms x digits of the chain sum).
-    by_difficulty = {}
-    for name, path in (("sft", sft_dir), ("rl", rl["final_model"]), ("control", ctrl_dir)):
-        model, tok = load_model(str(path))
-        by_difficulty[name] = evaluate_model(model, tok, [str(test)], 16, TEST_SIZE, group_of=_difficulty)["by_group"]
+    # Where the gains come from: held-out accuracy of each model by difficulty (terms x digits of the chain sum). The
+    # two SFT runs report it from their own final evaluation; the RL run evaluates inside its workers, so its final
+    # model is evaluated once more here.
+    model, tok = load_model(str(rl["final_model"]))
+    rl_groups = evaluate_model(model, tok, [str(test)], 16, TEST_SIZE, group_of=_difficulty)["by_group"]
+    by_difficulty = {"sft": sft["by_group"], "rl": rl_groups, "control": ctrl["by_group"]}
 
     result = {
         "heldout_n": TEST_SIZE,

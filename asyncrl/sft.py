@@ -138,7 +138,7 @@ def init_model_from_rows(preset: str, rows: list[dict], out_dir: str, seed: int,
     return str(out_dir)
 
 
-def run_sft(cfg: SFTConfig) -> dict[str, Any]:
+def run_sft(cfg: SFTConfig, group_of: Callable[[Prompt], str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(cfg.trainer.num_threads)
     set_seed_all(cfg.trainer.seed)
     out = Path(cfg.trainer.output_dir)
@@ -199,6 +199,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
                 cfg.data.max_response_length,
                 cfg.data.val_max_samples,
                 cfg.data.max_prompt_length,
+                group_of=group_of,
             )
         )
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
