@@ -78,6 +78,7 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl | kl | mse
     use_rollout_log_probs: bool = False  # true: the rollout's behaviour log-probs are the PPO old policy
+    skip_zero_adv_rows: bool = True  # rows with all-zero advantages skip forward/backward (same gradient, less work)
 
 
 @dataclass

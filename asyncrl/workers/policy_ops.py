@@ -61,9 +61,16 @@ def ppo_update(
     num_mini_batches: int,
     seed: int,
 ) -> UpdateResult:
-    """``actor.ppo_epochs`` passes over ``batch`` in ``num_mini_batches`` optimizer steps each, PPO-clip loss."""
+    """``actor.ppo_epochs`` passes over ``batch`` in ``num_mini_batches`` optimizer steps each, PPO-clip loss.
+
+    With ``actor.skip_zero_adv_rows`` (and no entropy bonus or KL loss, the only terms a row with all-zero advantages
+    adds to), such rows skip the forward and backward passes: their policy-gradient term is exactly zero, and the
+    aggregation weights still count them, so the gradient is the same while the work shrinks by the share of GRPO
+    groups with no reward spread. The per-token statistics (``actor/entropy``, clip fractions) are then taken over
+    the rows that were trained on."""
     low = actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low
     high = actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high
+    skip = actor.skip_zero_adv_rows and actor.entropy_coeff == 0 and not actor.use_kl_loss
     return optimize(
         model,
         optimizer,
@@ -73,6 +80,7 @@ def ppo_update(
         num_mini_batches,
         seed,
         lambda mb: _micro_loss(model, mb, actor, correction, temperature, low, high),
+        keep_rows=(lambda mb: (mb.extras["advantages_BT"] != 0).any(dim=1)) if skip else None,
     )
 
 
@@ -110,6 +118,7 @@ def optimize(
     seed: int,
     micro_loss: Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]],
     prefix: str = "actor",
+    keep_rows: Callable[[TrainBatch], torch.Tensor] | None = None,
 ) -> UpdateResult:
     """``actor.ppo_epochs`` passes over ``batch`` in ``num_mini_batches`` optimizer steps each, minimising
     ``micro_loss(micro_batch)``. ``actor`` is the role's config (the critic's has the same fields); ``prefix`` names
@@ -118,6 +127,9 @@ def optimize(
     Gradients are accumulated over micro-batches with weights chosen so that the accumulated gradient equals the
     gradient of the loss aggregated over the whole mini-batch (token-mean: by token count; seq-mean-*: by sequence
     count). A non-finite loss or gradient norm skips that optimizer step (counted): NaN/inf never reaches the weights.
+    ``keep_rows(mini_batch)`` (a bool per row) leaves out rows whose loss gradient is known to be zero; the weights
+    above still count them, so the accumulated gradient does not change. The share left out is
+    ``{prefix}/skipped_rows_frac``.
     """
     model.train()
     gen = torch.Generator().manual_seed(seed)
@@ -128,19 +140,29 @@ def optimize(
         sums[key] = sums.get(key, 0.0) + float(value)
         counts[key] = counts.get(key, 0) + 1
 
-    steps = skipped = 0
+    steps = skipped = rows_seen = rows_left_out = 0
     for _epoch in range(actor.ppo_epochs):
         perm = torch.randperm(batch.size, generator=gen)
         for mini_idx in perm.chunk(num_mini_batches):
             mini = batch.select(mini_idx)
             mini_tokens = float(mini.response_mask_BT.sum().clamp(min=1))
+            mini_size = mini.size
+            rows_seen += mini_size
+            if keep_rows is not None:
+                kept = keep_rows(mini).nonzero().flatten()
+                rows_left_out += mini_size - len(kept)
+                mini = mini.select(kept)
             optimizer.zero_grad(set_to_none=True)
+            if mini.size == 0:  # every row left out: a zero gradient, and the optimizer still steps as it would
+                for p in model.parameters():
+                    if p.requires_grad:
+                        p.grad = torch.zeros_like(p)
             finite = True
-            for _, mb in micro_batches(mini, actor.ppo_micro_batch_size):
+            for _, mb in micro_batches(mini, actor.ppo_micro_batch_size) if mini.size else []:
                 if actor.loss_agg_mode == "token-mean":
                     weight = float(mb.response_mask_BT.sum()) / mini_tokens
                 else:
-                    weight = mb.size / mini.size
+                    weight = mb.size / mini_size
                 loss, stats = micro_loss(mb)
                 if not torch.isfinite(loss):
                     finite = False
@@ -162,6 +184,8 @@ def optimize(
     metrics = {k: sums[k] / counts[k] for k in sums}
     metrics[f"{prefix}/lr"] = float(scheduler.get_last_lr()[0])
     metrics[f"{prefix}/nonfinite_skipped_steps"] = float(skipped)
+    if keep_rows is not None:
+        metrics[f"{prefix}/skipped_rows_frac"] = rows_left_out / max(rows_seen, 1)
     optimizer.zero_grad(set_to_none=True)
     return UpdateResult(metrics=metrics, optimizer_steps=steps, skipped_nonfinite=skipped)
 
