@@ -125,7 +125,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
 def cmd_demo(a: argparse.Namespace) -> None:
     from asyncrl.demo import run_demo
 
-    run_demo(a.out, sft_steps=a.sft_steps, rl_config=a.config, overrides=a.overrides)
+    run_demo(a.out, sft_steps=a.sft_steps, rl_config=a.config, overrides=a.overrides, seed=a.seed)
 
 
 def cmd_train_rm(a: argparse.Namespace) -> None:
@@ -219,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="runs/demo")
     s.add_argument("--sft-steps", type=int, default=None, help="SFT warm-start steps (default: demo.SFT_STEPS)")
     s.add_argument("--config", default="configs/fully_async.yaml", help="the RL run (configs/quickstart.yaml: sync)")
+    s.add_argument(
+        "--seed", type=int, default=1, help="seed of the SFT start and the RL run (the control: seed + 1; data fixed)"
+    )
     s.add_argument("overrides", nargs="*")
     s.set_defaults(fn=cmd_demo)
     s = sub.add_parser("train-rm", help="a reward model (sequence classification) from correct vs corrupted answers")

@@ -28,7 +28,9 @@ SFT_STEPS = 900
 PROMPT_TEMPLATE = "{expression} ="  # the bare expression: same task and scorer, ~5x fewer tokens than the question
 
 
-def run_demo(out: str, sft_steps: int | None, rl_config: str, overrides: list[str] | None = None) -> dict:
+def run_demo(
+    out: str, sft_steps: int | None, rl_config: str, overrides: list[str] | None = None, seed: int = 1
+) -> dict:
     t_start = time.time()
     sft_steps = SFT_STEPS if sft_steps is None else sft_steps
     root = Path(out)
@@ -44,8 +46,10 @@ def run_demo(out: str, sft_steps: int | None, rl_config: str, overrides: list[st
         f"data.val_files=[{test}]",
         f"trainer.output_dir={sft_dir}",
         f"trainer.total_steps={sft_steps}",
-        "trainer.max_time_s=0",  # a step budget, not a time cap: the start (and the control's room) is the same
-    ]  # on every machine, however loaded
+        # a step budget, not a time cap: the start (and the control's room) is the same on every machine
+        "trainer.max_time_s=0",
+        f"trainer.seed={seed}",
+    ]
     print(f"[demo] SFT warm start for {sft_steps} steps ...")
     sft = run_sft(load_sft_config("configs/sft_tiny.yaml", sft_over), group_of=_difficulty)
     print(f"[demo] SFT: {sft['steps']} steps in {sft['train_s']:.0f} s, held-out accuracy {sft['accuracy']:.3f}")
@@ -60,6 +64,7 @@ def run_demo(out: str, sft_steps: int | None, rl_config: str, overrides: list[st
         f"data.val_files=[{test}]",
         f"trainer.default_local_dir={rl_dir}",
         "trainer.resume_mode=disable",
+        f"trainer.seed={seed}",
         *(overrides or []),
     ]
     cfg = load_config(rl_config, rl_over)
@@ -75,7 +80,7 @@ def run_demo(out: str, sft_steps: int | None, rl_config: str, overrides: list[st
         f"trainer.output_dir={ctrl_dir}",
         f"trainer.max_time_s={rl['wall_s']}",
         "trainer.total_steps=1000000",
-        "trainer.seed=2",
+        f"trainer.seed={seed + 1}",  # its own data order: not a replay of the warm start's batches
     ]
     print(f"[demo] control: SFT continued for the RL run's wall time ({rl['wall_s']:.0f} s) ...")
     ctrl = run_sft(load_sft_config("configs/sft_tiny.yaml", ctrl_over), group_of=_difficulty)
@@ -89,6 +94,7 @@ def run_demo(out: str, sft_steps: int | None, rl_config: str, overrides: list[st
 
     result = {
         "heldout_n": TEST_SIZE,
+        "seed": seed,
         "sft_steps": sft["steps"],
         "sft_wall_s": sft["train_s"],
         "sft_start_accuracy": sft["accuracy"],
