@@ -44,6 +44,7 @@ def test_micro_batches_cover_every_row_once_and_trim_padding():
     assert rows == [0, 1, 2, 3]
     widths = [mb.input_ids_BL.shape[1] for _, mb in parts]
     assert min(widths) < b.input_ids_BL.shape[1]  # the short-response micro-batch is narrower
+    assert micro_batches(b.select([]), 2) == []  # no rows, no micro-batches (the update may leave out every row)
 
 
 def test_logprobs_are_the_same_with_or_without_micro_batching():

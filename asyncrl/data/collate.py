@@ -72,8 +72,11 @@ def micro_batches(batch: TrainBatch, size: int) -> list[tuple[torch.Tensor, Trai
 
     Rows are ordered by response length so each micro-batch holds similar lengths, and every micro-batch is cut to
     its own longest response and longest prompt: with a long tail of lengths, padding every row to the batch's
-    longest response would multiply the trainer's work. Returns ``(row indices into batch, micro-batch)`` pairs.
+    longest response would multiply the trainer's work. Returns ``(row indices into batch, micro-batch)`` pairs; none
+    for a batch with no rows.
     """
+    if batch.size == 0:
+        return []
     lengths = batch.response_mask_BT.sum(dim=1)
     order = torch.argsort(lengths, stable=True)
     out = []

@@ -140,14 +140,13 @@ def optimize(
         sums[key] = sums.get(key, 0.0) + float(value)
         counts[key] = counts.get(key, 0) + 1
 
-    steps = skipped = rows_seen = rows_left_out = 0
+    steps = skipped = rows_left_out = 0
     for _epoch in range(actor.ppo_epochs):
         perm = torch.randperm(batch.size, generator=gen)
         for mini_idx in perm.chunk(num_mini_batches):
             mini = batch.select(mini_idx)
             mini_tokens = float(mini.response_mask_BT.sum().clamp(min=1))
             mini_size = mini.size
-            rows_seen += mini_size
             if keep_rows is not None:
                 kept = keep_rows(mini).nonzero().flatten()
                 rows_left_out += mini_size - len(kept)
@@ -158,7 +157,7 @@ def optimize(
                     if p.requires_grad:
                         p.grad = torch.zeros_like(p)
             finite = True
-            for _, mb in micro_batches(mini, actor.ppo_micro_batch_size) if mini.size else []:
+            for _, mb in micro_batches(mini, actor.ppo_micro_batch_size):
                 if actor.loss_agg_mode == "token-mean":
                     weight = float(mb.response_mask_BT.sum()) / mini_tokens
                 else:
@@ -185,7 +184,7 @@ def optimize(
     metrics[f"{prefix}/lr"] = float(scheduler.get_last_lr()[0])
     metrics[f"{prefix}/nonfinite_skipped_steps"] = float(skipped)
     if keep_rows is not None:
-        metrics[f"{prefix}/skipped_rows_frac"] = rows_left_out / max(rows_seen, 1)
+        metrics[f"{prefix}/skipped_rows_frac"] = rows_left_out / max(batch.size * actor.ppo_epochs, 1)
     optimizer.zero_grad(set_to_none=True)
     return UpdateResult(metrics=metrics, optimizer_steps=steps, skipped_nonfinite=skipped)
 
