@@ -161,3 +161,21 @@ def test_reward_fn_survives_pickling_with_a_custom_file_function(reward_file):
     fn.score([sample])
 
     assert sample.reward == 2.0
+
+
+def test_example_digit_credit_reward_gives_partial_credit_but_full_score_only_when_exact():
+    """examples/rewards/digit_credit.py, loaded as a user would (`reward.custom_function=...`); values by hand."""
+    from pathlib import Path
+
+    spec = f"{Path(__file__).resolve().parents[1] / 'examples' / 'rewards' / 'digit_credit.py'}:digit_credit"
+    fn = build_reward_fn(spec)
+    texts = ["58", " 58\n", "57", "75", "8", "-58", "", "12345", "1058"]
+    samples = [_sample(t, truth="58", index=i) for i, t in enumerate(texts)]
+
+    fn.score(samples)
+
+    # 57: the tens digit matches (1 of 2) -> 0.25; 8: " 8" vs "58" -> 0.25; -58: 2 of 3 -> 1/3;
+    # 1058: 2 of 4 characters -> 0.25 (two longer than the truth, still a near miss); 12345: three longer -> 0.
+    assert [s.reward for s in samples] == pytest.approx([1.0, 1.0, 0.25, 0.0, 0.25, 1 / 3, 0.0, 0.0, 0.25])
+    assert [s.reward == 1.0 for s in samples] == [True, True] + [False] * 7  # accuracy counts exact answers only
+    assert not any(s.reward_failed for s in samples)
