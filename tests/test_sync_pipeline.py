@@ -93,10 +93,13 @@ def test_kl_loss_and_recomputed_old_logprobs_run(setup):
     assert step1["rollout_corr/is_mean"] == pytest.approx(1.0, abs=1e-3)
 
 
-def test_resume_equals_unbroken_run(setup):
+def test_resume_equals_unbroken_run(setup, capsys):
     _, full = _run(setup, "full", 4)
     _, part1 = _run(setup, "resumed", 2)
+    capsys.readouterr()
     _, resumed = _run(setup, "resumed", 4, "trainer.resume_mode=auto")
+    ckpt = setup[0] / "resumed" / "checkpoints" / "step_2"
+    assert f"[resumed] resumed from {ckpt} (step 2, 32 samples trained); steps 3..4 to run" in capsys.readouterr().out
     assert [m["step"] for m in resumed] == [0, 1, 2, 3, 4]  # each step logged exactly once
     for a, b in zip(full, resumed, strict=True):
         for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"):

@@ -279,6 +279,9 @@ class Run:
         self._truncate_metrics(step)
         self.start_step = step + 1
         self.resumed_from = ckpt
+        total = self.cfg.trainer.total_training_steps
+        todo = f"steps {step + 1}..{total} to run" if step < total else "no step left to run"
+        print(f"[{self.dir.name}] resumed from {ckpt} (step {step}, {self.samples_trained} samples trained); {todo}")
         return self.start_step
 
     def _truncate_metrics(self, last_step: int) -> None:
