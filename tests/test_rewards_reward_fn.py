@@ -3,6 +3,7 @@
 import math
 import pickle
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -165,8 +166,6 @@ def test_reward_fn_survives_pickling_with_a_custom_file_function(reward_file):
 
 def test_example_digit_credit_reward_gives_partial_credit_but_full_score_only_when_exact():
     """examples/rewards/digit_credit.py, loaded as a user would (`reward.custom_function=...`); values by hand."""
-    from pathlib import Path
-
     spec = f"{Path(__file__).resolve().parents[1] / 'examples' / 'rewards' / 'digit_credit.py'}:digit_credit"
     fn = build_reward_fn(spec)
     texts = ["58", " 58\n", "57", "75", "8", "-58", "", "12345", "1058"]
