@@ -52,38 +52,38 @@ def cmd_data(a: argparse.Namespace) -> None:
 
 
 def cmd_init_model(a: argparse.Namespace) -> None:
-    from asyncrl.sft import init_model_from_data
+    from asyncrl.schedules.sft import init_model_from_data
 
     print(json.dumps({"model": init_model_from_data(a.preset, a.data, a.out, a.seed)}))
 
 
 def cmd_sft(a: argparse.Namespace) -> None:
-    from asyncrl.sft import load_sft_config, run_sft
+    from asyncrl.schedules.sft import load_sft_config, run_sft
 
     print(json.dumps(run_sft(load_sft_config(a.config, a.overrides))))
 
 
 def cmd_train(a: argparse.Namespace) -> None:
     from asyncrl.config import load_config
-    from asyncrl.pipelines import run_pipeline
+    from asyncrl.schedules import run_training
 
     cfg = load_config(a.config, a.overrides)
-    print(json.dumps(run_pipeline(cfg)))
+    print(json.dumps(run_training(cfg)))
 
 
 def cmd_distill(a: argparse.Namespace) -> None:
     from asyncrl.config import load_config
-    from asyncrl.pipelines import run_pipeline
+    from asyncrl.schedules import run_training
 
-    cfg = load_config(a.config, ["trainer.mode=distill", *a.overrides])
-    print(json.dumps(run_pipeline(cfg)))
+    cfg = load_config(a.config, ["algorithm.name=distill", *a.overrides])
+    print(json.dumps(run_training(cfg)))
 
 
 def cmd_eval(a: argparse.Namespace) -> None:
     import torch
 
     from asyncrl.models.loading import load_model
-    from asyncrl.sft import evaluate_model
+    from asyncrl.schedules.sft import evaluate_model
 
     torch.set_num_threads(a.threads)
     model, tok = load_model(a.model, for_training=False)
@@ -111,25 +111,25 @@ def cmd_report(a: argparse.Namespace) -> None:
 
 def cmd_bench(a: argparse.Namespace) -> None:
     if a.distill:
-        from asyncrl.bench_distill import run_distill_bench
+        from asyncrl.tools.bench_distill import run_distill_bench
 
-        schedulers = [m.strip() for m in (a.schedulers or "serial,one_step_off,two_step_off").split(",") if m.strip()]
-        run_distill_bench(schedulers, a.out, a.steps, a.cpus, a.overrides)
+        schedules = [m.strip() for m in (a.schedules or "sync,one_step_off,two_step_off").split(",") if m.strip()]
+        run_distill_bench(schedules, a.out, a.steps, a.cpus, a.overrides)
         return
-    from asyncrl.bench import run_bench
+    from asyncrl.tools.bench import run_bench
 
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     run_bench(modes, a.workload, a.out, a.steps, a.work_dir, a.cpus, a.sft_seconds, a.overrides)
 
 
 def cmd_demo(a: argparse.Namespace) -> None:
-    from asyncrl.demo import run_demo
+    from asyncrl.tools.demo import run_demo
 
     run_demo(a.out, sft_steps=a.sft_steps, rl_config=a.config, overrides=a.overrides, seed=a.seed)
 
 
 def cmd_train_rm(a: argparse.Namespace) -> None:
-    from asyncrl.rewards.train_rm import train_reward_model
+    from asyncrl.schedules.reward_model import train_reward_model
 
     summary = train_reward_model(
         a.data, a.val or [], a.init, a.out, steps=a.steps, max_time_s=a.max_time_s, batch_size=a.batch_size, lr=a.lr,
@@ -139,6 +139,8 @@ def cmd_train_rm(a: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from asyncrl.config import TeacherConfig
+
     p = argparse.ArgumentParser(prog="asyncrl", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -165,8 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, fn, helptext in (
         ("sft", cmd_sft, "supervised warm start (question -> answer)"),
-        ("train", cmd_train, "RL training in the mode of trainer.mode"),
-        ("distill", cmd_distill, "on-policy distillation from a teacher server (trainer.mode=distill)"),
+        ("train", cmd_train, "RL training: algorithm.name on the schedule trainer.schedule"),
+        ("distill", cmd_distill, "on-policy distillation from a teacher server (algorithm.name=distill)"),
     ):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--config", required=name != "sft")
@@ -186,7 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", required=True, help="local Hugging Face causal-LM directory")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it loopback)")
     s.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    s.add_argument("--max-batch", type=int, default=8, help="sequences per forward pass")
+    s.add_argument(
+        "--max-batch",
+        type=int,
+        default=TeacherConfig().server_max_batch,
+        help="sequences per forward pass (default: teacher.server_max_batch's)",
+    )
     s.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more sequences")
     s.add_argument("--served-model-name", default=None, help="model id in replies (default: the --model path)")
     s.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
@@ -202,23 +209,38 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("run_dir")
     s.set_defaults(fn=cmd_report)
 
-    s = sub.add_parser("bench", help="every mode on the same work against sync; writes bench.json and bench.md")
-    s.add_argument("--modes", default="sync,one_step_off,fully_async", help="comma-separated (sync is always run)")
-    s.add_argument("--distill", action="store_true", help="bench the distillation schedulers (configs/distill.yaml)")
-    s.add_argument("--schedulers", default=None, help="with --distill: comma-separated (serial is always run)")
+    s = sub.add_parser(
+        "bench", help="GRPO on each schedule (trainer.schedule) against sync; writes bench.json and bench.md"
+    )
+    s.add_argument(
+        "--modes",
+        default="sync,one_step_off,fully_async",
+        help="comma-separated schedules (sync is always run), or the PPO placements ppo_colocated,ppo_split",
+    )
+    s.add_argument("--distill", action="store_true", help="bench distillation's schedules (configs/distill.yaml)")
+    s.add_argument(
+        "--schedules",
+        "--schedulers",
+        dest="schedules",
+        default=None,
+        help="with --distill: comma-separated trainer.schedule values (default sync,one_step_off,two_step_off; "
+        "sync is always run)",
+    )
     s.add_argument("--workload", default="short", choices=["short", "long"])
-    s.add_argument("--steps", type=int, default=20, help="training steps per mode (the first is left out of rates)")
+    s.add_argument("--steps", type=int, default=20, help="training steps per run (the first is left out of rates)")
     s.add_argument("--out", default="runs/bench")
     s.add_argument("--work-dir", default="runs/bench_work", help="cached data + SFT models per workload")
-    s.add_argument("--cpus", type=int, default=2, help="CPUs every mode gets in total")
+    s.add_argument("--cpus", type=int, default=2, help="CPUs every run gets in total")
     s.add_argument("--sft-seconds", type=float, default=None, help="warm start length when a workload is prepared")
-    s.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every mode")
+    s.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every run")
     s.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("demo", help="data -> tiny model -> SFT warm start -> RL vs an SFT control; prints a table")
     s.add_argument("--out", default="runs/demo")
-    s.add_argument("--sft-steps", type=int, default=None, help="SFT warm-start steps (default: demo.SFT_STEPS)")
-    s.add_argument("--config", default="configs/fully_async.yaml", help="the RL run (configs/quickstart.yaml: sync)")
+    s.add_argument("--sft-steps", type=int, default=None, help="SFT warm-start steps (default: tools.demo.SFT_STEPS)")
+    s.add_argument(
+        "--config", default="configs/fully_async.yaml", help="the RL run (configs/quickstart.yaml: schedule sync)"
+    )
     s.add_argument(
         "--seed", type=int, default=1, help="seed of the SFT start and the RL run (the control: seed + 1; data fixed)"
     )

@@ -59,3 +59,29 @@ class Sample:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt.prompt_ids) + len(self.response_ids)
+
+
+# ---- what role calls return (dataclasses, since they cross a process boundary) ----------------------------------
+@dataclass
+class Generation:
+    """A rollout call's result: the samples (rewards already scored on the rollout side) and the worker's seconds."""
+
+    samples: list[Sample]
+    seconds: float
+
+
+@dataclass
+class UpdateResult:
+    """A trainer update's result: its metrics and the trainer's weight version after it (the one version counter
+    of a run: every schedule reads it from here or from a checkpoint, none counts its own)."""
+
+    metrics: dict[str, float]
+    version: int
+
+
+@dataclass
+class Scored:
+    """Per-sample numbers computed by a role (critic values [B, T], reward-model logits [B]) and its seconds."""
+
+    values: Any  # torch.Tensor
+    seconds: float

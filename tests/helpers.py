@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from asyncrl.data.tasks import write_task_dataset
-from asyncrl.sft import init_model_from_data
+from asyncrl.schedules.sft import init_model_from_data
 
 TASK_KWARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 

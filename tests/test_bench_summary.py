@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from asyncrl.bench import markdown_table, summarize
 from asyncrl.telemetry.timeline import write_chrome_trace
+from asyncrl.tools.bench import COLUMNS, summarize
+from asyncrl.tools.bench_common import markdown_table
 
 
 def _write_run(run_dir, step_s, gen_s, spans, samples=10, tokens=1000, sync=None):
@@ -21,7 +22,7 @@ def _write_run(run_dir, step_s, gen_s, spans, samples=10, tokens=1000, sync=None
             "perf/samples_per_s": samples / step_s,
             "perf/throughput_tokens_per_s": tokens / step_s,
             "response_length/mean": 5.0,
-            "fully_async/staleness/mean": 0.0 if sync is None else 1.0,
+            "staleness/mean": 0.0 if sync is None else 1.0,
         }
         if sync is not None:
             m.update({"sync/seconds": sync, "sync/bytes_per_s": 1e9})
@@ -72,7 +73,7 @@ def test_overlap_limit_ratio_and_idle_fraction_by_hand(tmp_path):
     # measured window: start of step 2 (203.2) to the end of the last update (209.6); busy 2 x 3 s of 6.4 s
     assert o["trainer_idle_fraction"] == pytest.approx(1 - 6.0 / 6.4)
     assert o["sync_s"] == pytest.approx(0.01)
-    table = markdown_table([s, o])
+    table = markdown_table([s, o], COLUMNS)
     assert "| short | one_step_off |" in table and "1.25x" in table
 
 
@@ -88,7 +89,7 @@ def _write_distill_run(run_dir, step_s, staleness):
             "timing_s/update_actor": 2.0,
             "perf/samples_per_s": 8 / step_s,
             "perf/throughput_tokens_per_s": 800 / step_s,
-            "fully_async/staleness/mean": staleness,
+            "staleness/mean": staleness,
             "actor/kl_loss": 0.5,
         }
         lines.append(json.dumps(m))
@@ -99,23 +100,24 @@ def _write_distill_run(run_dir, step_s, staleness):
 
 
 def test_distill_bench_limits_by_hand(tmp_path):
-    from asyncrl.bench_distill import COLUMNS, summarize_distill
+    from asyncrl.tools.bench_distill import COLUMNS as DISTILL_COLUMNS
+    from asyncrl.tools.bench_distill import summarize_distill
 
-    # serial: generate 1 s + teacher 1 s + update 2 s = 4 s per step
-    _write_distill_run(tmp_path / "serial", 4.0, 0.0)
+    # sync: generate 1 s + teacher 1 s + update 2 s = 4 s per step
+    _write_distill_run(tmp_path / "sync", 4.0, 0.0)
     _write_distill_run(tmp_path / "osp", 3.0, 1.0)
     _write_distill_run(tmp_path / "tsp", 2.0, 2.0)
-    serial = summarize_distill("serial", tmp_path / "serial", None)
-    assert serial["overlap_limit"] == pytest.approx(1.0) and serial["ratio_to_serial"] == pytest.approx(1.0)
-    assert serial["samples_per_s"] == pytest.approx(2.0)
+    sync = summarize_distill("sync", tmp_path / "sync", None)
+    assert sync["overlap_limit"] == pytest.approx(1.0) and sync["ratio_to_sync"] == pytest.approx(1.0)
+    assert sync["samples_per_s"] == pytest.approx(2.0)
     # the update is 2 of every 4 s on the trainer, measured from step 2's first span to the last update's end
-    assert serial["trainer_idle_fraction"] == pytest.approx(1 - 4 / 6)
-    osp = summarize_distill("one_step_off", tmp_path / "osp", serial)
+    assert sync["trainer_idle_fraction"] == pytest.approx(1 - 4 / 6)
+    osp = summarize_distill("one_step_off", tmp_path / "osp", sync)
     assert osp["overlap_limit"] == pytest.approx(4 / 3)  # generation hidden behind teacher + update (3 s)
-    assert osp["ratio_to_serial"] == pytest.approx(4 / 3) and osp["limit_fraction"] == pytest.approx(1.0)
-    tsp = summarize_distill("two_step_off", tmp_path / "tsp", serial)
+    assert osp["ratio_to_sync"] == pytest.approx(4 / 3) and osp["limit_fraction"] == pytest.approx(1.0)
+    tsp = summarize_distill("two_step_off", tmp_path / "tsp", sync)
     assert tsp["overlap_limit"] == pytest.approx(2.0)  # all three at once: the update (2 s) is the bound
-    assert tsp["ratio_to_serial"] == pytest.approx(2.0) and tsp["staleness_mean"] == pytest.approx(2.0)
-    table = markdown_table([serial, osp, tsp], COLUMNS, first="scheduler")
-    assert table.splitlines()[0].startswith("| scheduler | samples_per_s |")
+    assert tsp["ratio_to_sync"] == pytest.approx(2.0) and tsp["staleness_mean"] == pytest.approx(2.0)
+    table = markdown_table([sync, osp, tsp], DISTILL_COLUMNS, first="schedule")
+    assert table.splitlines()[0].startswith("| schedule | samples_per_s |")
     assert "| two_step_off | 4.0 |" in table

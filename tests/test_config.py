@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import Config, ConfigError, load_config
-from asyncrl.sft import load_sft_config
+from asyncrl.schedules.sft import load_sft_config
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").glob("*.yaml"))
 BASE = ["model.path=m", "data.train_files=[t.parquet]"]
@@ -81,7 +81,7 @@ def test_bad_config_value_names_the_key(override, fragment):
     ],
 )
 def test_fully_async_consistency_errors_name_the_key(overrides, fragment):
-    base = BASE + ["trainer.mode=fully_async", "trainer.total_training_steps=10", "trainer.save_freq=0"]
+    base = BASE + ["trainer.schedule=fully_async", "trainer.total_training_steps=10", "trainer.save_freq=0"]
     with pytest.raises(ConfigError) as e:
         load_config(None, base + overrides)
     assert fragment in str(e.value)
@@ -125,3 +125,62 @@ def test_every_config_key_is_documented():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
     missing = [k for k in _leaf_keys(Config) if f"`{k}`" not in doc]
     assert not missing, f"keys missing from docs/config.md: {missing}"
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("trainer.mode=ppo", "trainer.mode was split into algorithm.name (grpo | ppo | distill) and trainer.schedule"),
+        ("trainer.scheduler=serial", "trainer.scheduler was replaced by trainer.schedule (serial -> sync"),
+    ],
+)
+def test_a_replaced_key_fails_naming_its_replacement(override, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, BASE + [override])
+    assert fragment in str(e.value) and str(e.value).count("\n") == 0
+
+
+def test_a_replaced_key_in_a_yaml_file_names_the_file(tmp_path):
+    p = tmp_path / "old.yaml"
+    p.write_text("model:\n  path: m\ndata:\n  train_files: [a]\ntrainer:\n  mode: fully_async\n")
+    with pytest.raises(ConfigError, match=f"{p}: config key trainer.mode was split"):
+        load_config(p)
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["teacher.top_k=4"], "config section teacher: set, but algorithm.name=grpo never reads it (only distill"),
+        (["distill.beta=0.1"], "config section distill: set, but algorithm.name=grpo never reads it"),
+        (["critic.optim.lr=1e-3"], "config section critic: set, but algorithm.name=grpo never reads it (only ppo"),
+        (
+            ["algorithm.name=distill", "teacher.url=http://127.0.0.1:1", "critic.cliprange_value=1"],
+            "config section critic: set, but algorithm.name=distill",
+        ),
+        (["reward_model.weight=2"], "config section reward_model: set, but algorithm.name=grpo never reads it"),
+        (["async_training.staleness_threshold=1"], "config section async_training: set, but trainer.schedule=sync"),
+        (["rollout.num_workers=2"], "rollout.num_workers / rollout.cpus_per_worker: set, but trainer.schedule=sync"),
+        (["trainer.critic_warmup=2"], "config key trainer.critic_warmup must be 0 when algorithm.name=grpo"),
+        (["algorithm.adv_estimator=gae"], "must be grpo or null when algorithm.name=grpo (gae needs a critic"),
+        (["algorithm.name=ppo", "algorithm.adv_estimator=grpo"], "must be gae or null when algorithm.name=ppo"),
+        (["algorithm.name=dpo"], "config key algorithm.name must be one of grpo, ppo, distill"),
+        (["trainer.schedule=async"], "config key trainer.schedule must be one of sync, one_step_off, two_step_off"),
+        (["trainer.backend=local"], "config key trainer.backend must be one of ray, in_process"),
+        (
+            ["algorithm.name=ppo", "trainer.schedule=fully_async", "trainer.critic_warmup=1"],
+            "trainer.critic_warmup must be 0 when trainer.schedule=fully_async",
+        ),
+    ],
+)
+def test_a_section_or_key_the_choices_never_read_is_an_error(overrides, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, BASE + overrides)
+    assert fragment in str(e.value)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "distill"])
+@pytest.mark.parametrize("schedule", ["sync", "one_step_off", "two_step_off", "fully_async"])
+def test_every_algorithm_and_schedule_pair_is_a_valid_config(algorithm, schedule):
+    extra = ["teacher.url=http://127.0.0.1:1"] if algorithm == "distill" else []
+    cfg = load_config(None, BASE + [f"algorithm.name={algorithm}", f"trainer.schedule={schedule}", *extra])
+    assert (cfg.algorithm.name, cfg.trainer.schedule) == (algorithm, schedule)

@@ -4,6 +4,7 @@ micro models sharing one char tokenizer (both built from the same data, as the d
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ from asyncrl.checkpoint import load_driver_state
 from asyncrl.config import ConfigError, load_config
 from asyncrl.distill.launch import TeacherStartError, start_teacher_server, stop_process
 from asyncrl.distill.protocol import TokenizerMismatchError
-from asyncrl.pipelines import run_pipeline
+from asyncrl.schedules import run_training
 from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.telemetry.timeline import read_chrome_trace
 from tests.helpers import make_data, make_model, train_overrides
@@ -34,14 +35,13 @@ def setup(tmp_path_factory):
     ray.shutdown()
 
 
-def overrides(setup, run_dir, steps: int, scheduler: str, teacher_url: str | None = None) -> list[str]:
+def overrides(setup, run_dir, steps: int, schedule: str, teacher_url: str | None = None) -> list[str]:
     root, student, teacher, train, test = setup
     over = train_overrides(student, train, test, run_dir, steps)
+    over += ["algorithm.name=distill", f"trainer.schedule={schedule}"]
+    if schedule != "sync":
+        over += ["rollout.num_workers=1", "rollout.cpus_per_worker=0.5"]
     over += [
-        "trainer.mode=distill",
-        f"trainer.scheduler={scheduler}",
-        "rollout.num_workers=1",
-        "rollout.cpus_per_worker=0.5",
         "sync.verify=true",
         "sync.timeout_s=30",
         "teacher.top_k=4",
@@ -52,33 +52,36 @@ def overrides(setup, run_dir, steps: int, scheduler: str, teacher_url: str | Non
     return over
 
 
-def _server_processes() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", "asyncrl.distill.server"], capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
-@pytest.mark.parametrize("scheduler,staleness", [("serial", 0.0), ("one_step_off", 1.0), ("two_step_off", 2.0)])
-def test_each_scheduler_distills_with_its_staleness(setup, scheduler, staleness):
+@pytest.mark.parametrize("schedule,staleness", [("sync", 0.0), ("one_step_off", 1.0), ("two_step_off", 2.0)])
+def test_each_schedule_distills_with_its_staleness(setup, schedule, staleness):
     root = setup[0]
-    run_dir = root / f"run_{scheduler}"
-    before = _server_processes()
-    summary = run_pipeline(load_config(None, overrides(setup, run_dir, 3, scheduler)))
-    assert _server_processes() == before, "the teacher server started for the run is stopped at its end"
+    run_dir = root / f"run_{schedule}"
+    summary = run_training(load_config(None, overrides(setup, run_dir, 3, schedule)))
+    pid = summary["teacher"]["pid"]  # the server this run started, by the PID it reports
+    assert isinstance(pid, int) and not _alive(pid), "the teacher server started for the run is stopped at its end"
     metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl")}
     assert sorted(metrics) == [0, 1, 2, 3]
     for step in (1, 2, 3):
         m = metrics[step]
         for key in TIMERS:
-            assert key in m, (scheduler, step, key)
+            assert m[key] > 0, (schedule, step, key)
         assert m["actor/kl_loss"] >= 0 and m["actor/kl_loss"] == m["actor/kl_loss"]  # forward KL: >= 0, not NaN
         assert m["distill/on_policy"] == 1.0
     # staleness read from the versions the engine recorded: the pipeline fills up to its depth, then stays there
-    assert metrics[3]["fully_async/staleness/max"] == staleness
-    assert metrics[1]["fully_async/staleness/max"] == 0.0
-    if scheduler == "two_step_off":
-        assert "timing_s/wait_prev_teacher" in metrics[2] and "timing_s/wait_prev_gen" in metrics[2]
-    if scheduler == "one_step_off":
-        assert "timing_s/wait_prev_gen" in metrics[2] and "timing_s/sync_rollout_weights" in metrics[2]
+    assert metrics[3]["staleness/max"] == staleness
+    assert metrics[1]["staleness/max"] == 0.0
+    if schedule == "two_step_off":
+        assert metrics[2]["timing_s/wait_prev_prepare"] >= 0 and metrics[2]["timing_s/wait_prev_gen"] >= 0
+    if schedule == "one_step_off":
+        assert metrics[2]["timing_s/wait_prev_gen"] >= 0 and metrics[2]["sync/seconds"] > 0
     assert summary["samples"] == 3 * 4 * 4
     assert summary["teacher"]["checked"] == ["fingerprint"]
     names = {e["name"] for e in read_chrome_trace(run_dir / "timeline.json")}
@@ -89,7 +92,7 @@ def test_distillation_moves_the_student_toward_the_teacher(setup):
     """Many small steps of forward KL on one fixed prompt set: the student's loss against the teacher falls."""
     root = setup[0]
     run_dir = root / "run_learn"
-    over = overrides(setup, run_dir, 12, "serial") + [
+    over = overrides(setup, run_dir, 12, "sync") + [
         "trainer.test_freq=0",
         "trainer.save_freq=0",
         "data.train_batch_size=2",
@@ -99,7 +102,7 @@ def test_distillation_moves_the_student_toward_the_teacher(setup):
         "data.train_files=[" + str(setup[3]) + "]",
         "actor.optim.lr=3e-3",
     ]
-    run_pipeline(load_config(None, over))
+    run_training(load_config(None, over))
     kl = [m["actor/kl_loss"] for m in read_metrics(run_dir / "metrics.jsonl") if "actor/kl_loss" in m]
     assert len(kl) == 12
     assert sum(kl[-3:]) / 3 < sum(kl[:3]) / 3
@@ -109,11 +112,11 @@ def test_resume_continues_the_schedule_without_losing_a_batch(setup):
     root = setup[0]
     run_dir = root / "run_resume"
     base = overrides(setup, run_dir, 2, "two_step_off") + ["trainer.val_before_train=false", "trainer.save_freq=1"]
-    run_pipeline(load_config(None, base))
+    run_training(load_config(None, base))
     # the checkpoint of step 2 was written with batches 3 and 4 not yet trained: its cursor is after batch 2
     state = load_driver_state(run_dir / "checkpoints" / "step_2")
     assert (state["sampler"]["epoch"], state["sampler"]["position"]) == (0, 2 * 4)
-    run_pipeline(load_config(None, base + ["trainer.total_training_steps=4", "trainer.resume_mode=auto"]))
+    run_training(load_config(None, base + ["trainer.total_training_steps=4", "trainer.resume_mode=auto"]))
     metrics = read_metrics(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert json.loads((run_dir / "summary.json").read_text())["samples"] == 4 * 4 * 4
@@ -124,7 +127,7 @@ def test_a_given_url_is_used_and_left_running(setup, tmp_path):
     proc, url = start_teacher_server(str(teacher), tmp_path / "err.log", max_batch=8, threads=1, startup_timeout_s=60)
     try:
         run_dir = root / "run_url"
-        summary = run_pipeline(load_config(None, overrides(setup, run_dir, 1, "one_step_off", teacher_url=url)))
+        summary = run_training(load_config(None, overrides(setup, run_dir, 1, "one_step_off", teacher_url=url)))
         assert summary["teacher"]["url"] == url
         assert proc.poll() is None, "a server the user started is theirs: the run does not stop it"
     finally:
@@ -134,25 +137,29 @@ def test_a_given_url_is_used_and_left_running(setup, tmp_path):
 def test_a_teacher_with_another_vocabulary_is_refused_before_training(setup, tmp_path):
     root, student, teacher, train, test = setup
     from asyncrl.data.tasks import write_task_dataset
-    from asyncrl.sft import init_model_from_data
+    from asyncrl.schedules.sft import init_model_from_data
 
     other_train, _ = write_task_dataset("basic_arithmetic", 32, 0, tmp_path / "other", test_size=4)
     other = tmp_path / "other_model"
     init_model_from_data("micro", [str(other_train)], str(other), 0)
     run_dir = tmp_path / "run_mismatch"
-    over = overrides(setup, run_dir, 1, "serial")[:-1] + [f"teacher.model_path={other}"]
+    over = overrides(setup, run_dir, 1, "sync")[:-1] + [f"teacher.model_path={other}"]
     with pytest.raises(TokenizerMismatchError, match="different vocabularies"):
-        run_pipeline(load_config(None, over))
+        run_training(load_config(None, over))
     assert not (run_dir / "metrics.jsonl").exists() or read_metrics(run_dir / "metrics.jsonl") == []
 
 
 def test_config_errors_name_the_key(setup, tmp_path):
     with pytest.raises(ConfigError, match="teacher.model_path"):
-        load_config(None, overrides(setup, tmp_path, 1, "serial")[:-1])
-    with pytest.raises(ConfigError, match="trainer.scheduler"):
+        load_config(None, overrides(setup, tmp_path, 1, "sync")[:-1])
+    with pytest.raises(ConfigError, match="config key trainer.schedule must be one of sync, one_step_off"):
         load_config(None, overrides(setup, tmp_path, 1, "three_step_off"))
     with pytest.raises(ConfigError, match="distill.loss"):
-        load_config(None, overrides(setup, tmp_path, 1, "serial") + ["distill.loss=mse"])
+        load_config(None, overrides(setup, tmp_path, 1, "sync") + ["distill.loss=mse"])
+    with pytest.raises(ConfigError, match="trainer.scheduler was replaced by trainer.schedule"):
+        load_config(None, overrides(setup, tmp_path, 1, "sync") + ["trainer.scheduler=serial"])
+    with pytest.raises(ConfigError, match="config section teacher: set, but algorithm.name=grpo never reads it"):
+        load_config(None, overrides(setup, tmp_path, 1, "sync") + ["algorithm.name=grpo"])
 
 
 def test_a_teacher_that_cannot_start_is_a_clear_error(tmp_path):
@@ -165,7 +172,7 @@ def test_a_teacher_that_cannot_start_is_a_clear_error(tmp_path):
 def test_the_distill_command_runs_from_a_config_file(setup, tmp_path):
     """``asyncrl distill --config``: the CLI path a user runs (a separate interpreter, as from a shell)."""
     run_dir = tmp_path / "cli"
-    over = [o for o in overrides(setup, run_dir, 1, "one_step_off") if not o.startswith("trainer.mode")]
+    over = [o for o in overrides(setup, run_dir, 1, "one_step_off") if not o.startswith("algorithm.name")]
     out = subprocess.run(
         [sys.executable, "-m", "asyncrl.cli", "distill", "--config", "configs/distill.yaml", *over],
         capture_output=True,

@@ -20,15 +20,15 @@ import torch
 
 from asyncrl.config import load_config
 from asyncrl.data.collate import collate
-from asyncrl.pipelines import run_pipeline
-from asyncrl.pipelines.fully_async import partial_metrics, processing_metrics
+from asyncrl.schedules import run_training
+from asyncrl.streaming.report import partial_metrics, processing_metrics
 from asyncrl.streaming.staleness import StalenessBudget
 from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.workers.rollouter import Rollouter
 from tests.helpers import make_data, make_model, train_overrides
 
 FULLY_ASYNC = [
-    "trainer.mode=fully_async",
+    "trainer.schedule=fully_async",
     "trainer.cpus_per_worker=1",
     "rollout.cpus_per_worker=1",
     "sync.verify=true",
@@ -59,25 +59,20 @@ def test_fully_async_run_bounds_staleness_and_reports_verl_metrics(setup):
     over = train_overrides(model, train, test, run_dir, 6) + FULLY_ASYNC
     over += ["async_training.staleness_threshold=1.0", "async_training.trigger_parameter_sync_step=2"]
     cfg = load_config(None, over)
-    summary = run_pipeline(cfg)
+    summary = run_training(cfg)
     bound = _bound(cfg)
     assert bound == 1
     metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl")}
     assert sorted(metrics) == [0, 1, 2, 3, 4, 5, 6]
     for step in range(1, 7):
         m = metrics[step]
-        assert 0 <= m["fully_async/staleness/max"] <= bound
+        assert 0 <= m["staleness/max"] <= bound
         # version rises after every second step: steps 1-2 train at 0, 3-4 at 1, 5-6 at 2
         assert m["fully_async/trainer_version"] == (step - 1) // 2
-        for key in (
-            "trainer/idle_ratio",
-            "rollouter/idle_ratio",
-            "fully_async/count/consumed_groups",
-            "fully_async/count/dropped_stale_samples",
-            "fully_async/processing_time/tp95",
-            "fully_async/partial/partial_ratio",
-        ):
-            assert key in m, key
+        for key in ("trainer/idle_ratio", "rollouter/idle_ratio", "fully_async/partial/partial_ratio"):
+            assert 0.0 <= m[key] <= 1.0, key
+        assert m["fully_async/count/consumed_groups"] == 2 * step  # 2 groups per step
+        assert m["fully_async/processing_time/tp95"] > 0
         assert ("timing_s/param_sync" in m) == (step % 2 == 0)
     assert metrics[6]["fully_async/count/consumed_groups"] == 12
     assert metrics[6]["fully_async/count/dropped_stale_samples"] == 0
@@ -102,7 +97,7 @@ def test_drop_oldest_counts_every_dropped_group(setup):
         "trainer.val_before_train=false",
         "trainer.test_freq=0",
     ]
-    summary = run_pipeline(load_config(None, over))
+    summary = run_training(load_config(None, over))
     ledger = json.loads((run_dir / "ledger.json").read_text())
     dropped_in_ledger = sum(len(e["dropped"]) for e in ledger["epochs"].values())
     c = summary["counts"]  # taken after the Rollouter stopped, like the ledger
@@ -114,16 +109,23 @@ def test_drop_oldest_counts_every_dropped_group(setup):
     assert summary["ledger"]["lost"] == 0 and summary["ledger"]["duplicated"] == 0
 
 
-def test_partial_rollout_keeps_tokens_from_both_versions(setup):
+def test_partial_rollout_keeps_tokens_from_both_versions(setup, tmp_path):
     """A sync interrupts a running decode; the rows resume with the new weights, and the trainer's batch holds the
     tokens from before and after the interruption with the version that produced each."""
     root, model, train, test = setup
+    reward_file = tmp_path / "length_reward.py"
+    reward_file.write_text(
+        "def length_reward(data_source, solution_str, ground_truth, extra_info):\n    return len(solution_str) / 1000\n"
+    )
     over = train_overrides(model, train, test, root / "partial", 2) + FULLY_ASYNC
     over += [
         "rollout.response_length=400",
         "async_training.staleness_threshold=1.0",
         "async_training.max_inflight_groups=1",  # one group per decode: B starts once A is done
         "actor.ppo_mini_batch_size=1",
+        "async_training.get_batch_timeout_s=120",
+        "async_training.pause_timeout_s=60",
+        f"reward.custom_function={reward_file}:length_reward",
     ]
     cfg = load_config(None, over + ["data.train_batch_size=2"])
     ro = Rollouter(cfg, num_threads=1)
@@ -133,24 +135,27 @@ def test_partial_rollout_keeps_tokens_from_both_versions(setup):
     ro.engine._eos_ids_E = torch.tensor(ro.engine.eos_token_ids)
     ro.start()
     try:
-        first = ro.get_batch(1, trainer_version=0, timeout_s=120)  # group A, all at version 0; B is decoding now
-        assert first["staleness"] == [0]
+        first = ro.get_batch(1, trainer_version=0)  # group A, all at version 0; B is decoding now
+        assert first.staleness == [0]
         deadline = time.monotonic() + 60
         while not ro.engine._busy and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(0.05)
-        ro.pause(interrupt=True, timeout_s=60)
+        ro.pause(interrupt=True)
         interrupted = [s for g in ro.inflight.values() for s in g.samples if s.stop_reason == "interrupted"]
         assert interrupted and all(0 < len(s.response_ids) < 400 for s in interrupted)
         before = {gid: [len(s.response_ids) for s in g.samples] for gid, g in ro.inflight.items()}
         new = {k: v + 0.01 for k, v in ro.engine.state_dict_for_sync().items()}
         ro.engine.update_weights(new, version=1)
         ro.resume_generation(1)
-        got = ro.get_batch(1, trainer_version=1, timeout_s=120)
+        got = ro.get_batch(1, trainer_version=1)
     finally:
         ro.stop()
-    (group,) = got["groups"]
-    assert group.start_version == 0 and got["staleness"] == [1]
+    (group,) = got.groups
+    assert group.start_version == 0 and got.staleness == [1]
+    # scored on the Rollouter before the queue, by the configured reward function (text length / 1000 here)
+    assert [s.reward for s in group.samples] == [len(s.response_text) / 1000 for s in group.samples]
+    assert all(s.reward > 0 for s in group.samples)
     for i, s in enumerate(group.samples):
         assert len(s.response_ids) == len(s.logprobs) == len(s.versions) == 400
         # version 0 produced exactly the tokens it had when the sync interrupted it, version 1 the rest
@@ -211,7 +216,7 @@ def test_kill_9_and_resume_loses_and_repeats_no_prompt(setup, tmp_path):
     steps = [m["step"] for m in read_metrics(run_dir / "metrics.jsonl")]
     assert steps == list(range(1, 13))  # each step logged exactly once across the two processes
     for m in read_metrics(run_dir / "metrics.jsonl"):
-        assert m["fully_async/staleness/max"] <= 1
+        assert m["staleness/max"] <= 1
     ledger = json.loads((run_dir / "ledger.json").read_text())
     epochs = ledger["epochs"]
     assert epochs["0"]["complete"] and epochs["1"]["complete"]  # 12 steps x 2 groups = 2.4 epochs of 10
@@ -242,11 +247,11 @@ def test_decoupled_ppo_anchors_at_the_sync_window_start(setup):
             "trainer.val_before_train=false",
             "trainer.test_freq=0",
         ]
-        run_pipeline(load_config(None, over))
+        run_training(load_config(None, over))
         metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl")}
         for step in (1, 2):
-            assert metrics[step]["fully_async/staleness/max"] == 0
-            assert "rollout_corr/is_mean" in metrics[step] and "timing_s/old_log_prob" in metrics[step]
+            assert metrics[step]["staleness/max"] == 0
+            assert metrics[step]["rollout_corr/is_mean"] > 0 and metrics[step]["timing_s/old_log_prob"] > 0
         kl[prox] = [abs(metrics[s]["rollout_corr/kl"]) for s in (1, 2)]
     assert max(kl[True]) < 1e-4
     assert kl[False][0] < 1e-4 and kl[False][1] > 1e-3

@@ -13,7 +13,7 @@ import ray
 
 from asyncrl.checkpoint import load_driver_state
 from asyncrl.config import load_config
-from asyncrl.pipelines import run_pipeline
+from asyncrl.schedules import run_training
 from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.workers.cluster import PlacementError
 from tests.helpers import make_data, make_model, train_overrides
@@ -21,7 +21,7 @@ from tests.helpers import make_data, make_model, train_overrides
 pytestmark = pytest.mark.ray
 
 POOLS = [
-    "trainer.mode=one_step_off",
+    "trainer.schedule=one_step_off",
     "trainer.cpus_per_worker=1",
     "rollout.num_workers=2",
     "rollout.cpus_per_worker=0.5",
@@ -43,17 +43,17 @@ def test_three_one_step_off_steps_train_one_version_behind(setup):
     root, model, train, test = setup
     run_dir = root / "osp"
     cfg = load_config(None, train_overrides(model, train, test, run_dir, 3) + POOLS)
-    summary = run_pipeline(cfg)
+    summary = run_training(cfg)
     metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl")}
     assert sorted(metrics) == [0, 1, 2, 3]
     # batch 1 is generated with the initial weights and trained at version 0; every later batch one version behind
-    assert metrics[1]["fully_async/staleness/mean"] == 0.0
+    assert metrics[1]["staleness/mean"] == 0.0
     for step in (2, 3):
-        assert metrics[step]["fully_async/staleness/mean"] == 1.0
-        assert metrics[step]["fully_async/staleness/max"] == 1.0
-        assert metrics[step]["sync/bytes_per_s"] > 0
+        assert metrics[step]["staleness/mean"] == 1.0
+        assert metrics[step]["staleness/max"] == 1.0
+        assert metrics[step]["sync/bytes_per_s"] > 0 and metrics[step]["sync/seconds"] > 0
         for key in ("timing_s/wait_prev_gen", "timing_s/sync_rollout_weights", "timing_s/update_actor", "timing_s/gen"):
-            assert key in metrics[step], key
+            assert 0 <= metrics[step][key] < 60, key
     assert summary["samples"] == 3 * 4 * 4
     trace = json.loads((run_dir / "timeline.json").read_text())
     workers = {e["args"]["name"] for e in trace["traceEvents"] if e.get("ph") == "M" and e["name"] == "process_name"}
@@ -64,8 +64,8 @@ def test_resumed_one_step_off_regenerates_the_in_flight_batch(setup):
     root, model, train, test = setup
     run_dir = root / "osp_resume"
     base = train_overrides(model, train, test, run_dir, 2) + POOLS + ["trainer.val_before_train=false"]
-    run_pipeline(load_config(None, base))
-    run_pipeline(load_config(None, base + ["trainer.total_training_steps=4", "trainer.resume_mode=auto"]))
+    run_training(load_config(None, base))
+    run_training(load_config(None, base + ["trainer.total_training_steps=4", "trainer.resume_mode=auto"]))
     metrics = read_metrics(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -78,7 +78,7 @@ def test_mid_run_checkpoint_records_the_cursor_after_the_trained_batch(setup):
     root, model, train, test = setup
     run_dir = root / "osp_cursor"
     over = train_overrides(model, train, test, run_dir, 3) + POOLS
-    run_pipeline(load_config(None, over + ["trainer.save_freq=1", "trainer.test_freq=0"]))
+    run_training(load_config(None, over + ["trainer.save_freq=1", "trainer.test_freq=0"]))
     for step in (2, 3):  # the manager keeps the last two; step 2 was saved with batch 3 in flight
         state = load_driver_state(run_dir / "checkpoints" / f"step_{step}")
         assert (state["sampler"]["epoch"], state["sampler"]["position"]) == (0, step * 4), step
@@ -87,5 +87,5 @@ def test_mid_run_checkpoint_records_the_cursor_after_the_trained_batch(setup):
 def test_pools_larger_than_the_cluster_fail_at_start(setup):
     root, model, train, test = setup
     cfg = load_config(None, train_overrides(model, train, test, root / "big", 1) + POOLS + ["rollout.num_workers=8"])
-    with pytest.raises(PlacementError, match="ask for 5 CPUs"):
-        run_pipeline(cfg)
+    with pytest.raises(PlacementError, match=r"ask for 5 CPUs \(trainer=1, rollout=8 x 0.5\)"):
+        run_training(cfg)

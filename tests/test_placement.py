@@ -5,16 +5,13 @@ from __future__ import annotations
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.workers.cluster import PlacementError
-from asyncrl.workers.placement import resolve_placement
+from asyncrl.workers.placement import PlacementError, resolve_placement
 
-BASE = ["model.path=m", "data.train_files=[t.parquet]", "trainer.mode=ppo", "algorithm.adv_estimator=gae"]
+BASE = ["model.path=m", "data.train_files=[t.parquet]", "algorithm.name=ppo", "algorithm.adv_estimator=gae"]
 SPLIT = [
     "placement.pools.a.cpus=1",
     "placement.pools.c.cpus=1",
     "placement.roles.actor=a",
-    "placement.roles.rollout=a",
-    "placement.roles.ref=a",
     "placement.roles.critic=c",
 ]
 
@@ -23,19 +20,28 @@ def _resolve(*over: str, cpus: float = 2.0):
     return resolve_placement(load_config(None, BASE + list(over)), total_cpus=cpus)
 
 
-def test_empty_placement_is_the_split_default():
-    p = _resolve(cpus=2)
-    assert p.pools == {"actor_pool": 1.0, "critic_pool": 1.0}
-    assert p.roles == {"actor": "actor_pool", "rollout": "actor_pool", "ref": "actor_pool", "critic": "critic_pool"}
-    p = _resolve("reward_model.enable=true", "reward_model.path=rm", cpus=4)
-    assert p.pools == {"actor_pool": 2.0, "critic_pool": 2.0} and p.roles["reward_model"] == "critic_pool"
+def test_empty_placement_puts_every_role_on_the_trainer_pool():
+    p = _resolve("trainer.cpus_per_worker=2", cpus=2)
+    assert p.pools == {"trainer": 2.0} and p.roles == {"actor": "trainer", "critic": "trainer"}
+    assert p.rollout is None  # sync: the actor generates
+    p = _resolve("reward_model.enable=true", "reward_model.path=rm", "trainer.cpus_per_worker=1", cpus=4)
+    assert p.roles == {"actor": "trainer", "critic": "trainer", "reward_model": "trainer"}
+
+
+def test_placement_holds_in_every_schedule_and_the_rollout_pool_counts():
+    p = _resolve(
+        *SPLIT, "trainer.schedule=one_step_off", "rollout.num_workers=2", "rollout.cpus_per_worker=0.5", cpus=3
+    )
+    assert not p.same_pool("actor", "critic") and p.rollout == (2, 0.5) and p.total_cpus == 3.0
+    with pytest.raises(PlacementError, match=r"ask for 3 CPUs \(a=1, c=1, rollout=1 x 1\)"):
+        _resolve(*SPLIT, "trainer.schedule=fully_async", cpus=2)
 
 
 def test_explicit_split_and_colocated_mappings_resolve():
     p = _resolve(*SPLIT)
-    assert not p.same_pool("actor", "critic") and p.same_pool("actor", "ref")
-    p = _resolve("placement.pools.all.cpus=2", "placement.roles={actor: all, rollout: all, ref: all, critic: all}")
-    assert p.same_pool("actor", "critic") and p.roles_on("all") == ["actor", "rollout", "ref", "critic"]
+    assert not p.same_pool("actor", "critic")
+    p = _resolve("placement.pools.all.cpus=2", "placement.roles={actor: all, critic: all}")
+    assert p.same_pool("actor", "critic") and p.roles_on("all") == ["actor", "critic"]
 
 
 @pytest.mark.parametrize(
@@ -45,8 +51,9 @@ def test_explicit_split_and_colocated_mappings_resolve():
         (["placement.roles.critic=nowhere"], 2, "placement.roles.critic: pool 'nowhere' is not in placement.pools"),
         (["placement.pools.spare.cpus=1"], 3, "placement.pools.spare: empty pool"),
         (["placement.pools.c.cpus=0"], 2, "placement.pools.c.cpus must be > 0"),
-        ([], 1.5, "placement.pools ask for 2 CPUs (a=1, c=1) but the Ray cluster has 1.5"),
-        (["placement.roles.ref=c"], 2, "actor, rollout and ref must share one pool"),
+        ([], 1.5, "the roles ask for 2 CPUs (a=1, c=1) but the Ray cluster has 1.5"),
+        (["placement.roles.ref=c"], 2, "placement.roles.ref: not a placed role (the reference model lives in"),
+        (["placement.roles.rollout=a"], 2, "placement.roles.rollout: not a placed role (the schedule places"),
     ],
 )
 def test_invalid_mapping_is_a_clear_error(extra, cpus, fragment):
@@ -57,7 +64,7 @@ def test_invalid_mapping_is_a_clear_error(extra, cpus, fragment):
 
 def test_a_role_without_a_pool_is_named():
     with pytest.raises(PlacementError, match="placement.roles.critic: missing"):
-        _resolve("placement.pools.a.cpus=2", "placement.roles={actor: a, rollout: a, ref: a}")
+        _resolve("placement.pools.a.cpus=2", "placement.roles={actor: a}")
     with pytest.raises(PlacementError, match="placement.roles.reward_model: missing"):
         _resolve(*SPLIT, "reward_model.enable=true", "reward_model.path=rm")
 
@@ -70,7 +77,7 @@ def test_a_reward_model_role_is_ignored_when_the_reward_model_is_off():
 def test_bad_ppo_config_values_name_the_key():
     from asyncrl.config import ConfigError
 
-    with pytest.raises(ConfigError, match="algorithm.adv_estimator must be gae when trainer.mode=ppo"):
+    with pytest.raises(ConfigError, match="algorithm.adv_estimator must be gae or null when algorithm.name=ppo"):
         load_config(None, BASE + ["algorithm.adv_estimator=grpo"])
     with pytest.raises(ConfigError, match="algorithm.lam must be in"):
         load_config(None, BASE + ["algorithm.lam=1.5"])

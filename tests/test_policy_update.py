@@ -11,6 +11,7 @@ import torch
 
 from asyncrl.config import ActorConfig, RolloutCorrectionConfig
 from asyncrl.data.collate import collate
+from asyncrl.data.targets import PolicyTarget
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.types import Prompt, Sample
@@ -30,8 +31,8 @@ def _batch(tok, adv_per_row: list[float]):
         logp = [-rng.uniform(0.5, 3.0) for _ in rid]
         samples.append(Sample(Prompt(i // 4, pid, "chain_sum", "0"), rid, logp, [0] * len(rid)))
     b = collate(samples, tok.pad_token_id)
-    b.extras["old_logp_BT"] = b.behav_logp_BT.clone()
-    b.extras["advantages_BT"] = torch.tensor(adv_per_row).unsqueeze(1) * b.response_mask_BT
+    advantages_BT = torch.tensor(adv_per_row).unsqueeze(1) * b.response_mask_BT
+    b.policy = PolicyTarget(advantages_BT, old_logp_BT=b.behav_logp_BT.clone())
     return b
 
 

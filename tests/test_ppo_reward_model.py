@@ -10,11 +10,11 @@ import ray
 import torch
 
 from asyncrl.config import load_config
-from asyncrl.pipelines import run_pipeline
+from asyncrl.models.reward_model import load_reward_model, score_ids
 from asyncrl.rewards.combine import combine_rewards, token_level_rewards
-from asyncrl.rewards.train_rm import corrupt_answer, train_reward_model
+from asyncrl.schedules import run_training
+from asyncrl.schedules.reward_model import corrupt_answer, train_reward_model
 from asyncrl.telemetry.metrics import read_metrics
-from asyncrl.workers.reward_model_worker import load_reward_model, score_ids
 from tests.helpers import make_data, make_model, train_overrides
 
 
@@ -80,16 +80,15 @@ def test_ppo_step_trains_on_rule_plus_reward_model_score(rm_setup):
     root, model, train, test, rm_dir, _ = rm_setup
     run_dir = root / "ppo_rm"
     over = train_overrides(model, train, test, run_dir, 1) + [
-        "trainer.mode=ppo",
-        "algorithm.adv_estimator=gae",
+        "algorithm.name=ppo",
         "trainer.val_before_train=false",
         "reward_model.enable=true",
         f"reward_model.path={rm_dir}",
         "reward_model.weight=0.5",
         "reward_model.rule_weight=1.0",
     ]
-    summary = run_pipeline(load_config(None, over))
+    summary = run_training(load_config(None, over))
     m = read_metrics(run_dir / "metrics.jsonl")[-1]
-    assert summary["placement"]["roles"]["reward_model"] == "critic_pool"  # the split default
+    assert summary["placement"]["roles"]["reward_model"] == "trainer"  # the default: every role on one pool
     assert 0.0 < m["reward/rm_score_mean"] < 1.0 and m["timing_s/reward_model"] > 0
     assert m["reward/mean"] == pytest.approx(m["reward/rule_mean"] + 0.5 * m["reward/rm_score_mean"], abs=1e-5)

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from asyncrl.config import load_config
-from asyncrl.pipelines import run_pipeline
+from asyncrl.schedules import run_training
 from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.telemetry.timeline import read_chrome_trace
 from tests.helpers import make_data, make_model, train_overrides
@@ -22,7 +22,7 @@ from tests.helpers import make_data, make_model, train_overrides
 pytestmark = pytest.mark.ray
 
 PPO = [
-    "trainer.mode=ppo",
+    "algorithm.name=ppo",
     "algorithm.adv_estimator=gae",
     "critic.optim.lr=1e-3",
 ]
@@ -30,8 +30,6 @@ SPLIT_PLACEMENT = [
     "placement.pools.actor_pool.cpus=1",
     "placement.pools.critic_pool.cpus=1",
     "placement.roles.actor=actor_pool",
-    "placement.roles.rollout=actor_pool",
-    "placement.roles.ref=actor_pool",
     "placement.roles.critic=critic_pool",
 ]
 
@@ -50,13 +48,13 @@ def _run(setup, name: str, steps: int, *extra: str) -> tuple[dict, list[dict]]:
     run_dir = root / name
     placement = [] if any(e.startswith("placement.") for e in extra) else SPLIT_PLACEMENT
     cfg = load_config(None, train_overrides(model, train, test, run_dir, steps) + PPO + placement + list(extra))
-    summary = run_pipeline(cfg)
+    summary = run_training(cfg)
     return summary, read_metrics(run_dir / "metrics.jsonl")
 
 
 def _update_spans(run_dir) -> dict[tuple[str, int], tuple[float, float]]:
     """(update_actor | update_critic, step) -> (start_s, end_s), as the workers recorded them."""
-    owners = {"update_actor": "actor_rollout", "update_critic": "critic"}
+    owners = {"update_actor": "trainer", "update_critic": "critic"}
     return {
         (e["name"], e["step"]): (e["start_s"], e["end_s"])
         for e in read_chrome_trace(run_dir / "timeline.json")
@@ -69,19 +67,11 @@ def test_two_split_steps_overlap_actor_and_critic_updates(setup):
     run_dir = setup[0] / "split"
     assert [m["step"] for m in metrics] == [0, 1, 2]
     for m in metrics[1:]:
-        for key in (
-            "critic/vf_loss",
-            "critic/vpred_mean",
-            "critic/vf_explained_var",
-            "timing_s/values",
-            "timing_s/update_critic",
-            "timing_s/update_actor",
-            "timing_s/update_actor_call",
-            "timing_s/update_critic_call",
-            "timing_s/update_actor_critic",
-            "actor/pg_loss",
-        ):
-            assert key in m and math.isfinite(m[key]), (m["step"], key)
+        for key in ("critic/vf_loss", "critic/vpred_mean", "critic/vf_explained_var", "actor/pg_loss"):
+            assert math.isfinite(m[key]), (m["step"], key)
+        for key in ("timing_s/values", "timing_s/update_critic", "timing_s/update_actor"):
+            assert 0 < m[key] < m["timing_s/train"] + m["timing_s/prepare"], (m["step"], key)
+        assert m["perf/update_overlap_s"] >= 0  # micro models: call overhead can exceed what the overlap hides
     assert summary["placement"]["roles"]["critic"] == "critic_pool"
     assert (run_dir / "checkpoints" / "step_2" / "critic_state.pt").is_file()
     assert (run_dir / "checkpoints" / "step_2" / "model" / "config.json").is_file()
@@ -99,7 +89,7 @@ def test_colocated_placement_runs_updates_one_after_another(setup):
         "colocated",
         1,
         "placement.pools={one: {cpus: 2}}",
-        "placement.roles={actor: one, rollout: one, ref: one, critic: one}",
+        "placement.roles={actor: one, critic: one}",
         "trainer.val_before_train=false",
     )
     run_dir = setup[0] / "colocated"
@@ -107,13 +97,13 @@ def test_colocated_placement_runs_updates_one_after_another(setup):
     a0, a1 = spans[("update_actor", 1)]
     c0, c1 = spans[("update_critic", 1)]
     assert a0 >= c1 or c0 >= a1  # one pool: the calls take turns
-    assert math.isfinite(metrics[-1]["critic/vf_loss"])
+    assert math.isfinite(metrics[-1]["critic/vf_loss"]) and metrics[-1]["perf/update_overlap_s"] == 0.0
 
 
 def test_critic_warmup_leaves_the_policy_untouched(setup):
     _, metrics = _run(setup, "warmup", 1, "trainer.critic_warmup=1", "trainer.val_before_train=false")
-    assert "critic/vf_loss" in metrics[-1] and "actor/pg_loss" not in metrics[-1]
-    assert metrics[-1]["fully_async/staleness/mean"] == 0.0
+    assert metrics[-1]["critic/vf_loss"] >= 0 and "actor/pg_loss" not in metrics[-1]
+    assert metrics[-1]["staleness/mean"] == 0.0
     init = load_file(str(setup[1] / "model.safetensors"))
     final = load_file(str(setup[0] / "warmup" / "final" / "model.safetensors"))
     for k in final:

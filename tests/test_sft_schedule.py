@@ -5,7 +5,7 @@ import math
 import pytest
 
 from asyncrl.config import ConfigError
-from asyncrl.sft import load_sft_config, lr_factor
+from asyncrl.schedules.sft import load_sft_config, lr_factor
 
 
 def test_warmup_is_linear_and_ignores_the_schedule():

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from asyncrl.checkpoint import export_checkpoint
 from asyncrl.config import load_config
-from asyncrl.pipelines import run_pipeline
+from asyncrl.schedules import run_training
 from asyncrl.telemetry.metrics import read_metrics
 from tests.helpers import make_data, make_model, train_overrides
 
@@ -36,7 +36,7 @@ def _run(setup, name: str, steps: int, *extra: str) -> tuple[dict, list[dict]]:
     root, model, train, test = setup
     run_dir = root / name
     cfg = load_config(None, train_overrides(model, train, test, run_dir, steps) + list(extra))
-    summary = run_pipeline(cfg)
+    summary = run_training(cfg)
     return summary, read_metrics(run_dir / "metrics.jsonl")
 
 
@@ -48,22 +48,16 @@ def test_two_sync_steps_write_the_whole_output_dir(setup):
     summary, metrics = _run(setup, "two", 2)
     run_dir = setup[0] / "two"
     assert [m["step"] for m in metrics] == [0, 1, 2]
-    for key in (
-        "reward/mean",
-        "response_length/mean",
-        "actor/pg_loss",
-        "actor/entropy",
-        "actor/grad_norm",
-        "actor/lr",
-        "timing_s/gen",
-        "timing_s/reward",
-        "timing_s/update_actor",
-        "timing_s/step",
-        "perf/throughput_tokens_per_s",
-    ):
-        assert key in metrics[1], key
-    assert "val/accuracy" in metrics[0] and "val/accuracy" in metrics[2]
-    assert metrics[1]["fully_async/staleness/mean"] == 0.0
+    m = metrics[1]
+    assert 0.0 <= m["reward/mean"] <= 1.0 and m["reward/failed_count"] == 0
+    assert 1 <= m["response_length/mean"] <= 6  # rollout.response_length=6
+    assert m["actor/entropy"] > 0 and m["actor/grad_norm"] > 0 and m["actor/lr"] == pytest.approx(1e-3)
+    assert m["actor/pg_loss"] == pytest.approx(m["actor/pg_loss"])  # finite
+    for key in ("timing_s/gen", "timing_s/prepare", "timing_s/train", "timing_s/update_actor"):
+        assert 0 < m[key] < m["timing_s/step"], key
+    assert m["perf/throughput_tokens_per_s"] > 0
+    assert 0.0 <= metrics[0]["val/accuracy"] <= 1.0 and 0.0 <= metrics[2]["val/accuracy"] <= 1.0
+    assert m["staleness/mean"] == 0.0 and metrics[2]["staleness/max"] == 0.0
     assert (run_dir / "checkpoints" / "step_2" / "model" / "config.json").is_file()
     assert (run_dir / "final" / "config.json").is_file()
     assert list((run_dir / "tensorboard").iterdir())
@@ -71,8 +65,8 @@ def test_two_sync_steps_write_the_whole_output_dir(setup):
     names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
     assert {"generate", "update_actor", "gen", "reward"} <= names
     on_disk = json.loads((run_dir / "summary.json").read_text())
-    for key in ("accuracy_before", "accuracy_after", "steps", "samples", "wall_s"):
-        assert key in on_disk, key
+    assert 0.0 <= on_disk["accuracy_before"] <= 1.0 and on_disk["accuracy_after"] == metrics[2]["val/accuracy"]
+    assert on_disk["wall_s"] > 0
     assert on_disk["steps"] == 2 and on_disk["samples"] == 2 * 4 * 4 == summary["samples"]
 
 
@@ -88,7 +82,8 @@ def test_kl_loss_and_recomputed_old_logprobs_run(setup):
     )
     step1 = metrics[-1]
     assert step1["step"] == 1
-    assert "actor/kl_loss" in step1 and "timing_s/ref" in step1 and "timing_s/old_log_prob" in step1
+    assert step1["timing_s/ref"] > 0 and step1["timing_s/old_log_prob"] > 0  # measured inside the trainer's update
+    assert step1["actor/kl_loss"] >= 0
     # the first update starts from the reference weights, so the KL at its first mini-batch is 0; IS weights ~1
     assert step1["rollout_corr/is_mean"] == pytest.approx(1.0, abs=1e-3)
 
@@ -124,10 +119,11 @@ def test_resume_after_a_crash_drops_steps_logged_past_the_checkpoint(setup):
 
 
 def test_export_round_trip_loads_with_transformers(setup):
-    run_dir = setup[0] / "two"
+    _run(setup, "export", 1, "trainer.val_before_train=false")
+    run_dir = setup[0] / "export"
     out = export_checkpoint(run_dir, setup[0] / "exported")
     model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
-    ckpt = load_file(str(run_dir / "checkpoints" / "step_2" / "model" / "model.safetensors"))
+    ckpt = load_file(str(run_dir / "checkpoints" / "step_1" / "model" / "model.safetensors"))
     state = model.state_dict()
     for k, v in ckpt.items():
         assert torch.equal(state[k], v), k

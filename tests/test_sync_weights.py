@@ -16,11 +16,14 @@ import pytest
 import ray
 import torch
 
+from asyncrl.config import SyncConfig
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rollout.engine import RolloutEngine
+from asyncrl.sync.endpoints import SyncReceiverMixin, SyncSenderMixin
 from asyncrl.sync.errors import WeightSyncError
-from asyncrl.sync.ray_sync import SyncReceiverMixin, SyncSenderMixin, setup_weight_sync, sync_weights
+from asyncrl.sync.weight_sync import WeightSync
+from asyncrl.workers.backends import RayHandle
 
 pytestmark = pytest.mark.ray
 
@@ -95,6 +98,21 @@ def actors(cluster):
     return trainer, rollouts
 
 
+def _sync(trainer, rollouts, bucket_mb=64.0, timeout_s=TIMEOUT_S, verify=False) -> WeightSync:
+    """The driver's WeightSync over these actors (push needs no setup of its own: the group lives on the workers)."""
+    cfg = SyncConfig(bucket_mb=bucket_mb, verify=verify, timeout_s=timeout_s)
+    handles = [RayHandle(r, f"rollout{i}") for i, r in enumerate(rollouts)]
+    return WeightSync(RayHandle(trainer, "trainer"), handles, cfg, ready_timeout_s=GET_S)
+
+
+def setup_weight_sync(trainer, rollouts, bucket_mb=64.0, timeout_s=TIMEOUT_S):
+    return _sync(trainer, rollouts, bucket_mb, timeout_s).setup()
+
+
+def sync_weights(trainer, rollouts, version, verify=False, timeout_s=TIMEOUT_S, _corrupt_bucket=None):
+    return _sync(trainer, rollouts, timeout_s=timeout_s, verify=verify).push(version, _corrupt_bucket)
+
+
 def _assert_rollouts_equal_trainer(trainer, rollouts, version):
     want = ray.get(trainer.weights.remote(), timeout=GET_S)
     for rank, r in enumerate(rollouts, start=1):
@@ -113,20 +131,20 @@ def test_sync_makes_every_rollout_worker_bit_identical_to_the_trainer(actors):
     assert not torch.equal(before["model.embed_tokens.weight"], want["model.embed_tokens.weight"])
 
     summary = setup_weight_sync(trainer, rollouts, bucket_mb=64.0, timeout_s=TIMEOUT_S)
-    assert summary["buckets"] == 1
+    assert summary.buckets == 1
     stats = sync_weights(trainer, rollouts, version=1, verify=True, timeout_s=TIMEOUT_S)
-    assert stats.bytes == summary["bytes"] == sum(t.numel() * 4 for k, t in want.items() if k != "lm_head.weight")
+    assert stats.bytes == summary.bytes == sum(t.numel() * 4 for k, t in want.items() if k != "lm_head.weight")
     _assert_rollouts_equal_trainer(trainer, rollouts, version=1)
 
 
 def test_sync_with_many_small_buckets_delivers_the_newest_weights(actors):
     trainer, rollouts = actors
     summary = setup_weight_sync(trainer, rollouts, bucket_mb=0.02, timeout_s=TIMEOUT_S)  # 20 KiB buckets
-    assert summary["buckets"] > 5
+    assert summary.buckets > 5
     for version in (2, 3):
         ray.get(trainer.perturb.remote(seed=version), timeout=GET_S)
         stats = sync_weights(trainer, rollouts, version=version, verify=True, timeout_s=TIMEOUT_S)
-        assert stats.buckets == summary["buckets"]
+        assert stats.buckets == summary.buckets
         _assert_rollouts_equal_trainer(trainer, rollouts, version=version)
 
 
@@ -135,7 +153,7 @@ def test_corrupted_bucket_is_detected_and_leaves_the_rollout_weights_untouched(a
     summary = setup_weight_sync(trainer, rollouts, bucket_mb=0.02, timeout_s=TIMEOUT_S)
     ray.get(trainer.perturb.remote(seed=4), timeout=GET_S)
     stale = ray.get(rollouts[1].weights.remote(), timeout=GET_S)
-    bucket = summary["buckets"] - 1
+    bucket = summary.buckets - 1
     with pytest.raises(WeightSyncError) as err:
         sync_weights(trainer, rollouts, version=4, verify=True, timeout_s=TIMEOUT_S, _corrupt_bucket=bucket)
     for rank in (1, 2):

@@ -9,10 +9,11 @@ engine numbers them, so trainer and engine see identical inputs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from asyncrl.data.targets import PolicyTarget, TeacherTarget, ValueTarget, check_shapes, cols, rows
 from asyncrl.types import Sample
 
 
@@ -25,14 +26,20 @@ class TrainBatch:
     response_mask_BT: torch.Tensor  # float [B, T], 1 = real response token
     prompt_width: int  # P
     behav_logp_BT: torch.Tensor  # float [B, T] the rollout's log-probs (0 on padding)
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # advantages_BT, old_logp_BT, ref_logp_BT, ...
+    policy: PolicyTarget | TeacherTarget | None = None  # what the actor fits (set by the algorithm)
+    value: ValueTarget | None = None  # what the critic fits (PPO)
+
+    def __post_init__(self) -> None:
+        for target in (self.policy, self.value):
+            if target is not None:
+                check_shapes(target, tuple(self.response_mask_BT.shape))
 
     @property
     def size(self) -> int:
         return self.input_ids_BL.shape[0]
 
     def select(self, idx: torch.Tensor | list[int]) -> TrainBatch:
-        """Rows ``idx`` of the batch (all tensors, extras included); the padding widths stay as they are."""
+        """Rows ``idx`` of the batch (all tensors, targets included); the padding widths stay as they are."""
         idx = torch.as_tensor(idx, dtype=torch.long)
         return TrainBatch(
             input_ids_BL=self.input_ids_BL[idx],
@@ -42,7 +49,8 @@ class TrainBatch:
             response_mask_BT=self.response_mask_BT[idx],
             prompt_width=self.prompt_width,
             behav_logp_BT=self.behav_logp_BT[idx],
-            extras={k: v[idx] for k, v in self.extras.items()},
+            policy=None if self.policy is None else rows(self.policy, idx),
+            value=None if self.value is None else rows(self.value, idx),
         )
 
     def trimmed(self) -> TrainBatch:
@@ -60,10 +68,8 @@ class TrainBatch:
             response_mask_BT=self.response_mask_BT[:, :T],
             prompt_width=P,
             behav_logp_BT=self.behav_logp_BT[:, :T],
-            extras={
-                k: v[:, :T] if v.dim() >= 2 and v.shape[1] == self.response_mask_BT.shape[1] else v
-                for k, v in self.extras.items()
-            },
+            policy=None if self.policy is None else cols(self.policy, T),
+            value=None if self.value is None else cols(self.value, T),
         )
 
 
@@ -116,3 +122,13 @@ def collate(samples: list[Sample], pad_token_id: int) -> TrainBatch:
         prompt_width=P,
         behav_logp_BT=behav,
     )
+
+
+def rewards_of(samples: list[Sample]) -> torch.Tensor:
+    return torch.tensor([s.reward for s in samples], dtype=torch.float32)
+
+
+def group_ids(samples: list[Sample]) -> torch.Tensor:
+    """Samples generated from the same (epoch, prompt) share a group id."""
+    uids = {u: i for i, u in enumerate(dict.fromkeys(s.uid for s in samples))}
+    return torch.tensor([uids[s.uid] for s in samples], dtype=torch.long)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from asyncrl.data.targets import TeacherTarget
 from asyncrl.distill.client import TeacherClient
 from asyncrl.types import Sample
 
@@ -28,10 +29,9 @@ class TeacherKnowledge:
     token_logp_BT: Tensor  # float32: the teacher's log-prob of the response token itself
     seconds: float  # wall time of the teacher calls
 
-    def attach(self, extras: dict[str, Tensor]) -> None:
-        extras["teacher_topk_ids_BTK"] = self.topk_ids_BTK
-        extras["teacher_topk_logp_BTK"] = self.topk_logp_BTK
-        extras["teacher_logp_BT"] = self.token_logp_BT
+    def target(self) -> TeacherTarget:
+        """The trainer's input: what the student is fitted to."""
+        return TeacherTarget(self.topk_ids_BTK, self.topk_logp_BTK, self.token_logp_BT)
 
 
 def get_teacher_knowledge(client: TeacherClient, samples: list[Sample]) -> TeacherKnowledge:

@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from asyncrl.config import TeacherConfig, check
@@ -24,11 +25,18 @@ class TeacherStartError(RuntimeError):
     """The teacher server started here did not come up."""
 
 
+@dataclass(frozen=True)
+class TeacherEndpoint:
+    url: str
+    pid: int | None  # the server process started here; None for a given ``teacher.url``
+
+
 @contextmanager
-def teacher_endpoint(cfg: TeacherConfig, log_dir: str | os.PathLike[str]) -> Iterator[str]:
-    """Yield the teacher's URL: ``cfg.url`` as given, or that of a server started on ``cfg.model_path``."""
+def teacher_endpoint(cfg: TeacherConfig, log_dir: str | os.PathLike[str]) -> Iterator[TeacherEndpoint]:
+    """The teacher's URL: ``cfg.url`` as given, or that of a server started here on ``cfg.model_path`` (stopped at
+    exit)."""
     if cfg.url:
-        yield cfg.url
+        yield TeacherEndpoint(cfg.url, None)
         return
     check(Path(str(cfg.model_path)).is_dir(), "teacher.model_path", cfg.model_path, "an existing model directory")
     proc, url = start_teacher_server(
@@ -39,7 +47,7 @@ def teacher_endpoint(cfg: TeacherConfig, log_dir: str | os.PathLike[str]) -> Ite
         startup_timeout_s=cfg.startup_timeout_s,
     )
     try:
-        yield url
+        yield TeacherEndpoint(url, proc.pid)
     finally:
         stop_process(proc)
 

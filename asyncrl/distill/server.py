@@ -13,6 +13,9 @@ batched and unbatched scores agree to float rounding.
 Endpoints: ``GET /health``, ``GET /v1/models`` (vLLM's list plus ``vocab_size`` and ``tokenizer_fingerprint``, which
 the client uses to check the student shares the vocabulary), ``POST /v1/completions``, ``POST /tokenize`` and
 ``POST /detokenize`` (vLLM's shapes). There is no authentication: it binds 127.0.0.1 unless told otherwise.
+
+This module is the engine (model, batcher, endpoint logic) and the command line; the HTTP plumbing (routing, body
+limits, status codes, connection tracking) is :mod:`asyncrl.distill.transport`.
 """
 
 from __future__ import annotations
@@ -23,37 +26,28 @@ import logging
 import os
 import queue
 import signal
-import socket
 import sys
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
 
 import torch
 
+from asyncrl.config import TeacherConfig
 from asyncrl.distill.protocol import (
     RequestError,
     SequenceScores,
     completion_response,
-    error_body,
     parse_completion_request,
     parse_prompts,
     tokenizer_fingerprint,
 )
+from asyncrl.distill.transport import ServerStoppingError, TeacherHTTPServer
 from asyncrl.models.loading import ModelLoadError, eos_token_ids, load_model
 
 logger = logging.getLogger(__name__)
-
-MAX_BODY_BYTES = 64 * 1024 * 1024  # a 100k-token batch is ~1 MB of JSON; anything near this is a mistake
-IDLE_CONNECTION_TIMEOUT_S = 120.0  # a keep-alive connection silent this long is closed
-
-
-class ServerStoppingError(RuntimeError):
-    """The server is shutting down: a request arriving now gets HTTP 503 (the client retries); queued ones finish."""
 
 
 @dataclass
@@ -108,7 +102,7 @@ class TeacherServer:
         model_dir: str | os.PathLike[str],
         host: str = "127.0.0.1",
         port: int = 0,
-        max_batch: int = 8,
+        max_batch: int = TeacherConfig.server_max_batch,
         max_wait_ms: float = 5.0,
         model_name: str | None = None,
         dtype: str = "float32",
@@ -129,7 +123,7 @@ class TeacherServer:
         self.created = int(time.time())
         self.stats = {"batches": 0, "sequences": 0, "max_batch_size": 0}
         self._requested_port = port
-        self._httpd: _HTTPServer | None = None
+        self._httpd: TeacherHTTPServer | None = None
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._stopping = False
@@ -151,7 +145,7 @@ class TeacherServer:
 
     def start(self) -> TeacherServer:
         try:
-            self._httpd = _HTTPServer((self.host, self._requested_port), self)
+            self._httpd = TeacherHTTPServer((self.host, self._requested_port), self)
         except OSError as e:
             raise OSError(f"serve-teacher: cannot listen on {self.host}:{self._requested_port} ({e})") from e
         if self.host not in ("127.0.0.1", "localhost", "::1"):
@@ -298,116 +292,18 @@ class TeacherServer:
         return {"prompt": self.tokenizer.decode(tokens)}
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    """Knows its :class:`TeacherServer` and its open connections, so ``stop()`` can close keep-alive ones too."""
-
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], teacher: TeacherServer) -> None:
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        self.teacher = teacher
-        self._conns: set[socket.socket] = set()
-        self._conns_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that hung up (or stop() closing its connection) is routine; log instead of printing a traceback.
-        logger.debug("teacher connection from %s failed", client_address, exc_info=True)
-
-    def track(self, conn: socket.socket, add: bool) -> None:
-        with self._conns_lock:
-            (self._conns.add if add else self._conns.discard)(conn)
-
-    def close_connections(self) -> None:
-        with self._conns_lock:
-            for conn in self._conns:
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: the client reuses one connection per thread
-    timeout = IDLE_CONNECTION_TIMEOUT_S
-    server: _HTTPServer
-
-    def setup(self) -> None:
-        super().setup()
-        self.server.track(self.connection, True)
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self.server.track(self.connection, False)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
-        logger.debug("%s %s", self.address_string(), format % args)
-
-    def _send(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload, allow_nan=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _route(self) -> str:
-        return urlsplit(self.path).path.rstrip("/") or "/"
-
-    def do_GET(self) -> None:
-        path, teacher = self._route(), self.server.teacher
-        if path == "/health":
-            self._send(200, {"status": "ok", "model": teacher.model_id})
-        elif path == "/v1/models":
-            self._send(200, teacher.models_payload())
-        else:
-            self._send(404, error_body(f"no route GET {path}", None, "not_found_error", 404))
-
-    def do_POST(self) -> None:
-        teacher = self.server.teacher
-        routes = {"/v1/completions": teacher.complete, "/tokenize": teacher.tokenize, "/detokenize": teacher.detokenize}
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            self.close_connection = True  # the body's end is unknown, so the connection cannot be reused
-            self._send(411, error_body("a Content-Length header is required", "body", code=411))
-            return
-        if int(length) > MAX_BODY_BYTES:
-            self.close_connection = True
-            self._send(413, error_body(f"body of {length} bytes exceeds {MAX_BODY_BYTES}", "body", code=413))
-            return
-        raw = self.rfile.read(int(length))
-        path = self._route()
-        handler = routes.get(path)
-        if handler is None:
-            self._send(404, error_body(f"no route POST {path}", None, "not_found_error", 404))
-            return
-        try:
-            try:
-                body = json.loads(raw)
-            except ValueError as e:
-                raise RequestError("body", f"request body is not valid JSON ({e})") from None
-            self._send(200, handler(body))
-        except RequestError as e:
-            self._send(400, error_body(e.message, e.param))
-        except ServerStoppingError as e:
-            self._send(503, error_body(str(e), None, "service_unavailable", 503))
-        except Exception as e:
-            logger.exception("teacher request %s failed", path)
-            self._send(500, error_body(f"{type(e).__name__}: {e}", None, "internal_server_error", 500))
-
-
 # ---- command line ------------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``asyncrl serve-teacher`` flags (shared by ``asyncrl.cli`` and ``python -m asyncrl.distill.server``)."""
     p.add_argument("--model", required=True, help="local Hugging Face causal-LM directory")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it loopback)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    p.add_argument("--max-batch", type=int, default=8, help="sequences per forward pass")
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=TeacherConfig().server_max_batch,
+        help="sequences per forward pass (default: teacher.server_max_batch's)",
+    )
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more sequences")
     p.add_argument("--served-model-name", default=None, help="model id in replies (default: the --model path)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")

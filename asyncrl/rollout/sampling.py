@@ -10,6 +10,7 @@ decoding (temperature 0) records ``log_softmax(logits)``, i.e. temperature 1.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -35,6 +36,12 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_k must be >= 0 (0 = off), got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @classmethod
+    def from_config(cls, rollout: Any) -> SamplingParams:
+        """The training-time sampling of a run's ``rollout`` config section (one place, every schedule)."""
+        r = rollout
+        return cls(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.response_length)
 
     @property
     def greedy(self) -> bool:

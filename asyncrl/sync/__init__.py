@@ -4,8 +4,8 @@
 - ``handshake``: the parameter list/bucket plan agreed at group creation and its check against a rollout model.
 - ``transport``: a process group of its own (TCPStore + ProcessGroupGloo/NCCL), never the default group.
 - ``group``: ``WeightSyncGroup``, one rank's view of the group: ``send`` (rank 0) / ``receive`` (ranks 1..N).
-- ``ray_sync``: the Ray edge: worker mixins, ``setup_weight_sync`` and ``sync_weights`` for the pipelines (import it
-  from ``asyncrl.sync.ray_sync``; it is not imported here so the core stays usable without Ray).
+- ``endpoints``: the worker side (sender/receiver mixins); ``weight_sync``: ``WeightSync``, the driver side that
+  sets a group up and syncs over it, through role handles (Ray actors or in-process workers alike).
 """
 
 from asyncrl.sync.buckets import Bucket, BucketEntry, ParamMeta, checksum, pack, plan_buckets, unpack

@@ -21,6 +21,16 @@ PROTOCOL = 1  # bumped when the wire format (plan JSON, header layout) changes
 
 
 @dataclass(frozen=True)
+class PlanSummary:
+    """A sync group's plan as the driver sees it (``WeightSync.setup``'s result)."""
+
+    params: int
+    bytes: int  # parameter payload of one sync
+    buckets: int
+    bucket_mb: float
+
+
+@dataclass(frozen=True)
 class SyncPlan:
     """Parameters in send order, their buckets, and the bucket size (MiB) they were planned with."""
 
@@ -37,14 +47,11 @@ class SyncPlan:
         """Payload bytes of one sync."""
         return sum(b.nbytes for b in self.buckets)
 
-    def summary(self) -> dict[str, float | int]:
-        """Parameter count, payload bytes per sync, bucket count and size (MiB): for logs."""
-        return {
-            "params": len(self.metas),
-            "bytes": self.nbytes,
-            "buckets": len(self.buckets),
-            "bucket_mb": self.bucket_mb,
-        }
+    def summary(self) -> PlanSummary:
+        """Parameter count, payload bytes per sync, bucket count and size: what the driver reports."""
+        return PlanSummary(
+            params=len(self.metas), bytes=self.nbytes, buckets=len(self.buckets), bucket_mb=self.bucket_mb
+        )
 
     def to_bytes(self) -> bytes:
         """JSON (not pickle: the payload crosses process boundaries and only describes tensors)."""

@@ -1,10 +1,9 @@
-"""The colocated actor + rollout (+ reference) worker.
+"""The trainer: the actor (+ reference, + proximal) model, its optimizer, and a built-in engine over the same weights.
 
-A plain Python class: it owns one model that both generates (through the built-in ``RolloutEngine``) and trains, an
-optional frozen reference copy for the KL loss, the optimizer and its schedule. It knows nothing of pipeline modes;
-a pipeline decides the order of calls. ``asyncrl.workers.cluster`` places it on a resource pool as a Ray actor.
-In modes with a separate rollout pool it is the trainer, and sends its weights to the rollout workers
-(``SyncSenderMixin``).
+A plain Python class that knows neither the algorithm nor the schedule: ``update`` fits whatever target the batch
+carries, and a schedule decides the order of calls. In the sync schedule its engine is the rollout; in the others it
+only evaluates, and the weights go to the rollout workers over the sync group (``SyncSenderMixin``). A backend
+(``asyncrl.workers.backends``) runs it as a Ray actor or as an object in the driver's process.
 """
 
 from __future__ import annotations
@@ -12,19 +11,26 @@ from __future__ import annotations
 import copy
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from asyncrl import seeds
 from asyncrl.checkpoint import rng_state, set_rng_state
 from asyncrl.config import Config
 from asyncrl.data.collate import TrainBatch
+from asyncrl.data.targets import PolicyTarget, TeacherTarget
 from asyncrl.models.loading import load_model
+from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.engine import RolloutEngine, SamplingParams
-from asyncrl.sync.ray_sync import SyncSenderMixin
+from asyncrl.sync.endpoints import SyncSenderMixin
 from asyncrl.telemetry.timeline import get_timeline
-from asyncrl.types import Prompt, Sample
+from asyncrl.types import Generation, Prompt, UpdateResult
 from asyncrl.workers import policy_ops
+from asyncrl.workers.rollout_worker import generate_scored
 
 
 def _warmup_lambda(warmup_steps: int):
@@ -37,101 +43,109 @@ class ActorRolloutWorker(SyncSenderMixin):
             torch.set_num_threads(num_threads)
         self.cfg = cfg
         self.name = name
-        torch.manual_seed(cfg.trainer.seed)
+        torch.manual_seed(seeds.model_init(cfg.trainer.seed))
         self.model, self.tokenizer = load_model(cfg.model.path, dtype=cfg.model.dtype)
         self.pad_token_id = self.tokenizer.pad_token_id
         self.engine = RolloutEngine(self.model, self.tokenizer, max_batch_size=cfg.rollout.max_batch_size)
-        self.ref_model = None
-        self.prox_model = None  # decoupled PPO (fully_async): the weights at the start of the sync window
-        if cfg.actor.use_kl_loss:
-            self.ref_model = copy.deepcopy(self.model).eval()
-            for p in self.ref_model.parameters():
-                p.requires_grad_(False)
-        o = cfg.actor.optim
+        self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)
+        self.ref_model = _frozen_copy(self.model) if cfg.actor.use_kl_loss else None
+        # the PPO ratio's denominator: the behaviour log-probs (bypass), the weights at the start of the sync window
+        # (decoupled PPO, fully_async), or the current weights
+        a = cfg.actor
+        self.old_policy = "behaviour" if a.use_rollout_log_probs else "actor"
+        if cfg.trainer.schedule == "fully_async" and cfg.async_training.compute_prox_log_prob:
+            self.old_policy = "prox"
+        self.prox_model = _frozen_copy(self.model) if self.old_policy == "prox" else None
+        o = a.optim
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _warmup_lambda(o.lr_warmup_steps))
-        self.version = 0  # number of policy updates applied (one per training step)
+        self.updates_per_version = (
+            cfg.async_training.trigger_parameter_sync_step if cfg.trainer.schedule == "fully_async" else 1
+        )
+        self.updates = 0  # training steps applied
+        self.version = 0  # weight version = updates // updates_per_version (a sync window's steps share one)
         self.timeline = get_timeline()
         self.timeline.worker = name
 
     # ---- rollout -------------------------------------------------------------------------------------------------
-    def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int = -1) -> list[Sample]:
-        with self.timeline.span("generate", step=step, worker=self.name):
-            return self.engine.generate(prompts, params, seed=seed)
+    def generate(
+        self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int = -1, score: bool = True
+    ) -> Generation:
+        """Samples from the current weights, scored by the rule reward here, where they were made (``score``)."""
+        return generate_scored(
+            self.engine, self.reward_fn, self.timeline, self.name, prompts, params, seed, step, score
+        )
 
     # ---- training ------------------------------------------------------------------------------------------------
     def compute_logprobs(self, batch: TrainBatch, which: str = "actor", step: int = -1) -> torch.Tensor:
         """Per-token log-probs [B, T] of ``batch``'s responses under the current (``actor``), reference (``ref``) or
-        proximal (``prox``: the weights at the last ``snapshot_prox``) model."""
+        proximal (``prox``: the weights at the start of the sync window) model."""
         models = {"actor": self.model, "ref": self.ref_model, "prox": self.prox_model}
         if which not in models:
             raise ValueError(f"{self.name}.compute_logprobs: which must be actor, ref or prox (got {which!r})")
         model = models[which]
         if model is None:
-            hint = "set actor.use_kl_loss=true" if which == "ref" else "call snapshot_prox() first"
+            hint = "set actor.use_kl_loss=true" if which == "ref" else "set async_training.compute_prox_log_prob"
             raise RuntimeError(f"{self.name}: no {which} model ({hint})")
         with self.timeline.span(f"{which}_logprobs", step=step, worker=self.name):
             return policy_ops.response_logprobs(
                 model, batch, self.cfg.rollout.temperature, self.cfg.actor.ppo_micro_batch_size
             )
 
-    def snapshot_prox(self) -> None:
-        """Keep a frozen copy of the current weights as the proximal policy (decoupled PPO's anchor)."""
-        if self.prox_model is None:
-            self.prox_model = copy.deepcopy(self.model).eval()
-            for p in self.prox_model.parameters():
-                p.requires_grad_(False)
+    def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> UpdateResult:
+        """One training step on ``batch``, whatever its policy target: a ``PolicyTarget`` (GRPO, PPO) gets its
+        reference and old log-probs here, then the PPO-clip update; a ``TeacherTarget`` the distillation update.
+
+        ``num_mini_batches`` optimizer steps (default: data.train_batch_size // actor.ppo_mini_batch_size). Returns
+        the metrics (with this worker's ``timing_s/ref``, ``timing_s/old_log_prob``, ``timing_s/update_actor``) and
+        the weight version after the step."""
+        a = self.cfg.actor
+        num_mini = num_mini_batches or self.cfg.data.train_batch_size // a.ppo_mini_batch_size
+        seed = seeds.update(self.cfg.trainer.seed, step)
+        target = batch.policy
+        timings: dict[str, float] = {}
+        if isinstance(target, PolicyTarget):
+            target = replace(target)  # filled below; the caller's batch stays as it was sent
+            batch = replace(batch, policy=target)
+            if a.use_kl_loss:
+                with _timed(timings, "timing_s/ref"):
+                    target.ref_logp_BT = self.compute_logprobs(batch, "ref", step)
+            if self.old_policy == "behaviour":
+                target.old_logp_BT = batch.behav_logp_BT
+            else:
+                with _timed(timings, "timing_s/old_log_prob"):
+                    target.old_logp_BT = self.compute_logprobs(batch, self.old_policy, step)
+            with (
+                _timed(timings, "timing_s/update_actor"),
+                self.timeline.span("update_actor", step=step, worker=self.name),
+            ):
+                res = policy_ops.ppo_update(
+                    self.model, self.optimizer, self.scheduler, batch, a, self.cfg.algorithm.rollout_correction,
+                    self.cfg.rollout.temperature, num_mini_batches=num_mini, seed=seed,
+                )  # fmt: skip
+        elif isinstance(target, TeacherTarget):
+            with (
+                _timed(timings, "timing_s/update_actor"),
+                self.timeline.span("update_actor", step=step, worker=self.name),
+            ):
+                res = policy_ops.distill_update(
+                    self.model, self.optimizer, self.scheduler, batch, a, self.cfg.distill,
+                    num_mini_batches=num_mini, seed=seed,
+                )  # fmt: skip
         else:
-            self.prox_model.load_state_dict(self.model.state_dict())
+            raise TypeError(f"{self.name}.update: a batch needs a PolicyTarget or TeacherTarget (got {target!r})")
+        self._count_update()
+        return UpdateResult({**res.metrics, **timings}, self.version)
 
-    def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> dict[str, float]:
-        """One training step on ``batch`` (extras: advantages_BT, old_logp_BT, ref_logp_BT); bumps the version.
-
-        ``num_mini_batches`` optimizer steps (default: data.train_batch_size // actor.ppo_mini_batch_size)."""
-        num_mini = num_mini_batches or self.cfg.data.train_batch_size // self.cfg.actor.ppo_mini_batch_size
-        with self.timeline.span("update_actor", step=step, worker=self.name):
-            res = policy_ops.ppo_update(
-                self.model,
-                self.optimizer,
-                self.scheduler,
-                batch,
-                self.cfg.actor,
-                self.cfg.algorithm.rollout_correction,
-                self.cfg.rollout.temperature,
-                num_mini_batches=num_mini,
-                seed=self.cfg.trainer.seed * 100_003 + step,
-            )
-        self.version += 1
+    def _count_update(self) -> None:
+        self.updates += 1
+        version = self.updates // self.updates_per_version
+        if version != self.version and self.prox_model is not None:
+            self.prox_model.load_state_dict(self.model.state_dict())  # a new sync window starts from here
+        self.version = version
         self.engine.version = self.version  # colocated: the engine generates with these very weights
-        return res.metrics
-
-    def update_distill(self, batch: TrainBatch, step: int) -> dict[str, float]:
-        """One distillation step on ``batch`` (extras: the teacher's top-k and sampled-token log-probs); bumps the
-        version. ``data.train_batch_size // actor.ppo_mini_batch_size`` optimizer steps."""
-        num_mini = self.cfg.data.train_batch_size // self.cfg.actor.ppo_mini_batch_size
-        with self.timeline.span("update_actor", step=step, worker=self.name):
-            res = policy_ops.distill_update(
-                self.model,
-                self.optimizer,
-                self.scheduler,
-                batch,
-                self.cfg.actor,
-                self.cfg.distill,
-                num_mini_batches=num_mini,
-                seed=self.cfg.trainer.seed * 100_003 + step,
-            )
-        self.version += 1
-        self.engine.version = self.version
-        return res.metrics
-
-    def update_timed(self, batch: TrainBatch, step: int) -> dict[str, float]:
-        """``update`` plus ``timing_s/update_actor`` measured on this worker (a pipeline that joins several pools'
-        updates cannot time one of them from the driver)."""
-        t0 = time.perf_counter()
-        metrics = self.update(batch, step)
-        return {**metrics, "timing_s/update_actor": time.perf_counter() - t0}
 
     # ---- checkpoint ----------------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:
@@ -143,6 +157,7 @@ class ActorRolloutWorker(SyncSenderMixin):
         state = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            "updates": self.updates,
             "version": self.version,
             "rng": rng_state(),
         }
@@ -167,11 +182,14 @@ class ActorRolloutWorker(SyncSenderMixin):
         state = torch.load(d / f"{self.name}_state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.updates = int(state["updates"])
         self.version = int(state["version"])
         self.engine.version = self.version
         set_rng_state(state["rng"])
         if self.ref_model is not None:
             self.ref_model.load_state_dict(torch.load(d / "ref_model.pt", weights_only=True))
+        if self.prox_model is not None:  # checkpoints are taken at weight syncs: a sync window starts here
+            self.prox_model.load_state_dict(self.model.state_dict())
         return self.version
 
     def export_model(self, directory: str) -> None:
@@ -187,6 +205,20 @@ class ActorRolloutWorker(SyncSenderMixin):
 
     def pid(self) -> int:
         return os.getpid()
+
+
+def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    frozen = copy.deepcopy(model).eval()
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    return frozen
+
+
+@contextmanager
+def _timed(into: dict[str, float], key: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    yield
+    into[key] = time.perf_counter() - t0
 
 
 def _is_tied(model: torch.nn.Module, name: str) -> bool:

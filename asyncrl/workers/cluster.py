@@ -1,4 +1,4 @@
-"""The thin Ray edge: start (or join) a cluster, and place plain-Python workers on it as actors."""
+"""The thin Ray edge: start (or join) a cluster, reserve a run's placement on it, and start workers there as actors."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config import RayConfig
+from asyncrl.workers.backends import RayHandle
+from asyncrl.workers.placement import ROLLOUT_POOL, Placement, PlacementError
+
+__all__ = ["PlacementError", "RayPools", "cluster_cpus", "init_ray", "shutdown"]
 
 # Passed to every worker process, so nothing on any worker reaches a model hub and thread counts stay ours.
 WORKER_ENV = {
@@ -19,14 +23,10 @@ WORKER_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "MASTER_ADDR": "127.0.0.1",
 }
-# For workers of modes that run several pools at once: idle OpenMP threads sleep instead of spinning, since a
+# For workers of runs with several pools: idle OpenMP threads sleep instead of spinning, since a
 # spinning pool steals the other worker's core (measured: 2-thread decode fell from ~3,400 to 160 tok/s next to a
 # busy process). A lone worker (sync) keeps OpenMP's default, which is faster when nothing else runs.
 SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
-
-
-class PlacementError(RuntimeError):
-    """The requested workers do not fit the cluster."""
 
 
 def init_ray(cfg: RayConfig) -> None:
@@ -66,82 +66,62 @@ def cluster_cpus() -> float:
     return float(ray.cluster_resources().get("CPU", 0.0))
 
 
-def check_fits(requests: dict[str, float]) -> None:
-    """Fail at start, naming every role, when the roles ask for more CPUs than the cluster has."""
-    total = sum(requests.values())
-    have = cluster_cpus()
-    if total > have + 1e-9:
-        parts = ", ".join(f"{k}={v:g}" for k, v in requests.items())
-        raise PlacementError(
-            f"workers ask for {total:g} CPUs ({parts}) but the Ray cluster has {have:g}; "
-            "lower the rollout/trainer cpus_per_worker or num_workers keys, or raise ray.num_cpus"
-        )
+class RayPools:
+    """A ``Placement`` reserved on the Ray cluster: one placement group of one bundle per training pool (roles on a
+    pool share its CPUs) and one of ``n`` bundles for the rollout pool (strategy PACK).
 
+    Reserving the pools up front means a run's workers either all fit or fail at start with a clear message, and
+    roles on different pools never compete for the same CPUs. Each role runs ``int(cpus)`` torch threads of its pool,
+    so a lone role uses the whole pool and colocated roles time-share it."""
 
-class ResourcePool:
-    """A named Ray placement group of ``num_workers`` bundles of ``cpus_per_worker`` CPUs (strategy PACK).
-
-    Reserving the pool up front means a mode's workers either all fit or fail at start with a clear message, and
-    roles on different pools never compete for the same CPUs.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        num_workers: int,
-        cpus_per_worker: float,
-        ready_timeout_s: float = 60.0,
-        env: dict[str, str] | None = None,
-    ):
-        self.name = name
-        self.env = dict(env or {})
-        self.num_workers = num_workers
-        self.cpus_per_worker = cpus_per_worker
-        self.pg = placement_group([{"CPU": cpus_per_worker}] * num_workers, strategy="PACK", name="")
+    def __init__(self, placement: Placement, ready_timeout_s: float):
+        self.placement = placement
+        self.pgs: dict[str, Any] = {}
+        n_rollout = placement.rollout[0] if placement.rollout else 0
+        shared = len(placement.pools) + n_rollout > 1
+        self.env = {"env_vars": {**WORKER_ENV, **SHARED_CORES_ENV}} if shared else None
+        bundles = {name: [{"CPU": cpus}] for name, cpus in placement.pools.items()}
+        if placement.rollout is not None:
+            n, cpus = placement.rollout
+            bundles[ROLLOUT_POOL] = [{"CPU": cpus}] * n
         try:
-            ray.get(self.pg.ready(), timeout=ready_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            remove_placement_group(self.pg)
-            raise PlacementError(
-                f"resource pool {name!r} ({num_workers} x {cpus_per_worker:g} CPUs) could not be placed within "
-                f"{ready_timeout_s:g} s; the cluster has {cluster_cpus():g} CPUs"
-            ) from None
+            for name, b in bundles.items():
+                self.pgs[name] = pg = placement_group(b, strategy="PACK")
+                try:
+                    ray.get(pg.ready(), timeout=ready_timeout_s)
+                except ray.exceptions.GetTimeoutError:
+                    raise PlacementError(
+                        f"pool {name!r} ({len(b)} x {b[0]['CPU']:g} CPUs) could not be placed within "
+                        f"{ready_timeout_s:g} s; the cluster has {cluster_cpus():g} CPUs"
+                    ) from None
+        except BaseException:
+            self.release()
+            raise
 
-    def spawn(self, index: int, cls: type, *args: Any, max_concurrency: int = 1, **kwargs: Any) -> Any:
-        """Start ``cls`` on bundle ``index``; its torch threads are set from the bundle's CPU share.
-
-        ``max_concurrency > 1`` makes a threaded actor (calls run on a thread pool), for workers with a background
-        loop that must still answer calls (the fully_async Rollouter)."""
-        strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=index)
-        opts: dict[str, Any] = {"num_cpus": self.cpus_per_worker, "scheduling_strategy": strategy}
-        if max_concurrency > 1:
-            opts["max_concurrency"] = max_concurrency
+    def spawn(self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, **kwargs: Any) -> RayHandle:
+        """Start ``cls`` for a training role (``actor``, ``critic``, ``reward_model``) on its pool, or for the
+        rollout pool's worker ``rollout:<i>``. ``concurrency > 1`` makes a threaded actor (calls run on a thread
+        pool), for a worker with a background loop that must still answer calls (the fully_async Rollouter)."""
+        if role.startswith(ROLLOUT_POOL + ":"):
+            pool, index = ROLLOUT_POOL, int(role.split(":")[1])
+            cpus = share = self.placement.rollout[1]  # type: ignore[index]
+        else:
+            pool, index = self.placement.pool_of(role), 0
+            cpus = self.placement.pools[pool]
+            share = cpus / len(self.placement.roles_on(pool))
+        strategy = PlacementGroupSchedulingStrategy(placement_group=self.pgs[pool], placement_group_bundle_index=index)
+        opts: dict[str, Any] = {"num_cpus": share, "scheduling_strategy": strategy}
+        if concurrency > 1:
+            opts["max_concurrency"] = concurrency
         if self.env:
-            opts["runtime_env"] = {"env_vars": {**WORKER_ENV, **self.env}}
-        actor_cls = ray.remote(cls).options(**opts)
-        return actor_cls.remote(*args, num_threads=max(1, int(self.cpus_per_worker)), **kwargs)
+            opts["runtime_env"] = self.env
+        actor = ray.remote(cls).options(**opts).remote(*args, name=name, num_threads=max(1, int(cpus)), **kwargs)
+        return RayHandle(actor, name)
 
     def release(self) -> None:
-        remove_placement_group(self.pg)
-
-
-def make_pools(pools: dict[str, tuple[int, float]]) -> dict[str, ResourcePool]:
-    """``{"trainer": (1, 1.0), "rollout": (2, 0.5)}`` -> reserved pools, after checking they fit the cluster."""
-    check_fits({f"{name} ({n} x {c:g})": n * c for name, (n, c) in pools.items()})
-    shared = sum(n for n, _ in pools.values()) > 1
-    made: dict[str, ResourcePool] = {}
-    try:
-        for name, (n, c) in pools.items():
-            made[name] = ResourcePool(name, n, c, env=SHARED_CORES_ENV if shared else None)
-    except BaseException:
-        release_pools(made)
-        raise
-    return made
-
-
-def release_pools(pools: dict[str, ResourcePool]) -> None:
-    for pool in pools.values():
-        pool.release()
+        for pg in self.pgs.values():
+            remove_placement_group(pg)
+        self.pgs = {}
 
 
 def shutdown() -> None:

@@ -3,7 +3,7 @@
 Initialised from ``critic.model.path`` or, when that is null, from the policy's ``model.path`` (the body's weights;
 the head starts at zero, so every first prediction is 0). The value of response token t is read from the hidden state
 that predicts token t (column ``P - 1 + t``, the same alignment as the policy's logits): the state *before* the
-token is chosen, as in verl. A plain Python class; a pipeline places it on a pool through ``RolePools``.
+token is chosen, as in verl. A plain Python class; a backend runs it on the pool ``placement.roles.critic`` names.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from pathlib import Path
 
 import torch
 
-from asyncrl import algos
+from asyncrl import algos, seeds
 from asyncrl.checkpoint import rng_state, set_rng_state
 from asyncrl.config import Config
 from asyncrl.data.collate import TrainBatch, micro_batches
 from asyncrl.models.loading import load_model
 from asyncrl.telemetry.timeline import get_timeline
+from asyncrl.types import Scored
 from asyncrl.workers.policy_ops import optimize
 
 
@@ -49,7 +50,7 @@ class CriticWorker:
             torch.set_num_threads(num_threads)
         self.cfg = cfg
         self.name = name
-        torch.manual_seed(cfg.trainer.seed + 17)
+        torch.manual_seed(seeds.critic_init(cfg.trainer.seed))
         path = cfg.critic.model.path or cfg.model.path
         lm, _ = load_model(path, dtype=cfg.model.dtype)
         self.model = ValueModel(lm)
@@ -65,7 +66,7 @@ class CriticWorker:
         self.timeline = get_timeline()
         self.timeline.worker = name
 
-    def compute_values(self, batch: TrainBatch, step: int = -1) -> tuple[torch.Tensor, float]:
+    def compute_values(self, batch: TrainBatch, step: int = -1) -> Scored:
         """Values [B, T] (0 on padding) and the seconds spent on this worker (``timing_s/values``)."""
         t0 = time.perf_counter()
         out = torch.zeros_like(batch.response_mask_BT)
@@ -73,19 +74,21 @@ class CriticWorker:
         with self.timeline.span("values", step=step, worker=self.name), torch.inference_mode():
             for idx, mb in micro_batches(batch, self.cfg.critic.ppo_micro_batch_size):
                 out[idx, : mb.response_mask_BT.shape[1]] = self.model(mb) * mb.response_mask_BT
-        return out, time.perf_counter() - t0
+        return Scored(out, time.perf_counter() - t0)
 
     def update(self, batch: TrainBatch, step: int, num_mini_batches: int) -> dict[str, float]:
-        """``critic.ppo_epochs`` passes of the clipped value loss on ``batch`` (extras: values_BT = the predictions
-        at rollout time, returns_BT = GAE returns). A non-finite loss or gradient skips that optimizer step."""
+        """``critic.ppo_epochs`` passes of the clipped value loss on ``batch.value`` (the predictions at rollout time
+        and the GAE returns). A non-finite loss or gradient skips that optimizer step."""
         c = self.cfg.critic
+        if batch.value is None:
+            raise TypeError(f"{self.name}.update: the batch has no ValueTarget (values and returns)")
         t0 = time.perf_counter()
 
         def micro_loss(mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
             mask = mb.response_mask_BT
             vpred = self.model(mb)
             loss, stats = algos.value_loss_clipped(
-                vpred, mb.extras["values_BT"], mb.extras["returns_BT"], mask, c.cliprange_value,
+                vpred, mb.value.values_BT, mb.value.returns_BT, mask, c.cliprange_value,
                 loss_agg_mode=c.loss_agg_mode,
             )  # fmt: skip
             return loss, {
@@ -94,7 +97,7 @@ class CriticWorker:
                 "critic/vpred_mean": float(algos.masked_mean(vpred.detach(), mask)),
             }
 
-        seed = self.cfg.trainer.seed * 100_019 + step
+        seed = seeds.critic_update(self.cfg.trainer.seed, step)
         with self.timeline.span("update_critic", step=step, worker=self.name):
             result = optimize(
                 self.model, self.optimizer, self.scheduler, batch, c, num_mini_batches, seed, micro_loss, "critic"

@@ -1,8 +1,8 @@
-"""Model-side training operations: response log-probs and the PPO/GRPO update.
+"""Model-side training operations: response log-probs, the policy-gradient update and the distillation update.
 
-These functions hold no role or mode logic: a worker calls them with a model, an optimizer and a ``TrainBatch``
-whose ``extras`` carry ``advantages_BT`` and ``old_logp_BT`` (and ``ref_logp_BT`` when the KL loss is on). The losses
-themselves are the pure functions of ``asyncrl.algos``.
+These functions hold no role or schedule logic: a worker calls them with a model, an optimizer and a ``TrainBatch``
+whose ``policy`` target says what to fit (``PolicyTarget``: advantages and old/ref log-probs; ``TeacherTarget``: the
+teacher's top-k). The losses themselves are the pure functions of ``asyncrl.algos``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from asyncrl import algos
 from asyncrl.config import ActorConfig, CriticConfig, DistillConfig, RolloutCorrectionConfig
 from asyncrl.data.collate import TrainBatch, micro_batches
+from asyncrl.data.targets import PolicyTarget, TeacherTarget
 
 
 def _forward_logits(model: torch.nn.Module, mb: TrainBatch, temperature: float) -> torch.Tensor:
@@ -80,7 +81,7 @@ def ppo_update(
         num_mini_batches,
         seed,
         lambda mb: _micro_loss(model, mb, actor, correction, temperature, low, high),
-        keep_rows=(lambda mb: (mb.extras["advantages_BT"] != 0).any(dim=1)) if skip else None,
+        keep_rows=(lambda mb: (_policy(mb).advantages_BT != 0).any(dim=1)) if skip else None,
     )
 
 
@@ -94,8 +95,8 @@ def distill_update(
     num_mini_batches: int,
     seed: int,
 ) -> UpdateResult:
-    """Distillation steps on ``batch`` (extras: ``teacher_topk_ids_BTK``, ``teacher_topk_logp_BTK``,
-    ``teacher_logp_BT``): the student is fitted to the teacher on the batch's responses (see ``distill_loss``)."""
+    """Distillation steps on ``batch`` (its ``TeacherTarget``): the student is fitted to the teacher on the batch's
+    responses (see ``distill_loss``)."""
     return optimize(
         model,
         optimizer,
@@ -197,7 +198,10 @@ def _distill_micro_loss(
     mask = mb.response_mask_BT
     logits = _forward_logits(model, mb, 1.0)
     agg = actor.loss_agg_mode
-    ids, teacher_logp = mb.extras["teacher_topk_ids_BTK"], mb.extras["teacher_topk_logp_BTK"]
+    target = mb.policy
+    if not isinstance(target, TeacherTarget):
+        raise TypeError(f"distillation update: the batch's policy target is {type(target).__name__}, not TeacherTarget")
+    ids, teacher_logp = target.topk_ids_BTK, target.topk_logp_BTK
     if distill.loss == "forward_kl":
         loss, _ = algos.topk_forward_kl(logits, ids, teacher_logp, mask, tail=distill.tail, loss_agg_mode=agg)
     elif distill.loss == "jsd":
@@ -207,7 +211,7 @@ def _distill_micro_loss(
     else:
         student_logp = algos.logprobs_from_logits(logits, mb.response_ids_BT)
         loss, _ = algos.reverse_kl_sampled(
-            student_logp, mb.extras["teacher_logp_BT"], mask, estimator=distill.reverse_kl_estimator, loss_agg_mode=agg
+            student_logp, target.token_logp_BT, mask, estimator=distill.reverse_kl_estimator, loss_agg_mode=agg
         )
     stats = {"actor/kl_loss": float(loss.detach())}
     with torch.no_grad():
@@ -227,7 +231,8 @@ def _micro_loss(
     mask = mb.response_mask_BT
     logits = _forward_logits(model, mb, temperature)
     logp = algos.logprobs_from_logits(logits, mb.response_ids_BT)
-    old_logp = mb.extras["old_logp_BT"]
+    target = _policy(mb)
+    old_logp = target.old_logp_BT
     is_weights = None
     stats: dict[str, float] = {}
     if correction.rollout_is is not None:
@@ -238,7 +243,7 @@ def _micro_loss(
     pg_loss, pg_stats = algos.policy_loss_ppo_clip(
         logp,
         old_logp,
-        mb.extras["advantages_BT"],
+        target.advantages_BT,
         mask,
         clip_ratio_low=clip_low,
         clip_ratio_high=clip_high,
@@ -257,9 +262,20 @@ def _micro_loss(
     if actor.entropy_coeff != 0:
         loss = loss - actor.entropy_coeff * entropy
     if actor.use_kl_loss:
-        kl_BT = algos.kl_penalty(logp, mb.extras["ref_logp_BT"], actor.kl_loss_type)
+        kl_BT = algos.kl_penalty(logp, target.ref_logp_BT, actor.kl_loss_type)
         kl = algos.agg_loss(kl_BT, mask, actor.loss_agg_mode)
         loss = loss + actor.kl_loss_coef * kl
         stats["actor/kl_loss"] = float(kl.detach())
         stats["actor/kl_coef"] = actor.kl_loss_coef
     return loss, stats
+
+
+def _policy(mb: TrainBatch) -> PolicyTarget:
+    """The batch's policy-gradient target, with the old (and, under a KL loss, ref) log-probs the trainer filled."""
+    target = mb.policy
+    if not isinstance(target, PolicyTarget) or target.old_logp_BT is None:
+        raise TypeError(
+            f"policy-gradient update: the batch's policy target is {type(target).__name__} "
+            "(a PolicyTarget with old_logp_BT filled by the trainer is needed)"
+        )
+    return target

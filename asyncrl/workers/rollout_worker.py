@@ -1,24 +1,48 @@
 """A rollout-only worker: the built-in engine over its own copy of the policy, fed new weights by the trainer.
 
-Used by modes with a separate rollout pool (``one_step_off``). It never trains; it receives weights over the sync
-group (``SyncReceiverMixin.receive_weights`` -> ``RolloutEngine.update_weights``) and records the version that
-produced every token.
+Used by the schedules with a rollout pool (one_step_off, two_step_off; the fully_async Rollouter builds on it). It
+never trains; it receives weights over the sync group (``SyncReceiverMixin.receive_weights`` ->
+``RolloutEngine.update_weights``), records the version that produced every token, and scores each sample's rule
+reward as soon as it is generated, so rewards are computed where the samples are, off the trainer's critical path.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import torch
 
 from asyncrl.config import Config
 from asyncrl.models.loading import load_model
+from asyncrl.rewards.reward_fn import RewardFn, build_reward_fn
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.sync.ray_sync import SyncReceiverMixin
-from asyncrl.telemetry.timeline import get_timeline
-from asyncrl.types import Prompt, Sample
+from asyncrl.sync.endpoints import SyncReceiverMixin
+from asyncrl.telemetry.timeline import Timeline, get_timeline
+from asyncrl.types import Generation, Prompt
+
+
+def generate_scored(
+    engine: RolloutEngine,
+    reward_fn: RewardFn,
+    timeline: Timeline,
+    worker: str,
+    prompts: list[Prompt],
+    params: SamplingParams,
+    seed: int,
+    step: int,
+    score: bool,
+) -> Generation:
+    """Generate, then (``score``) fill each sample's rule reward; the seconds are this worker's wall time."""
+    t0 = time.perf_counter()
+    with timeline.span("generate", step=step, worker=worker, version=engine.version):
+        samples = engine.generate(prompts, params, seed=seed)
+    if score:
+        with timeline.span("reward", step=step, worker=worker):
+            reward_fn.score(samples)
+    return Generation(samples, time.perf_counter() - t0)
 
 
 class RolloutWorker(SyncReceiverMixin):
@@ -28,23 +52,25 @@ class RolloutWorker(SyncReceiverMixin):
         self.name = name
         model, tokenizer = load_model(cfg.model.path, dtype=cfg.model.dtype, for_training=False)
         self.engine = RolloutEngine(model, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
+        self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)
         self.timeline = get_timeline()
         self.timeline.worker = name
 
-    def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int = -1) -> list[Sample]:
-        with self.timeline.span("generate", step=step, worker=self.name, version=self.engine.version):
-            return self.engine.generate(prompts, params, seed=seed)
-
-    def generate_timed(
-        self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int = -1
-    ) -> tuple[list[Sample], float]:
-        """``generate`` plus its wall seconds on this worker (the pipeline's ``timing_s/gen``)."""
-        t0 = time.perf_counter()
-        samples = self.generate(prompts, params, seed, step)
-        return samples, time.perf_counter() - t0
+    def generate(
+        self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int = -1, score: bool = True
+    ) -> Generation:
+        return generate_scored(
+            self.engine, self.reward_fn, self.timeline, self.name, prompts, params, seed, step, score
+        )
 
     def version(self) -> int:
         return self.engine.version
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Nothing of its own to save: its weights are the trainer's, re-sent after a resume."""
+
+    def load_checkpoint(self, directory: str) -> Any:
+        return None
 
     def pop_timeline(self) -> list[dict]:
         return self.timeline.drain()

@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
+from asyncrl import seeds
 from asyncrl.config import Config
 from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
@@ -39,7 +40,8 @@ from asyncrl.streaming.staleness import StalenessBudget, StalenessController
 from asyncrl.types import Prompt, Sample
 from asyncrl.workers.rollout_worker import RolloutWorker
 
-POLL_S = 0.02
+POLL_S = 0.02  # how often an idle generation thread re-checks admission and the queue, seconds
+STOP_JOIN_S = 60.0  # how long ``stop`` waits for the generation thread to end (it stops at its next decode step)
 # fully_async/count/<key>: every group admitted ends up consumed, dropped, queued or in flight; each is counted
 COUNT_KEYS = (
     "started_groups",
@@ -49,11 +51,25 @@ COUNT_KEYS = (
     "dropped_stale_samples",
     "interrupted_rows",
     "refills",
-)  # how often an idle generation thread re-checks admission and the queue
+)
 
 
 class RollouterError(RuntimeError):
     """The generation thread failed, or did not park in time; names what it was doing."""
+
+
+@dataclass
+class StreamBatch:
+    """One trainer step's groups (oldest first), the staleness of each as the controller counted it, and the
+    seconds each spent from admission to the queue."""
+
+    groups: list[Group]
+    staleness: list[int]
+    processing_s: list[float]
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [s for g in self.groups for s in g.samples]
 
 
 @dataclass
@@ -72,6 +88,22 @@ class InFlightGroup:
         return all(s.stop_reason != "interrupted" for s in self.samples)
 
 
+@dataclass
+class RollouterSnapshot:
+    """Everything a resumed run needs, taken in one instant while parked: queue, in-flight rows (partial ones keep
+    their tokens, log-probs and versions), controller, ledger, prompt cursor and counters."""
+
+    queue: Any
+    inflight: list[InFlightGroup]
+    controller: dict[str, Any]
+    ledger: dict[str, Any]
+    sampler: dict[str, Any]
+    processing_s: dict[str, float]
+    counts: dict[str, int]
+    calls: int
+    engine_version: int
+
+
 def budget_of(cfg: Config) -> StalenessBudget:
     at = cfg.async_training
     return StalenessBudget(
@@ -82,19 +114,12 @@ def budget_of(cfg: Config) -> StalenessBudget:
     )
 
 
-def sampling_params(cfg: Config) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(
-        n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.response_length
-    )
-
-
 class Rollouter(RolloutWorker):
     def __init__(self, cfg: Config, name: str = "rollouter", num_threads: int | None = None):
         super().__init__(cfg, name=name, num_threads=num_threads)
         at, d = cfg.async_training, cfg.data
         self.cfg = cfg
-        self.params = sampling_params(cfg)
+        self.params = SamplingParams.from_config(cfg.rollout)
         self.partial_rollout = at.partial_rollout
         self.budget = budget_of(cfg)
         self.controller = StalenessController(self.budget)
@@ -172,7 +197,7 @@ class Rollouter(RolloutWorker):
         groups = [g for g in self.inflight.values() if not g.finished]
         rows = [s for g in groups for s in g.samples]
         self._calls += 1
-        seed = self.cfg.trainer.seed * 7_000_003 + self._calls
+        seed = seeds.rollouter_decode(self.cfg.trainer.seed, self._calls)
         running = sum(s.stop_reason == "interrupted" for s in rows)
         t0 = time.perf_counter()
         with self.timeline.span("generate", worker=self.name, version=self.engine.version, rows=running):
@@ -184,9 +209,12 @@ class Rollouter(RolloutWorker):
                 g.samples = out[i : i + len(g.samples)]
                 i += len(g.samples)
             self.counts["interrupted_rows"] += sum(s.stop_reason == "interrupted" for s in out)
-            for g in groups:
-                if g.finished:
-                    self.ledger.generated(g.group_id)
+        finished = [g for g in groups if g.finished]
+        with self.timeline.span("reward", worker=self.name):  # rule rewards as each group finishes, before the queue
+            self.reward_fn.score([s for g in finished for s in g.samples])
+        with self._books:
+            for g in finished:
+                self.ledger.generated(g.group_id)
 
     def _should_refill(self, n_active: int, n_rows: int) -> bool:
         """Cut a decode short when its long tail left at most half the rows running and a new group could start:
@@ -236,12 +264,13 @@ class Rollouter(RolloutWorker):
             raise RollouterError(f"the rollouter's generation thread failed: {self._error!r}") from self._error
 
     # ---- driver calls ----------------------------------------------------------------------------------------------
-    def get_batch(self, n_groups: int, trainer_version: int, timeout_s: float = 600.0) -> dict[str, Any]:
+    def get_batch(self, n_groups: int, trainer_version: int) -> StreamBatch:
         """The oldest ``n_groups`` queued groups for one trainer step at ``trainer_version``, with their staleness.
 
         Blocks until they are there (the trainer's idle time); raises if the generation thread died or nothing arrived
-        within ``timeout_s``.
+        within ``async_training.get_batch_timeout_s``.
         """
+        timeout_s = self.cfg.async_training.get_batch_timeout_s
         deadline = time.monotonic() + timeout_s
         while True:
             self._check_alive()
@@ -260,13 +289,15 @@ class Rollouter(RolloutWorker):
             self.ledger.consumed(ids)
             proc = [self.processing_s.pop(g, 0.0) for g in ids]
             self.counts["consumed_groups"] += len(ids)
-        return {"groups": groups, "staleness": staleness, "processing_s": proc}
+        return StreamBatch(groups, staleness, proc)
 
-    def pause(self, interrupt: bool, timeout_s: float = 600.0) -> float:
+    def pause(self, interrupt: bool) -> float:
         """Hold the generation thread at its park point; ``interrupt`` stops a running decode at its next step.
 
-        Returns the seconds it took to park (without ``interrupt``: the rest of the running decode).
+        Returns the seconds it took to park (without ``interrupt``: the rest of the running decode); raises after
+        ``async_training.pause_timeout_s``.
         """
+        timeout_s = self.cfg.async_training.pause_timeout_s
         t0 = time.perf_counter()
         with self._cv:
             self._want_park = True
@@ -289,41 +320,41 @@ class Rollouter(RolloutWorker):
             self._want_park = False
             self._cv.notify_all()
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> RollouterSnapshot:
         """Everything a resumed run needs, taken while parked: queue, in-flight rows, controller, ledger, cursor."""
         with self._cv:
             if not self._parked:
                 raise RollouterError("snapshot: call pause() first (a snapshot of a running loop is inconsistent)")
         with self._books:
-            return {
-                "queue": self.queue.snapshot(),
-                "inflight": list(self.inflight.values()),
-                "controller": self.controller.state_dict(),
-                "ledger": self.ledger.state_dict(),
-                "sampler": self.sampler.state_dict(),
-                "processing_s": dict(self.processing_s),
-                "counts": dict(self.counts),
-                "calls": self._calls,
-                "engine_version": self.engine.version,
-            }
+            return RollouterSnapshot(
+                queue=self.queue.snapshot(),
+                inflight=list(self.inflight.values()),
+                controller=self.controller.state_dict(),
+                ledger=self.ledger.state_dict(),
+                sampler=self.sampler.state_dict(),
+                processing_s=dict(self.processing_s),
+                counts=dict(self.counts),
+                calls=self._calls,
+                engine_version=self.engine.version,
+            )
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: RollouterSnapshot) -> None:
         """Load a snapshot before ``start``; the engine must already hold the snapshot's weights version."""
         if self._thread is not None:
             raise RollouterError("restore: only before start()")
-        if self.engine.version != state["engine_version"]:
+        if self.engine.version != state.engine_version:
             raise RollouterError(
-                f"restore: the snapshot was taken at version {state['engine_version']} but the engine holds "
+                f"restore: the snapshot was taken at version {state.engine_version} but the engine holds "
                 f"{self.engine.version}; sync the checkpoint's weights first"
             )
-        self.controller.load_state_dict(state["controller"])
-        self.queue.restore(state["queue"])
-        self.ledger.load_state_dict(state["ledger"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.inflight = {g.group_id: g for g in state["inflight"]}
-        self.processing_s = dict(state["processing_s"])
-        self.counts = Counter(state["counts"])
-        self._calls = int(state["calls"])
+        self.controller.load_state_dict(state.controller)
+        self.queue.restore(state.queue)
+        self.ledger.load_state_dict(state.ledger)
+        self.sampler.load_state_dict(state.sampler)
+        self.inflight = {g.group_id: g for g in state.inflight}
+        self.processing_s = dict(state.processing_s)
+        self.counts = Counter(state.counts)
+        self._calls = int(state.calls)
 
     def take_metrics(self) -> dict[str, float]:
         """Counters and the idle ratio since the previous call (``rollouter/idle_ratio``)."""
@@ -352,7 +383,7 @@ class Rollouter(RolloutWorker):
         self.engine.request_pause()
         self.queue.close()
         if self._thread is not None:
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=STOP_JOIN_S)
         self.engine.clear_pause()
 
 

@@ -1,9 +1,9 @@
 """``make demo``: the whole story on the built-in default task, in one command.
 
 chain_sum data -> a tiny Qwen2 with a character tokenizer -> a short SFT warm start -> GRPO with
-``configs/fully_async.yaml`` (``--config configs/quickstart.yaml`` for sync) -> a control that simply continues SFT
-for the same wall time as the RL run -> a table of held-out accuracy. The control is what makes the RL gain mean
-something: it answers "would more supervised training have done as well in the same time?".
+``configs/fully_async.yaml`` (``--config configs/quickstart.yaml`` for the sync schedule) -> a control that simply
+continues SFT for the same wall time as the RL run -> a table of held-out accuracy. The control is what makes the RL
+gain mean something: it answers "would more supervised training have done as well in the same time?".
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from asyncrl.config import load_config
 from asyncrl.data.tasks import write_task_dataset
 from asyncrl.models.loading import load_model
-from asyncrl.sft import evaluate_model, load_sft_config, run_sft
+from asyncrl.schedules.sft import evaluate_model, load_sft_config, run_sft
 from asyncrl.types import Prompt
 
 TASK = "chain_sum"
@@ -54,7 +54,7 @@ def run_demo(
     sft = run_sft(load_sft_config("configs/sft_tiny.yaml", sft_over), group_of=_difficulty)
     print(f"[demo] SFT: {sft['steps']} steps in {sft['train_s']:.0f} s, held-out accuracy {sft['accuracy']:.3f}")
 
-    from asyncrl.pipelines import run_pipeline
+    from asyncrl.schedules import run_training
     from asyncrl.workers.cluster import shutdown
 
     rl_dir = root / "rl"
@@ -68,8 +68,11 @@ def run_demo(
         *(overrides or []),
     ]
     cfg = load_config(rl_config, rl_over)
-    print(f"[demo] RL ({cfg.trainer.mode}) for {cfg.trainer.total_training_steps} steps ...")
-    rl = run_pipeline(cfg)
+    print(
+        f"[demo] RL ({cfg.algorithm.name}, schedule {cfg.trainer.schedule}) for {cfg.trainer.total_training_steps} "
+        "steps ..."
+    )
+    rl = run_training(cfg)
     shutdown()
 
     ctrl_dir = root / "sft_control"
@@ -98,7 +101,8 @@ def run_demo(
         "sft_steps": sft["steps"],
         "sft_wall_s": sft["train_s"],
         "sft_start_accuracy": sft["accuracy"],
-        "rl_mode": cfg.trainer.mode,
+        "rl_algorithm": cfg.algorithm.name,
+        "rl_schedule": cfg.trainer.schedule,
         "rl_accuracy": rl["accuracy_after"],
         "rl_wall_s": rl["wall_s"],
         "control_accuracy": ctrl["accuracy"],
@@ -131,7 +135,7 @@ def _print_table(r: dict) -> None:
     base = r["sft_start_accuracy"]
     rows = (
         ("sft", f"SFT start ({r['sft_steps']} steps)", base, f"{r['sft_wall_s']:.0f}"),
-        ("rl", f"+ GRPO {r['rl_mode']}", r["rl_accuracy"], f"+{r['rl_wall_s']:.0f}"),
+        ("rl", f"+ {r['rl_algorithm'].upper()} {r['rl_schedule']}", r["rl_accuracy"], f"+{r['rl_wall_s']:.0f}"),
         ("control", "+ SFT (control)", r["control_accuracy"], f"+{r['control_wall_s']:.0f}"),
     )
     for key, label, acc, wall in rows:

@@ -1,68 +1,74 @@
-"""What every pipeline mode shares: the run directory, data, rewards, metrics, evaluation and checkpoints.
+"""What every schedule shares: the run directory, data, metrics, evaluation, checkpoints, and the version counter.
 
-The order of events belongs to each mode's own module; this one only provides the parts.
+The order of events belongs to each schedule's own module; this one only provides the parts. The trainer's weight
+version is read, never counted here: from the checkpoint a run resumes from and from each update's result.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import ray
 import torch
 import yaml
 
-from asyncrl import algos
+from asyncrl import algos, seeds
+from asyncrl.algorithms import Algorithm, Prepared, Trained, make_algorithm
+from asyncrl.calls import Pending
 from asyncrl.checkpoint import CheckpointManager, load_driver_state, set_rng_state
 from asyncrl.config import Config, to_dict
-from asyncrl.data.collate import TrainBatch, collate
+from asyncrl.data.collate import TrainBatch, group_ids, rewards_of
 from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
 from asyncrl.evaluation import evaluate_prompts
 from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.engine import SamplingParams
+from asyncrl.sync.weight_sync import WeightSync
 from asyncrl.telemetry.metrics import MetricsLogger, read_metrics
 from asyncrl.telemetry.timeline import get_timeline, read_chrome_trace, write_chrome_trace
-from asyncrl.types import Prompt, Sample
+from asyncrl.types import Generation, Prompt, Sample
+from asyncrl.workers.clients import RoleClient, RolloutClient, TrainerClient
+from asyncrl.workers.roles import Roles, RolloutSide, start_roles
 
 
-def _rewards(samples: list[Sample]) -> torch.Tensor:
-    return torch.tensor([s.reward for s in samples], dtype=torch.float32)
+@dataclass
+class Launched:
+    """A batch being generated on the rollout side (not waited for yet)."""
 
+    calls: list[Pending[Generation]]
 
-def _group_ids(samples: list[Sample]) -> torch.Tensor:
-    """Samples generated from the same (epoch, prompt) share a group id."""
-    uids = {u: i for i, u in enumerate(dict.fromkeys(s.uid for s in samples))}
-    return torch.tensor([uids[s.uid] for s in samples], dtype=torch.long)
+    def result(self) -> tuple[list[Sample], float]:
+        """All samples of the batch, in prompt order per worker, and the slowest worker's generation seconds."""
+        gens = [c.result() for c in self.calls]
+        return [s for g in gens for s in g.samples], max(g.seconds for g in gens)
 
 
 def launch_generation(
-    rollouts: list[Any], prompts: list[Prompt], params: SamplingParams, seed: int, step: int
-) -> list[Any]:
-    """Split ``prompts`` over the rollout pool (whole prompts: a GRPO group stays on one worker); not waited for."""
+    rollouts: list[RolloutClient], prompts: list[Prompt], params: SamplingParams, seed: int, step: int
+) -> Launched:
+    """Split ``prompts`` over the rollout side (whole prompts: a group stays on one worker); not waited for."""
     k = len(rollouts)
     chunks = [prompts[i::k] for i in range(k)]
-    return [
-        w.generate_timed.remote(c, params, seed * 101 + i, step) for i, (w, c) in enumerate(zip(rollouts, chunks)) if c
-    ]
-
-
-def gather_generation(refs: list[Any]) -> tuple[list[Sample], float]:
-    """All samples of a launched batch, and the slowest worker's generation seconds."""
-    results = ray.get(refs)
-    return [s for samples, _ in results for s in samples], max(sec for _, sec in results)
+    return Launched(
+        [
+            w.generate(c, params, seeds.rollout_worker(seed, i), step)
+            for i, (w, c) in enumerate(zip(rollouts, chunks))
+            if c
+        ]
+    )
 
 
 def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, float]:
     """Staleness of each sample = the trainer's version at the update that consumes it minus the version its
-    generation started with, computed from what the engine recorded (never assumed from the mode)."""
+    generation started with, computed from what the engine recorded (never assumed from the schedule)."""
     st = [trainer_version - s.start_version for s in samples]
-    return {"fully_async/staleness/mean": sum(st) / len(st), "fully_async/staleness/max": float(max(st))}
+    return {"staleness/mean": sum(st) / len(st), "staleness/max": float(max(st))}
 
 
 class StepTimer:
@@ -82,7 +88,7 @@ class StepTimer:
 
 
 class Run:
-    """One training run's driver-side state: data cursor, reward function, logger, checkpoints, counters."""
+    """One training run's driver-side state: data cursor, logger, checkpoints, counters, the trainer's version."""
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -100,7 +106,8 @@ class Run:
                 rows = rows[: d.val_max_samples]
             self.val = PromptDataset(rows, self.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts)
         self.sampler = EpochSampler(len(self.train), d.train_batch_size, seed=cfg.trainer.seed, shuffle=d.shuffle)
-        self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)
+        self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)  # evaluation
+        self.version = 0  # the trainer's weight version, as it last reported it
         self.ckpt = CheckpointManager(self.dir, cfg.trainer.max_checkpoints_to_keep)
         self.start_step = 1
         self.resumed_from: Path | None = None  # the checkpoint this run resumed from
@@ -120,35 +127,23 @@ class Run:
         return out
 
     def sampling(self) -> SamplingParams:
-        r = self.cfg.rollout
-        return SamplingParams(
-            n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.response_length
-        )
+        return SamplingParams.from_config(self.cfg.rollout)
 
     def gen_seed(self, step: int) -> int:
         """Generation seed depends on (trainer.seed, step) only, so a resumed run samples what the unbroken run did."""
-        return self.cfg.trainer.seed * 1_000_003 + step
+        return seeds.generation(self.cfg.trainer.seed, step)
 
-    # ---- rewards and advantages ------------------------------------------------------------------------------------
-    def score(self, samples: list[Sample]) -> dict[str, float]:
-        stats = self.reward_fn.score(samples)
-        return {k: float(v) for k, v in (stats or {}).items()}
-
-    def grpo_advantages(self, samples: list[Sample], batch: TrainBatch) -> torch.Tensor:
-        adv_B = algos.compute_grpo_advantages(
-            _rewards(samples), _group_ids(samples), norm_by_std=self.cfg.algorithm.norm_adv_by_std_in_grpo
-        )
-        return algos.broadcast_advantages(adv_B, batch.response_mask_BT)
-
+    # ---- metrics ---------------------------------------------------------------------------------------------------
     def sample_metrics(self, samples: list[Sample], batch: TrainBatch) -> dict[str, float]:
-        rewards = _rewards(samples)
+        rewards = rewards_of(samples)
         lens = batch.response_mask_BT.sum(dim=1)
         return {
             "reward/mean": float(rewards.mean()),
             "reward/max": float(rewards.max()),
             "reward/min": float(rewards.min()),
+            "reward/failed_count": float(sum(s.reward_failed for s in samples)),
             # groups whose rewards differ: the only ones GRPO learns from
-            "reward/group_spread_frac": algos.group_reward_spread(rewards, _group_ids(samples)),
+            "reward/group_spread_frac": algos.group_reward_spread(rewards, group_ids(samples)),
             "response_length/mean": float(lens.mean()),
             "response_length/max": float(lens.max()),
             "response_length/p95": float(torch.quantile(lens, 0.95)),
@@ -156,27 +151,26 @@ class Run:
             "prompt_length/mean": float(sum(len(s.prompt.prompt_ids) for s in samples) / len(samples)),
         }
 
-    def make_train_batch(
-        self, samples: list[Sample], trainer: Any, tm: StepTimer, step: int, old_policy: str = "actor"
-    ) -> TrainBatch:
-        """Collate scored samples and attach what the update needs, in the order every GRPO mode uses:
-        (reference log-probs) -> (old log-probs, or the behaviour log-probs in bypass mode) -> advantages.
-        ``old_policy="prox"``: the old log-probs come from the trainer's proximal snapshot (decoupled PPO)."""
-        batch = collate(samples, self.tokenizer.pad_token_id)
-        if self.cfg.actor.use_kl_loss:
-            with tm("ref"):
-                batch.extras["ref_logp_BT"] = ray.get(trainer.compute_logprobs.remote(batch, "ref", step))
-        if self.cfg.actor.use_rollout_log_probs:
-            batch.extras["old_logp_BT"] = batch.behav_logp_BT  # bypass: the behaviour policy is the old policy
-        else:
-            with tm("old_log_prob"):
-                batch.extras["old_logp_BT"] = ray.get(trainer.compute_logprobs.remote(batch, old_policy, step))
-        with tm("adv"):
-            batch.extras["advantages_BT"] = self.grpo_advantages(samples, batch)
-        return batch
+    def learn(self, algorithm: Algorithm, prepared: Prepared, step: int) -> Trained:
+        """The algorithm's updates for one step; the trainer's new version is read from its result."""
+        trained = algorithm.train(prepared, step)
+        if trained.actor is not None:
+            self.version = trained.actor.version
+        self.samples_trained += len(prepared.samples)
+        return trained
+
+    def start_weight_sync(self, roles: Roles) -> WeightSync:
+        """Create the sync group and bring the rollout side to the trainer's weights (after a resume: the
+        checkpoint's)."""
+        ws = WeightSync(roles.trainer.handle, roles.receivers, self.cfg.sync, self.cfg.trainer.role_start_timeout_s)
+        ws.setup()
+        self.summary.update(ws.summary())
+        ws.push(self.version)
+        return ws
 
     def step_metrics(self, samples: list[Sample], batch: TrainBatch, tm: StepTimer, *parts: dict) -> dict[str, float]:
-        """Everything logged for a step: sample statistics, the given parts, timings and throughput."""
+        """Everything logged for a step: sample statistics, the given parts, timings and throughput (the driver's
+        ``timing_s/step`` must be set)."""
         step_s = tm.timings["timing_s/step"]
         metrics = {**self.sample_metrics(samples, batch), **{k: v for p in parts for k, v in p.items()}, **tm.timings}
         metrics["perf/throughput_tokens_per_s"] = float(batch.attention_mask_BL.sum()) / step_s
@@ -189,14 +183,14 @@ class Run:
         ``step``: on multiples of ``freq``, and always at the last step."""
         return (freq > 0 and step % freq == 0) or step == self.cfg.trainer.total_training_steps
 
-    def evaluate(self, worker: Any, step: int) -> dict[str, float]:
-        """Held-out accuracy through the worker's engine, at ``rollout.val_temperature`` (0 = greedy)."""
+    def evaluate(self, trainer: TrainerClient, step: int) -> dict[str, float]:
+        """Held-out accuracy through the trainer's engine (its current weights), at ``rollout.val_temperature``."""
         if self.val is None:
             return {}
         prompts = [self.val[i] for i in range(len(self.val))]
 
         def generate(chunk: list[Prompt], params: SamplingParams, seed: int) -> list[Sample]:
-            return ray.get(worker.generate.remote(chunk, params, seed=seed, step=step))
+            return trainer.generate(chunk, params, seed, step, score=False).result().samples
 
         with get_timeline().span("validate", step=step, worker="driver"):
             res = evaluate_prompts(
@@ -209,11 +203,11 @@ class Run:
             )
         return {"val/accuracy": res["accuracy"], "val/n": res["n"]}
 
-    def evaluate_before_training(self, worker: Any) -> None:
+    def evaluate_before_training(self, trainer: TrainerClient) -> None:
         """``accuracy_before`` (logged as step 0) once per run: a resumed run already has it in its summary."""
         if "accuracy_before" in self.summary or self.val is None or not self.cfg.trainer.val_before_train:
             return
-        acc = self.evaluate(worker, step=0)
+        acc = self.evaluate(trainer, step=0)
         self.summary["accuracy_before"] = acc["val/accuracy"]
         self.log(0, acc)
 
@@ -228,6 +222,21 @@ class Run:
         assert self.logger is not None
         self.logger.log(step, metrics)
 
+    def end_step(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        roles: Roles,
+        sampler_state: dict | None = None,
+        extra_files: dict[str, Any] | None = None,
+    ) -> None:
+        """Every schedule's step ends the same way: (held-out eval) -> log -> (checkpoint)."""
+        if self.due(self.cfg.trainer.test_freq, step):
+            metrics.update(self.evaluate(roles.trainer, step))
+        self.log(step, metrics)
+        if self.due(self.cfg.trainer.save_freq, step):
+            self.save(step, roles.checkpointed, sampler_state, extra_files)
+
     def wall_s(self) -> float:
         return self.wall_offset_s + time.time() - self.t0
 
@@ -235,16 +244,17 @@ class Run:
     def save(
         self,
         step: int,
-        workers: dict[str, Any],
+        workers: dict[str, RoleClient],
         sampler_state: dict | None = None,
         extra_files: dict[str, Any] | None = None,
     ) -> Path:
         """Checkpoint at ``step``. ``sampler_state``: the data cursor to record when it differs from the live one
-        (a mode with a batch in flight records the cursor from before that batch was drawn, so it is not lost).
+        (a schedule with a batch in flight records the cursor from before that batch was drawn, so it is not lost).
         ``extra_files``: file name -> object, written with ``torch.save`` inside the same atomic checkpoint."""
 
         def write(tmp: Path) -> None:
-            ray.get([w.save_checkpoint.remote(str(tmp)) for w in workers.values()])
+            for pending in [w.save_checkpoint(str(tmp)) for w in workers.values()]:
+                pending.result()
             for name, obj in (extra_files or {}).items():
                 torch.save(obj, tmp / name)
 
@@ -257,7 +267,7 @@ class Run:
         with get_timeline().span("checkpoint", step=step, worker="driver"):
             return self.ckpt.save(step, write, state)
 
-    def maybe_resume(self, workers: dict[str, Any]) -> int:
+    def maybe_resume(self, workers: dict[str, RoleClient]) -> int:
         """Restore from the latest (``auto``) or the given checkpoint; returns the first step still to run.
 
         Metrics logged after the checkpoint's step (by a run that died before its next checkpoint) are dropped from
@@ -269,7 +279,10 @@ class Run:
             self._truncate_metrics(0)
             return 1
         state = load_driver_state(ckpt)
-        ray.get([w.load_checkpoint.remote(str(ckpt)) for w in workers.values()])
+        loaded = {name: w.load_checkpoint(str(ckpt)) for name, w in workers.items()}
+        self.version = int(loaded["actor"].result())
+        for pending in loaded.values():
+            pending.result()
         self.sampler.load_state_dict(state["sampler"])
         self.samples_trained = int(state["samples_trained"])
         self.wall_offset_s = float(state["wall_s"])
@@ -300,9 +313,14 @@ class Run:
         return vals[-1] if vals else None
 
     # ---- the end ---------------------------------------------------------------------------------------------------
-    def finish(self, worker: Any, step: int, extra_events: list[dict]) -> dict[str, Any]:
+    def finish(self, roles: Roles, step: int) -> dict[str, Any]:
+        """``accuracy_after``, the final model, ``summary.json`` and the merged timeline of every role."""
+        last = self.last_val_accuracy()
+        if last is not None:
+            self.summary["accuracy_after"] = last
+        extra_events = roles.timelines()
         final = self.dir / "final"
-        ray.get(worker.export_model.remote(str(final)))
+        roles.trainer.export_model(str(final)).result()
         self.summary.update(
             steps=step, samples=self.samples_trained, wall_s=round(self.wall_s(), 2), final_model=str(final)
         )
@@ -315,3 +333,21 @@ class Run:
         if self.logger is not None:
             self.logger.close()
         return self.summary
+
+
+@contextmanager
+def open_run(cfg: Config, side: RolloutSide) -> Iterator[tuple[Run, Algorithm, Roles]]:
+    """What comes before every schedule's first step: the run directory and data, the algorithm's own resources (a
+    teacher), every role started on its pool, a resume from the latest checkpoint, the logger, and the held-out
+    accuracy before training. Everything started here is stopped at exit."""
+    run = Run(cfg)
+    algorithm = make_algorithm(cfg, run.tokenizer)
+    with algorithm.session(str(run.dir)), start_roles(cfg, side) as roles:
+        algorithm.roles = roles
+        start = run.maybe_resume(roles.checkpointed)
+        algorithm.on_resume(start)
+        run.summary.update(algorithm.summary)
+        run.summary["placement"] = {"pools": roles.placement.pools, "roles": roles.placement.roles}
+        run.open_logger()
+        run.evaluate_before_training(roles.trainer)
+        yield run, algorithm, roles

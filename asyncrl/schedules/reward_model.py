@@ -22,8 +22,8 @@ from transformers import AutoModelForSequenceClassification
 
 from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.models.loading import load_tokenizer_from
+from asyncrl.models.reward_model import rm_logits, score_ids
 from asyncrl.types import Prompt
-from asyncrl.workers.reward_model_worker import rm_logits, score_ids
 
 
 def corrupt_answer(answer: str, rng: random.Random) -> str:

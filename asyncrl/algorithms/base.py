@@ -1,0 +1,83 @@
+"""What an algorithm is: the roles it needs, how finished samples become a typed training batch, and which roles
+learn from that batch. Schedules call only this interface; workers never see it.
+
+A batch is prepared in two halves. ``prepare`` runs on the schedule's thread, in batch order: it draws anything
+random and issues the calls to other roles (critic values, reward-model scores), so their order on each worker is
+the batch order in every schedule. It returns ``finish``, which waits for those calls (and the teacher's replies)
+and builds the batch; ``two_step_off`` runs ``finish`` on a thread while the previous batch trains, the other
+schedules call it at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from asyncrl.config import Config
+from asyncrl.data.collate import TrainBatch
+from asyncrl.types import Sample, UpdateResult
+from asyncrl.workers.roles import Roles
+
+
+@dataclass
+class Prepared:
+    """A batch ready for the update: its samples, the typed ``TrainBatch`` and what preparing it measured."""
+
+    samples: list[Sample]
+    batch: TrainBatch
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+Finish = Callable[[], Prepared]
+
+
+@dataclass
+class Trained:
+    """What a step's updates returned: the actor's result (None when it did not update, e.g. a critic warm-up step)
+    and the metrics of every role that learned."""
+
+    actor: UpdateResult | None
+    metrics: dict[str, float]
+
+
+class Algorithm:
+    name: ClassVar[str]
+
+    def __init__(self, cfg: Config, tokenizer: object):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.roles: Roles | None = None
+        self.summary: dict[str, object] = {}  # what the run's summary.json records about this algorithm's parts
+
+    @contextmanager
+    def session(self, run_dir: str) -> Iterator[Algorithm]:
+        """Resources the algorithm holds for the whole run besides the roles (a teacher server); none by default."""
+        yield self
+
+    def on_resume(self, start_step: int) -> None:
+        """Catch up anything drawn once per batch, so a resumed run continues the unbroken run's sequence."""
+
+    def prepare(self, samples: list[Sample], step: int) -> Finish:
+        raise NotImplementedError(f"{type(self).__name__}.prepare")
+
+    def train(self, prepared: Prepared, step: int) -> Trained:
+        raise NotImplementedError(f"{type(self).__name__}.train")
+
+    # ---- shared parts ----------------------------------------------------------------------------------------------
+    @property
+    def bound(self) -> Roles:
+        if self.roles is None:
+            raise RuntimeError(f"{self.name}: roles are not attached (the schedule attaches them after start_roles)")
+        return self.roles
+
+    def num_mini_batches(self, samples: list[Sample]) -> int:
+        """Optimizer steps for a batch: its groups / actor.ppo_mini_batch_size (data.train_batch_size's worth in the
+        batch schedules, async_training.require_batches in fully_async)."""
+        groups = len({s.uid for s in samples})
+        return max(1, groups // self.cfg.actor.ppo_mini_batch_size)
+
+    def update_actor(self, prepared: Prepared, step: int) -> Trained:
+        res = self.bound.trainer.update(prepared.batch, step, self.num_mini_batches(prepared.samples)).result()
+        return Trained(res, res.metrics)

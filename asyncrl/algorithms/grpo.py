@@ -1,0 +1,30 @@
+"""GRPO: group-normalised outcome rewards as every token's advantage, the PPO-clip loss on the actor.
+
+Roles: the actor (+ its reference copy with ``actor.use_kl_loss``). Per batch: the rule rewards (already scored on
+the rollout side) -> per-group mean (and std, ``algorithm.norm_adv_by_std_in_grpo``) normalisation -> one advantage
+per response, broadcast over its tokens -> the trainer's update (which computes the old and reference log-probs).
+"""
+
+from __future__ import annotations
+
+from asyncrl import algos
+from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
+from asyncrl.data.collate import collate, group_ids, rewards_of
+from asyncrl.data.targets import PolicyTarget
+from asyncrl.types import Sample
+
+
+class GRPO(Algorithm):
+    name = "grpo"
+
+    def prepare(self, samples: list[Sample], step: int) -> Finish:
+        batch = collate(samples, self.tokenizer.pad_token_id)
+        adv_B = algos.compute_grpo_advantages(
+            rewards_of(samples), group_ids(samples), norm_by_std=self.cfg.algorithm.norm_adv_by_std_in_grpo
+        )
+        batch.policy = PolicyTarget(algos.broadcast_advantages(adv_B, batch.response_mask_BT))
+        prepared = Prepared(samples, batch)
+        return lambda: prepared
+
+    def train(self, prepared: Prepared, step: int) -> Trained:
+        return self.update_actor(prepared, step)

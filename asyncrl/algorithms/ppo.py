@@ -1,0 +1,86 @@
+"""PPO with a critic: GAE advantages from the critic's values, the PPO-clip loss on the actor, the clipped value loss
+on the critic, and an optional reward model whose score joins the rule reward.
+
+Roles: actor (+ ref with a KL loss), critic, reward model (``reward_model.enable``); where each runs is placement
+config. Per batch:
+
+    prepare: values (critic) | reward-model scores, issued at once when on different pools   timing_s/values
+    finish:  combined reward on each last token -> GAE -> whitened advantages
+    train:   update_critic | update_actor (after trainer.critic_warmup steps), at once on different pools
+
+Where this departs from the textbook/verl: ``critic/vf_explained_var`` is measured on the values predicted at rollout
+time (before the critic's update), and the reward model's logit enters the reward through a sigmoid (see
+``asyncrl.rewards.combine``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from asyncrl import algos
+from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
+from asyncrl.data.collate import collate, rewards_of
+from asyncrl.data.targets import PolicyTarget, ValueTarget
+from asyncrl.rewards.combine import combine_rewards, token_level_rewards
+from asyncrl.types import Sample
+from asyncrl.workers.roles import PoolTurns
+
+
+class PPO(Algorithm):
+    name = "ppo"
+
+    def prepare(self, samples: list[Sample], step: int) -> Finish:
+        roles = self.bound
+        batch = collate(samples, self.tokenizer.pad_token_id)
+        calls = PoolTurns(roles.placement)
+        calls.issue("values", "critic", lambda: roles.critic.values(batch, step))  # type: ignore[union-attr]
+        if roles.reward_model is not None:
+            rm = roles.reward_model
+            calls.issue("rm", "reward_model", lambda: rm.score(samples, step))
+
+        def finish() -> Prepared:
+            got = calls.join()
+            values_BT = got["values"].values
+            rule_B = rewards_of(samples)
+            metrics = {"timing_s/values": got["values"].seconds, "reward/rule_mean": float(rule_B.mean())}
+            reward_B = rule_B
+            if "rm" in got:
+                rmc = self.cfg.reward_model
+                rm_logit_B = got["rm"].values
+                metrics["timing_s/reward_model"] = got["rm"].seconds
+                reward_B = combine_rewards(rule_B, rm_logit_B, rmc.rule_weight, rmc.weight)
+                metrics["reward/rm_score_mean"] = float(torch.sigmoid(rm_logit_B).mean())
+                for s, r in zip(samples, reward_B.tolist(), strict=True):
+                    s.reward = r  # reward/mean logs what the policy is trained on
+            mask = batch.response_mask_BT
+            al = self.cfg.algorithm
+            adv_BT, returns_BT = algos.compute_gae(
+                token_level_rewards(reward_B, mask), values_BT, mask, al.gamma, al.lam
+            )
+            batch.policy = PolicyTarget(algos.whiten(adv_BT, mask))
+            batch.value = ValueTarget(values_BT, returns_BT)
+            metrics["critic/vf_explained_var"] = algos.explained_variance(values_BT, returns_BT, mask)
+            metrics["critic/returns_mean"] = float(algos.masked_mean(returns_BT, mask))
+            return Prepared(samples, batch, metrics)
+
+        return finish
+
+    def train(self, prepared: Prepared, step: int) -> Trained:
+        roles = self.bound
+        critic = roles.critic
+        assert critic is not None
+        num_mini = self.num_mini_batches(prepared.samples)
+        t0 = time.perf_counter()
+        calls = PoolTurns(roles.placement)
+        calls.issue("critic", "critic", lambda: critic.update(prepared.batch, step, num_mini))
+        if step > self.cfg.trainer.critic_warmup:
+            calls.issue("actor", "actor", lambda: roles.trainer.update(prepared.batch, step, num_mini))
+        got = calls.join()
+        wall = time.perf_counter() - t0
+        actor = got.get("actor")
+        metrics = {**got["critic"], **(actor.metrics if actor else {})}
+        busy = metrics["timing_s/update_critic"] + metrics.get("timing_s/update_actor", 0.0)
+        metrics["perf/update_overlap_s"] = max(0.0, busy - wall)  # worker-seconds hidden by running at once
+        return Trained(actor, metrics)

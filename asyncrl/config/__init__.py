@@ -1,0 +1,63 @@
+"""One typed config tree for every algorithm and schedule (``schema``), loaded from YAML + dotted overrides
+(``loading``) and checked at load (``checks``), so a bad key fails before any worker starts, naming the key."""
+
+from asyncrl.config.checks import validate
+from asyncrl.config.errors import ConfigError, check, choice
+from asyncrl.config.loading import load_config, to_dict
+from asyncrl.config.schema import (
+    ALGORITHMS,
+    BACKENDS,
+    SCHEDULES,
+    ActorConfig,
+    AlgorithmConfig,
+    AsyncTrainingConfig,
+    Config,
+    CriticConfig,
+    CriticModelConfig,
+    DataConfig,
+    DistillConfig,
+    ModelConfig,
+    OptimConfig,
+    PlacementConfig,
+    PoolConfig,
+    RayConfig,
+    RewardConfig,
+    RewardModelConfig,
+    RolloutConfig,
+    RolloutCorrectionConfig,
+    SyncConfig,
+    TeacherConfig,
+    TrainerConfig,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "BACKENDS",
+    "SCHEDULES",
+    "DataConfig",
+    "ModelConfig",
+    "RolloutConfig",
+    "OptimConfig",
+    "ActorConfig",
+    "RolloutCorrectionConfig",
+    "AlgorithmConfig",
+    "RewardConfig",
+    "TrainerConfig",
+    "SyncConfig",
+    "AsyncTrainingConfig",
+    "TeacherConfig",
+    "DistillConfig",
+    "RayConfig",
+    "CriticModelConfig",
+    "CriticConfig",
+    "RewardModelConfig",
+    "PoolConfig",
+    "PlacementConfig",
+    "Config",
+    "ConfigError",
+    "check",
+    "choice",
+    "load_config",
+    "to_dict",
+    "validate",
+]

@@ -1,0 +1,18 @@
+"""The one error type of the config, and the two checks every section uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config problem, always naming the key (``rollout.n``), the value and what is allowed."""
+
+
+def check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"config key {key} must be {allowed} (got {value!r})")
+
+
+def choice(key: str, value: Any, choices: tuple) -> None:
+    check(value in choices, key, value, "one of " + ", ".join(str(c) for c in choices))

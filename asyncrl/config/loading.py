@@ -1,0 +1,86 @@
+"""Loading: a YAML file and dotted ``key=value`` overrides merged onto the dataclass defaults with OmegaConf.
+
+An unknown key, a wrong type or a key that was renamed fails here, naming the key, before any worker starts; range
+and consistency checks follow in ``asyncrl.config.checks``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from asyncrl.config.checks import validate
+from asyncrl.config.errors import ConfigError
+from asyncrl.config.schema import Config
+
+# Keys that were replaced: the one-line message a config that still uses them gets.
+RENAMED = {
+    "trainer.mode": "trainer.mode was split into algorithm.name (grpo | ppo | distill) and trainer.schedule "
+    "(sync | one_step_off | two_step_off | fully_async): mode=ppo -> algorithm.name=ppo, mode=distill -> "
+    "algorithm.name=distill, mode=sync|one_step_off|fully_async -> trainer.schedule=<the same>",
+    "trainer.scheduler": "trainer.scheduler was replaced by trainer.schedule (serial -> sync; one_step_off and "
+    "two_step_off keep their names) and now applies to every algorithm",
+}
+
+
+def _renamed_key(layer: Any, where: str) -> None:
+    for key, message in RENAMED.items():
+        if OmegaConf.select(layer, key, default=None) is not None:
+            raise ConfigError(f"{where}: config key {message}")
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    schema: type = Config,
+    validate_fn: Any = None,
+) -> Any:
+    """Merge a YAML file and ``key=value`` overrides onto the dataclass defaults and validate.
+
+    Raises ``ConfigError`` naming the key for an unknown key, a wrong type, a missing value or an out-of-range value.
+    """
+    base = OmegaConf.structured(schema)
+    layers = []
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p}: no such file")
+        try:
+            layers.append((str(p), OmegaConf.load(p)))
+        except Exception as e:  # yaml syntax errors
+            raise ConfigError(f"config file {p}: not valid YAML: {e}") from None
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"command-line override {item!r}: expected key=value (e.g. rollout.n=8)")
+        layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
+    merged = base
+    for where, layer in layers:
+        _renamed_key(layer, where)
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as e:
+            raise ConfigError(_describe(e, where)) from None
+    try:
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_describe(e, "config")) from None
+    (validate_fn or validate)(cfg)
+    return cfg
+
+
+def _describe(e: OmegaConfBaseException, where: str) -> str:
+    key = getattr(e, "full_key", None) or "?"
+    msg = str(e).splitlines()[0]
+    if "not in" in msg or "Key '" in msg and "not" in msg:
+        return f"{where}: unknown config key {key!r}"
+    if "missing mandatory value" in msg.lower():
+        return f"config key {key} is required (got no value)"
+    return f"{where}: config key {key}: {msg}"
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,234 @@
+"""The config tree: one typed dataclass per section, one default per knob.
+
+Two choices shape a run: ``algorithm.name`` (what is learned from finished samples: grpo | ppo | distill) and
+``trainer.schedule`` (when things happen: sync | one_step_off | two_step_off | fully_async). Every algorithm runs on
+every schedule. Leaf names follow verl's where the concept is the same (``data.train_batch_size``, ``rollout.n``,
+``actor.ppo_mini_batch_size``, ``algorithm.adv_estimator``, ...) without verl's ``actor_rollout_ref.`` nesting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+ALGORITHMS = ("grpo", "ppo", "distill")
+SCHEDULES = ("sync", "one_step_off", "two_step_off", "fully_async")
+BACKENDS = ("ray", "in_process")
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=list)  # parquet/jsonl in verl's schema
+    val_files: list[str] = field(default_factory=list)
+    train_batch_size: int = 16  # prompts per training step (each gets rollout.n responses)
+    val_batch_size: int = 512  # prompts per eval generation call
+    val_max_samples: int = -1  # evaluate on at most this many held-out prompts (-1 = all)
+    max_prompt_length: int = 256  # tokens
+    overlong_prompts: str = "error"  # error | filter
+    shuffle: bool = True
+
+
+@dataclass
+class ModelConfig:
+    path: str = MISSING  # a local Hugging Face causal-LM directory
+    dtype: str = "float32"
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "builtin"  # builtin (our decode loop)
+    n: int = 8  # responses per prompt (the GRPO group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    response_length: int = 32  # max new tokens per response
+    max_batch_size: int = 256  # sequences decoded at once
+    val_temperature: float = 0.0  # 0 = greedy held-out evaluation
+    num_workers: int = 1  # rollout workers in the rollout pool (modes with a separate rollout pool)
+    cpus_per_worker: float = 1.0  # CPUs per rollout worker; its torch threads = this, rounded down
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_warmup_steps: int = 0  # linear warm-up, in optimizer steps
+    grad_clip: float = 1.0  # max global grad norm (<= 0 disables)
+
+
+@dataclass
+class ActorConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int = 16  # prompts per optimizer step (x rollout.n samples), as in verl
+    ppo_micro_batch_size: int = 64  # samples per forward/backward (gradient accumulation); memory only
+    ppo_epochs: int = 1
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None  # defaults to clip_ratio
+    clip_ratio_high: float | None = None  # defaults to clip_ratio
+    clip_ratio_c: float | None = None  # dual-clip bound for negative advantages (off when null)
+    entropy_coeff: float = 0.0
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl | kl | mse
+    use_rollout_log_probs: bool = False  # true: the rollout's behaviour log-probs are the PPO old policy
+    skip_zero_adv_rows: bool = True  # rows with all-zero advantages skip forward/backward (same gradient, less work)
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    rollout_is: str | None = None  # null | token | sequence
+    rollout_is_threshold: float = 2.0
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "grpo"  # grpo | ppo (critic + GAE) | distill (on-policy distillation from a teacher server)
+    adv_estimator: str | None = None  # verl's name; null = the algorithm's own (grpo: grpo, ppo: gae)
+    norm_adv_by_std_in_grpo: bool = True
+    gamma: float = 1.0  # gae: discount per response token
+    lam: float = 1.0  # gae: lambda (bias/variance trade-off of the advantage estimate)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+
+
+@dataclass
+class RewardConfig:
+    custom_function: str | None = None  # "path/to/file.py:fn" with verl's signature; null = built-in registry
+    binarize: bool = False  # reward 1.0 only for a full score (reasoning-gym scorers give partial credit), else 0.0
+
+
+@dataclass
+class TrainerConfig:
+    schedule: str = "sync"  # sync | one_step_off | two_step_off | fully_async (asyncrl/schedules/)
+    backend: str = "ray"  # ray (roles are Ray actors) | in_process (the same workers in this process, no Ray)
+    total_training_steps: int = 10
+    default_local_dir: str = "runs/default"
+    save_freq: int = 5  # steps between checkpoints (<= 0: only the final one)
+    test_freq: int = 5  # steps between held-out evaluations (<= 0: only before and after)
+    val_before_train: bool = True
+    resume_mode: str = "auto"  # auto | disable | a checkpoint directory
+    max_checkpoints_to_keep: int = 2
+    seed: int = 1
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    prometheus_port: int | None = None
+    cpus_per_worker: float = 2.0  # CPUs of the (colocated) trainer worker; torch threads = this, rounded down
+    num_workers: int = 1  # trainer workers (data parallel); only 1 is implemented
+    critic_warmup: int = 0  # ppo: steps that update only the critic before the actor starts learning
+    role_start_timeout_s: float = 600.0  # how long a role may take to start (load its model) before the run fails
+
+
+@dataclass
+class SyncConfig:
+    bucket_mb: float = 64.0  # MiB per flat broadcast bucket
+    verify: bool = False  # CRC32 per bucket, checked by every rollout worker
+    timeout_s: float = 60.0  # a weight sync that takes longer raises, naming the step and the worker
+
+
+@dataclass
+class AsyncTrainingConfig:
+    """``fully_async`` only (verl's ``async_training`` section); see asyncrl/streaming/staleness.py for the bound."""
+
+    staleness_threshold: float = 0.0  # extra groups in flight, as a fraction of one sync window
+    trigger_parameter_sync_step: int = 1  # trainer steps per weight sync (= per version)
+    require_batches: int = 1  # ppo_mini_batch_size groups per trainer step (one optimizer step each)
+    drop_policy: str = "backpressure"  # queue full: backpressure (the rollouter waits) | oldest (drop, counted)
+    max_queue_size: int | None = None  # groups; null = the staleness budget (never fills while synced)
+    partial_rollout: bool = True  # at a sync, interrupt in-flight generations and resume them with the new weights
+    compute_prox_log_prob: bool = False  # decoupled PPO: old = the weights at the start of the sync window
+    max_inflight_groups: int | None = None  # groups generated at once; null = rollout.max_batch_size // rollout.n
+    get_batch_timeout_s: float = 600.0  # the trainer's longest wait for one step's groups before the run fails
+    pause_timeout_s: float = 600.0  # the longest wait for the Rollouter to park for a weight sync
+
+
+@dataclass
+class TeacherConfig:
+    """``distill`` only: the teacher server (vLLM's /v1/completions with prompt_logprobs)."""
+
+    # a running server (ours, or `vllm serve`); null = start `asyncrl serve-teacher` on teacher.model_path
+    url: str | None = None
+    model_path: str | None = None  # the teacher's HF directory, for the server started here
+    top_k: int = 16  # teacher log-probs per position
+    max_in_flight: int = 16  # concurrent requests (one sequence each; the server batches them)
+    timeout_s: float = 60.0  # per connect / per wait for reply bytes
+    max_retries: int = 3  # retries of a failed request (connection errors, 5xx, 408, 429), with back-off
+    backoff_s: float = 0.5  # first retry delay; doubles each retry
+    server_max_batch: int = 64  # sequences per teacher forward pass (the server started here)
+    server_threads: int = 1  # torch threads of the server started here
+    startup_timeout_s: float = 120.0  # how long to wait for the started server to answer /health
+    check_tokenizer: str = "auto"  # auto | fingerprint | probe: how the shared vocabulary is checked at start
+
+
+@dataclass
+class DistillConfig:
+    """``distill`` only: the loss between teacher p and student q on the student's responses (GKD)."""
+
+    loss: str = "forward_kl"  # forward_kl (top-k KL(p||q)) | jsd (generalised JSD with beta) | reverse_kl (sampled)
+    beta: float = 0.5  # jsd: weight of the teacher side (0 = forward KL, 1 = reverse KL)
+    lmbda: float = 1.0  # fraction of steps trained on student-generated responses; the rest on the dataset's answers
+    tail: str = "bucket"  # top-k losses: the teacher mass outside its top k as one bucket, or renorm over the top k
+    reverse_kl_estimator: str = "k3"  # reverse_kl: k1 | k3 (score-function gradient either way)
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None  # connect to an existing cluster; null = start a local one on 127.0.0.1
+    num_cpus: int | None = None  # CPUs of the local cluster (null = all of this machine's)
+
+
+# ---- PPO's critic and reward model; role placement (every algorithm and schedule) --------------------------------
+@dataclass
+class CriticModelConfig:
+    path: str | None = None  # a causal-LM directory for the critic's body; null = the policy's model.path
+
+
+@dataclass
+class CriticConfig:
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    cliprange_value: float = 0.5  # reward units: a value prediction may move at most this far from its old one
+    ppo_epochs: int = 1
+    ppo_micro_batch_size: int = 64  # samples per forward/backward; memory only
+    loss_agg_mode: str = "token-mean"
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = False
+    path: str | None = None  # a sequence-classification directory (e.g. from `asyncrl train-rm`)
+    weight: float = 1.0  # reward = rule_weight * rule reward + weight * sigmoid(reward-model logit)
+    rule_weight: float = 1.0
+    micro_batch_size: int = 64
+
+
+@dataclass
+class PoolConfig:
+    cpus: float = 1.0  # CPUs reserved for the pool; every role on it gets this many torch threads
+
+
+@dataclass
+class PlacementConfig:
+    """Training roles -> named pools. Empty = every role on the trainer's pool (asyncrl/workers/placement.py)."""
+
+    pools: dict[str, PoolConfig] = field(default_factory=dict)
+    roles: dict[str, str] = field(default_factory=dict)  # actor | critic | reward_model -> pool
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)

@@ -1,0 +1,97 @@
+"""``fully_async``: a Rollouter streams groups through a bounded queue; the roles learn from them as they come.
+
+The Rollouter (``asyncrl.workers.rollouter``) generates on its own thread all the time, admitted by the staleness
+controller, and scores each group's rule reward as it finishes. Per trainer step, top to bottom:
+
+    take B = require_batches x ppo_mini_batch_size groups from the queue (oldest first)   timing_s/wait_batch
+    prepare the batch                                                                     timing_s/prepare
+    update (require_batches optimizer steps; old log-probs: current weights | proximal
+    snapshot | behaviour, chosen by config inside the trainer)                            timing_s/train
+    every trigger_parameter_sync_step steps, when the trainer's version moves on:         timing_s/param_sync
+        park the Rollouter (partial_rollout: interrupt its decode; else let it finish) ->
+        send the weights -> (checkpoint snapshot) -> it resumes with the new version
+    metrics (staleness and partial spans from the versions the engine recorded) -> (eval) -> (checkpoint)
+
+Staleness is bounded by the controller's admission rule (proof in ``asyncrl/streaming/staleness.py``) and checked at
+every consumption, for every algorithm. A checkpoint is taken while the Rollouter is parked for a sync, so it holds
+the queue (samples with their rewards), the in-flight partial rows, the controller, the prompt ledger and the prompt
+cursor of one instant: a resumed run loses and repeats no prompt (``ledger.json`` at the end is the evidence).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from asyncrl.config import Config
+from asyncrl.schedules.run import StepTimer, open_run, staleness_metrics
+from asyncrl.streaming.report import partial_metrics, processing_metrics, write_ledger_report
+from asyncrl.workers.roles import RolloutSide
+
+ROLLOUTER_STATE = "rollouter_state.pt"
+STOP_TIMEOUT_S = 60.0  # how long the clean-up waits for the Rollouter to stop before its worker is killed
+
+
+def run_fully_async(cfg: Config) -> dict[str, Any]:
+    at = cfg.async_training
+    with open_run(cfg, RolloutSide.STREAM) as (run, algorithm, roles):
+        rollouter = roles.rollouter
+        assert rollouter is not None
+        try:
+            sync = run.start_weight_sync(roles)
+            if run.resumed_from is not None:
+                rollouter.restore(torch.load(run.resumed_from / ROLLOUTER_STATE, weights_only=False)).result()
+            rollouter.take_metrics().result()  # start the idle window now
+            rollouter.start().result()
+            groups_per_step = at.require_batches * cfg.actor.ppo_mini_batch_size
+            step = run.start_step - 1
+            for step in range(run.start_step, cfg.trainer.total_training_steps + 1):
+                tm = StepTimer(step)
+                extra: dict[str, float] = {}
+                snapshot = None
+                with tm("step"):
+                    trained_at = run.version
+                    with tm("wait_batch"):
+                        got = rollouter.get_batch(groups_per_step, trained_at).result()
+                    with tm("prepare"):
+                        prepared = algorithm.prepare(got.samples, step)()
+                    with tm("train"):
+                        trained = run.learn(algorithm, prepared, step)
+                    staleness = staleness_metrics(got.samples, trained_at)
+                    if max(got.staleness) != staleness["staleness/max"]:  # two accounts of the same fact
+                        raise RuntimeError(f"step {step}: controller staleness {got.staleness} != recorded {staleness}")
+                    if run.version != trained_at:  # a sync window ended: the rollout side gets the new weights
+                        with tm("param_sync"):
+                            extra["timing_s/param_sync_pause"] = rollouter.pause(at.partial_rollout).result()
+                            extra.update(sync.metrics(sync.push(run.version)))
+                            if run.due(cfg.trainer.save_freq, step):
+                                snapshot = rollouter.snapshot().result()
+                            rollouter.resume_generation(run.version).result()
+                ro = rollouter.take_metrics().result()
+                metrics = run.step_metrics(
+                    prepared.samples, prepared.batch, tm, prepared.metrics, trained.metrics, staleness, extra, ro
+                )
+                metrics.update(partial_metrics(got.samples))
+                metrics.update(processing_metrics(got.processing_s))
+                metrics["trainer/idle_ratio"] = tm.timings["timing_s/wait_batch"] / tm.timings["timing_s/step"]
+                metrics["timing_s/gen"] = ro["rollouter/busy_s"]  # decode seconds on the Rollouter during this step
+                metrics["fully_async/trainer_version"] = float(trained_at)  # the version this step's update ran at
+                run.end_step(step, metrics, roles, extra_files={ROLLOUTER_STATE: snapshot} if snapshot else None)
+            rollouter.stop().result()  # the books are final from here on
+            counts = rollouter.take_metrics().result()
+            run.summary["counts"] = {
+                k.rsplit("/", 1)[1]: v for k, v in counts.items() if k.startswith("fully_async/count/")
+            }
+            run.summary["ledger"] = write_ledger_report(run.dir, len(run.train), rollouter.ledger_state().result())
+            return run.finish(roles, step)
+        finally:
+            _stop_quietly(rollouter)
+
+
+def _stop_quietly(rollouter: Any) -> None:
+    """Stop the generation thread whatever happened (in-process it would outlive the run otherwise)."""
+    try:
+        rollouter.stop().result(timeout=STOP_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - already failing or dead: the backend kills it next
+        pass

@@ -1,0 +1,58 @@
+"""``one_step_off``: the rollout pool generates batch t+1 while the roles learn on batch t.
+
+The trainer sends its weights to ``rollout.num_workers`` rollout workers over the sync group. Per step, top to bottom:
+
+    wait for batch t (generated with weights v(t-2), or v(t-1) at the first step)   timing_s/wait_prev_gen
+    sync the trainer's weights v(t-1) to the rollout pool                             timing_s/sync_rollout_weights
+    launch generation of batch t+1 (with v(t-1); not waited for)
+    prepare batch t                                                                   timing_s/prepare
+    update -> v(t)                                                                    timing_s/train
+    metrics (staleness from each sample's recorded version) -> (eval) -> (checkpoint)
+
+So every sample but the first batch's is trained exactly one version after the one that generated it. Where this
+departs from verl's recipe: the in-flight batch's prompts are not lost at a checkpoint (the data cursor saved is the
+one from before that batch was drawn, so a resumed run draws and generates it again).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncrl.config import Config
+from asyncrl.schedules.run import StepTimer, launch_generation, open_run, staleness_metrics
+from asyncrl.workers.roles import RolloutSide
+
+
+def run_one_step_off(cfg: Config) -> dict[str, Any]:
+    with open_run(cfg, RolloutSide.POOL) as (run, algorithm, roles):
+        sync = run.start_weight_sync(roles)
+        params, total = run.sampling(), cfg.trainer.total_training_steps
+
+        def launch(b: int):
+            return launch_generation(roles.rollouts, run.next_prompts(), params, run.gen_seed(b), b)
+
+        pending = launch(run.start_step)
+        step = run.start_step - 1
+        for step in range(run.start_step, total + 1):
+            tm = StepTimer(step)
+            with tm("step"):
+                with tm("wait_prev_gen"):
+                    samples, gen_s = pending.result()
+                with tm("sync_rollout_weights"):
+                    stats = sync.push(run.version)
+                # the cursor after batch `step`, before batch step+1 is drawn: a checkpoint of this step resumes by
+                # drawing and generating the in-flight batch step+1 again, so it is neither lost nor repeated
+                cursor = run.sampler.state_dict()
+                if step < total:
+                    pending = launch(step + 1)
+                with tm("prepare"):
+                    prepared = algorithm.prepare(samples, step)()
+                staleness = staleness_metrics(samples, run.version)
+                with tm("train"):
+                    trained = run.learn(algorithm, prepared, step)
+            metrics = run.step_metrics(
+                prepared.samples, prepared.batch, tm, prepared.metrics, trained.metrics, staleness, sync.metrics(stats)
+            )
+            metrics["timing_s/gen"] = gen_s  # measured on the rollout workers, overlapped with the previous step
+            run.end_step(step, metrics, roles, sampler_state=cursor)
+        return run.finish(roles, step)

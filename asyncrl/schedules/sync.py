@@ -1,0 +1,43 @@
+"""``sync``: the baseline every other schedule is measured against.
+
+The trainer's own worker generates, then the algorithm prepares the batch, then the roles learn from it: nothing
+overlaps. Per step, top to bottom:
+
+    generate with the current weights (rule rewards scored on the worker)     timing_s/gen
+    prepare the batch (advantages; critic values; teacher knowledge)           timing_s/prepare
+    update the roles that learn (ref/old log-probs inside the trainer's call)  timing_s/train
+    metrics -> (held-out eval) -> (checkpoint)
+
+On-policy: every sample's weight version equals the trainer's (staleness 0, measured from the recorded versions).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncrl.config import Config
+from asyncrl.schedules.run import StepTimer, launch_generation, open_run, staleness_metrics
+from asyncrl.workers.roles import RolloutSide
+
+
+def run_sync(cfg: Config) -> dict[str, Any]:
+    with open_run(cfg, RolloutSide.ACTOR) as (run, algorithm, roles):
+        params = run.sampling()
+        step = run.start_step - 1
+        for step in range(run.start_step, cfg.trainer.total_training_steps + 1):
+            tm = StepTimer(step)
+            with tm("step"):
+                with tm("gen"):
+                    samples, _ = launch_generation(
+                        roles.rollouts, run.next_prompts(), params, run.gen_seed(step), step
+                    ).result()
+                with tm("prepare"):
+                    prepared = algorithm.prepare(samples, step)()
+                staleness = staleness_metrics(samples, run.version)  # 0 by construction; measured anyway
+                with tm("train"):
+                    trained = run.learn(algorithm, prepared, step)
+            metrics = run.step_metrics(
+                prepared.samples, prepared.batch, tm, prepared.metrics, trained.metrics, staleness
+            )
+            run.end_step(step, metrics, roles)
+        return run.finish(roles, step)

@@ -1,0 +1,163 @@
+"""``asyncrl bench``: GRPO on every schedule, on the same work, in one invocation, against ``sync``.
+
+Same data, seeds, number of samples, model and total CPUs for every schedule; only the order of events differs.
+Figures per schedule (all ratios computed from runs in this one invocation, because the machine is shared and noisy):
+
+- ``samples_per_s`` / ``tokens_per_s``: trained samples (tokens) / the sum of the steps' wall seconds;
+- ``ratio_to_sync``: samples/s over sync's;
+- ``overlap_limit`` = (gen + train) / max(gen, train) from the sync run's own mean per-step timings: the most any
+  overlap of generation and training can win on this work; ``limit_fraction`` = ratio_to_sync / overlap_limit;
+- ``pipeline_efficiency`` = max(gen, train) / this schedule's mean step seconds (1.0 = perfectly hidden);
+- ``trainer_idle_fraction``: the share of the run's step time the training worker spent in no span;
+- ``sync_s`` / ``sync_bytes_per_s``: mean weight-sync seconds and throughput (0 for sync: rollout shares the actor);
+- ``staleness_mean``: mean policy versions between generation and training (``staleness/mean``);
+- ``accuracy``: held-out accuracy after the last step.
+
+Workloads (``bench_common.prepare_workload``): ``short`` is the demo task (short answers: update-heavy on a CPU);
+``long`` is chain_sum with 2-24 terms answered step by step, a generation-heavy workload with a long tail of response
+lengths. ``--modes ppo_colocated,ppo_split`` measures PPO's two placements against each other instead (``bench_ppo``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import ConfigError, load_config
+from asyncrl.telemetry.timeline import read_chrome_trace
+from asyncrl.tools.bench_common import (
+    Workload,
+    mean_of,
+    prepare_workload,
+    rate,
+    run_one,
+    run_overrides,
+    step_metrics,
+    trainer_idle_fraction,
+    write_results,
+)
+from asyncrl.tools.bench_ppo import PPO_MODES, run_ppo_bench
+
+SCHEDULES = ("sync", "one_step_off", "two_step_off", "fully_async")
+BASE_CONFIG = "configs/quickstart.yaml"
+
+
+def schedule_overrides(schedule: str, total_cpus: int) -> list[str]:
+    """The same cores for every schedule. sync gives them all to its one worker (rollout runs in the actor's). The
+    overlapping schedules give the trainer all of them too and add one single-threaded rollout worker that shares
+    them (one extra logical CPU in Ray's accounting): training scales ~1.9x from 1 to 2 threads here while decoding
+    barely does, so halving the trainer to give the rollout a core of its own loses more than the overlap wins
+    (measured in BENCHMARKS.md)."""
+    if schedule == "sync":
+        return ["trainer.schedule=sync", f"trainer.cpus_per_worker={total_cpus}", f"ray.num_cpus={total_cpus}"]
+    if schedule not in SCHEDULES:
+        raise ConfigError(
+            f"bench: unknown schedule {schedule!r} (allowed: {', '.join(SCHEDULES)}, or {', '.join(PPO_MODES)})"
+        )
+    over = [
+        f"trainer.schedule={schedule}",
+        f"trainer.cpus_per_worker={total_cpus}",
+        "rollout.num_workers=1",
+        "rollout.cpus_per_worker=1",
+        f"ray.num_cpus={total_cpus + 1}",
+    ]
+    if schedule == "fully_async":
+        # the Rollouter may run one sync window ahead (every sample <= 1 version stale), decoding the groups of two
+        # trainer steps in one batch; partial rollout + refill keep that batch full through the long tail
+        over += ["async_training.staleness_threshold=1.0", "async_training.partial_rollout=true"]
+    return over
+
+
+def run_schedule(schedule: str, wl: Workload, out: Path, steps: int, total_cpus: int, extra: list[str]) -> Path:
+    run_dir = out / f"{wl.name}_{schedule}"
+    over = [
+        *wl.data_overrides(),
+        *run_overrides(run_dir, steps),
+        *wl.train_overrides,
+        *schedule_overrides(schedule, total_cpus),
+        *extra,
+    ]
+    run_one(load_config(BASE_CONFIG, over))
+    return run_dir
+
+
+def summarize(schedule: str, workload: str, run_dir: Path, sync_ref: dict[str, float] | None) -> dict[str, Any]:
+    steps, body = step_metrics(run_dir)
+    mean_step = mean_of(body, "timing_s/step")
+    gen = mean_of(body, "timing_s/gen")
+    summary = {
+        "schedule": schedule,
+        "workload": workload,
+        "steps": len(body),
+        "samples_per_s": rate(body, "perf/samples_per_s"),
+        "tokens_per_s": rate(body, "perf/throughput_tokens_per_s"),
+        "mean_step_s": mean_step,
+        "gen_s": gen,
+        "train_s": mean_step - gen if schedule == "sync" else None,
+        "response_length_mean": mean_of(body, "response_length/mean"),
+        "response_length_p95": mean_of(body, "response_length/p95"),
+        "trainer_idle_fraction": trainer_idle_fraction(read_chrome_trace(run_dir / "timeline.json"), body),
+        "sync_s": mean_of(body, "sync/seconds"),
+        "sync_bytes_per_s": mean_of(body, "sync/bytes_per_s"),
+        "staleness_mean": sum(m["staleness/mean"] for m in body) / len(body),
+        "accuracy": steps[-1].get("val/accuracy"),
+    }
+    ref = sync_ref or summary
+    g, tr = ref["gen_s"], ref["train_s"]
+    summary["overlap_limit"] = (g + tr) / max(g, tr)
+    summary["ratio_to_sync"] = summary["samples_per_s"] / ref["samples_per_s"]
+    summary["limit_fraction"] = summary["ratio_to_sync"] / summary["overlap_limit"]
+    summary["pipeline_efficiency"] = max(g, tr) / mean_step
+    return summary
+
+
+def run_bench(
+    modes: list[str],
+    workload: str,
+    out: str,
+    steps: int,
+    work_dir: str,
+    total_cpus: int,
+    sft_seconds: float | None,
+    extra: list[str],
+) -> list[dict[str, Any]]:
+    """``modes``: schedules (GRPO on each, against sync) or PPO placements (against each other), not both."""
+    out_dir = Path(out)
+    if modes and all(m in PPO_MODES for m in modes):  # PPO placements are measured against each other
+        out_dir.mkdir(parents=True, exist_ok=True)
+        wl = prepare_workload(workload, Path(work_dir), sft_seconds)
+        return run_ppo_bench(modes, wl, out_dir, steps, total_cpus, extra)
+    if any(m in PPO_MODES for m in modes):
+        raise ConfigError(f"bench: ppo modes ({', '.join(PPO_MODES)}) are compared with each other only (got {modes})")
+    schedules = modes if "sync" in modes else ["sync", *modes]  # every figure is a ratio to sync, measured here
+    for s in schedules:
+        schedule_overrides(s, total_cpus)  # unknown schedules fail before any work starts
+    out_dir.mkdir(parents=True, exist_ok=True)
+    wl = prepare_workload(workload, Path(work_dir), sft_seconds)
+    results: list[dict[str, Any]] = []
+    sync_ref = None
+    for schedule in schedules:
+        run_dir = run_schedule(schedule, wl, out_dir, steps, total_cpus, extra)
+        res = summarize(schedule, workload, run_dir, sync_ref)
+        if schedule == "sync":
+            sync_ref = res
+        results.append(res)
+    write_results(results, out_dir, "bench", COLUMNS)
+    return results
+
+
+COLUMNS = [
+    ("schedule", "{}"),
+    ("samples_per_s", "{:.1f}"),
+    ("tokens_per_s", "{:.0f}"),
+    ("ratio_to_sync", "{:.2f}x"),
+    ("overlap_limit", "{:.2f}x"),
+    ("limit_fraction", "{:.2f}"),
+    ("pipeline_efficiency", "{:.2f}"),
+    ("trainer_idle_fraction", "{:.2f}"),
+    ("sync_s", "{:.3f}"),
+    ("sync_bytes_per_s", "{:.2e}"),
+    ("response_length_mean", "{:.1f}"),
+    ("response_length_p95", "{:.1f}"),
+    ("accuracy", "{:.3f}"),
+]

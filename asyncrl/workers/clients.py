@@ -1,0 +1,102 @@
+"""Typed clients, one per role: what a schedule or an algorithm may ask of a worker, and what each call returns.
+
+A client wraps a ``Handle`` (Ray actor or in-process worker, ``asyncrl.workers.backends``) and returns ``Pending``
+results of the dataclasses in ``asyncrl.types``; nothing above this module names a worker method by string. The
+teacher's client is ``asyncrl.distill.client.TeacherClient`` (an HTTP server is a role of its own).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.calls import Handle, Pending
+from asyncrl.data.collate import TrainBatch
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.types import Generation, Prompt, Sample, Scored, UpdateResult
+
+if TYPE_CHECKING:
+    from asyncrl.workers.rollouter import RollouterSnapshot, StreamBatch
+
+
+class RoleClient:
+    """What every role answers: checkpoints, its timeline, its process id."""
+
+    def __init__(self, handle: Handle):
+        self.handle = handle
+        self.name = handle.name
+
+    def save_checkpoint(self, directory: str) -> Pending[None]:
+        return self.handle.call("save_checkpoint", directory)
+
+    def load_checkpoint(self, directory: str) -> Pending[Any]:
+        return self.handle.call("load_checkpoint", directory)
+
+    def pop_timeline(self) -> Pending[list[dict]]:
+        return self.handle.call("pop_timeline")
+
+    def pid(self) -> Pending[int]:
+        return self.handle.call("pid")
+
+
+class RolloutClient(RoleClient):
+    def generate(
+        self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int, score: bool = True
+    ) -> Pending[Generation]:
+        """Samples for ``prompts``; with ``score`` their rule rewards are filled on the worker."""
+        return self.handle.call("generate", prompts, params, seed, step, score)
+
+
+class TrainerClient(RolloutClient):
+    def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> Pending[UpdateResult]:
+        """One training step on whatever target ``batch`` carries (``asyncrl.data.targets``)."""
+        return self.handle.call("update", batch, step, num_mini_batches)
+
+    def export_model(self, directory: str) -> Pending[None]:
+        return self.handle.call("export_model", directory)
+
+
+class CriticClient(RoleClient):
+    def values(self, batch: TrainBatch, step: int) -> Pending[Scored]:
+        """Values [B, T] of the batch's response states."""
+        return self.handle.call("compute_values", batch, step)
+
+    def update(self, batch: TrainBatch, step: int, num_mini_batches: int) -> Pending[dict[str, float]]:
+        """The clipped value loss on ``batch.value``."""
+        return self.handle.call("update", batch, step, num_mini_batches)
+
+
+class RewardModelClient(RoleClient):
+    def score(self, samples: list[Sample], step: int) -> Pending[Scored]:
+        """Reward-model logits [B]."""
+        return self.handle.call("score", samples, step)
+
+
+class RollouterClient(RoleClient):
+    """The fully_async Rollouter (``asyncrl.workers.rollouter``)."""
+
+    def start(self) -> Pending[None]:
+        return self.handle.call("start")
+
+    def get_batch(self, n_groups: int, trainer_version: int) -> Pending[StreamBatch]:
+        return self.handle.call("get_batch", n_groups, trainer_version)
+
+    def pause(self, interrupt: bool) -> Pending[float]:
+        return self.handle.call("pause", interrupt)
+
+    def resume_generation(self, version: int) -> Pending[None]:
+        return self.handle.call("resume_generation", version)
+
+    def snapshot(self) -> Pending[RollouterSnapshot]:
+        return self.handle.call("snapshot")
+
+    def restore(self, snapshot: RollouterSnapshot) -> Pending[None]:
+        return self.handle.call("restore", snapshot)
+
+    def stop(self) -> Pending[None]:
+        return self.handle.call("stop")
+
+    def take_metrics(self) -> Pending[dict[str, float]]:
+        return self.handle.call("take_metrics")
+
+    def ledger_state(self) -> Pending[dict[str, Any]]:
+        return self.handle.call("ledger_state")

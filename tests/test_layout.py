@@ -1,0 +1,151 @@
+"""The package's architecture rules, checked by reading the source with ``ast`` (nothing under ``asyncrl`` is imported).
+
+Every import counts: module level, inside functions (lazy imports) and inside ``if`` blocks. ``from asyncrl.pkg import
+name`` is an edge to the submodule ``asyncrl.pkg.name`` when that file exists, else to the package's ``__init__``. The
+parent packages that Python initialises on the way to a submodule are not edges: by the time a submodule runs, its
+parents are already in ``sys.modules``, so a package ``__init__`` that imports its submodules, which import their
+siblings, is fine. An explicit import of the package itself from inside it is an edge, because it does cycle: the
+``__init__`` is still half-run when its eagerly imported submodule asks it for a name.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "asyncrl"
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package is named by its ``__init__``)."""
+    return {module_name(p): p for p in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def imports_of(source: str, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The absolute names ``module`` imports, anywhere in its source."""
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: climb from this module's package
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return targets
+
+
+def all_imports() -> dict[str, set[str]]:
+    """Each module of the package and the absolute names it imports (stdlib and third-party names included)."""
+    modules = package_modules()
+    known = set(modules)
+    return {
+        name: imports_of(path.read_text(encoding="utf-8"), name, path.name == "__init__.py", known)
+        for name, path in modules.items()
+    }
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Edges between modules of the package only (a module naming itself is not an edge)."""
+    imports = all_imports()
+    return {name: {t for t in targets if t in imports and t != name} for name, targets in imports.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle as ``[a, b, ..., a]``, or None; depth-first in sorted order, so the same graph gives the same cycle."""
+    on_path: list[str] = []
+    done: set[str] = set()
+
+    def visit(node: str) -> list[str] | None:
+        on_path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in on_path:
+                return on_path[on_path.index(nxt) :] + [nxt]
+            if nxt not in done and (cycle := visit(nxt)):
+                return cycle
+        on_path.pop()
+        done.add(node)
+        return None
+
+    for node in sorted(graph):
+        if node not in done and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def is_under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+# ---- the checker itself ------------------------------------------------------------------------------------------
+def test_find_cycle_reports_a_cycle_and_accepts_a_dag():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"x": {"y"}, "y": {"x"}}) == ["x", "y", "x"]
+    diamond = {"top": {"left", "right"}, "left": {"bottom"}, "right": {"bottom"}, "bottom": set()}
+    assert find_cycle(diamond) is None
+
+
+def test_imports_of_sees_lazy_relative_and_submodule_imports():
+    known = {"asyncrl.p", "asyncrl.p.a", "asyncrl.p.b", "asyncrl.q"}
+    source = "import json\nfrom . import b, helper\nfrom ..q import f\ndef g():\n    import asyncrl.q\n"
+    got = imports_of(source, "asyncrl.p.a", is_package=False, known=known)
+    assert got == {"json", "asyncrl.p.b", "asyncrl.p", "asyncrl.q"}
+    assert imports_of("from .a import x\n", "asyncrl.p", is_package=True, known=known) == {"asyncrl.p.a"}
+
+
+# ---- the rules ---------------------------------------------------------------------------------------------------
+def test_no_import_circle_in_the_package():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_tools_are_imported_only_by_the_cli():
+    bad = [
+        f"{name} imports {target}"
+        for name, targets in sorted(all_imports().items())
+        if not is_under(name, "asyncrl.tools") and name != "asyncrl.cli"
+        for target in sorted(targets)
+        if is_under(target, "asyncrl.tools")
+    ]
+    assert not bad, "asyncrl.tools is for the command line only:\n" + "\n".join(bad)
+
+
+def test_rewards_do_not_import_workers():
+    bad = [
+        f"{name} imports {target}"
+        for name, targets in sorted(all_imports().items())
+        if is_under(name, "asyncrl.rewards")
+        for target in sorted(targets)
+        if is_under(target, "asyncrl.workers")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_algos_import_only_torch():
+    def allowed(target: str) -> bool:
+        top = target.split(".")[0]
+        return top in sys.stdlib_module_names or top == "torch" or is_under(target, "asyncrl.algos")
+
+    bad = [
+        f"{name} imports {target}"
+        for name, targets in sorted(all_imports().items())
+        if is_under(name, "asyncrl.algos")
+        for target in sorted(targets)
+        if not allowed(target)
+    ]
+    assert not bad, "asyncrl.algos may import only the standard library and torch:\n" + "\n".join(bad)
+
+
+def test_no_source_file_over_400_lines():
+    counts = {p: len(p.read_text(encoding="utf-8").splitlines()) for p in sorted(PACKAGE_DIR.rglob("*.py"))}
+    over = [f"{p.relative_to(PACKAGE_DIR.parent)}: {n}" for p, n in counts.items() if n > MAX_LINES]
+    assert not over, f"files over {MAX_LINES} lines (split them by responsibility):\n" + "\n".join(over)
