@@ -49,9 +49,9 @@ def _span(name, worker, t0, t1, step):
 def test_overlap_limit_ratio_and_idle_fraction_by_hand(tmp_path):
     # sync: gen 1 s + train 3 s per step; steps 2 and 3 are measured (step 1 is warm-up)
     sync_spans = [_span("gen", "driver", 100 + 4 * i, 101 + 4 * i, i + 1) for i in range(3)]
-    sync_spans += [_span("update_actor", "driver", 101 + 4 * i, 104 + 4 * i, i + 1) for i in range(3)]
-    sync_spans += [_span("generate", "actor_rollout", 100 + 4 * i, 101 + 4 * i, i + 1) for i in range(3)]
-    sync_spans += [_span("update_actor", "actor_rollout", 101 + 4 * i, 104 + 4 * i, i + 1) for i in range(3)]
+    sync_spans += [_span("train", "driver", 101 + 4 * i, 104 + 4 * i, i + 1) for i in range(3)]
+    sync_spans += [_span("generate", "trainer", 100 + 4 * i, 101 + 4 * i, i + 1) for i in range(3)]
+    sync_spans += [_span("update_actor", "trainer", 101 + 4 * i, 104 + 4 * i, i + 1) for i in range(3)]
     _write_run(tmp_path / "sync", step_s=4.0, gen_s=1.0, spans=sync_spans)
     s = summarize("sync", "short", tmp_path / "sync", None)
     assert s["overlap_limit"] == pytest.approx(4 / 3)
@@ -63,7 +63,7 @@ def test_overlap_limit_ratio_and_idle_fraction_by_hand(tmp_path):
 
     # one_step_off: 3.2 s per step, trainer busy 3 s of each (idle 0.2 s)
     osp = [_span("wait_prev_gen", "driver", 200 + 3.2 * i, 200.2 + 3.2 * i, i + 1) for i in range(3)]
-    osp += [_span("update_actor", "driver", 200.2 + 3.2 * i, 203.2 + 3.2 * i, i + 1) for i in range(3)]
+    osp += [_span("train", "driver", 200.2 + 3.2 * i, 203.2 + 3.2 * i, i + 1) for i in range(3)]
     osp += [_span("update_actor", "trainer", 200.2 + 3.2 * i, 203.2 + 3.2 * i, i + 1) for i in range(3)]
     _write_run(tmp_path / "osp", step_s=3.2, gen_s=1.0, spans=osp, sync=0.01)
     o = summarize("one_step_off", "short", tmp_path / "osp", s)
@@ -94,7 +94,7 @@ def _write_distill_run(run_dir, step_s, staleness):
         }
         lines.append(json.dumps(m))
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    spans = [_span("update_actor", "driver", 100 + step_s * i, 102 + step_s * i, i + 1) for i in range(3)]
+    spans = [_span("train", "driver", 100 + step_s * i, 102 + step_s * i, i + 1) for i in range(3)]
     spans += [_span("update_actor", "trainer", 100 + step_s * i, 102 + step_s * i, i + 1) for i in range(3)]
     write_chrome_trace(run_dir / "timeline.json", spans)
 
