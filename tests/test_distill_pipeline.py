@@ -1,5 +1,6 @@
-"""On-policy distillation end to end: a real teacher server process on loopback, a real local Ray cluster, real
-micro models sharing one char tokenizer (both built from the same data, as the distillation example does)."""
+"""On-policy distillation end to end: a real teacher server process on loopback, real micro models sharing one char
+tokenizer (both built from the same data, as the distillation example does). two_step_off and the CLI run on a real
+local Ray cluster; the rest use in-process roles (the same workers and schedules, seconds faster per run)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,6 @@ from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.telemetry.timeline import read_chrome_trace
 from tests.helpers import make_data, make_model, train_overrides
 
-pytestmark = pytest.mark.ray
-
 TIMERS = ("timing_s/get_teacher_knowledge", "timing_s/update_actor", "actor/kl_loss")
 
 
@@ -35,10 +34,12 @@ def setup(tmp_path_factory):
     ray.shutdown()
 
 
-def overrides(setup, run_dir, steps: int, schedule: str, teacher_url: str | None = None) -> list[str]:
+def overrides(
+    setup, run_dir, steps: int, schedule: str, teacher_url: str | None = None, backend: str = "in_process"
+) -> list[str]:
     root, student, teacher, train, test = setup
     over = train_overrides(student, train, test, run_dir, steps)
-    over += ["algorithm.name=distill", f"trainer.schedule={schedule}"]
+    over += ["algorithm.name=distill", f"trainer.schedule={schedule}", f"trainer.backend={backend}"]
     if schedule != "sync":
         over += ["rollout.num_workers=1", "rollout.cpus_per_worker=0.5"]
     over += [
@@ -60,11 +61,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("schedule,staleness", [("sync", 0.0), ("one_step_off", 1.0), ("two_step_off", 2.0)])
-def test_each_schedule_distills_with_its_staleness(setup, schedule, staleness):
+@pytest.mark.parametrize(
+    "schedule,staleness,backend",
+    [
+        ("sync", 0.0, "in_process"),
+        ("one_step_off", 1.0, "in_process"),
+        pytest.param("two_step_off", 2.0, "ray", marks=pytest.mark.ray),
+    ],
+)
+def test_each_schedule_distills_with_its_staleness(setup, schedule, staleness, backend):
     root = setup[0]
     run_dir = root / f"run_{schedule}"
-    summary = run_training(load_config(None, overrides(setup, run_dir, 3, schedule)))
+    summary = run_training(load_config(None, overrides(setup, run_dir, 3, schedule, backend=backend)))
     pid = summary["teacher"]["pid"]  # the server this run started, by the PID it reports
     assert isinstance(pid, int) and not _alive(pid), "the teacher server started for the run is stopped at its end"
     metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl")}
@@ -169,10 +177,13 @@ def test_a_teacher_that_cannot_start_is_a_clear_error(tmp_path):
         start_teacher_server(str(bad), tmp_path / "err.log", max_batch=2, threads=1, startup_timeout_s=60)
 
 
+@pytest.mark.ray
 def test_the_distill_command_runs_from_a_config_file(setup, tmp_path):
     """``asyncrl distill --config``: the CLI path a user runs (a separate interpreter, as from a shell)."""
     run_dir = tmp_path / "cli"
-    over = [o for o in overrides(setup, run_dir, 1, "one_step_off") if not o.startswith("algorithm.name")]
+    over = [
+        o for o in overrides(setup, run_dir, 1, "one_step_off", backend="ray") if not o.startswith("algorithm.name")
+    ]
     out = subprocess.run(
         [sys.executable, "-m", "asyncrl.cli", "distill", "--config", "configs/distill.yaml", *over],
         capture_output=True,

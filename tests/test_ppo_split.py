@@ -101,7 +101,9 @@ def test_colocated_placement_runs_updates_one_after_another(setup):
 
 
 def test_critic_warmup_leaves_the_policy_untouched(setup):
-    _, metrics = _run(setup, "warmup", 1, "trainer.critic_warmup=1", "trainer.val_before_train=false")
+    _, metrics = _run(
+        setup, "warmup", 1, "trainer.critic_warmup=1", "trainer.val_before_train=false", "trainer.backend=in_process"
+    )
     assert metrics[-1]["critic/vf_loss"] >= 0 and "actor/pg_loss" not in metrics[-1]
     assert metrics[-1]["staleness/mean"] == 0.0
     init = load_file(str(setup[1] / "model.safetensors"))
