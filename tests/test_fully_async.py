@@ -85,7 +85,6 @@ def test_fully_async_run_bounds_staleness_and_reports_verl_metrics(setup):
     assert {"generate", "update_actor", "param_sync", "wait_batch"} <= names, names
 
 
-@pytest.mark.ray
 def test_drop_oldest_counts_every_dropped_group(setup):
     root, model, train, test = setup
     run_dir = root / "drop"
@@ -96,6 +95,7 @@ def test_drop_oldest_counts_every_dropped_group(setup):
         "async_training.max_queue_size=2",
         "trainer.val_before_train=false",
         "trainer.test_freq=0",
+        "trainer.backend=in_process",
     ]
     summary = run_training(load_config(None, over))
     ledger = json.loads((run_dir / "ledger.json").read_text())
@@ -228,7 +228,6 @@ def test_kill_9_and_resume_loses_and_repeats_no_prompt(setup, tmp_path):
     assert summary["samples"] == 12 * 2 * 4
 
 
-@pytest.mark.ray
 def test_decoupled_ppo_anchors_at_the_sync_window_start(setup):
     """compute_prox_log_prob: the old policy is the trainer's weights at the start of the sync window. Before the first
     sync every sample was generated with exactly those weights, so behaviour and proximal log-probs agree (KL ~ 0) at
@@ -246,6 +245,7 @@ def test_decoupled_ppo_anchors_at_the_sync_window_start(setup):
             "actor.entropy_coeff=0.01",  # the update moves the weights even when every reward is 0
             "trainer.val_before_train=false",
             "trainer.test_freq=0",
+            "trainer.backend=in_process",
         ]
         run_training(load_config(None, over))
         metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl")}

@@ -19,6 +19,7 @@ from asyncrl.workers.cluster import PlacementError
 from tests.helpers import make_data, make_model, train_overrides
 
 pytestmark = pytest.mark.ray
+IN_PROCESS = "trainer.backend=in_process"  # checkpoint logic, not Ray, is under test there: no cluster start-up
 
 POOLS = [
     "trainer.schedule=one_step_off",
@@ -63,7 +64,7 @@ def test_three_one_step_off_steps_train_one_version_behind(setup):
 def test_resumed_one_step_off_regenerates_the_in_flight_batch(setup):
     root, model, train, test = setup
     run_dir = root / "osp_resume"
-    base = train_overrides(model, train, test, run_dir, 2) + POOLS + ["trainer.val_before_train=false"]
+    base = train_overrides(model, train, test, run_dir, 2) + POOLS + ["trainer.val_before_train=false", IN_PROCESS]
     run_training(load_config(None, base))
     run_training(load_config(None, base + ["trainer.total_training_steps=4", "trainer.resume_mode=auto"]))
     metrics = read_metrics(run_dir / "metrics.jsonl")
@@ -77,7 +78,7 @@ def test_mid_run_checkpoint_records_the_cursor_after_the_trained_batch(setup):
     (s x train_batch_size prompts), so a resume draws batch s+1 again, neither skipping nor retraining any batch."""
     root, model, train, test = setup
     run_dir = root / "osp_cursor"
-    over = train_overrides(model, train, test, run_dir, 3) + POOLS
+    over = train_overrides(model, train, test, run_dir, 3) + POOLS + [IN_PROCESS]
     run_training(load_config(None, over + ["trainer.save_freq=1", "trainer.test_freq=0"]))
     for step in (2, 3):  # the manager keeps the last two; step 2 was saved with batch 3 in flight
         state = load_driver_state(run_dir / "checkpoints" / f"step_{step}")

@@ -75,7 +75,6 @@ def test_reward_model_with_another_tokenizer_is_refused(rm_setup, tmp_path):
         load_reward_model(str(rm_dir), str(other))
 
 
-@pytest.mark.ray
 def test_ppo_step_trains_on_rule_plus_reward_model_score(rm_setup):
     root, model, train, test, rm_dir, _ = rm_setup
     run_dir = root / "ppo_rm"
@@ -86,6 +85,7 @@ def test_ppo_step_trains_on_rule_plus_reward_model_score(rm_setup):
         f"reward_model.path={rm_dir}",
         "reward_model.weight=0.5",
         "reward_model.rule_weight=1.0",
+        "trainer.backend=in_process",
     ]
     summary = run_training(load_config(None, over))
     m = read_metrics(run_dir / "metrics.jsonl")[-1]

@@ -10,6 +10,10 @@ engine recorded on each sample.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +110,20 @@ def test_fully_async_resume_loses_and_repeats_no_prompt_for_every_algorithm(setu
     assert summary["ledger"]["lost"] == 0 and summary["ledger"]["duplicated"] == 0
     ledger = json.loads((run_dir / "ledger.json").read_text())
     assert ledger["epochs"]["0"]["complete"] and ledger["epochs"]["0"]["consumed_once"] == 32
+
+
+def test_in_process_runs_without_loading_ray(setup):
+    """``trainer.backend=in_process`` is a second backend, not a Ray cluster in disguise: a whole run (here PPO on
+    one_step_off, with a weight-sync group) completes in a fresh interpreter that never imports ``ray``."""
+    root, model, train, test, url = setup
+    over = train_overrides(model, train, test, root / "no_ray", 1) + ["trainer.backend=in_process"]
+    over += ["trainer.schedule=one_step_off", *SCHEDULE_KEYS["one_step_off"], *algorithm_keys("ppo", url)]
+    code = (
+        "import sys, json; from asyncrl.config import load_config; from asyncrl.schedules import run_training; "
+        f"s = run_training(load_config(None, {over!r})); "
+        "print(json.dumps({'steps': s['steps'], 'ray': sorted(m for m in sys.modules if m.split('.')[0] == 'ray')}))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"steps": 1, "ray": []}

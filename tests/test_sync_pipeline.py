@@ -1,4 +1,5 @@
-"""End to end on a real local Ray cluster: sync GRPO, checkpoint/resume equivalence, export round trip.
+"""End to end: sync GRPO and checkpoint/resume equivalence on a real local Ray cluster; the KL, crash-resume and
+export checks with in-process roles (the same workers, without a cluster's start-up per run).
 
 The model is the "micro" preset (81k parameters) built here, so every run takes seconds; what is checked is the
 plumbing (every step logged once, weights identical after a resume), not learning.
@@ -79,6 +80,7 @@ def test_kl_loss_and_recomputed_old_logprobs_run(setup):
         "actor.use_rollout_log_probs=false",
         "algorithm.rollout_correction.rollout_is=token",
         "trainer.val_before_train=false",
+        "trainer.backend=in_process",
     )
     step1 = metrics[-1]
     assert step1["step"] == 1
@@ -109,17 +111,17 @@ def test_resume_equals_unbroken_run(setup, capsys):
 
 
 def test_resume_after_a_crash_drops_steps_logged_past_the_checkpoint(setup):
-    _run(setup, "crash", 2)
+    _run(setup, "crash", 2, "trainer.backend=in_process")
     run_dir = setup[0] / "crash"
     with open(run_dir / "metrics.jsonl", "a") as f:  # a step 3 logged by a run that died before its checkpoint
         f.write(json.dumps({"step": 3, "reward/mean": 123.0}) + "\n")
-    _, metrics = _run(setup, "crash", 3, "trainer.resume_mode=auto")
+    _, metrics = _run(setup, "crash", 3, "trainer.resume_mode=auto", "trainer.backend=in_process")
     assert [m["step"] for m in metrics] == [0, 1, 2, 3]
     assert metrics[-1]["reward/mean"] != 123.0
 
 
 def test_export_round_trip_loads_with_transformers(setup):
-    _run(setup, "export", 1, "trainer.val_before_train=false")
+    _run(setup, "export", 1, "trainer.val_before_train=false", "trainer.backend=in_process")
     run_dir = setup[0] / "export"
     out = export_checkpoint(run_dir, setup[0] / "exported")
     model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)

@@ -23,7 +23,7 @@ from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.sync.endpoints import SyncReceiverMixin, SyncSenderMixin
 from asyncrl.sync.errors import WeightSyncError
 from asyncrl.sync.weight_sync import WeightSync
-from asyncrl.workers.backends import RayHandle
+from asyncrl.workers.cluster import RayHandle
 
 pytestmark = pytest.mark.ray
 

@@ -23,6 +23,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
 from urllib.parse import urlsplit
 
+from asyncrl.config import TeacherConfig
 from asyncrl.distill.protocol import (
     TeacherRequestError,
     TeacherResponseError,
@@ -52,10 +53,10 @@ class TeacherClient:
         self,
         url: str,
         top_k: int,
-        max_in_flight: int = 8,
-        timeout_s: float = 30.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
+        max_in_flight: int = TeacherConfig.max_in_flight,
+        timeout_s: float = TeacherConfig.timeout_s,
+        max_retries: int = TeacherConfig.max_retries,
+        backoff_s: float = TeacherConfig.backoff_s,
         model: str | None = None,
     ) -> None:
         if top_k < 1:

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from asyncrl.config import SyncConfig
 from asyncrl.sync import transport
 from asyncrl.sync.buckets import ParamMeta, as_bytes, checksum, metas_of, pack, unpack
 from asyncrl.sync.errors import HandshakeError, SyncTimeoutError, WeightSyncError
@@ -80,8 +81,8 @@ class WeightSyncGroup:
         port: int,
         params: Mapping[str, torch.Tensor] | Sequence[ParamMeta],
         host: str = transport.LOOPBACK,
-        bucket_mb: float = 256.0,
-        timeout_s: float = 60.0,
+        bucket_mb: float = SyncConfig.bucket_mb,
+        timeout_s: float = SyncConfig.timeout_s,
         backend: str | None = None,
         group_name: str = "weights",
     ) -> WeightSyncGroup:

@@ -11,10 +11,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config import RayConfig
-from asyncrl.workers.backends import RayHandle
 from asyncrl.workers.placement import ROLLOUT_POOL, Placement, PlacementError
 
-__all__ = ["PlacementError", "RayPools", "cluster_cpus", "init_ray", "shutdown"]
+__all__ = ["PlacementError", "RayHandle", "RayPending", "RayPools", "cluster_cpus", "init_ray", "shutdown"]
 
 # Passed to every worker process, so nothing on any worker reaches a model hub and thread counts stay ours.
 WORKER_ENV = {
@@ -27,6 +26,31 @@ WORKER_ENV = {
 # spinning pool steals the other worker's core (measured: 2-thread decode fell from ~3,400 to 160 tok/s next to a
 # busy process). A lone worker (sync) keeps OpenMP's default, which is faster when nothing else runs.
 SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+class RayPending:
+    def __init__(self, ref: Any):
+        self.ref = ref
+
+    def result(self, timeout: float | None = None) -> Any:
+        return ray.get(self.ref, timeout=timeout)
+
+    def done(self) -> bool:
+        ready, _ = ray.wait([self.ref], timeout=0)
+        return bool(ready)
+
+
+class RayHandle:
+    """A Ray actor."""
+
+    def __init__(self, actor: Any, name: str):
+        self.actor, self.name = actor, name
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> RayPending:
+        return RayPending(getattr(self.actor, method).remote(*args, **kwargs))
+
+    def kill(self) -> None:
+        ray.kill(self.actor)
 
 
 def init_ray(cfg: RayConfig) -> None:
