@@ -26,6 +26,7 @@ from typing import Any
 from asyncrl.config import ConfigError, load_config
 from asyncrl.telemetry.timeline import read_chrome_trace
 from asyncrl.tools.bench_common import (
+    RATE_COLUMNS,
     Workload,
     mean_of,
     prepare_workload,
@@ -148,11 +149,7 @@ def run_bench(
 
 COLUMNS = [
     ("schedule", "{}"),
-    ("samples_per_s", "{:.1f}"),
-    ("tokens_per_s", "{:.0f}"),
-    ("ratio_to_sync", "{:.2f}x"),
-    ("overlap_limit", "{:.2f}x"),
-    ("limit_fraction", "{:.2f}"),
+    *RATE_COLUMNS,
     ("pipeline_efficiency", "{:.2f}"),
     ("trainer_idle_fraction", "{:.2f}"),
     ("sync_s", "{:.3f}"),

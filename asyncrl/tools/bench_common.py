@@ -32,6 +32,14 @@ class Workload:
         ]
 
 
+def _chain_sum(out: Path, size: int, seed: int, test_size: int, terms: tuple[int, int]) -> tuple[Path, Path]:
+    """chain_sum problems of ``terms`` (min, max) terms of 1-2 digits each, phrased as the demo's are."""
+    return write_task_dataset(
+        "chain_sum", size, seed, out, test_size=test_size, prompt_template="{expression} =",
+        min_terms=terms[0], max_terms=terms[1], min_digits=1, max_digits=2,
+    )  # fmt: skip
+
+
 def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Workload:
     """Data and an SFT-warmed tiny model for ``name``, built once under ``work_dir`` and reused by later benches.
 
@@ -42,48 +50,15 @@ def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Wo
 
     wdir = work_dir / name
     if name == "short":
-        train, test = write_task_dataset(
-            "chain_sum",
-            20000,
-            0,
-            wdir / "data",
-            test_size=200,
-            prompt_template="{expression} =",
-            min_terms=2,
-            max_terms=3,
-            min_digits=1,
-            max_digits=2,
-        )
+        train, test = _chain_sum(wdir / "data", 20000, 0, 200, terms=(2, 3))
         files = {"train": [str(train)], "val": [str(test)]}
         sft_over = ["data.max_response_length=16"]
         train_over = ["rollout.response_length=16", "data.train_batch_size=16", "actor.ppo_mini_batch_size=16"]
         secs = 60.0 if sft_seconds is None else sft_seconds
     elif name == "long":
         # A long tail of response lengths: most problems have 2-6 terms, a quarter have 12-24.
-        short_tr, short_te = write_task_dataset(
-            "chain_sum",
-            6000,
-            0,
-            wdir / "data_short",
-            test_size=150,
-            prompt_template="{expression} =",
-            min_terms=2,
-            max_terms=6,
-            min_digits=1,
-            max_digits=2,
-        )
-        long_tr, long_te = write_task_dataset(
-            "chain_sum",
-            2000,
-            1,
-            wdir / "data_long",
-            test_size=50,
-            prompt_template="{expression} =",
-            min_terms=12,
-            max_terms=24,
-            min_digits=1,
-            max_digits=2,
-        )
+        short_tr, short_te = _chain_sum(wdir / "data_short", 6000, 0, 150, terms=(2, 6))
+        long_tr, long_te = _chain_sum(wdir / "data_long", 2000, 1, 50, terms=(12, 24))
         files = {"train": [str(short_tr), str(long_tr)], "val": [str(short_te), str(long_te)]}
         sft_over = ["data.response_key=solution", "data.max_response_length=256", "data.batch_size=16"]
         # 2 prompts x 4 samples per step: the arrangement where generation dominates the step on a 2-core CPU
@@ -187,6 +162,16 @@ def write_results(
     (out_dir / f"{stem}.md").write_text(table)
     print(table)
     return table
+
+
+# The throughput columns every bench against a baseline run reports first.
+RATE_COLUMNS = [
+    ("samples_per_s", "{:.1f}"),
+    ("tokens_per_s", "{:.0f}"),
+    ("ratio_to_sync", "{:.2f}x"),
+    ("overlap_limit", "{:.2f}x"),
+    ("limit_fraction", "{:.2f}"),
+]
 
 
 def markdown_table(results: list[dict[str, Any]], columns: list[tuple[str, str]], first: str = "workload") -> str:

@@ -23,6 +23,7 @@ from typing import Any
 from asyncrl.config import ConfigError, load_config
 from asyncrl.telemetry.timeline import read_chrome_trace
 from asyncrl.tools.bench_common import (
+    RATE_COLUMNS,
     mean_of,
     rate,
     run_one,
@@ -117,11 +118,7 @@ def summarize_distill(schedule: str, run_dir: Path, sync_ref: dict[str, Any] | N
 
 
 COLUMNS = [
-    ("samples_per_s", "{:.1f}"),
-    ("tokens_per_s", "{:.0f}"),
-    ("ratio_to_sync", "{:.2f}x"),
-    ("overlap_limit", "{:.2f}x"),
-    ("limit_fraction", "{:.2f}"),
+    *RATE_COLUMNS,
     ("mean_step_s", "{:.2f}"),
     ("gen_s", "{:.2f}"),
     ("teacher_s", "{:.2f}"),
