@@ -25,7 +25,11 @@ from asyncrl.workers.clients import (
     RollouterClient,
     TrainerClient,
 )
+from asyncrl.workers.critic_worker import CriticWorker
 from asyncrl.workers.placement import Placement, resolve_placement
+from asyncrl.workers.reward_model_worker import RewardModelWorker
+from asyncrl.workers.rollout_worker import RolloutWorker
+from asyncrl.workers.rollouter import Rollouter
 
 ROLLOUTER_CONCURRENCY = 4  # call threads of the Rollouter: get_batch / pause / metrics while its generation runs
 
@@ -79,11 +83,6 @@ def start_roles(cfg: Config, side: RolloutSide) -> Iterator[Roles]:
 
 
 def _spawn(cfg: Config, side: RolloutSide, backend: Any) -> Roles:
-    from asyncrl.workers.critic_worker import CriticWorker
-    from asyncrl.workers.reward_model_worker import RewardModelWorker
-    from asyncrl.workers.rollout_worker import RolloutWorker
-    from asyncrl.workers.rollouter import Rollouter
-
     p = backend.placement
     trainer = TrainerClient(backend.spawn("actor", ActorRolloutWorker, cfg, name="trainer"))
     roles = Roles(trainer=trainer, rollouts=[trainer], placement=p)
