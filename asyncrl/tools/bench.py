@@ -33,6 +33,7 @@ from asyncrl.tools.bench_common import (
     rate,
     run_one,
     run_overrides,
+    set_ratios,
     step_metrics,
     trainer_idle_fraction,
     write_results,
@@ -105,9 +106,7 @@ def summarize(schedule: str, workload: str, run_dir: Path, sync_ref: dict[str, f
     }
     ref = sync_ref or summary
     g, tr = ref["gen_s"], ref["train_s"]
-    summary["overlap_limit"] = (g + tr) / max(g, tr)
-    summary["ratio_to_sync"] = summary["samples_per_s"] / ref["samples_per_s"]
-    summary["limit_fraction"] = summary["ratio_to_sync"] / summary["overlap_limit"]
+    set_ratios(summary, ref, overlap_limit=(g + tr) / max(g, tr))
     summary["pipeline_efficiency"] = max(g, tr) / mean_step
     return summary
 

@@ -164,6 +164,14 @@ def write_results(
     return table
 
 
+def set_ratios(res: dict[str, Any], ref: dict[str, Any], overlap_limit: float) -> None:
+    """``res``'s RATE_COLUMNS ratios against the baseline run ``ref`` of the same invocation: its samples/s over
+    ``ref``'s, the overlap limit, and the fraction of that limit reached."""
+    res["overlap_limit"] = overlap_limit
+    res["ratio_to_sync"] = res["samples_per_s"] / ref["samples_per_s"]
+    res["limit_fraction"] = res["ratio_to_sync"] / overlap_limit
+
+
 # The throughput columns every bench against a baseline run reports first.
 RATE_COLUMNS = [
     ("samples_per_s", "{:.1f}"),

@@ -28,6 +28,7 @@ from asyncrl.tools.bench_common import (
     rate,
     run_one,
     run_overrides,
+    set_ratios,
     step_metrics,
     trainer_idle_fraction,
     write_results,
@@ -111,9 +112,7 @@ def summarize_distill(schedule: str, run_dir: Path, sync_ref: dict[str, Any] | N
     g, t, u = ref["gen_s"], ref["teacher_s"], ref["update_s"]
     total = g + t + u
     stages = {"sync": (total,), "one_step_off": (g, t + u), "two_step_off": (g, t, u)}[schedule]
-    res["overlap_limit"] = total / max(stages)
-    res["ratio_to_sync"] = res["samples_per_s"] / ref["samples_per_s"]
-    res["limit_fraction"] = res["ratio_to_sync"] / res["overlap_limit"]
+    set_ratios(res, ref, overlap_limit=total / max(stages))
     return res
 
 
