@@ -10,6 +10,7 @@ schedules call it at once.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ class Trained:
     metrics: dict[str, float]
 
 
-class Algorithm:
+class Algorithm(ABC):
     name: ClassVar[str]
 
     def __init__(self, cfg: Config, tokenizer: object):
@@ -59,11 +60,13 @@ class Algorithm:
     def on_resume(self, start_step: int) -> None:
         """Catch up anything drawn once per batch, so a resumed run continues the unbroken run's sequence."""
 
+    @abstractmethod
     def prepare(self, samples: list[Sample], step: int) -> Finish:
-        raise NotImplementedError(f"{type(self).__name__}.prepare")
+        """Issue this batch's calls (in batch order) and return ``finish``, which builds the typed batch."""
 
+    @abstractmethod
     def train(self, prepared: Prepared, step: int) -> Trained:
-        raise NotImplementedError(f"{type(self).__name__}.train")
+        """Update the roles that learn from ``prepared``; the actor's result carries the new weight version."""
 
     # ---- shared parts ----------------------------------------------------------------------------------------------
     @property
