@@ -58,7 +58,9 @@ class Algorithm(ABC):
         yield self
 
     def on_resume(self, start_step: int) -> None:
-        """Catch up anything drawn once per batch, so a resumed run continues the unbroken run's sequence."""
+        """Catch up anything drawn once per batch, so a resumed run continues the unbroken run's sequence (nothing,
+        unless the algorithm draws per batch)."""
+        del start_step
 
     @abstractmethod
     def prepare(self, samples: list[Sample], step: int) -> Finish:
