@@ -79,16 +79,11 @@ class ActorRolloutWorker(SyncSenderMixin):
         )
 
     # ---- training ------------------------------------------------------------------------------------------------
-    def compute_logprobs(self, batch: TrainBatch, which: str = "actor", step: int = -1) -> torch.Tensor:
+    def _logprobs(self, which: str, batch: TrainBatch, step: int) -> torch.Tensor:
         """Per-token log-probs [B, T] of ``batch``'s responses under the current (``actor``), reference (``ref``) or
-        proximal (``prox``: the weights at the start of the sync window) model."""
-        models = {"actor": self.model, "ref": self.ref_model, "prox": self.prox_model}
-        if which not in models:
-            raise ValueError(f"{self.name}.compute_logprobs: which must be actor, ref or prox (got {which!r})")
-        model = models[which]
-        if model is None:
-            hint = "set actor.use_kl_loss=true" if which == "ref" else "set async_training.compute_prox_log_prob"
-            raise RuntimeError(f"{self.name}: no {which} model ({hint})")
+        proximal (``prox``: the weights at the start of the sync window) model; ``update`` asks only for the models
+        its config built."""
+        model = {"actor": self.model, "ref": self.ref_model, "prox": self.prox_model}[which]
         with self.timeline.span(f"{which}_logprobs", step=step, worker=self.name):
             return policy_ops.response_logprobs(
                 model, batch, self.cfg.rollout.temperature, self.cfg.actor.ppo_micro_batch_size
@@ -111,12 +106,12 @@ class ActorRolloutWorker(SyncSenderMixin):
             batch = replace(batch, policy=target)
             if a.use_kl_loss:
                 with _timed(timings, "timing_s/ref"):
-                    target.ref_logp_BT = self.compute_logprobs(batch, "ref", step)
+                    target.ref_logp_BT = self._logprobs("ref", batch, step)
             if self.old_policy == "behaviour":
                 target.old_logp_BT = batch.behav_logp_BT
             else:
                 with _timed(timings, "timing_s/old_log_prob"):
-                    target.old_logp_BT = self.compute_logprobs(batch, self.old_policy, step)
+                    target.old_logp_BT = self._logprobs(self.old_policy, batch, step)
             with (
                 _timed(timings, "timing_s/update_actor"),
                 self.timeline.span("update_actor", step=step, worker=self.name),

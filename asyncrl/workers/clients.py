@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class RoleClient:
-    """What every role answers: checkpoints, its timeline, its process id."""
+    """What every role answers: checkpoints and its timeline."""
 
     def __init__(self, handle: Handle):
         self.handle = handle
@@ -33,9 +33,6 @@ class RoleClient:
 
     def pop_timeline(self) -> Pending[list[dict]]:
         return self.handle.call("pop_timeline")
-
-    def pid(self) -> Pending[int]:
-        return self.handle.call("pid")
 
 
 class RolloutClient(RoleClient):
