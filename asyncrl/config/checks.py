@@ -62,6 +62,7 @@ def validate(cfg: Config) -> None:
         f"a divisor of data.train_batch_size ({d.train_batch_size})",
     )
     check(a.ppo_micro_batch_size >= 1, "actor.ppo_micro_batch_size", a.ppo_micro_batch_size, ">= 1")
+    check(a.ppo_max_token_len_per_gpu >= 1, "actor.ppo_max_token_len_per_gpu", a.ppo_max_token_len_per_gpu, ">= 1")
     check(a.ppo_epochs >= 1, "actor.ppo_epochs", a.ppo_epochs, ">= 1")
     check(0 <= a.clip_ratio < 1, "actor.clip_ratio", a.clip_ratio, "in [0, 1)")
     for k in ("clip_ratio_low", "clip_ratio_high"):
@@ -193,6 +194,7 @@ def _validate_ppo(cfg: Config) -> None:
     check(c.optim.lr > 0, "critic.optim.lr", c.optim.lr, "> 0")
     check(c.ppo_epochs >= 1, "critic.ppo_epochs", c.ppo_epochs, ">= 1")
     check(c.ppo_micro_batch_size >= 1, "critic.ppo_micro_batch_size", c.ppo_micro_batch_size, ">= 1")
+    check(c.ppo_max_token_len_per_gpu >= 1, "critic.ppo_max_token_len_per_gpu", c.ppo_max_token_len_per_gpu, ">= 1")
     choice("critic.loss_agg_mode", c.loss_agg_mode, ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"))
     check(t.critic_warmup >= 0, "trainer.critic_warmup", t.critic_warmup, ">= 0")
     check(not rm.enable or bool(rm.path), "reward_model.path", rm.path, "a model directory when reward_model.enable")

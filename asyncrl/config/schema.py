@@ -75,6 +75,9 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl | kl | mse
     use_rollout_log_probs: bool = False  # true: the rollout's behaviour log-probs are the PPO old policy
     skip_zero_adv_rows: bool = True  # rows with all-zero advantages skip forward/backward (same gradient, less work)
+    shared_prefix: bool = True  # a group's responses packed behind one copy of its prompt (same gradient, less work)
+    use_dynamic_bsz: bool = False  # micro-batches by token budget (packed, no padding) instead of by sample count
+    ppo_max_token_len_per_gpu: int = 16384  # use_dynamic_bsz: real tokens per forward/backward (and log-prob pass)
 
 
 @dataclass
@@ -191,6 +194,9 @@ class CriticConfig:
     ppo_epochs: int = 1
     ppo_micro_batch_size: int = 64  # samples per forward/backward; memory only
     loss_agg_mode: str = "token-mean"
+    shared_prefix: bool = True  # as actor.shared_prefix, for the value passes
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
 
 
 @dataclass

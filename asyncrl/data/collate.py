@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from asyncrl.data.packing import PackedInputs, TokenCount, pack, plan
 from asyncrl.data.targets import PolicyTarget, TeacherTarget, ValueTarget, check_shapes, cols, rows
 from asyncrl.types import Sample
 
@@ -28,6 +29,7 @@ class TrainBatch:
     behav_logp_BT: torch.Tensor  # float [B, T] the rollout's log-probs (0 on padding)
     policy: PolicyTarget | TeacherTarget | None = None  # what the actor fits (set by the algorithm)
     value: ValueTarget | None = None  # what the critic fits (PPO)
+    packed: PackedInputs | None = None  # set on a packed micro-batch: the model runs on these rows instead
 
     def __post_init__(self) -> None:
         for target in (self.policy, self.value):
@@ -73,21 +75,68 @@ class TrainBatch:
         )
 
 
-def micro_batches(batch: TrainBatch, size: int) -> list[tuple[torch.Tensor, TrainBatch]]:
-    """Split ``batch`` into micro-batches of at most ``size`` rows, grouped by response length and trimmed.
+@dataclass(frozen=True)
+class Batching:
+    """How a batch is cut into forward/backward passes: ``micro_batch_size`` samples each, or with ``max_tokens``
+    (verl's ``use_dynamic_bsz``) up to that many real tokens each; ``share_prefix`` runs a prompt once for all the
+    samples of the micro-batch that continue it (``asyncrl.data.packing``). ``knob`` names the token budget's
+    setting in errors."""
 
-    Rows are ordered by response length so each micro-batch holds similar lengths, and every micro-batch is cut to
-    its own longest response and longest prompt: with a long tail of lengths, padding every row to the batch's
-    longest response would multiply the trainer's work. Returns ``(row indices into batch, micro-batch)`` pairs; none
-    for a batch with no rows.
-    """
+    micro_batch_size: int
+    share_prefix: bool = False
+    max_tokens: int | None = None
+    knob: str = "ppo_max_token_len_per_gpu"
+
+    @property
+    def packed(self) -> bool:
+        return self.share_prefix or self.max_tokens is not None
+
+
+def micro_batches(
+    batch: TrainBatch, batching: Batching | int, count: TokenCount | None = None
+) -> list[tuple[torch.Tensor, TrainBatch]]:
+    """Split ``batch`` into micro-batches; returns ``(row indices into batch, micro-batch)`` pairs (none for an empty
+    batch). ``count`` (optional) adds up the positions the micro-batches make the model process.
+
+    Padded (neither sharing nor a token budget): at most ``micro_batch_size`` rows each, grouped by response length
+    and each cut to its own longest prompt and response, so a long tail of lengths does not pad every row. Packed:
+    micro-batches carry ``packed`` inputs (see ``asyncrl.data.packing``)."""
+    if isinstance(batching, int):
+        batching = Batching(batching)
     if batch.size == 0:
         return []
-    lengths = batch.response_mask_BT.sum(dim=1)
-    order = torch.argsort(lengths, stable=True)
+    if not batching.packed:
+        lengths = batch.response_mask_BT.sum(dim=1)
+        order = torch.argsort(lengths, stable=True)
+        out = []
+        for idx in order.split(batching.micro_batch_size):
+            mb = batch.select(idx).trimmed()
+            if count is not None:
+                real = int(mb.attention_mask_BL.sum())
+                count.add(TokenCount(mb.input_ids_BL.numel(), real, real))
+            out.append((idx, mb))
+        return out
+    P = batch.prompt_width
+    prompt_mask = batch.attention_mask_BL[:, :P].bool()
+    prompts = [tuple(ids[m].tolist()) for ids, m in zip(batch.input_ids_BL[:, :P], prompt_mask)]
+    resp_lens = batch.response_mask_BT.sum(dim=1).long().tolist()
+    responses = [ids[:n].tolist() for ids, n in zip(batch.response_ids_BT, resp_lens)]
+    b = batching
     out = []
-    for idx in order.split(size):
-        out.append((idx, batch.select(idx).trimmed()))
+    for segments in plan(prompts, resp_lens, b.share_prefix, b.micro_batch_size, b.max_tokens, b.knob):
+        idx = [i for seg in segments for i in seg]
+        local: list[list[int]] = []
+        start = 0
+        for seg in segments:
+            local.append(list(range(start, start + len(seg))))
+            start += len(seg)
+        mb = batch.select(idx).trimmed()
+        # pad with token 0: padding is masked out and its outputs are never read
+        mb.packed = pack(local, [prompts[i] for i in idx], [responses[i] for i in idx], pad_id=0)
+        if count is not None:
+            unshared = sum(len(prompts[i]) + resp_lens[i] for i in idx)
+            count.add(TokenCount(mb.packed.slots, mb.packed.real_tokens, unshared))
+        out.append((torch.tensor(idx, dtype=torch.long), mb))
     return out
 
 

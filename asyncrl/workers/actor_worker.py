@@ -86,7 +86,7 @@ class ActorRolloutWorker(SyncSenderMixin):
         model = {"actor": self.model, "ref": self.ref_model, "prox": self.prox_model}[which]
         with self.timeline.span(f"{which}_logprobs", step=step, worker=self.name):
             return policy_ops.response_logprobs(
-                model, batch, self.cfg.rollout.temperature, self.cfg.actor.ppo_micro_batch_size
+                model, batch, self.cfg.rollout.temperature, policy_ops.batching(self.cfg.actor)
             )
 
     def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> UpdateResult:

@@ -21,7 +21,7 @@ from asyncrl.data.collate import TrainBatch, micro_batches
 from asyncrl.models.loading import load_model
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Scored
-from asyncrl.workers.policy_ops import optimize
+from asyncrl.workers.policy_ops import at_responses, batching, model_inputs, optimize
 
 
 class ValueModel(torch.nn.Module):
@@ -36,12 +36,8 @@ class ValueModel(torch.nn.Module):
 
     def forward(self, mb: TrainBatch) -> torch.Tensor:
         """Values [B, T] of ``mb``'s response states (reward units)."""
-        T = mb.response_ids_BT.shape[1]
-        h = self.body(
-            input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, position_ids=mb.position_ids_BL
-        ).last_hidden_state
-        h = h[:, mb.prompt_width - 1 : mb.prompt_width - 1 + T].float()
-        return self.value_head(h).squeeze(-1)
+        h = self.body(**model_inputs(mb, next(self.body.parameters()).dtype)).last_hidden_state
+        return self.value_head(at_responses(h, mb).float()).squeeze(-1)
 
 
 class CriticWorker:
@@ -72,7 +68,7 @@ class CriticWorker:
         out = torch.zeros_like(batch.response_mask_BT)
         self.model.eval()
         with self.timeline.span("values", step=step, worker=self.name), torch.inference_mode():
-            for idx, mb in micro_batches(batch, self.cfg.critic.ppo_micro_batch_size):
+            for idx, mb in micro_batches(batch, batching(self.cfg.critic, "critic")):
                 out[idx, : mb.response_mask_BT.shape[1]] = self.model(mb) * mb.response_mask_BT
         return Scored(out, time.perf_counter() - t0)
 

@@ -15,27 +15,55 @@ import torch
 
 from asyncrl import algos
 from asyncrl.config import ActorConfig, CriticConfig, DistillConfig, RolloutCorrectionConfig
-from asyncrl.data.collate import TrainBatch, micro_batches
+from asyncrl.data.collate import Batching, TrainBatch, micro_batches
+from asyncrl.data.packing import TokenCount
 from asyncrl.data.targets import PolicyTarget, TeacherTarget
+
+
+def model_inputs(mb: TrainBatch, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The keyword arguments of a transformers forward over ``mb``: its padded rows, or its packed rows with their
+    4D attention mask in the model's ``dtype``."""
+    if mb.packed is not None:
+        p = mb.packed
+        return dict(input_ids=p.input_ids_RW, attention_mask=p.attention_mask(dtype), position_ids=p.position_ids_RW)
+    return dict(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, position_ids=mb.position_ids_BL)
+
+
+def at_responses(out_RLH: torch.Tensor, mb: TrainBatch) -> torch.Tensor:
+    """The outputs (logits, hidden states) at the positions predicting each response token: [B, T, H]."""
+    if mb.packed is not None:
+        return out_RLH.reshape(-1, out_RLH.shape[-1])[mb.packed.src_BT]
+    T = mb.response_ids_BT.shape[1]
+    return out_RLH[:, mb.prompt_width - 1 : mb.prompt_width - 1 + T]
 
 
 def _forward_logits(model: torch.nn.Module, mb: TrainBatch, temperature: float) -> torch.Tensor:
     """Logits predicting each response token, scaled by the sampling temperature: [B, T, V]."""
-    T = mb.response_ids_BT.shape[1]
-    out = model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, position_ids=mb.position_ids_BL)
-    logits = out.logits[:, mb.prompt_width - 1 : mb.prompt_width - 1 + T].float()
+    out = model(**model_inputs(mb, next(model.parameters()).dtype))
+    logits = at_responses(out.logits, mb).float()
     return logits / temperature if temperature > 0 else logits
 
 
+def batching(cfg: ActorConfig | CriticConfig, role: str = "actor") -> Batching:
+    """The role's micro-batching: ``ppo_micro_batch_size`` samples, or ``ppo_max_token_len_per_gpu`` tokens with
+    ``use_dynamic_bsz``; ``shared_prefix`` packs a group's responses behind one copy of its prompt."""
+    return Batching(
+        cfg.ppo_micro_batch_size,
+        share_prefix=cfg.shared_prefix,
+        max_tokens=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
+        knob=f"{role}.ppo_max_token_len_per_gpu",
+    )
+
+
 def response_logprobs(
-    model: torch.nn.Module, batch: TrainBatch, temperature: float, micro_batch_size: int
+    model: torch.nn.Module, batch: TrainBatch, temperature: float, how: Batching | int
 ) -> torch.Tensor:
     """Per-token log-probs of the batch's responses under ``model`` (no grad), in micro-batches: [B, T]."""
     was_training = model.training
     model.eval()
     out = torch.zeros_like(batch.response_mask_BT)
     with torch.inference_mode():
-        for idx, mb in micro_batches(batch, micro_batch_size):
+        for idx, mb in micro_batches(batch, how):
             logits = _forward_logits(model, mb, temperature)
             out[idx, : mb.response_mask_BT.shape[1]] = (
                 algos.logprobs_from_logits(logits, mb.response_ids_BT) * mb.response_mask_BT
@@ -142,15 +170,18 @@ def optimize(
         counts[key] = counts.get(key, 0) + 1
 
     steps = skipped = rows_left_out = 0
+    how = batching(actor, prefix)
+    count = TokenCount()
     for _epoch in range(actor.ppo_epochs):
         perm = torch.randperm(batch.size, generator=gen)
         for mini_idx in perm.chunk(num_mini_batches):
             mini = batch.select(mini_idx)
             mini_tokens = float(mini.response_mask_BT.sum().clamp(min=1))
-            mini_size = mini.size
+            # seq-mean modes average over sequences with at least one token (algos.agg_loss): count those
+            mini_seqs = float((mini.response_mask_BT.sum(dim=1) > 0).sum().clamp(min=1))
             if keep_rows is not None:
                 kept = keep_rows(mini).nonzero().flatten()
-                rows_left_out += mini_size - len(kept)
+                rows_left_out += mini.size - len(kept)
                 mini = mini.select(kept)
             optimizer.zero_grad(set_to_none=True)
             if mini.size == 0:  # every row left out: a zero gradient, and the optimizer still steps as it would
@@ -158,18 +189,23 @@ def optimize(
                     if p.requires_grad:
                         p.grad = torch.zeros_like(p)
             finite = True
-            for _, mb in micro_batches(mini, actor.ppo_micro_batch_size):
+            mini_stats: dict[str, float] = {}
+            weights = 0.0
+            for _, mb in micro_batches(mini, how, count):
                 if actor.loss_agg_mode == "token-mean":
                     weight = float(mb.response_mask_BT.sum()) / mini_tokens
                 else:
-                    weight = mb.size / mini_size
+                    weight = float((mb.response_mask_BT.sum(dim=1) > 0).sum()) / mini_seqs
                 loss, stats = micro_loss(mb)
                 if not torch.isfinite(loss):
                     finite = False
                     break
                 (loss * weight).backward()
+                weights += weight
                 for k, v in stats.items():
-                    add(k, v)
+                    mini_stats[k] = mini_stats.get(k, 0.0) + weight * v
+            for k, v in mini_stats.items():  # weighted as the loss is: the same whatever the micro-batches
+                add(k, v / weights if weights > 0 else v)
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 model.parameters(), actor.optim.grad_clip if actor.optim.grad_clip > 0 else float("inf")
             )
@@ -184,6 +220,7 @@ def optimize(
     metrics = {k: sums[k] / counts[k] for k in sums}
     metrics[f"{prefix}/lr"] = float(scheduler.get_last_lr()[0])
     metrics[f"{prefix}/nonfinite_skipped_steps"] = float(skipped)
+    metrics.update(count.metrics(prefix))
     if keep_rows is not None:
         metrics[f"{prefix}/skipped_rows_frac"] = rows_left_out / max(batch.size * actor.ppo_epochs, 1)
     optimizer.zero_grad(set_to_none=True)

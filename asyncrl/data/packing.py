@@ -1,0 +1,200 @@
+"""Packed micro-batches: sequences concatenated into rows instead of padded, and a group's prompt run once.
+
+The padded layout (``collate``) gives every sample a row ``[pad][prompt][response][pad]``. In GRPO the ``rollout.n``
+samples of a group repeat one prompt, and on short-answer tasks most of a row is that prompt or padding. Here a
+micro-batch is laid out as *segments* packed into rows of equal width:
+
+- a segment is one prompt followed by the responses that continue it: every sample with that exact prompt in the
+  micro-batch (``share_prefix``), or one sample (no sharing). Positions restart at 0 for each segment's prompt, and
+  each response continues from the prompt's end, exactly the position ids the padded layout gives that sample;
+- a 4D attention mask lets a token see the tokens before it in its own segment that are either the prompt or its own
+  response, nothing else. So each response attends to exactly the keys it would in its own padded row: the logits are
+  the same to float round-off, and so are every loss and every gradient (tests/test_packing.py);
+- segments are packed first-fit-decreasing into rows as wide as the longest segment, so rows hold several short
+  segments and padding is what is left at the end of each row.
+
+Micro-batches hold at most ``micro_batch_size`` samples, or, with a token budget (verl's ``use_dynamic_bsz`` with
+``ppo_max_token_len_per_gpu``), at most that many real tokens. A segment larger than the limit is split into pieces,
+each with its own copy of the prompt. ``PackedInputs.src_BT`` maps every response token to the row position whose
+output predicts it, so callers get ``[B, T, ...]`` outputs aligned with the micro-batch's ``response_ids_BT``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class PackedInputs:
+    """The model inputs of one packed micro-batch: ``R`` rows of ``W`` tokens."""
+
+    input_ids_RW: Tensor  # long [R, W]
+    position_ids_RW: Tensor  # long [R, W]: restart at 0 for each segment's prompt
+    segment_RW: Tensor  # long [R, W]: segment id (unique in the micro-batch), -1 on padding
+    branch_RW: Tensor  # long [R, W]: 0 on a prompt, k on the k-th response of the segment (1-based)
+    src_BT: Tensor  # long [B, T]: flat index into [R * W] of the position predicting response token t of sample b
+
+    def attention_mask(self, dtype: torch.dtype) -> Tensor:
+        """``[R, 1, W, W]`` additive mask (0 = visible, dtype's min = hidden): a query sees earlier keys of its own
+        segment that are the prompt or its own response. Padding sees only padding, so no row is fully masked."""
+        seg, br = self.segment_RW, self.branch_RW
+        W = seg.shape[1]
+        causal = torch.ones(W, W, dtype=torch.bool).tril()
+        same_segment = seg[:, :, None] == seg[:, None, :]
+        visible = (br[:, None, :] == 0) | (br[:, :, None] == br[:, None, :])
+        allowed = same_segment & visible & causal
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask[:, None]
+
+    @property
+    def slots(self) -> int:
+        """Token positions the model processes (real + padding)."""
+        return self.input_ids_RW.numel()
+
+    @property
+    def real_tokens(self) -> int:
+        return int((self.segment_RW >= 0).sum())
+
+
+@dataclass
+class TokenCount:
+    """What a set of forward passes processed: ``slots`` positions, of which ``real`` were tokens, against
+    ``unshared`` (every sample's own prompt + response, no padding: what an unshared packed layout would process)."""
+
+    slots: int = 0
+    real: int = 0
+    unshared: int = 0
+
+    def add(self, other: TokenCount) -> None:
+        self.slots += other.slots
+        self.real += other.real
+        self.unshared += other.unshared
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        """``perf/{prefix}_tokens`` (positions processed), ``..._padding_frac`` (share of them padding) and
+        ``..._prefix_saving`` (share of the samples' own tokens not processed because a prompt was shared)."""
+        return {
+            f"perf/{prefix}_tokens": float(self.slots),
+            f"perf/{prefix}_padding_frac": 1.0 - self.real / self.slots if self.slots else 0.0,
+            f"perf/{prefix}_prefix_saving": 1.0 - self.real / self.unshared if self.unshared else 0.0,
+        }
+
+
+def plan(
+    prompts: list[tuple[int, ...]],
+    resp_lens: list[int],
+    share_prefix: bool,
+    micro_batch_size: int,
+    max_tokens: int | None,
+    knob: str = "ppo_max_token_len_per_gpu",
+) -> list[list[list[int]]]:
+    """Micro-batches as lists of segments (lists of sample indices; a segment's samples share its prompt).
+
+    Without ``max_tokens``: at most ``micro_batch_size`` samples per micro-batch. With it: at most ``max_tokens`` real
+    tokens (a prompt counted once per segment). Segments are ordered longest first so micro-batches hold similar
+    widths. Raises ValueError when one sample alone exceeds ``max_tokens`` (``knob`` names the setting)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(p if share_prefix else (i,), []).append(i)
+    pieces: list[list[int]] = []
+    for members in groups.values():
+        p = len(prompts[members[0]])
+        piece: list[int] = []
+        tokens = p
+        for i in members:
+            need = resp_lens[i]
+            if max_tokens is not None and p + need > max_tokens:
+                raise ValueError(
+                    f"{knob}={max_tokens} is smaller than one sample ({p} prompt + {need} response tokens); "
+                    f"raise it to at least {p + need}"
+                )
+            full = len(piece) >= micro_batch_size if max_tokens is None else tokens + need > max_tokens
+            if piece and full:
+                pieces.append(piece)
+                piece, tokens = [], p
+            piece.append(i)
+            tokens += need
+        pieces.append(piece)
+
+    def size(seg: list[int]) -> int:
+        return len(prompts[seg[0]]) + sum(resp_lens[i] for i in seg)
+
+    pieces.sort(key=size, reverse=True)
+    if max_tokens is None:  # consecutive pieces, up to micro_batch_size samples each
+        out: list[list[list[int]]] = [[]]
+        count = 0
+        for seg in pieces:
+            if out[-1] and count + len(seg) > micro_batch_size:
+                out.append([])
+                count = 0
+            out[-1].append(seg)
+            count += len(seg)
+        return out
+    bins: list[list[list[int]]] = []  # first-fit decreasing into token budgets
+    room: list[int] = []
+    for seg in pieces:
+        n = size(seg)
+        for b, left in enumerate(room):
+            if n <= left:
+                bins[b].append(seg)
+                room[b] -= n
+                break
+        else:
+            bins.append([seg])
+            room.append(max_tokens - n)
+    return bins
+
+
+def pack(
+    segments: list[list[int]],
+    prompts: list[tuple[int, ...]],
+    responses: list[list[int]],
+    pad_id: int,
+) -> PackedInputs:
+    """Lay out ``segments`` (sample indices local to the micro-batch, which is ordered segment by segment) into rows
+    as wide as the longest segment, first-fit decreasing."""
+    lengths = [len(prompts[seg[0]]) + sum(len(responses[i]) for i in seg) for seg in segments]
+    W = max(lengths)
+    rows: list[list[int]] = []  # segment indices per row
+    room: list[int] = []
+    for s in sorted(range(len(segments)), key=lambda s: -lengths[s]):
+        for r, left in enumerate(room):
+            if lengths[s] <= left:
+                rows[r].append(s)
+                room[r] -= lengths[s]
+                break
+        else:
+            rows.append([s])
+            room.append(W - lengths[s])
+    R = len(rows)
+    B = sum(len(seg) for seg in segments)
+    T = max(max((len(r) for r in responses), default=1), 1)
+    ids = torch.full((R, W), pad_id, dtype=torch.long)
+    pos = torch.zeros((R, W), dtype=torch.long)
+    seg_id = torch.full((R, W), -1, dtype=torch.long)
+    branch = torch.zeros((R, W), dtype=torch.long)
+    src = torch.zeros((B, T), dtype=torch.long)
+    for r, row in enumerate(rows):
+        col = 0
+        for s in row:
+            prompt = prompts[segments[s][0]]
+            p = len(prompt)
+            ids[r, col : col + p] = torch.tensor(prompt, dtype=torch.long)
+            pos[r, col : col + p] = torch.arange(p)
+            seg_id[r, col : col + p] = s
+            last_prompt = r * W + col + p - 1
+            col += p
+            for k, i in enumerate(segments[s], start=1):
+                n = len(responses[i])
+                if n:
+                    ids[r, col : col + n] = torch.tensor(responses[i], dtype=torch.long)
+                    pos[r, col : col + n] = torch.arange(p, p + n)
+                    seg_id[r, col : col + n] = s
+                    branch[r, col : col + n] = k
+                    src[i, 0] = last_prompt
+                    src[i, 1:n] = torch.arange(r * W + col, r * W + col + n - 1)
+                col += n
+    return PackedInputs(ids, pos, seg_id, branch, src)
