@@ -214,8 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--modes",
-        default="sync,one_step_off,fully_async",
-        help="comma-separated schedules (sync is always run), or the PPO placements ppo_colocated,ppo_split",
+        default="sync_unshared,sync,one_step_off,fully_async",
+        help="comma-separated schedules (sync is always run; sync_unshared is sync without prefix sharing or "
+        "packing, the baseline of ratio_to_unshared), or the PPO placements ppo_colocated,ppo_split",
     )
     s.add_argument("--distill", action="store_true", help="bench distillation's schedules (configs/distill.yaml)")
     s.add_argument(
@@ -226,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --distill: comma-separated trainer.schedule values (default sync,one_step_off,two_step_off; "
         "sync is always run)",
     )
-    s.add_argument("--workload", default="short", choices=["short", "long"])
+    s.add_argument("--workload", default="demo", choices=["demo", "short", "long"])
     s.add_argument("--steps", type=int, default=20, help="training steps per run (the first is left out of rates)")
     s.add_argument("--out", default="runs/bench")
     s.add_argument("--work-dir", default="runs/bench_work", help="cached data + SFT models per workload")

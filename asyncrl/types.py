@@ -68,6 +68,8 @@ class Generation:
 
     samples: list[Sample]
     seconds: float
+    prefill_tokens: int = 0  # prompt tokens the engine prefilled (identical prompts once)
+    prefill_tokens_unshared: int = 0  # what prefilling every row would have taken
 
 
 @dataclass

@@ -44,6 +44,7 @@ class RolloutConfig:
     top_k: int = 0  # 0 = off
     response_length: int = 32  # max new tokens per response
     max_batch_size: int = 256  # sequences decoded at once
+    enable_prefix_caching: bool = True  # built-in engine: identical prompts of a batch (a group) prefilled once
     val_temperature: float = 0.0  # 0 = greedy held-out evaluation
     num_workers: int = 1  # rollout workers in the rollout pool (modes with a separate rollout pool)
     cpus_per_worker: float = 1.0  # CPUs per rollout worker; its torch threads = this, rounded down

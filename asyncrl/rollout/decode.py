@@ -1,9 +1,12 @@
 """The batched decode loop for one chunk of sequences: left-padded prefill, then one token per step with a KV cache.
 
 Every row continues its own prefix (a prompt, or a prompt plus a partial response when resuming) for at most its own
-budget of new tokens. All rows are sampled together each step; a row that emits an eos token or reaches its budget
-stops (its later outputs are ignored), and once at most half of the batch is still running the finished rows are
-dropped from the batch and the KV cache, so long tails do not pay for rows that are already done.
+budget of new tokens. Identical prefixes within the chunk (a GRPO group's n copies of one prompt) are prefilled once:
+the distinct prefixes are left-padded to the chunk's width and run through the model, then the KV cache and the last
+logits are expanded to every row by an index, so the rows start decoding exactly as if each had been prefilled. All
+rows are sampled together each step; a row that emits an eos token or reaches its budget stops (its later outputs are
+ignored), and once at most half of the batch is still running the finished rows are dropped from the batch and the KV
+cache, so long tails do not pay for rows that are already done.
 """
 
 from __future__ import annotations
@@ -24,11 +27,51 @@ STOP_REASONS = {EOS: "eos", LENGTH: "length", INTERRUPTED: "interrupted"}
 
 @dataclass
 class DecodeResult:
-    """Per row (in input order): new tokens, their behaviour log-probs, and why the row stopped."""
+    """Per row (in input order): new tokens, their behaviour log-probs, and why the row stopped.
+
+    ``prefill_tokens`` counts the prefix tokens the prefill actually ran through the model (each distinct prefix of a
+    chunk once when prefixes are shared); ``prefill_tokens_unshared`` what prefilling every row would have run (the
+    ``share_prefixes=False`` path). Both count real tokens, not left padding, and are 0 for a chunk interrupted before
+    its prefill.
+    """
 
     tokens: list[list[int]]
     logprobs: list[list[float]]
     stop_reasons: list[str]
+    prefill_tokens: int = 0
+    prefill_tokens_unshared: int = 0
+
+
+@dataclass(frozen=True)
+class PrefillStats:
+    """Prefix tokens through the prefill of one generate/resume call (real tokens, not padding), for reporting.
+
+    ``tokens`` were actually run (identical prefixes once per chunk); ``unshared_tokens`` is what prefilling every
+    row would have run.
+    """
+
+    tokens: int = 0
+    unshared_tokens: int = 0
+
+    @property
+    def saved_tokens(self) -> int:
+        return self.unshared_tokens - self.tokens
+
+
+def unique_prefixes(prefixes: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """``(unique, index)``: the distinct prefixes in first-occurrence order, and for each row its prefix's position
+    in ``unique`` (exact equality of the token lists), so ``prefixes[b] == unique[index[b]]``."""
+    position: dict[tuple[int, ...], int] = {}
+    unique: list[list[int]] = []
+    index: list[int] = []
+    for prefix in prefixes:
+        key = tuple(prefix)
+        u = position.get(key)
+        if u is None:
+            u = position[key] = len(unique)
+            unique.append(prefix)
+        index.append(u)
+    return unique, index
 
 
 def supports_logits_to_keep(model: PreTrainedModel) -> bool:
@@ -78,6 +121,7 @@ def decode_batch(
     should_stop: Callable[[], bool],
     keep_last: bool = True,
     refill: Callable[[int], bool] | None = None,
+    share_prefixes: bool = True,
 ) -> DecodeResult:
     """Continue every prefix by up to ``budgets[b]`` (>= 1) tokens; call under ``torch.inference_mode()``.
 
@@ -85,6 +129,12 @@ def decode_batch(
     running stops with reason "interrupted", keeping the tokens it has so far. ``refill(n_active)`` is polled between
     decode steps too: True interrupts the same way, so a caller can refill a batch whose long tail left it mostly
     empty (continuing the interrupted rows together with new ones, with the same weights).
+
+    With ``share_prefixes`` identical prefixes (exact token equality) are prefilled once, left-padded to the same
+    width as all prefixes would be, and the KV cache, last logits, mask and positions are then expanded to every row;
+    sampling still draws over all rows with ``generator``, so tokens and log-probs match the unshared path (log-probs
+    up to float rounding). When every prefix is distinct, or a cache layer kind cannot be expanded (see
+    ``PreallocatedCache.can_batch_expand``), it is the plain path: every row prefilled, no expansion.
     """
     B = len(prefixes)
     T = max(budgets)
@@ -98,9 +148,22 @@ def decode_batch(
     if should_stop():
         return DecodeResult([[] for _ in range(B)], [[] for _ in range(B)], ["interrupted"] * B)
 
-    ids_BL, mask_BL, pos_BL = left_pad(prefixes, pad_id)
-    cache = PreallocatedCache(model.config, capacity=ids_BL.shape[1] + T)
-    logits_bV = _last_logits(model, ids_BL.to(device), mask_BL.to(device), pos_BL.to(device), cache, keep_last)
+    cache = PreallocatedCache(model.config, capacity=max(len(p) for p in prefixes) + T)
+    unshared_tokens = sum(len(p) for p in prefixes)
+    unique, index = unique_prefixes(prefixes) if share_prefixes else (prefixes, [])
+    if len(unique) < B and cache.can_batch_expand:
+        # U distinct prefixes: prefill those (same width L: the longest prefix is among them), then expand to B rows.
+        ids_UL, mask_UL, pos_UL = left_pad(unique, pad_id)
+        logits_UV = _last_logits(model, ids_UL.to(device), mask_UL.to(device), pos_UL.to(device), cache, keep_last)
+        index_B = torch.tensor(index, dtype=torch.long)
+        cache.batch_expand(index_B.to(device))
+        logits_bV = logits_UV.index_select(0, index_B.to(logits_UV.device))
+        mask_BL, pos_BL = mask_UL.index_select(0, index_B), pos_UL.index_select(0, index_B)
+        prefill_tokens = sum(len(p) for p in unique)
+    else:
+        ids_BL, mask_BL, pos_BL = left_pad(prefixes, pad_id)
+        logits_bV = _last_logits(model, ids_BL.to(device), mask_BL.to(device), pos_BL.to(device), cache, keep_last)
+        prefill_tokens = unshared_tokens
 
     # Lower-case b indexes the live batch, which shrinks when finished rows are dropped; rows_b maps it to chunk rows.
     rows_b = torch.arange(B)
@@ -139,4 +202,4 @@ def decode_batch(
     tokens = [row[:n] for row, n in zip(out_tok_BT.tolist(), lengths)]
     logprobs = [row[:n] for row, n in zip(out_logp_BT.tolist(), lengths)]
     reasons = [STOP_REASONS[r] for r in reason_B.tolist()]
-    return DecodeResult(tokens, logprobs, reasons)
+    return DecodeResult(tokens, logprobs, reasons, prefill_tokens, unshared_tokens)

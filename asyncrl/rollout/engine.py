@@ -21,7 +21,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
-from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_to_keep
+from asyncrl.rollout.decode import DecodeResult, PrefillStats, decode_batch, supports_logits_to_keep
 from asyncrl.rollout.sampling import SamplingParams, make_generator
 from asyncrl.types import Prompt, Sample
 
@@ -40,7 +40,10 @@ class RolloutEngine:
     """Generates ``Sample``s from ``Prompt``s with the weights of version ``version``.
 
     ``eos_token_ids`` default to the tokenizer's eos plus the model generation config's eos. ``max_batch_size`` caps
-    the sequences decoded together (prompts x n are processed in chunks of at most this many).
+    the sequences decoded together (prompts x n are processed in chunks of at most this many). With
+    ``share_prefixes`` (the default) identical prefixes within a chunk, e.g. a prompt's n rows, are prefilled once
+    (same samples as without, for the same seed); ``last_prefill`` holds the prefill token counts of the last
+    generate/resume call, shared and unshared, so a caller can report the saving.
     """
 
     def __init__(
@@ -50,6 +53,7 @@ class RolloutEngine:
         eos_token_ids: list[int] | None = None,
         max_batch_size: int = 256,
         version: int = 0,
+        share_prefixes: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"RolloutEngine: max_batch_size must be >= 1, got {max_batch_size}")
@@ -62,6 +66,8 @@ class RolloutEngine:
             raise ValueError("RolloutEngine: no eos token ids (tokenizer and generation config define none)")
         self.max_batch_size = max_batch_size
         self.version = version
+        self.share_prefixes = share_prefixes
+        self.last_prefill = PrefillStats()
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.pad_id: int = int(pad_id)
         self._eos_ids_E = torch.tensor(self.eos_token_ids, dtype=torch.long)
@@ -146,6 +152,7 @@ class RolloutEngine:
             else:
                 todo.append(i)
         if not todo:
+            self.last_prefill = PrefillStats()
             return out
         prefixes = [samples[i].prompt.prompt_ids + samples[i].response_ids for i in todo]
         budgets = [params.max_new_tokens - len(samples[i].response_ids) for i in todo]
@@ -169,7 +176,10 @@ class RolloutEngine:
     ) -> DecodeResult:
         """Decode all rows in chunks of <= max_batch_size, results in input order.
 
-        With more than one chunk, rows are grouped by prefix length so each chunk pads (and prefills) less.
+        With more than one chunk, rows are grouped by prefix length so each chunk pads (and prefills) less. The sort
+        is stable, so rows with identical prefixes that are adjacent in the input (a prompt's n rows in ``generate``,
+        a group's blank rows in the Rollouter's ``resume``) stay adjacent and share one prefill unless a chunk
+        boundary splits them. Sets ``last_prefill``.
         """
         self._check_positions(prefixes, budgets)
         generator = make_generator(seed)
@@ -179,6 +189,8 @@ class RolloutEngine:
         tokens: list[list[int]] = [[] for _ in prefixes]
         logprobs: list[list[float]] = [[] for _ in prefixes]
         reasons: list[str] = ["interrupted"] * len(prefixes)
+        prefill_tokens = prefill_tokens_unshared = 0
+        self.last_prefill = PrefillStats()
         was_training = self.model.training
         self.model.eval()
         try:
@@ -196,7 +208,11 @@ class RolloutEngine:
                         self._pause.is_set,
                         self._keep_last,
                         refill,
+                        self.share_prefixes,
                     )
+                    prefill_tokens += result.prefill_tokens
+                    prefill_tokens_unshared += result.prefill_tokens_unshared
+                    self.last_prefill = PrefillStats(prefill_tokens, prefill_tokens_unshared)
                     for j, i in enumerate(chunk):
                         tokens[i], logprobs[i], reasons[i] = (
                             result.tokens[j],
@@ -205,7 +221,7 @@ class RolloutEngine:
                         )
         finally:
             self.model.train(was_training)
-        return DecodeResult(tokens, logprobs, reasons)
+        return DecodeResult(tokens, logprobs, reasons, prefill_tokens, prefill_tokens_unshared)
 
     def _check_positions(self, prefixes: list[list[int]], budgets: list[int]) -> None:
         longest = max(len(p) + n for p, n in zip(prefixes, budgets)) if prefixes else 0

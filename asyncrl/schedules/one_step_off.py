@@ -37,7 +37,8 @@ def run_one_step_off(cfg: Config) -> dict[str, Any]:
             tm = StepTimer(step)
             with tm("step"):
                 with tm("wait_prev_gen"):
-                    samples, gen_s = pending.result()
+                    gen = pending.result()
+                    samples = gen.samples
                 with tm("sync_rollout_weights"):
                     stats = sync.push(run.version)
                 # the cursor after batch `step`, before batch step+1 is drawn: a checkpoint of this step resumes by
@@ -51,8 +52,15 @@ def run_one_step_off(cfg: Config) -> dict[str, Any]:
                 with tm("train"):
                     trained = run.learn(algorithm, prepared, step)
             metrics = run.step_metrics(
-                prepared.samples, prepared.batch, tm, prepared.metrics, trained.metrics, staleness, sync.metrics(stats)
+                prepared.samples,
+                prepared.batch,
+                tm,
+                prepared.metrics,
+                trained.metrics,
+                staleness,
+                sync.metrics(stats),
+                gen.metrics,
             )
-            metrics["timing_s/gen"] = gen_s  # measured on the rollout workers, overlapped with the previous step
+            metrics["timing_s/gen"] = gen.seconds  # measured on the rollout workers, overlapped with the previous step
             run.end_step(step, metrics, roles, sampler_state=cursor)
         return run.finish(roles, step)

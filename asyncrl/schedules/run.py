@@ -38,15 +38,27 @@ from asyncrl.workers.roles import Roles, RolloutSide, start_roles
 
 
 @dataclass
+class Generated:
+    """A generated batch: its samples in prompt order per worker, the slowest worker's seconds, and what the
+    rollout engines reported (``perf/rollout_prefill_saving``: the share of prompt tokens not prefilled because an
+    identical prompt was)."""
+
+    samples: list[Sample]
+    seconds: float
+    metrics: dict[str, float]
+
+
+@dataclass
 class Launched:
     """A batch being generated on the rollout side (not waited for yet)."""
 
     calls: list[Pending[Generation]]
 
-    def result(self) -> tuple[list[Sample], float]:
-        """All samples of the batch, in prompt order per worker, and the slowest worker's generation seconds."""
+    def result(self) -> Generated:
         gens = [c.result() for c in self.calls]
-        return [s for g in gens for s in g.samples], max(g.seconds for g in gens)
+        done, unshared = sum(g.prefill_tokens for g in gens), sum(g.prefill_tokens_unshared for g in gens)
+        metrics = {"perf/rollout_prefill_saving": 1.0 - done / unshared} if unshared else {}
+        return Generated([s for g in gens for s in g.samples], max(g.seconds for g in gens), metrics)
 
 
 def launch_generation(

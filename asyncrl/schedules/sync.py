@@ -28,16 +28,17 @@ def run_sync(cfg: Config) -> dict[str, Any]:
             tm = StepTimer(step)
             with tm("step"):
                 with tm("gen"):
-                    samples, _ = launch_generation(
+                    gen = launch_generation(
                         roles.rollouts, run.next_prompts(), params, run.gen_seed(step), step
                     ).result()
+                    samples = gen.samples
                 with tm("prepare"):
                     prepared = algorithm.prepare(samples, step)()
                 staleness = staleness_metrics(samples, run.version)  # 0 by construction; measured anyway
                 with tm("train"):
                     trained = run.learn(algorithm, prepared, step)
             metrics = run.step_metrics(
-                prepared.samples, prepared.batch, tm, prepared.metrics, trained.metrics, staleness
+                prepared.samples, prepared.batch, tm, prepared.metrics, trained.metrics, staleness, gen.metrics
             )
             run.end_step(step, metrics, roles)
         return run.finish(roles, step)

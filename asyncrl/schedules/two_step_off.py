@@ -23,8 +23,7 @@ from typing import Any
 
 from asyncrl.algorithms import Prepared
 from asyncrl.config import Config
-from asyncrl.schedules.run import Launched, StepTimer, launch_generation, open_run, staleness_metrics
-from asyncrl.types import Sample
+from asyncrl.schedules.run import Generated, Launched, StepTimer, launch_generation, open_run, staleness_metrics
 from asyncrl.workers.roles import RolloutSide
 
 
@@ -39,10 +38,9 @@ def run_two_step_off(cfg: Config) -> dict[str, Any]:
             cursors[b] = run.sampler.state_dict()
             return launch_generation(roles.rollouts, prompts, params, run.gen_seed(b), b)
 
-        def start_preparing(generated: tuple[list[Sample], float], b: int) -> Future[tuple[Prepared, list, float]]:
-            samples, gen_s = generated
-            finish = algorithm.prepare(samples, b)  # issued here, in batch order; finished on the thread
-            return pool.submit(lambda: (finish(), samples, gen_s))
+        def start_preparing(generated: Generated, b: int) -> Future[tuple[Prepared, Generated]]:
+            finish = algorithm.prepare(generated.samples, b)  # issued here, in batch order; finished on the thread
+            return pool.submit(lambda: (finish(), generated))
 
         preparing = start_preparing(launch(run.start_step).result(), run.start_step)
         pending = launch(run.start_step + 1) if run.start_step < total else None
@@ -52,7 +50,8 @@ def run_two_step_off(cfg: Config) -> dict[str, Any]:
             sync_metrics: dict[str, float] = {}
             with tm("step"):
                 with tm("wait_prev_prepare"):
-                    prepared, samples, gen_s = preparing.result()
+                    prepared, gen = preparing.result()
+                    samples = gen.samples
                 if pending is not None:  # batch step+1 is generated: prepare it while this step trains
                     with tm("wait_prev_gen"):
                         generated = pending.result()
@@ -64,9 +63,16 @@ def run_two_step_off(cfg: Config) -> dict[str, Any]:
                 with tm("train"):
                     trained = run.learn(algorithm, prepared, step)
             metrics = run.step_metrics(
-                prepared.samples, prepared.batch, tm, prepared.metrics, trained.metrics, staleness, sync_metrics
+                prepared.samples,
+                prepared.batch,
+                tm,
+                prepared.metrics,
+                trained.metrics,
+                staleness,
+                sync_metrics,
+                gen.metrics,
             )
-            metrics["timing_s/gen"] = gen_s
+            metrics["timing_s/gen"] = gen.seconds
             run.end_step(step, metrics, roles, sampler_state=cursors[step])
             for b in [b for b in cursors if b < step]:
                 del cursors[b]

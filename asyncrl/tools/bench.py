@@ -11,9 +11,16 @@ Figures per schedule (all ratios computed from runs in this one invocation, beca
 - ``trainer_idle_fraction``: the share of the run's step time the training worker spent in no span;
 - ``sync_s`` / ``sync_bytes_per_s``: mean weight-sync seconds and throughput (0 for sync: rollout shares the actor);
 - ``staleness_mean``: mean policy versions between generation and training (``staleness/mean``);
-- ``accuracy``: held-out accuracy after the last step.
+- ``accuracy``: held-out accuracy after the last step;
+- ``ratio_to_unshared``: samples/s over ``sync_unshared``'s (sync without prefix sharing or packing: the trainer
+  before ``actor.shared_prefix``), when that mode runs;
+- ``update_tokens``: positions the actor update processed per step (real + padding), ``padding_frac`` the share of
+  them padding, ``prefix_saving`` the share of the samples' own prompt + response tokens a shared prompt saved,
+  ``prefill_saving`` the share of prompt tokens the rollout engine did not prefill because an identical prompt was
+  prefilled once; ``trainer_peak_rss_gb``: the training worker's peak resident memory.
 
-Workloads (``bench_common.prepare_workload``): ``short`` is the demo task (short answers: update-heavy on a CPU);
+Workloads (``bench_common.prepare_workload``): ``demo`` is the demo's RL work (32 prompts x 8), ``short`` the same task
+at half the batch (short answers: update-heavy on a CPU);
 ``long`` is chain_sum with 2-24 terms answered step by step, a generation-heavy workload with a long tail of response
 lengths. ``--modes ppo_colocated,ppo_split`` measures PPO's two placements against each other instead (``bench_ppo``).
 """
@@ -41,6 +48,13 @@ from asyncrl.tools.bench_common import (
 from asyncrl.tools.bench_ppo import PPO_MODES, run_ppo_bench
 
 SCHEDULES = ("sync", "one_step_off", "two_step_off", "fully_async")
+# today's sync before prefix sharing and packing: every other row is also measured against it
+UNSHARED = "sync_unshared"
+UNSHARED_OVERRIDES = [
+    "actor.shared_prefix=false",
+    "actor.use_dynamic_bsz=false",
+    "rollout.enable_prefix_caching=false",
+]
 BASE_CONFIG = "configs/quickstart.yaml"
 
 
@@ -50,11 +64,13 @@ def schedule_overrides(schedule: str, total_cpus: int) -> list[str]:
     them (one extra logical CPU in Ray's accounting): training scales ~1.9x from 1 to 2 threads here while decoding
     barely does, so halving the trainer to give the rollout a core of its own loses more than the overlap wins
     (measured in BENCHMARKS.md)."""
-    if schedule == "sync":
-        return ["trainer.schedule=sync", f"trainer.cpus_per_worker={total_cpus}", f"ray.num_cpus={total_cpus}"]
+    if schedule in ("sync", UNSHARED):
+        over = ["trainer.schedule=sync", f"trainer.cpus_per_worker={total_cpus}", f"ray.num_cpus={total_cpus}"]
+        return over + (UNSHARED_OVERRIDES if schedule == UNSHARED else [])
     if schedule not in SCHEDULES:
         raise ConfigError(
-            f"bench: unknown schedule {schedule!r} (allowed: {', '.join(SCHEDULES)}, or {', '.join(PPO_MODES)})"
+            f"bench: unknown schedule {schedule!r} (allowed: {', '.join((UNSHARED, *SCHEDULES))}, "
+            f"or {', '.join(PPO_MODES)})"
         )
     over = [
         f"trainer.schedule={schedule}",
@@ -95,7 +111,7 @@ def summarize(schedule: str, workload: str, run_dir: Path, sync_ref: dict[str, f
         "tokens_per_s": rate(body, "perf/throughput_tokens_per_s"),
         "mean_step_s": mean_step,
         "gen_s": gen,
-        "train_s": mean_step - gen if schedule == "sync" else None,
+        "train_s": mean_step - gen if schedule in ("sync", UNSHARED) else None,
         "response_length_mean": mean_of(body, "response_length/mean"),
         "response_length_p95": mean_of(body, "response_length/p95"),
         "trainer_idle_fraction": trainer_idle_fraction(read_chrome_trace(run_dir / "timeline.json"), body),
@@ -103,6 +119,13 @@ def summarize(schedule: str, workload: str, run_dir: Path, sync_ref: dict[str, f
         "sync_bytes_per_s": mean_of(body, "sync/bytes_per_s"),
         "staleness_mean": sum(m["staleness/mean"] for m in body) / len(body),
         "accuracy": steps[-1].get("val/accuracy"),
+        # what the update processed: positions per step, the share of them padding, the share of the samples'
+        # own tokens a shared prompt saved, and the rollout's prefill saving (identical prompts prefilled once)
+        "update_tokens": mean_of(body, "perf/actor_tokens"),
+        "padding_frac": mean_of(body, "perf/actor_padding_frac"),
+        "prefix_saving": mean_of(body, "perf/actor_prefix_saving"),
+        "prefill_saving": mean_of(body, "perf/rollout_prefill_saving"),
+        "trainer_peak_rss_gb": max(m.get("perf/trainer_peak_rss_gb", 0.0) for m in steps),
     }
     ref = sync_ref or summary
     g, tr = ref["gen_s"], ref["train_s"]
@@ -130,18 +153,24 @@ def run_bench(
     if any(m in PPO_MODES for m in modes):
         raise ConfigError(f"bench: ppo modes ({', '.join(PPO_MODES)}) are compared with each other only (got {modes})")
     schedules = modes if "sync" in modes else ["sync", *modes]  # every figure is a ratio to sync, measured here
+    if UNSHARED in schedules:  # the baseline runs first, then sync (the reference of the ratios), then the rest
+        schedules = [UNSHARED, "sync", *(s for s in schedules if s not in (UNSHARED, "sync"))]
     for s in schedules:
         schedule_overrides(s, total_cpus)  # unknown schedules fail before any work starts
     out_dir.mkdir(parents=True, exist_ok=True)
     wl = prepare_workload(workload, Path(work_dir), sft_seconds)
     results: list[dict[str, Any]] = []
-    sync_ref = None
+    runs: dict[str, Path] = {}
     for schedule in schedules:
-        run_dir = run_schedule(schedule, wl, out_dir, steps, total_cpus, extra)
-        res = summarize(schedule, workload, run_dir, sync_ref)
-        if schedule == "sync":
-            sync_ref = res
+        runs[schedule] = run_schedule(schedule, wl, out_dir, steps, total_cpus, extra)
+    sync_ref = summarize("sync", workload, runs["sync"], None)
+    for schedule in schedules:
+        res = sync_ref if schedule == "sync" else summarize(schedule, workload, runs[schedule], sync_ref)
         results.append(res)
+    if UNSHARED in runs:
+        base = results[0]["samples_per_s"]
+        for res in results:
+            res["ratio_to_unshared"] = res["samples_per_s"] / base
     write_results(results, out_dir, "bench", COLUMNS)
     return results
 
@@ -149,6 +178,12 @@ def run_bench(
 COLUMNS = [
     ("schedule", "{}"),
     *RATE_COLUMNS,
+    ("ratio_to_unshared", "{:.2f}x"),
+    ("update_tokens", "{:.0f}"),
+    ("padding_frac", "{:.2f}"),
+    ("prefix_saving", "{:.2f}"),
+    ("prefill_saving", "{:.2f}"),
+    ("trainer_peak_rss_gb", "{:.2f}"),
     ("pipeline_efficiency", "{:.2f}"),
     ("trainer_idle_fraction", "{:.2f}"),
     ("sync_s", "{:.3f}"),

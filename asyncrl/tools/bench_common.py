@@ -43,17 +43,22 @@ def _chain_sum(out: Path, size: int, seed: int, test_size: int, terms: tuple[int
 def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Workload:
     """Data and an SFT-warmed tiny model for ``name``, built once under ``work_dir`` and reused by later benches.
 
-    ``short`` is the demo task (short answers: update-heavy on a CPU); ``long`` is chain_sum with 2-24 terms answered
-    step by step (running sums), a generation-heavy workload with a long tail of response lengths.
+    ``demo`` is the demo's RL work (configs/quickstart.yaml: 32 prompts x 8 samples of at most 16 tokens; short
+    answers, so update-heavy on a CPU); ``short`` is the same task, data and model at half the batch; ``long`` is
+    chain_sum with 2-24 terms answered step by step (running sums), a generation-heavy workload with a long tail of
+    response lengths.
     """
     from asyncrl.schedules.sft import load_sft_config, run_sft
 
-    wdir = work_dir / name
-    if name == "short":
+    wdir = work_dir / ("short" if name == "demo" else name)
+    if name in ("short", "demo"):
         train, test = _chain_sum(wdir / "data", 20000, 0, 200, terms=(2, 3))
         files = {"train": [str(train)], "val": [str(test)]}
         sft_over = ["data.max_response_length=16"]
-        train_over = ["rollout.response_length=16", "data.train_batch_size=16", "actor.ppo_mini_batch_size=16"]
+        # demo: configs/quickstart.yaml's own batch (32 prompts x 8); short: half of it
+        train_over = ["rollout.response_length=16"]
+        if name == "short":
+            train_over += ["data.train_batch_size=16", "actor.ppo_mini_batch_size=16"]
         secs = 60.0 if sft_seconds is None else sft_seconds
     elif name == "long":
         # A long tail of response lengths: most problems have 2-6 terms, a quarter have 12-24.
@@ -73,7 +78,7 @@ def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Wo
         ]
         secs = 180.0 if sft_seconds is None else sft_seconds
     else:
-        raise ValueError(f"bench: unknown workload {name!r} (allowed: short, long)")
+        raise ValueError(f"bench: unknown workload {name!r} (allowed: demo, short, long)")
     model_dir = wdir / "sft"
     if not (model_dir / "config.json").is_file():
         print(f"[bench] preparing workload {name!r}: SFT warm start for {secs:.0f} s -> {model_dir}")

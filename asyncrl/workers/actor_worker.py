@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,7 +47,12 @@ class ActorRolloutWorker(SyncSenderMixin):
         torch.manual_seed(seeds.model_init(cfg.trainer.seed))
         self.model, self.tokenizer = load_model(cfg.model.path, dtype=cfg.model.dtype)
         self.pad_token_id = self.tokenizer.pad_token_id
-        self.engine = RolloutEngine(self.model, self.tokenizer, max_batch_size=cfg.rollout.max_batch_size)
+        self.engine = RolloutEngine(
+            self.model,
+            self.tokenizer,
+            max_batch_size=cfg.rollout.max_batch_size,
+            share_prefixes=cfg.rollout.enable_prefix_caching,
+        )
         self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)
         self.ref_model = _frozen_copy(self.model) if cfg.actor.use_kl_loss else None
         # the PPO ratio's denominator: the behaviour log-probs (bypass), the weights at the start of the sync window
@@ -132,6 +138,8 @@ class ActorRolloutWorker(SyncSenderMixin):
         else:
             raise TypeError(f"{self.name}.update: a batch needs a PolicyTarget or TeacherTarget (got {target!r})")
         self._count_update()
+        # the process's peak resident memory so far (Linux reports KiB): in-process runs count the driver's too
+        timings["perf/trainer_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         return UpdateResult({**res.metrics, **timings}, self.version)
 
     def _count_update(self) -> None:

@@ -42,7 +42,8 @@ def generate_scored(
     if score:
         with timeline.span("reward", step=step, worker=worker):
             reward_fn.score(samples)
-    return Generation(samples, time.perf_counter() - t0)
+    pf = engine.last_prefill
+    return Generation(samples, time.perf_counter() - t0, pf.tokens, pf.unshared_tokens)
 
 
 class RolloutWorker(SyncReceiverMixin):
@@ -51,7 +52,12 @@ class RolloutWorker(SyncReceiverMixin):
             torch.set_num_threads(num_threads)
         self.name = name
         model, tokenizer = load_model(cfg.model.path, dtype=cfg.model.dtype, for_training=False)
-        self.engine = RolloutEngine(model, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
+        self.engine = RolloutEngine(
+            model,
+            tokenizer,
+            max_batch_size=cfg.rollout.max_batch_size,
+            share_prefixes=cfg.rollout.enable_prefix_caching,
+        )
         self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)
         self.timeline = get_timeline()
         self.timeline.worker = name
