@@ -9,8 +9,10 @@ engine numbers them, so trainer and engine see identical inputs.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from asyncrl.data.packing import PackedInputs, TokenCount, pack, plan
@@ -116,11 +118,11 @@ def micro_batches(
                 count.add(TokenCount(mb.input_ids_BL.numel(), real, real))
             out.append((idx, mb))
         return out
-    P = batch.prompt_width
-    prompt_mask = batch.attention_mask_BL[:, :P].bool()
-    prompts = [tuple(ids[m].tolist()) for ids, m in zip(batch.input_ids_BL[:, :P], prompt_mask)]
+    P = batch.prompt_width  # prompts are right-aligned at column P, responses start there
+    prompt_lens = batch.attention_mask_BL[:, :P].sum(dim=1).tolist()
+    prompts = [tuple(row[P - n :]) for row, n in zip(batch.input_ids_BL[:, :P].tolist(), prompt_lens)]
     resp_lens = batch.response_mask_BT.sum(dim=1).long().tolist()
-    responses = [ids[:n].tolist() for ids, n in zip(batch.response_ids_BT, resp_lens)]
+    responses = [row[:n] for row, n in zip(batch.response_ids_BT.tolist(), resp_lens)]
     b = batching
     out = []
     for segments in plan(prompts, resp_lens, b.share_prefix, b.micro_batch_size, b.max_tokens, b.knob):
@@ -140,27 +142,40 @@ def micro_batches(
     return out
 
 
+def _ragged(lists: list[list], lengths: np.ndarray, start_col: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
+    """Row and column indices that place ``lists[b]`` at columns ``start_col[b]...`` of row ``b``, and the values
+    flattened: one vectorised assignment instead of a Python loop of small tensor copies."""
+    total = int(lengths.sum())
+    rows_ = np.repeat(np.arange(len(lists)), lengths)
+    offset = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    cols_ = np.repeat(start_col, lengths) + offset
+    return rows_, cols_, list(itertools.chain.from_iterable(lists))
+
+
 def collate(samples: list[Sample], pad_token_id: int) -> TrainBatch:
     if not samples:
         raise ValueError("collate: no samples")
+    for s in samples:
+        if len(s.logprobs) != len(s.response_ids):
+            raise ValueError(f"sample {s.uid}: {len(s.response_ids)} response tokens but {len(s.logprobs)} log-probs")
     B = len(samples)
-    P = max(len(s.prompt.prompt_ids) for s in samples)
-    T = max(max(len(s.response_ids) for s in samples), 1)
+    plen = np.array([len(s.prompt.prompt_ids) for s in samples], dtype=np.int64)
+    rlen = np.array([len(s.response_ids) for s in samples], dtype=np.int64)
+    P = int(plen.max())
+    T = max(int(rlen.max()), 1)
     input_ids = torch.full((B, P + T), pad_token_id, dtype=torch.long)
     attn = torch.zeros((B, P + T), dtype=torch.long)
     resp_mask = torch.zeros((B, T), dtype=torch.float32)
     behav = torch.zeros((B, T), dtype=torch.float32)
-    for i, s in enumerate(samples):
-        p, r = s.prompt.prompt_ids, s.response_ids
-        if len(s.logprobs) != len(r):
-            raise ValueError(f"sample {s.uid}: {len(r)} response tokens but {len(s.logprobs)} log-probs")
-        input_ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
-        attn[i, P - len(p) : P] = 1
-        if r:
-            input_ids[i, P : P + len(r)] = torch.tensor(r, dtype=torch.long)
-            attn[i, P : P + len(r)] = 1
-            resp_mask[i, : len(r)] = 1.0
-            behav[i, : len(r)] = torch.tensor(s.logprobs, dtype=torch.float32)
+    # prompts right-aligned at column P, responses from column P on
+    r, c, flat = _ragged([s.prompt.prompt_ids for s in samples], plen, P - plen)
+    input_ids[r, c] = torch.tensor(flat, dtype=torch.long)
+    attn[r, c] = 1
+    r, c, flat = _ragged([s.response_ids for s in samples], rlen, np.full(B, P))
+    input_ids[r, c] = torch.tensor(flat, dtype=torch.long)
+    attn[r, c] = 1
+    resp_mask[r, c - P] = 1.0
+    behav[r, c - P] = torch.tensor(list(itertools.chain.from_iterable(s.logprobs for s in samples)))
     position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
     return TrainBatch(
         input_ids_BL=input_ids,

@@ -155,7 +155,8 @@ def pack(
     pad_id: int,
 ) -> PackedInputs:
     """Lay out ``segments`` (sample indices local to the micro-batch, which is ordered segment by segment) into rows
-    as wide as the longest segment, first-fit decreasing."""
+    as wide as the longest segment, first-fit decreasing. Built in Python lists and converted once: this runs on the
+    trainer before every forward pass."""
     lengths = [len(prompts[seg[0]]) + sum(len(responses[i]) for i in seg) for seg in segments]
     W = max(lengths)
     rows: list[list[int]] = []  # segment indices per row
@@ -169,32 +170,42 @@ def pack(
         else:
             rows.append([s])
             room.append(W - lengths[s])
-    R = len(rows)
     B = sum(len(seg) for seg in segments)
     T = max(max((len(r) for r in responses), default=1), 1)
-    ids = torch.full((R, W), pad_id, dtype=torch.long)
-    pos = torch.zeros((R, W), dtype=torch.long)
-    seg_id = torch.full((R, W), -1, dtype=torch.long)
-    branch = torch.zeros((R, W), dtype=torch.long)
-    src = torch.zeros((B, T), dtype=torch.long)
-    for r, row in enumerate(rows):
-        col = 0
+    ids: list[int] = []
+    pos: list[int] = []
+    seg_id: list[int] = []
+    branch: list[int] = []
+    src = [[0] * T for _ in range(B)]
+    for row in rows:
+        base = len(ids)  # flat index of the row's first position
         for s in row:
             prompt = prompts[segments[s][0]]
             p = len(prompt)
-            ids[r, col : col + p] = torch.tensor(prompt, dtype=torch.long)
-            pos[r, col : col + p] = torch.arange(p)
-            seg_id[r, col : col + p] = s
-            last_prompt = r * W + col + p - 1
-            col += p
+            ids.extend(prompt)
+            pos.extend(range(p))
+            seg_id.extend([s] * p)
+            branch.extend([0] * p)
+            last_prompt = len(ids) - 1
             for k, i in enumerate(segments[s], start=1):
                 n = len(responses[i])
                 if n:
-                    ids[r, col : col + n] = torch.tensor(responses[i], dtype=torch.long)
-                    pos[r, col : col + n] = torch.arange(p, p + n)
-                    seg_id[r, col : col + n] = s
-                    branch[r, col : col + n] = k
-                    src[i, 0] = last_prompt
-                    src[i, 1:n] = torch.arange(r * W + col, r * W + col + n - 1)
-                col += n
-    return PackedInputs(ids, pos, seg_id, branch, src)
+                    start = len(ids)
+                    ids.extend(responses[i])
+                    pos.extend(range(p, p + n))
+                    seg_id.extend([s] * n)
+                    branch.extend([k] * n)
+                    src[i][:n] = [last_prompt, *range(start, start + n - 1)]
+        pad = base + W - len(ids)
+        ids.extend([pad_id] * pad)
+        pos.extend([0] * pad)
+        seg_id.extend([-1] * pad)
+        branch.extend([0] * pad)
+    shape = (len(rows), W)
+    return PackedInputs(
+        torch.tensor(ids, dtype=torch.long).view(shape),
+        torch.tensor(pos, dtype=torch.long).view(shape),
+        torch.tensor(seg_id, dtype=torch.long).view(shape),
+        torch.tensor(branch, dtype=torch.long).view(shape),
+        torch.tensor(src, dtype=torch.long),
+    )

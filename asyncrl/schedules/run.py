@@ -30,7 +30,7 @@ from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.engine import SamplingParams
 from asyncrl.sync.weight_sync import WeightSync
-from asyncrl.telemetry.metrics import MetricsLogger, read_metrics
+from asyncrl.telemetry.metrics import MetricsLogger, machine_cpu, read_metrics
 from asyncrl.telemetry.timeline import get_timeline, read_chrome_trace, write_chrome_trace
 from asyncrl.types import Generation, Prompt, Sample
 from asyncrl.workers.clients import RoleClient, RolloutClient, TrainerClient
@@ -187,6 +187,7 @@ class Run:
         metrics = {**self.sample_metrics(samples, batch), **{k: v for p in parts for k, v in p.items()}, **tm.timings}
         metrics["perf/throughput_tokens_per_s"] = float(batch.attention_mask_BL.sum()) / step_s
         metrics["perf/samples_per_s"] = len(samples) / step_s
+        metrics.update(machine_cpu())
         return metrics
 
     # ---- evaluation ------------------------------------------------------------------------------------------------
@@ -348,13 +349,28 @@ class Run:
 
 
 @contextmanager
+def _driver_threads(cfg: Config) -> Iterator[None]:
+    """With the Ray backend the driver only keeps books (collate, advantages) beside workers that use every core:
+    one torch thread, so its OpenMP pool does not wake a second thread on (and spin on) a core a worker is using."""
+    if cfg.trainer.backend != "ray":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
 def open_run(cfg: Config, side: RolloutSide) -> Iterator[tuple[Run, Algorithm, Roles]]:
     """What comes before every schedule's first step: the run directory and data, the algorithm's own resources (a
     teacher), every role started on its pool, a resume from the latest checkpoint, the logger, and the held-out
     accuracy before training. Everything started here is stopped at exit."""
     run = Run(cfg)
     algorithm = make_algorithm(cfg, run.tokenizer)
-    with algorithm.session(str(run.dir)), start_roles(cfg, side) as roles:
+    with _driver_threads(cfg), algorithm.session(str(run.dir)), start_roles(cfg, side) as roles:
         algorithm.roles = roles
         start = run.maybe_resume(roles.checkpointed)
         algorithm.on_resume(start)

@@ -8,6 +8,7 @@ calls, so a Ray actor and an in-process worker sync the same way.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Any
@@ -97,7 +98,10 @@ class SyncSenderMixin(_WeightSyncMixin):
 
         ``timeout_s`` defaults to the one given at set-up; ``_corrupt_bucket`` is the test hook of ``send``.
         """
-        return self._group(version).send(self.weight_sync_tensors(), version, verify, timeout_s, _corrupt_bucket)
+        timeline = getattr(self, "timeline", None)
+        span = timeline.span("send_weights", version=version) if timeline is not None else contextlib.nullcontext()
+        with span:  # the trainer is busy while it sends: its timeline says so
+            return self._group(version).send(self.weight_sync_tensors(), version, verify, timeout_s, _corrupt_bucket)
 
 
 class SyncReceiverMixin(_WeightSyncMixin):

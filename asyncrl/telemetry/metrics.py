@@ -25,12 +25,29 @@ from typing import Any
 from asyncrl.telemetry.backends import ConsoleBackend, PrometheusBackend, TensorBoardBackend
 from asyncrl.telemetry.jsonl import JsonlWriter, last_logged_step, read_metrics
 
-__all__ = ["ALLOWED_BACKENDS", "MetricsLogger", "last_logged_step", "read_metrics"]
+__all__ = ["ALLOWED_BACKENDS", "MetricsLogger", "last_logged_step", "machine_cpu", "read_metrics"]
 
 ALLOWED_BACKENDS: tuple[str, ...] = ("console", "jsonl", "tensorboard", "prometheus")
 RESERVED_KEYS = frozenset({"step", "time"})  # the jsonl record's own fields
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+
+
+def machine_cpu() -> dict[str, float]:
+    """``perf/machine_busy_core_s``: core-seconds the whole machine has spent busy since boot (``/proc/stat``: user,
+    nice, system, irq, softirq, steal), and ``perf/monotonic_s``: a clock to difference it against. Differences over
+    a run's steps give how much of the cores the run kept busy (``asyncrl bench``'s ``cpu_utilization``); every
+    process counts, so it means something only on an otherwise idle machine. Empty where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return {}
+    if not fields or fields[0] != "cpu":
+        return {}
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    return {"perf/machine_busy_core_s": float(busy), "perf/monotonic_s": time.monotonic()}
 
 
 def _to_float(key: str, value: Any) -> float:

@@ -12,6 +12,9 @@ Figures per schedule (all ratios computed from runs in this one invocation, beca
 - ``sync_s`` / ``sync_bytes_per_s``: mean weight-sync seconds and throughput (0 for sync: rollout shares the actor);
 - ``staleness_mean``: mean policy versions between generation and training (``staleness/mean``);
 - ``accuracy``: held-out accuracy after the last step;
+- ``cpu_utilization``: the share of the machine's cores busy over the measured steps; ``core_limit`` = 1 / sync's:
+  the most any schedule doing sync's CPU work can gain on these cores (the overlap limit assumes generation and
+  training do not share cores; here they do), ``core_limit_fraction`` = ratio_to_sync / core_limit;
 - ``ratio_to_unshared``: samples/s over ``sync_unshared``'s (sync without prefix sharing or packing: the trainer
   before ``actor.shared_prefix``), when that mode runs;
 - ``update_tokens``: positions the actor update processed per step (real + padding), ``padding_frac`` the share of
@@ -35,6 +38,7 @@ from asyncrl.telemetry.timeline import read_chrome_trace
 from asyncrl.tools.bench_common import (
     RATE_COLUMNS,
     Workload,
+    cpu_utilization,
     mean_of,
     prepare_workload,
     rate,
@@ -126,11 +130,15 @@ def summarize(schedule: str, workload: str, run_dir: Path, sync_ref: dict[str, f
         "prefix_saving": mean_of(body, "perf/actor_prefix_saving"),
         "prefill_saving": mean_of(body, "perf/rollout_prefill_saving"),
         "trainer_peak_rss_gb": max(m.get("perf/trainer_peak_rss_gb", 0.0) for m in steps),
+        "cpu_utilization": cpu_utilization(steps, body),
     }
     ref = sync_ref or summary
     g, tr = ref["gen_s"], ref["train_s"]
     set_ratios(summary, ref, overlap_limit=(g + tr) / max(g, tr))
     summary["pipeline_efficiency"] = max(g, tr) / mean_step
+    if ref.get("cpu_utilization"):  # the most any overlap can gain on these cores (see cpu_utilization)
+        summary["core_limit"] = 1.0 / ref["cpu_utilization"]
+        summary["core_limit_fraction"] = summary["ratio_to_sync"] / summary["core_limit"]
     return summary
 
 
@@ -179,6 +187,9 @@ COLUMNS = [
     ("schedule", "{}"),
     *RATE_COLUMNS,
     ("ratio_to_unshared", "{:.2f}x"),
+    ("cpu_utilization", "{:.2f}"),
+    ("core_limit", "{:.2f}x"),
+    ("core_limit_fraction", "{:.2f}"),
     ("update_tokens", "{:.0f}"),
     ("padding_frac", "{:.2f}"),
     ("prefix_saving", "{:.2f}"),

@@ -144,6 +144,20 @@ def trainer_idle_fraction(events: list[dict[str, Any]], body: list[dict[str, Any
     return idle_fraction(events, workers[0], t0, t1)
 
 
+def cpu_utilization(steps: list[dict[str, Any]], body: list[dict[str, Any]]) -> float | None:
+    """The share of the machine's cores kept busy from the end of the step before the measured ones to the end of the
+    last (``perf/machine_busy_core_s`` against ``perf/monotonic_s``); None without those readings. On an otherwise
+    idle machine, ``1 / cpu_utilization`` of the sync run is the most any schedule doing the same CPU work can gain
+    on these cores, however well it overlaps."""
+    first = steps.index(body[0])
+    key, clock = "perf/machine_busy_core_s", "perf/monotonic_s"
+    if first == 0 or key not in steps[first - 1] or key not in body[-1]:
+        return None
+    busy = body[-1][key] - steps[first - 1][key]
+    wall = body[-1][clock] - steps[first - 1][clock]
+    return busy / (wall * (os.cpu_count() or 1)) if wall > 0 else None
+
+
 def mean_of(body: list[dict[str, Any]], key: str) -> float:
     """Mean of ``key`` over the measured steps (0 where a step did not log it)."""
     return sum(m.get(key, 0.0) for m in body) / len(body)
