@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -121,3 +122,46 @@ def test_distill_bench_limits_by_hand(tmp_path):
     table = markdown_table([sync, osp, tsp], DISTILL_COLUMNS, first="schedule")
     assert table.splitlines()[0].startswith("| schedule | samples_per_s |")
     assert "| two_step_off | 4.0 |" in table
+
+
+def test_cpu_utilization_core_limit_and_the_work_columns_by_hand(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+
+    def run(name, busy_per_step, tokens, saving, rss):
+        d = tmp_path / name
+        d.mkdir()
+        lines = []
+        for step in (1, 2, 3):  # step 1 is warm-up: the window runs from its end to the end of step 3
+            lines.append(
+                json.dumps(
+                    {
+                        "step": step,
+                        "timing_s/step": 2.0,
+                        "timing_s/gen": 1.0,
+                        "perf/samples_per_s": 5.0,
+                        "perf/throughput_tokens_per_s": 100.0,
+                        "staleness/mean": 0.0,
+                        "perf/machine_busy_core_s": 1000.0 + busy_per_step * step,
+                        "perf/monotonic_s": 50.0 + 2.0 * step,
+                        "perf/actor_tokens": tokens,
+                        "perf/actor_padding_frac": 0.1,
+                        "perf/actor_prefix_saving": saving,
+                        "perf/trainer_peak_rss_gb": rss * step,
+                    }
+                )  # fmt: skip
+            )
+        (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        spans = [_span("update_actor", "trainer", 50 + 2 * s, 51 + 2 * s, s + 1) for s in range(3)]
+        spans += [_span("train", "driver", 50 + 2 * s, 51 + 2 * s, s + 1) for s in range(3)]
+        write_chrome_trace(d / "timeline.json", spans)
+        return d
+
+    s = summarize("sync", "demo", run(tmp_path / "sync", 3.2, 500.0, 0.7, 0.5), None)
+    assert s["cpu_utilization"] == pytest.approx(3.2 / (2.0 * 2))  # 3.2 busy core-s per 2 s step on 2 cores
+    assert s["core_limit"] == pytest.approx(4.0 / 3.2)
+    assert s["update_tokens"] == 500.0 and s["prefix_saving"] == pytest.approx(0.7)
+    assert s["trainer_peak_rss_gb"] == pytest.approx(1.5)  # the largest reading of the run
+    assert s["prefill_saving"] is None  # not logged by this run: "-", not a measured 0
+    o = summarize("one_step_off", "demo", run(tmp_path / "osp", 4.0, 400.0, 0.7, 0.4), s)
+    assert o["cpu_utilization"] == pytest.approx(1.0)
+    assert o["core_limit_fraction"] == pytest.approx(1.0 / (4.0 / 3.2))  # same samples/s as sync

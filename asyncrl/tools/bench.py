@@ -128,7 +128,10 @@ def summarize(schedule: str, workload: str, run_dir: Path, sync_ref: dict[str, f
         "update_tokens": mean_of(body, "perf/actor_tokens"),
         "padding_frac": mean_of(body, "perf/actor_padding_frac"),
         "prefix_saving": mean_of(body, "perf/actor_prefix_saving"),
-        "prefill_saving": mean_of(body, "perf/rollout_prefill_saving"),
+        # None where the run logs no prefill counts (the fully_async Rollouter does not report them yet)
+        "prefill_saving": mean_of(body, "perf/rollout_prefill_saving")
+        if any("perf/rollout_prefill_saving" in m for m in body)
+        else None,
         "trainer_peak_rss_gb": max(m.get("perf/trainer_peak_rss_gb", 0.0) for m in steps),
         "cpu_utilization": cpu_utilization(steps, body),
     }
