@@ -104,9 +104,19 @@ def cmd_export(a: argparse.Namespace) -> None:
 
 
 def cmd_report(a: argparse.Namespace) -> None:
-    from asyncrl.telemetry.report import write_report
+    from asyncrl.telemetry.report import compare_report, write_report
 
-    print(json.dumps({"report": str(write_report(a.run_dir))}))
+    if len(a.run_dirs) == 1 and a.out is None and a.steps is None:
+        print(json.dumps({"report": str(write_report(a.run_dirs[0]))}))
+        return
+    steps = None
+    if a.steps is not None:
+        first, _, last = a.steps.partition(":")
+        if not (first.isdigit() and last.isdigit()):
+            raise SystemExit(f"asyncrl report: --steps must be FIRST:LAST, e.g. 10:14 (got {a.steps!r})")
+        steps = (int(first), int(last))
+    out = a.out or os.path.join(a.run_dirs[0], "compare.png")
+    print(json.dumps({"report": str(compare_report(a.run_dirs, out, steps))}))
 
 
 def cmd_bench(a: argparse.Namespace) -> None:
@@ -205,8 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.set_defaults(fn=cmd_export)
 
-    s = sub.add_parser("report", help="report.png (curves + Gantt chart of the timeline) for a run directory")
-    s.add_argument("run_dir")
+    s = sub.add_parser(
+        "report",
+        help="report.png (curves + Gantt chart of the timeline) for a run directory; with several run directories "
+        "(or --out/--steps) their timelines stacked on one time axis",
+    )
+    s.add_argument("run_dirs", nargs="+")
+    s.add_argument("--out", default=None, help="the comparison's png (default RUN_DIR/compare.png)")
+    s.add_argument("--steps", default=None, help="FIRST:LAST: draw only these steps of each run")
     s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser(

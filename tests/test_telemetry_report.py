@@ -78,3 +78,17 @@ def test_compare_report_stacks_runs_and_requires_each_timeline(tmp_path: Path) -
     _write_metrics(tmp_path / "no_trace")
     with pytest.raises(FileNotFoundError, match="no_trace"):
         compare_report([tmp_path / "sync", tmp_path / "no_trace"], tmp_path / "x.png")
+
+
+def test_a_step_window_keeps_only_those_steps_spans(tmp_path: Path) -> None:
+    from asyncrl.telemetry.report import _step_window
+    from asyncrl.telemetry.timeline import read_chrome_trace
+
+    _write_metrics(tmp_path / "sync")
+    _write_timeline(tmp_path / "sync", overlapped=False)
+    events = read_chrome_trace(tmp_path / "sync" / "timeline.json")
+    window = _step_window(events, 1, 1)
+    assert {e.get("step") for e in window if "end_s" in e and e["end_s"] > e["start_s"]} == {1}  # 0 and 2 cut
+    _assert_png(compare_report([tmp_path / "sync"], tmp_path / "w.png", steps=(1, 2)))
+    with pytest.raises(ValueError, match="no driver step spans for steps 7..9"):
+        _step_window(events, 7, 9)

@@ -145,8 +145,24 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
     return out
 
 
-def compare_report(run_dirs: list[str | os.PathLike[str]], out_png: str | os.PathLike[str]) -> Path:
-    """Stack the Gantt charts of several runs on a shared x axis (seconds since each run's own start).
+def _step_window(events: list[dict[str, Any]], first: int, last: int) -> list[dict[str, Any]]:
+    """The events inside the driver's steps ``first..last`` (by time, so worker spans without a step count too)."""
+    steps = [
+        e for e in events if e["worker"] == "driver" and e["name"] == "step" and first <= e.get("step", -1) <= last
+    ]
+    if not steps:
+        raise ValueError(f"compare_report: no driver step spans for steps {first}..{last}")
+    t0, t1 = min(e["start_s"] for e in steps), max(e["end_s"] for e in steps)
+    return [e for e in events if e["end_s"] > t0 and e["start_s"] < t1]
+
+
+def compare_report(
+    run_dirs: list[str | os.PathLike[str]],
+    out_png: str | os.PathLike[str],
+    steps: tuple[int, int] | None = None,
+) -> Path:
+    """Stack the Gantt charts of several runs on a shared x axis (seconds since each run's own start, or since the
+    start of step ``steps[0]`` when a window of steps ``(first, last)`` is given).
 
     Span colours are shared across runs, so "generate" is the same colour in the ``sync`` and ``one_step_off``
     panels. Every run needs a ``timeline.json``; a missing one raises naming the path.
@@ -158,7 +174,8 @@ def compare_report(run_dirs: list[str | os.PathLike[str]], out_png: str | os.Pat
         path = Path(run_dir) / TIMELINE_FILE
         if not path.exists():
             raise FileNotFoundError(f"compare_report: no {TIMELINE_FILE} at {path}")
-        runs.append((Path(run_dir).resolve().name, read_chrome_trace(path)))
+        events = read_chrome_trace(path)
+        runs.append((Path(run_dir).resolve().name, _step_window(events, *steps) if steps else events))
 
     colours = _colours(sorted({n for _, events in runs for n in _span_names(events)}))
     heights = [max(1.5, 0.6 * len({e["worker"] for e in events})) for _, events in runs]
