@@ -189,6 +189,8 @@ def compare_report(
         ax.set_title(name, fontsize="medium")
     for ax in axes[:-1, 0]:
         ax.set_xlabel("")
+    if steps:
+        axes[-1, 0].set_xlabel(f"seconds since step {steps[0]} began")
     axes[0, 0].set_xlim(0, longest_s * 1.02 or 1.0)
     _legend(fig, colours)
     fig.suptitle("timeline comparison")
