@@ -70,6 +70,10 @@ def test_every_algorithm_runs_on_every_schedule(setup, algorithm, schedule):
     metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl")}
     assert sorted(metrics) == [0, 1, 2]  # accuracy before training, then each step once
     assert 0.0 <= metrics[2]["val/accuracy"] <= 1.0 and metrics[2]["val/accuracy"] == summary["accuracy_after"]
+    # the engine prefilled each group's prompt once (n = 4 rows: 3 of 4 copies saved), on every schedule's rollout;
+    # the Rollouter's resumed partial rows are distinct prefixes, so there it saves at most that
+    saving = metrics[1]["perf/rollout_prefill_saving"]
+    assert (0 < saving <= 0.75) if schedule == "fully_async" else saving == pytest.approx(0.75), saving
     staleness = [metrics[s]["staleness/max"] for s in (1, 2)]
     if EXPECTED_STALENESS[schedule] is not None:
         assert staleness == EXPECTED_STALENESS[schedule]
