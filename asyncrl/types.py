@@ -62,14 +62,36 @@ class Sample:
 
 
 # ---- what role calls return (dataclasses, since they cross a process boundary) ----------------------------------
+@dataclass(frozen=True)
+class PrefillStats:
+    """Prefix tokens through a rollout engine's prefill (real tokens, not padding): ``tokens`` were actually run
+    (identical prefixes once per chunk); ``unshared_tokens`` is what prefilling every row would have run. Adds up
+    over chunks, calls and workers."""
+
+    tokens: int = 0
+    unshared_tokens: int = 0
+
+    def __add__(self, other: PrefillStats) -> PrefillStats:
+        return PrefillStats(self.tokens + other.tokens, self.unshared_tokens + other.unshared_tokens)
+
+    @property
+    def saved_tokens(self) -> int:
+        return self.unshared_tokens - self.tokens
+
+    def metrics(self) -> dict[str, float]:
+        """``perf/rollout_prefill_saving``: the share of prompt tokens not prefilled because an identical prompt was
+        (none when nothing was prefilled)."""
+        return {"perf/rollout_prefill_saving": self.saved_tokens / self.unshared_tokens} if self.unshared_tokens else {}
+
+
 @dataclass
 class Generation:
-    """A rollout call's result: the samples (rewards already scored on the rollout side) and the worker's seconds."""
+    """A rollout call's result: the samples (rewards already scored on the rollout side), the worker's seconds and
+    the engine's prefill counts."""
 
     samples: list[Sample]
     seconds: float
-    prefill_tokens: int = 0  # prompt tokens the engine prefilled (identical prompts once)
-    prefill_tokens_unshared: int = 0  # what prefilling every row would have taken
+    prefill: PrefillStats = PrefillStats()
 
 
 @dataclass

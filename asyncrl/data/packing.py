@@ -83,6 +83,23 @@ class TokenCount:
         }
 
 
+def first_fit_decreasing(sizes: list[int], capacity: int) -> list[list[int]]:
+    """Bins of item indices, each bin's sizes summing to at most ``capacity``: items in decreasing size (stable),
+    each into the first bin with room, else a new bin. An item larger than ``capacity`` gets a bin of its own."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        for b, left in enumerate(room):
+            if sizes[i] <= left:
+                bins[b].append(i)
+                room[b] -= sizes[i]
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - sizes[i])
+    return bins
+
+
 def plan(
     prompts: list[tuple[int, ...]],
     resp_lens: list[int],
@@ -133,19 +150,8 @@ def plan(
             out[-1].append(seg)
             count += len(seg)
         return out
-    bins: list[list[list[int]]] = []  # first-fit decreasing into token budgets
-    room: list[int] = []
-    for seg in pieces:
-        n = size(seg)
-        for b, left in enumerate(room):
-            if n <= left:
-                bins[b].append(seg)
-                room[b] -= n
-                break
-        else:
-            bins.append([seg])
-            room.append(max_tokens - n)
-    return bins
+    bins = first_fit_decreasing([size(seg) for seg in pieces], max_tokens)  # into token budgets
+    return [[pieces[i] for i in b] for b in bins]
 
 
 def pack(
@@ -159,17 +165,7 @@ def pack(
     trainer before every forward pass."""
     lengths = [len(prompts[seg[0]]) + sum(len(responses[i]) for i in seg) for seg in segments]
     W = max(lengths)
-    rows: list[list[int]] = []  # segment indices per row
-    room: list[int] = []
-    for s in sorted(range(len(segments)), key=lambda s: -lengths[s]):
-        for r, left in enumerate(room):
-            if lengths[s] <= left:
-                rows[r].append(s)
-                room[r] -= lengths[s]
-                break
-        else:
-            rows.append([s])
-            room.append(W - lengths[s])
+    rows = first_fit_decreasing(lengths, W)  # segment indices per row
     B = sum(len(seg) for seg in segments)
     T = max(max((len(r) for r in responses), default=1), 1)
     ids: list[int] = []

@@ -20,6 +20,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from asyncrl.rollout.kv_cache import PreallocatedCache
 from asyncrl.rollout.sampling import SamplingParams, sample_tokens
+from asyncrl.types import PrefillStats
 
 RUNNING, EOS, LENGTH, INTERRUPTED = 0, 1, 2, 3
 STOP_REASONS = {EOS: "eos", LENGTH: "length", INTERRUPTED: "interrupted"}
@@ -29,33 +30,15 @@ STOP_REASONS = {EOS: "eos", LENGTH: "length", INTERRUPTED: "interrupted"}
 class DecodeResult:
     """Per row (in input order): new tokens, their behaviour log-probs, and why the row stopped.
 
-    ``prefill_tokens`` counts the prefix tokens the prefill actually ran through the model (each distinct prefix of a
-    chunk once when prefixes are shared); ``prefill_tokens_unshared`` what prefilling every row would have run (the
-    ``share_prefixes=False`` path). Both count real tokens, not left padding, and are 0 for a chunk interrupted before
-    its prefill.
+    ``prefill`` counts the prefix tokens the prefill actually ran through the model (each distinct prefix of a chunk
+    once when prefixes are shared) and what prefilling every row would have run (the ``share_prefixes=False`` path);
+    zeros for a chunk interrupted before its prefill.
     """
 
     tokens: list[list[int]]
     logprobs: list[list[float]]
     stop_reasons: list[str]
-    prefill_tokens: int = 0
-    prefill_tokens_unshared: int = 0
-
-
-@dataclass(frozen=True)
-class PrefillStats:
-    """Prefix tokens through the prefill of one generate/resume call (real tokens, not padding), for reporting.
-
-    ``tokens`` were actually run (identical prefixes once per chunk); ``unshared_tokens`` is what prefilling every
-    row would have run.
-    """
-
-    tokens: int = 0
-    unshared_tokens: int = 0
-
-    @property
-    def saved_tokens(self) -> int:
-        return self.unshared_tokens - self.tokens
+    prefill: PrefillStats = PrefillStats()
 
 
 def unique_prefixes(prefixes: list[list[int]]) -> tuple[list[list[int]], list[int]]:
@@ -202,4 +185,4 @@ def decode_batch(
     tokens = [row[:n] for row, n in zip(out_tok_BT.tolist(), lengths)]
     logprobs = [row[:n] for row, n in zip(out_logp_BT.tolist(), lengths)]
     reasons = [STOP_REASONS[r] for r in reason_B.tolist()]
-    return DecodeResult(tokens, logprobs, reasons, prefill_tokens, unshared_tokens)
+    return DecodeResult(tokens, logprobs, reasons, PrefillStats(prefill_tokens, unshared_tokens))

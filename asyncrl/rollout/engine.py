@@ -21,9 +21,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
-from asyncrl.rollout.decode import DecodeResult, PrefillStats, decode_batch, supports_logits_to_keep
+from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_to_keep
 from asyncrl.rollout.sampling import SamplingParams, make_generator
-from asyncrl.types import Prompt, Sample
+from asyncrl.types import PrefillStats, Prompt, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +189,6 @@ class RolloutEngine:
         tokens: list[list[int]] = [[] for _ in prefixes]
         logprobs: list[list[float]] = [[] for _ in prefixes]
         reasons: list[str] = ["interrupted"] * len(prefixes)
-        prefill_tokens = prefill_tokens_unshared = 0
         self.last_prefill = PrefillStats()
         was_training = self.model.training
         self.model.eval()
@@ -210,9 +209,7 @@ class RolloutEngine:
                         refill,
                         self.share_prefixes,
                     )
-                    prefill_tokens += result.prefill_tokens
-                    prefill_tokens_unshared += result.prefill_tokens_unshared
-                    self.last_prefill = PrefillStats(prefill_tokens, prefill_tokens_unshared)
+                    self.last_prefill += result.prefill
                     for j, i in enumerate(chunk):
                         tokens[i], logprobs[i], reasons[i] = (
                             result.tokens[j],
@@ -221,7 +218,7 @@ class RolloutEngine:
                         )
         finally:
             self.model.train(was_training)
-        return DecodeResult(tokens, logprobs, reasons, prefill_tokens, prefill_tokens_unshared)
+        return DecodeResult(tokens, logprobs, reasons, self.last_prefill)
 
     def _check_positions(self, prefixes: list[list[int]], budgets: list[int]) -> None:
         longest = max(len(p) + n for p, n in zip(prefixes, budgets)) if prefixes else 0

@@ -32,7 +32,7 @@ from asyncrl.rollout.engine import SamplingParams
 from asyncrl.sync.weight_sync import WeightSync
 from asyncrl.telemetry.metrics import MetricsLogger, machine_cpu, read_metrics
 from asyncrl.telemetry.timeline import get_timeline, read_chrome_trace, write_chrome_trace
-from asyncrl.types import Generation, Prompt, Sample
+from asyncrl.types import Generation, PrefillStats, Prompt, Sample
 from asyncrl.workers.clients import RoleClient, RolloutClient, TrainerClient
 from asyncrl.workers.roles import Roles, RolloutSide, start_roles
 
@@ -56,9 +56,8 @@ class Launched:
 
     def result(self) -> Generated:
         gens = [c.result() for c in self.calls]
-        done, unshared = sum(g.prefill_tokens for g in gens), sum(g.prefill_tokens_unshared for g in gens)
-        metrics = {"perf/rollout_prefill_saving": 1.0 - done / unshared} if unshared else {}
-        return Generated([s for g in gens for s in g.samples], max(g.seconds for g in gens), metrics)
+        prefill = sum((g.prefill for g in gens), PrefillStats())
+        return Generated([s for g in gens for s in g.samples], max(g.seconds for g in gens), prefill.metrics())
 
 
 def launch_generation(

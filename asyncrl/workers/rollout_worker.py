@@ -42,8 +42,7 @@ def generate_scored(
     if score:
         with timeline.span("reward", step=step, worker=worker):
             reward_fn.score(samples)
-    pf = engine.last_prefill
-    return Generation(samples, time.perf_counter() - t0, pf.tokens, pf.unshared_tokens)
+    return Generation(samples, time.perf_counter() - t0, engine.last_prefill)
 
 
 class RolloutWorker(SyncReceiverMixin):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from dataclasses import astuple, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from asyncrl import seeds
@@ -37,7 +37,7 @@ from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.streaming.ledger import PromptLedger
 from asyncrl.streaming.queue import Group, MessageQueue, QueueClosed
 from asyncrl.streaming.staleness import StalenessBudget, StalenessController
-from asyncrl.types import Prompt, Sample
+from asyncrl.types import PrefillStats, Prompt, Sample
 from asyncrl.workers.rollout_worker import RolloutWorker
 
 POLL_S = 0.02  # how often an idle generation thread re-checks admission and the queue, seconds
@@ -141,7 +141,7 @@ class Rollouter(RolloutWorker):
         self._thread: threading.Thread | None = None
         self._calls = 0
         self._busy_s = 0.0  # seconds inside decode calls since the last ``take_metrics``
-        self._prefill = [0, 0]  # prompt tokens prefilled, and what prefilling every row would take, since then
+        self._prefill = PrefillStats()  # the engine's prefill counts since the last ``take_metrics``
         self._window_start = time.perf_counter()
 
     # ---- the generation thread -------------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ class Rollouter(RolloutWorker):
         with self.timeline.span("generate", worker=self.name, version=self.engine.version, rows=running):
             out = self.engine.resume(rows, self.params, seed=seed, refill=lambda n: self._should_refill(n, running))
         self._busy_s += time.perf_counter() - t0
-        self._prefill = [n + m for n, m in zip(self._prefill, astuple(self.engine.last_prefill))]
+        self._prefill += self.engine.last_prefill
         with self._books:
             i = 0
             for g in groups:
@@ -371,10 +371,8 @@ class Rollouter(RolloutWorker):
             out["fully_async/count/in_flight_groups"] = float(len(self.inflight))
         out["rollouter/idle_ratio"] = idle
         out["rollouter/busy_s"] = window * (1.0 - idle)
-        done, unshared = self._prefill
-        if unshared:  # the share of prompt tokens the engine did not prefill (a group's blank rows share one prompt)
-            out["perf/rollout_prefill_saving"] = 1.0 - done / unshared
-        self._prefill = [0, 0]
+        out.update(self._prefill.metrics())  # a group's blank rows share one prompt's prefill
+        self._prefill = PrefillStats()
         out.update(self.controller.metrics())
         return out
 
