@@ -65,9 +65,9 @@ BASE_CONFIG = "configs/quickstart.yaml"
 def schedule_overrides(schedule: str, total_cpus: int) -> list[str]:
     """The same cores for every schedule. sync gives them all to its one worker (rollout runs in the actor's). The
     overlapping schedules give the trainer all of them too and add one single-threaded rollout worker that shares
-    them (one extra logical CPU in Ray's accounting): training scales ~1.9x from 1 to 2 threads here while decoding
-    barely does, so halving the trainer to give the rollout a core of its own loses more than the overlap wins
-    (measured in BENCHMARKS.md)."""
+    them (one extra logical CPU in Ray's accounting). With the old, heavier update, halving the trainer to give the
+    rollout a core of its own lost more than the overlap won; since prefix sharing neither placement wins in every
+    schedule (examples/bench/split_cores.py; both measured in BENCHMARKS.md)."""
     if schedule in ("sync", UNSHARED):
         over = ["trainer.schedule=sync", f"trainer.cpus_per_worker={total_cpus}", f"ray.num_cpus={total_cpus}"]
         return over + (UNSHARED_OVERRIDES if schedule == UNSHARED else [])
@@ -128,7 +128,7 @@ def summarize(schedule: str, workload: str, run_dir: Path, sync_ref: dict[str, f
         "update_tokens": mean_of(body, "perf/actor_tokens"),
         "padding_frac": mean_of(body, "perf/actor_padding_frac"),
         "prefix_saving": mean_of(body, "perf/actor_prefix_saving"),
-        # None where the run logs no prefill counts (the fully_async Rollouter does not report them yet)
+        # None where the run logs no prefill counts (runs made before the Rollouter reported them)
         "prefill_saving": mean_of(body, "perf/rollout_prefill_saving")
         if any("perf/rollout_prefill_saving" in m for m in body)
         else None,
