@@ -13,27 +13,21 @@ to run while a call is in flight (pause first, wait for the call to return, then
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
 from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_to_keep
+from asyncrl.rollout.gate import EngineBusyError, EngineGate, WeightUpdateError, validate_update
 from asyncrl.rollout.sampling import SamplingParams, make_generator
 from asyncrl.types import PrefillStats, Prompt, Sample
 
 logger = logging.getLogger(__name__)
 
 
-class EngineBusyError(RuntimeError):
-    """An operation that needs the engine idle (weight update, a second generate) was called during a generate."""
-
-
-class WeightUpdateError(ValueError):
-    """``update_weights`` got a tensor the rollout model has no parameter for, or one of the wrong shape."""
+__all__ = ["EngineBusyError", "RolloutEngine", "SamplingParams", "WeightUpdateError"]
 
 
 class RolloutEngine:
@@ -72,10 +66,7 @@ class RolloutEngine:
         self.pad_id: int = int(pad_id)
         self._eos_ids_E = torch.tensor(self.eos_token_ids, dtype=torch.long)
         self._keep_last = supports_logits_to_keep(model)
-        self._pause = threading.Event()
-        self._lock = threading.Lock()  # guards _busy / _updating
-        self._busy = False
-        self._updating = False
+        self._gate = EngineGate("RolloutEngine")
         self._params = dict(model.named_parameters(remove_duplicate=False))  # tied aliases included
         self._max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
         self._warned_positions = False
@@ -84,14 +75,14 @@ class RolloutEngine:
 
     def request_pause(self) -> None:
         """Make a running (or the next) generate/resume return at its next decode step. Safe from any thread."""
-        self._pause.set()
+        self._gate.request_pause()
 
     def clear_pause(self) -> None:
-        self._pause.clear()
+        self._gate.clear_pause()
 
     @property
     def pause_requested(self) -> bool:
-        return self._pause.is_set()
+        return self._gate.pause_requested
 
     # -------------------------------------------------------------------------------------------------- generate
 
@@ -106,7 +97,7 @@ class RolloutEngine:
         rows = [prompt for prompt in prompts for _ in range(params.n)]
         prefixes = [row.prompt_ids for row in rows]
         budgets = [params.max_new_tokens] * len(rows)
-        with self._running():
+        with self._gate.running():
             start_version = self.version
             result = self._decode_all(prefixes, budgets, params, seed)
         texts = self.tokenizer.batch_decode(result.tokens, skip_special_tokens=True)
@@ -148,7 +139,7 @@ class RolloutEngine:
             if s.stop_reason != "interrupted":
                 continue
             if len(s.response_ids) >= params.max_new_tokens:
-                out[i] = _with(s, [], [], [], "length", self.tokenizer)
+                out[i] = extend_sample(s, [], [], [], "length", self.tokenizer)
             else:
                 todo.append(i)
         if not todo:
@@ -156,12 +147,12 @@ class RolloutEngine:
             return out
         prefixes = [samples[i].prompt.prompt_ids + samples[i].response_ids for i in todo]
         budgets = [params.max_new_tokens - len(samples[i].response_ids) for i in todo]
-        with self._running():
+        with self._gate.running():
             version = self.version
             result = self._decode_all(prefixes, budgets, params, seed, refill)
         for j, i in enumerate(todo):
             tokens = result.tokens[j]
-            out[i] = _with(
+            out[i] = extend_sample(
                 samples[i], tokens, result.logprobs[j], [version] * len(tokens), result.stop_reasons[j], self.tokenizer
             )
         return out
@@ -204,7 +195,7 @@ class RolloutEngine:
                         generator,
                         self._eos_ids_E,
                         self.pad_id,
-                        self._pause.is_set,
+                        lambda: self._gate.pause_requested,
                         self._keep_last,
                         refill,
                         self.share_prefixes,
@@ -254,65 +245,15 @@ class RolloutEngine:
         would silently mix versions). Raises EngineBusyError during a generate/resume.
         """
         items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
-        with self._lock:
-            if self._busy:
-                raise EngineBusyError(
-                    f"RolloutEngine.update_weights(version={version}) called while a generate/resume is running; "
-                    "call request_pause() and wait for it to return first"
-                )
-            if self._updating:
-                raise EngineBusyError(f"RolloutEngine.update_weights(version={version}): another update is running")
-            self._updating = True
-        try:
-            self._validate_update(items, strict)
+        with self._gate.updating(version):
+            validate_update(items, self._params, dict(self.model.named_parameters()), strict)
             with torch.no_grad():
                 for name, tensor in items:
                     self._params[name].copy_(tensor)
             self.version = version
-        finally:
-            with self._lock:
-                self._updating = False
-
-    def _validate_update(self, items: list[tuple[str, torch.Tensor]], strict: bool) -> None:
-        covered: set[int] = set()
-        for name, tensor in items:
-            param = self._params.get(name)
-            if param is None:
-                known = ", ".join(list(self._params)[:3])
-                raise WeightUpdateError(
-                    f"update_weights: unknown parameter {name!r} (the rollout model has no such parameter; "
-                    f"names look like {known}, ...)"
-                )
-            if tuple(tensor.shape) != tuple(param.shape):
-                raise WeightUpdateError(
-                    f"update_weights: parameter {name!r} has shape {list(tensor.shape)}, "
-                    f"the rollout model expects {list(param.shape)}"
-                )
-            covered.add(id(param))
-        if strict:
-            missing = [name for name, p in self.model.named_parameters() if id(p) not in covered]
-            if missing:
-                raise WeightUpdateError(
-                    f"update_weights: {len(missing)} parameter(s) missing from the update (strict), e.g. "
-                    f"{', '.join(missing[:5])}"
-                )
-
-    @contextmanager
-    def _running(self) -> Iterator[None]:
-        """Mark the engine busy for the duration of a generate/resume (so update_weights can refuse)."""
-        with self._lock:
-            if self._busy or self._updating:
-                what = "a generate/resume" if self._busy else "update_weights"
-                raise EngineBusyError(f"RolloutEngine: cannot start a generate/resume while {what} is running")
-            self._busy = True
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._busy = False
 
 
-def _with(
+def extend_sample(
     sample: Sample,
     tokens: list[int],
     logprobs: list[float],
@@ -320,7 +261,8 @@ def _with(
     stop_reason: str,
     tokenizer: PreTrainedTokenizerBase,
 ) -> Sample:
-    """A copy of ``sample`` with a continuation appended (reward fields reset: the response changed)."""
+    """A copy of ``sample`` with a continuation appended (reward fields reset: the response changed); both engines
+    build their continued samples with it."""
     response_ids = sample.response_ids + tokens
     return Sample(
         prompt=sample.prompt,

@@ -1,0 +1,108 @@
+"""What every rollout engine shares: the pause flag, the busy/updating gate, and the check of a weight update.
+
+An engine generates on one thread while the driver may ask it to pause from another, and a weight update must never
+run during a generate (every token's recorded version would be a lie). :class:`EngineGate` holds that state for the
+built-in engine and the vLLM engine alike; :func:`validate_update` is the one check of a named-tensor update against
+the parameters a model expects, so both engines reject the same bad updates with the same messages.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+
+
+class EngineBusyError(RuntimeError):
+    """An operation that needs the engine idle (weight update, a second generate) was called during a generate."""
+
+
+class WeightUpdateError(ValueError):
+    """``update_weights`` got a tensor the rollout model has no parameter for, or one of the wrong shape."""
+
+
+class EngineGate:
+    """Pause flag plus a lock-guarded busy/updating state. ``owner`` names the engine in error messages."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self._pause = threading.Event()
+        self._lock = threading.Lock()
+        self._busy = False
+        self._updating = False
+
+    def request_pause(self) -> None:
+        self._pause.set()
+
+    def clear_pause(self) -> None:
+        self._pause.clear()
+
+    @property
+    def pause_requested(self) -> bool:
+        return self._pause.is_set()
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Mark the engine busy for a generate/resume (so an update can refuse)."""
+        with self._lock:
+            if self._busy or self._updating:
+                what = "a generate/resume" if self._busy else "update_weights"
+                raise EngineBusyError(f"{self.owner}: cannot start a generate/resume while {what} is running")
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy = False
+
+    @contextmanager
+    def updating(self, version: int) -> Iterator[None]:
+        """Mark the engine updating; refuses during a generate/resume or another update."""
+        with self._lock:
+            if self._busy:
+                raise EngineBusyError(
+                    f"{self.owner}.update_weights(version={version}) called while a generate/resume is running; "
+                    "call request_pause() and wait for it to return first"
+                )
+            if self._updating:
+                raise EngineBusyError(f"{self.owner}.update_weights(version={version}): another update is running")
+            self._updating = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._updating = False
+
+
+def validate_update(
+    items: list[tuple[str, torch.Tensor]],
+    params: Mapping[str, torch.Tensor],
+    required: Mapping[str, torch.Tensor],
+    strict: bool,
+) -> None:
+    """Raise WeightUpdateError unless every name in ``items`` is a parameter of ``params`` (tied aliases included)
+    with the same shape, and (``strict``) every tensor of ``required`` (tied ones once) is covered by some name."""
+    covered: set[int] = set()
+    for name, tensor in items:
+        param = params.get(name)
+        if param is None:
+            known = ", ".join(list(params)[:3])
+            raise WeightUpdateError(
+                f"update_weights: unknown parameter {name!r} (the rollout model has no such parameter; "
+                f"names look like {known}, ...)"
+            )
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise WeightUpdateError(
+                f"update_weights: parameter {name!r} has shape {list(tensor.shape)}, "
+                f"the rollout model expects {list(param.shape)}"
+            )
+        covered.add(id(param))
+    if strict:
+        missing = [name for name, p in required.items() if id(p) not in covered]
+        if missing:
+            raise WeightUpdateError(
+                f"update_weights: {len(missing)} parameter(s) missing from the update (strict), e.g. "
+                f"{', '.join(missing[:5])}"
+            )
