@@ -37,14 +37,18 @@ class ModelConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "builtin"  # builtin (our decode loop)
+    engine: str = "builtin"  # builtin (our decode loop) | vllm (vLLM in the rollout worker; the `vllm` extra)
     n: int = 8  # responses per prompt (the GRPO group size)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     response_length: int = 32  # max new tokens per response
     max_batch_size: int = 256  # sequences decoded at once
-    enable_prefix_caching: bool = True  # built-in engine: identical prompts of a batch (a group) prefilled once
+    enable_prefix_caching: bool = True  # identical prompts (a group) prefilled once; vLLM: its prefix cache
+    max_num_seqs: int = 256  # vllm: sequences scheduled at once
+    max_model_len: int | None = None  # vllm: prompt + response tokens; null = data.max_prompt_length + response_length
+    enforce_eager: bool = True  # vllm: no graph capture / compilation
+    gpu_memory_utilization: float = 0.05  # vllm: the KV cache's share of device memory (on CPU: of the machine's RAM)
     val_temperature: float = 0.0  # 0 = greedy held-out evaluation
     num_workers: int = 1  # rollout workers in the rollout pool (modes with a separate rollout pool)
     cpus_per_worker: float = 1.0  # CPUs per rollout worker; its torch threads = this, rounded down

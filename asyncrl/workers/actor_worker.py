@@ -26,7 +26,8 @@ from asyncrl.data.collate import TrainBatch
 from asyncrl.data.targets import PolicyTarget, TeacherTarget
 from asyncrl.models.loading import load_model
 from asyncrl.rewards.reward_fn import build_reward_fn
-from asyncrl.rollout.engine import RolloutEngine, SamplingParams
+from asyncrl.rollout.factory import colocated_engine
+from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.sync.endpoints import SyncSenderMixin
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Generation, Prompt, UpdateResult
@@ -47,12 +48,7 @@ class ActorRolloutWorker(SyncSenderMixin):
         torch.manual_seed(seeds.model_init(cfg.trainer.seed))
         self.model, self.tokenizer = load_model(cfg.model.path, dtype=cfg.model.dtype)
         self.pad_token_id = self.tokenizer.pad_token_id
-        self.engine = RolloutEngine(
-            self.model,
-            self.tokenizer,
-            max_batch_size=cfg.rollout.max_batch_size,
-            share_prefixes=cfg.rollout.enable_prefix_caching,
-        )
+        self.engine = colocated_engine(cfg, self.model, self.tokenizer)
         self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)
         self.ref_model = _frozen_copy(self.model) if cfg.actor.use_kl_loss else None
         # the PPO ratio's denominator: the behaviour log-probs (bypass), the weights at the start of the sync window

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from asyncrl.config import Config
-from asyncrl.models.loading import load_model
 from asyncrl.rewards.reward_fn import RewardFn, build_reward_fn
 from asyncrl.rollout.engine import RolloutEngine
+from asyncrl.rollout.factory import rollout_engine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.sync.endpoints import SyncReceiverMixin
 from asyncrl.telemetry.timeline import Timeline, get_timeline
@@ -50,13 +50,7 @@ class RolloutWorker(SyncReceiverMixin):
         if num_threads:
             torch.set_num_threads(num_threads)
         self.name = name
-        model, tokenizer = load_model(cfg.model.path, dtype=cfg.model.dtype, for_training=False)
-        self.engine = RolloutEngine(
-            model,
-            tokenizer,
-            max_batch_size=cfg.rollout.max_batch_size,
-            share_prefixes=cfg.rollout.enable_prefix_caching,
-        )
+        self.engine = rollout_engine(cfg)
         self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)
         self.timeline = get_timeline()
         self.timeline.worker = name

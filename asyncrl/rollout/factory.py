@@ -1,0 +1,35 @@
+"""The one place that turns ``rollout.engine`` into an engine object (the built-in decode loop or vLLM)."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedModel
+
+from asyncrl.config import Config
+from asyncrl.models.loading import load_model, load_tokenizer_from
+from asyncrl.rollout.engine import RolloutEngine
+
+
+def builtin_engine(cfg: Config, model: PreTrainedModel, tokenizer) -> RolloutEngine:
+    return RolloutEngine(
+        model, tokenizer, max_batch_size=cfg.rollout.max_batch_size, share_prefixes=cfg.rollout.enable_prefix_caching
+    )
+
+
+def rollout_engine(cfg: Config):
+    """A rollout worker's engine over its own copy of ``model.path`` (a vLLM engine never loads the HF model)."""
+    if cfg.rollout.engine == "vllm":
+        from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
+
+        return VllmEngine(cfg.model.path, load_tokenizer_from(cfg.model.path), VllmOptions.from_config(cfg))
+    model, tokenizer = load_model(cfg.model.path, dtype=cfg.model.dtype, for_training=False)
+    return builtin_engine(cfg, model, tokenizer)
+
+
+def colocated_engine(cfg: Config, model: PreTrainedModel, tokenizer):
+    """The trainer's engine: in the sync schedule it is the rollout (vLLM fed in-process from ``model`` when
+    ``rollout.engine=vllm``); in the other schedules it only evaluates, with the built-in loop over ``model``."""
+    if cfg.rollout.engine == "vllm" and cfg.trainer.schedule == "sync":
+        from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
+
+        return VllmEngine(cfg.model.path, tokenizer, VllmOptions.from_config(cfg), source=model)
+    return builtin_engine(cfg, model, tokenizer)

