@@ -100,7 +100,13 @@ def ppo_update(
     low = actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low
     high = actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high
     skip = actor.skip_zero_adv_rows and actor.entropy_coeff == 0 and not actor.use_kl_loss
-    return optimize(
+    gap = LogprobGap()
+    first = scheduler.last_epoch  # forwards before the first optimizer step see the weights the update started from
+
+    def micro_loss(mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        return _micro_loss(model, mb, actor, correction, temperature, low, high, gap, scheduler.last_epoch == first)
+
+    res = optimize(
         model,
         optimizer,
         scheduler,
@@ -108,9 +114,35 @@ def ppo_update(
         actor,
         num_mini_batches,
         seed,
-        lambda mb: _micro_loss(model, mb, actor, correction, temperature, low, high),
+        micro_loss,
         keep_rows=(lambda mb: (_policy(mb).advantages_BT != 0).any(dim=1)) if skip else None,
     )
+    res.metrics.update(gap.metrics())
+    return res
+
+
+class LogprobGap:
+    """|trainer log-prob - rollout log-prob| per response token, over the forwards made with the weights an update
+    started from (verl's rollout/trainer probability difference): engine numerics plus the policy's staleness."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.tokens = 0
+        self.max = 0.0
+
+    def add(self, logp_BT: torch.Tensor, behav_BT: torch.Tensor, mask_BT: torch.Tensor) -> None:
+        real = mask_BT.bool()
+        if not bool(real.any()):
+            return
+        diff = (logp_BT.detach().float() - behav_BT.float()).abs()[real]
+        self.total += float(diff.sum())
+        self.tokens += int(diff.numel())
+        self.max = max(self.max, float(diff.max()))
+
+    def metrics(self) -> dict[str, float]:
+        if not self.tokens:
+            return {}
+        return {"rollout_corr/logprob_diff_mean": self.total / self.tokens, "rollout_corr/logprob_diff_max": self.max}
 
 
 def distill_update(
@@ -264,10 +296,14 @@ def _micro_loss(
     temperature: float,
     clip_low: float,
     clip_high: float,
+    gap: LogprobGap | None = None,
+    at_start: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     mask = mb.response_mask_BT
     logits = _forward_logits(model, mb, temperature)
     logp = algos.logprobs_from_logits(logits, mb.response_ids_BT)
+    if gap is not None and at_start:
+        gap.add(logp, mb.behav_logp_BT, mask)
     target = _policy(mb)
     old_logp = target.old_logp_BT
     is_weights = None
