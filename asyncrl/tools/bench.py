@@ -62,19 +62,29 @@ UNSHARED_OVERRIDES = [
 BASE_CONFIG = "configs/quickstart.yaml"
 
 
-def schedule_overrides(schedule: str, total_cpus: int) -> list[str]:
-    """The same cores for every schedule. sync gives them all to its one worker (rollout runs in the actor's). The
+ENGINES = ("builtin", "vllm")
+
+
+def schedule_overrides(mode: str, total_cpus: int) -> list[str]:
+    """A mode is a schedule, optionally ``+engine`` (``one_step_off+vllm``: that schedule with rollout.engine=vllm).
+
+    The same cores for every schedule. sync gives them all to its one worker (rollout runs in the actor's). The
     overlapping schedules give the trainer all of them too and add one single-threaded rollout worker that shares
     them (one extra logical CPU in Ray's accounting). With the old, heavier update, halving the trainer to give the
     rollout a core of its own lost more than the overlap won; since prefix sharing neither placement wins in every
     schedule (examples/bench/split_cores.py; both measured in BENCHMARKS.md)."""
+    schedule, _, engine = mode.partition("+")
+    if engine and engine not in ENGINES:
+        raise ConfigError(f"bench: unknown engine {engine!r} in mode {mode!r} (allowed: {', '.join(ENGINES)})")
+    if engine:
+        return [*schedule_overrides(schedule, total_cpus), f"rollout.engine={engine}"]
     if schedule in ("sync", UNSHARED):
         over = ["trainer.schedule=sync", f"trainer.cpus_per_worker={total_cpus}", f"ray.num_cpus={total_cpus}"]
         return over + (UNSHARED_OVERRIDES if schedule == UNSHARED else [])
     if schedule not in SCHEDULES:
         raise ConfigError(
-            f"bench: unknown schedule {schedule!r} (allowed: {', '.join((UNSHARED, *SCHEDULES))}, "
-            f"or {', '.join(PPO_MODES)})"
+            f"bench: unknown schedule {schedule!r} (allowed: {', '.join((UNSHARED, *SCHEDULES))}, each optionally "
+            f"+{'|+'.join(ENGINES)}, or {', '.join(PPO_MODES)})"
         )
     over = [
         f"trainer.schedule={schedule}",
