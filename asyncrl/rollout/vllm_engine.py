@@ -18,6 +18,7 @@ receives the tensors over NCCL into CUDA memory; that path is designed, not run 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -82,6 +83,7 @@ def import_vllm() -> Any:
         import vllm
     except ImportError as e:
         raise VllmEngineError(f"rollout.engine=vllm: vLLM is not installed ({e}); {INSTALL_HINT}") from e
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_expected_reload_warnings)
     version = getattr(vllm, "__version__", "unknown")
     if not version.startswith(SUPPORTED_VLLM):
         raise VllmEngineError(
@@ -89,6 +91,13 @@ def import_vllm() -> Any:
             + INSTALL_HINT
         )
     return vllm
+
+
+def _expected_reload_warnings(record: logging.LogRecord) -> bool:
+    """Drop vLLM's "Failed to load weights" for the layers a sync never carries: the rotary cache (no weights) and a
+    tied lm_head (its weight is the embedding's; ``_refresh_tied_cpu_layers`` re-packs it after every reload)."""
+    return not (record.getMessage().endswith("Failed to load weights") and record.args
+                and record.args[0] in ("RotaryEmbedding", "ParallelLMHead"))  # fmt: skip
 
 
 def _expected_params(model_path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
