@@ -41,7 +41,7 @@ from asyncrl.workers.roles import Roles, RolloutSide, start_roles
 class Generated:
     """A generated batch: its samples in prompt order per worker, the slowest worker's seconds, and what the
     rollout engines reported (``perf/rollout_prefill_saving``: the share of prompt tokens not prefilled because an
-    identical prompt was)."""
+    identical prompt was; ``perf/rollout_tokens_per_s``: response tokens generated per second of the slowest call)."""
 
     samples: list[Sample]
     seconds: float
@@ -57,7 +57,9 @@ class Launched:
     def result(self) -> Generated:
         gens = [c.result() for c in self.calls]
         prefill = sum((g.prefill for g in gens), PrefillStats())
-        return Generated([s for g in gens for s in g.samples], max(g.seconds for g in gens), prefill.metrics())
+        samples, seconds = [s for g in gens for s in g.samples], max(g.seconds for g in gens)
+        rate = {"perf/rollout_tokens_per_s": sum(len(s.response_ids) for s in samples) / seconds} if seconds > 0 else {}
+        return Generated(samples, seconds, {**prefill.metrics(), **rate})
 
 
 def launch_generation(

@@ -140,7 +140,7 @@ class Rollouter(RolloutWorker):
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._calls = 0
-        self._busy_s = 0.0  # seconds inside decode calls since the last ``take_metrics``
+        self._busy_s, self._tokens = 0.0, 0  # seconds inside decode calls, tokens decoded, since ``take_metrics``
         self._prefill = PrefillStats()  # the engine's prefill counts since the last ``take_metrics``
         self._window_start = time.perf_counter()
 
@@ -204,6 +204,7 @@ class Rollouter(RolloutWorker):
         with self.timeline.span("generate", worker=self.name, version=self.engine.version, rows=running):
             out = self.engine.resume(rows, self.params, seed=seed, refill=lambda n: self._should_refill(n, running))
         self._busy_s += time.perf_counter() - t0
+        self._tokens += sum(len(b.response_ids) - len(a.response_ids) for a, b in zip(rows, out))
         self._prefill += self.engine.last_prefill
         with self._books:
             i = 0
@@ -363,14 +364,15 @@ class Rollouter(RolloutWorker):
         now = time.perf_counter()
         window = max(now - self._window_start, 1e-9)
         idle = max(0.0, 1.0 - self._busy_s / window)
-        self._busy_s, self._window_start = 0.0, now
+        tokens_per_s = self._tokens / self._busy_s if self._busy_s > 0 else 0.0
+        self._busy_s, self._tokens, self._window_start = 0.0, 0, now
         with self._books:
             c = self.counts
             out = {f"fully_async/count/{k}": float(v) for k, v in sorted(c.items())}
             out["fully_async/count/queue_size"] = float(len(self.queue))
             out["fully_async/count/in_flight_groups"] = float(len(self.inflight))
         out["rollouter/idle_ratio"] = idle
-        out["rollouter/busy_s"] = window * (1.0 - idle)
+        out["rollouter/busy_s"], out["perf/rollout_tokens_per_s"] = window * (1.0 - idle), tokens_per_s
         out.update(self._prefill.metrics())  # a group's blank rows share one prompt's prefill
         self._prefill = PrefillStats()
         out.update(self.controller.metrics())
