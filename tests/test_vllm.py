@@ -126,6 +126,17 @@ def test_pause_keeps_tokens_and_resume_continues_with_new_weights(models, engine
         assert after.stop_reason in ("eos", "length") and len(after.response_ids) <= 24
 
 
+def test_a_batch_too_big_for_one_prefill_step_still_runs(models, engine):
+    """64 seeded rows of ~100-token prompts: more than vLLM's default 4096-token step, whose split prefill of a
+    seeded request crashes vLLM 0.32 on CPU; the engine sizes the step so no prefix is ever split."""
+    _, a, _, _, _ = models
+    _, tok = load_model(a, for_training=False)
+    long = [Prompt(i, tok.encode("1+2=3 " * 16 + f"{i}+4 ="), "chain_sum", str(i + 4)) for i in range(8)]
+    assert sum(len(p.prompt_ids) for p in long) * 8 > 4096
+    out = engine.generate(long, SamplingParams(n=8, temperature=1.0, max_new_tokens=4), seed=0)
+    assert len(out) == 64 and all(len(s.logprobs) == len(s.response_ids) > 0 for s in out)
+
+
 def test_pause_from_another_thread_returns_interrupted_rows(models, engine):
     _, a, _, _, _ = models
     _, tok = load_model(a, for_training=False)

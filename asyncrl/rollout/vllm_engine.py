@@ -350,6 +350,9 @@ def _start_llm(vllm: Any, model_path: str, options: VllmOptions) -> Any:
                 enable_prefix_caching=options.enable_prefix_caching,
                 kv_cache_memory_bytes=_kv_cache_bytes(options.gpu_memory_utilization),
                 logprobs_mode="processed_logprobs",
+                # room for every scheduled sequence's whole prefix in one step: vLLM 0.32 on CPU crashes ("CPU
+                # Generator does not use offset") when it splits the prefill of a request that has its own seed
+                max_num_batched_tokens=options.max_num_seqs * options.max_model_len,
             )
     except Exception as e:  # vLLM raises ValueError/RuntimeError/OSError depending on what went wrong
         raise VllmEngineError(
