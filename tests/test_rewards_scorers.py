@@ -134,3 +134,23 @@ def test_registered_scorer_takes_precedence_and_refuses_silent_replacement():
     finally:
         unregister_scorer("chain_sum")
     assert get_scorer("chain_sum") is reasoning_gym_score
+
+
+@pytest.mark.parametrize(
+    ("response", "truth", "expected"),
+    [
+        ("4 + 7 = 11", "11", 1.0),
+        ("Answer: 11.", "11", 1.0),
+        ("0 - 4 = -4\nAnswer: -4", "-4", 1.0),
+        ("4 + 7", "11", 0.0),  # the question echoed: math-verify would evaluate it to 11
+        ("Answer: 12", "11", 0.0),
+        ("The answer is 11.", "11", 0.0),  # no number as the final answer
+        ("", "11", 0.0),
+    ],
+)
+def test_final_number_score_wants_a_written_number(response, truth, expected):
+    from asyncrl.rewards.scorers import final_number_score
+
+    assert final_number_score("chain_sum", response, truth, {}) == expected
+    if response == "4 + 7":
+        assert math_verify_score("chain_sum", response, truth, {}) == 1.0  # why math-verify is the wrong reward here

@@ -109,3 +109,23 @@ def math_verify_score(data_source: str, solution_str: str, ground_truth: str, ex
         return 0.0
     verify_timeout = {"timeout_seconds": None} if timeouts else {}
     return 1.0 if verify(gold, pred, **verify_timeout) else 0.0
+
+
+NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def final_number_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]) -> float:
+    """1.0 if the response's final answer is a written-out number equal to ``ground_truth``, else 0.0.
+
+    The answer is ``extract_answer``'s (``<answer>``, ``#### x``, ``Answer: x``, else the last line), then the part
+    after its last ``=`` ("4 + 7 = 11" counts as 11), stripped of a trailing period. It must be a number: math-verify
+    evaluates an expression, so a reply that repeats the question ("4 + 7") scores as correct there, and RL finds
+    that out (a 135M model learned to echo the question in 20 steps; BENCHMARKS.md).
+    """
+    answer = extract_answer(solution_str).rsplit("=", 1)[-1].strip().rstrip(".").strip()
+    if not NUMBER_RE.fullmatch(answer):
+        return 0.0
+    try:
+        return 1.0 if float(answer) == float(ground_truth) else 0.0
+    except ValueError as e:
+        raise ValueError(f"data_source {data_source!r}: ground truth {ground_truth!r} is not a number") from e

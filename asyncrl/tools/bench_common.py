@@ -115,9 +115,9 @@ def _real_workload(wdir: Path) -> Workload:
         **d.TASK_KWARGS,
     )  # fmt: skip
     train_over = [
-        f"model.path={d.MODEL_DIR}", "data.train_batch_size=16", "actor.ppo_mini_batch_size=16",
-        "rollout.response_length=32", "reward.custom_function=asyncrl.rewards.scorers:math_verify_score",
-        "actor.optim.lr=1e-5", "data.max_prompt_length=96", "sync.timeout_s=120",
+        f"model.path={d.MODEL_DIR}", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8",
+        "rollout.response_length=32", "reward.custom_function=asyncrl.rewards.scorers:final_number_score",
+        "actor.optim.lr=3e-5", "data.max_prompt_length=96", "sync.timeout_s=120", "rollout.max_num_seqs=64",
     ]  # fmt: skip
     return Workload("real", 0.0, [], train_over, {"train": [str(train)], "val": [str(test)]})
 

