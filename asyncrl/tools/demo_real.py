@@ -101,5 +101,6 @@ def _print(r: dict) -> None:
     )
     t.add_row("after RL", f"{r['accuracy_after']:.1%}", f"{r['reward_last_steps']:.3f}")
     Console(width=max(100, Console().width)).print(t)
-    print(f"step {r['step_s']:.1f} s (weight sync {r['sync_s'] or 0:.2f} s); vLLM vs trainer log-prob |diff| "
+    sync = "in-process, colocated" if r["sync_s"] is None else f"{r['sync_s']:.2f} s"
+    print(f"step {r['step_s']:.1f} s (weight sync {sync}); vLLM vs trainer log-prob |diff| "
           f"{r['logprob_diff_mean'] or 0:.2e}; RL {r['rl_wall_s']:.0f} s; total {r['total_wall_s']:.0f} s")  # fmt: skip
