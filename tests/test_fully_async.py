@@ -138,7 +138,7 @@ def test_partial_rollout_keeps_tokens_from_both_versions(setup, tmp_path):
         first = ro.get_batch(1, trainer_version=0)  # group A, all at version 0; B is decoding now
         assert first.staleness == [0]
         deadline = time.monotonic() + 60
-        while not ro.engine._busy and time.monotonic() < deadline:
+        while not ro.engine.busy and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(0.05)
         ro.pause(interrupt=True)

@@ -84,6 +84,11 @@ class RolloutEngine:
     def pause_requested(self) -> bool:
         return self._gate.pause_requested
 
+    @property
+    def busy(self) -> bool:
+        """A generate/resume is running (safe to read from any thread)."""
+        return self._gate.busy
+
     # -------------------------------------------------------------------------------------------------- generate
 
     def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int | None = None) -> list[Sample]:

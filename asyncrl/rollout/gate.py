@@ -43,6 +43,11 @@ class EngineGate:
     def pause_requested(self) -> bool:
         return self._pause.is_set()
 
+    @property
+    def busy(self) -> bool:
+        """A generate/resume is running."""
+        return self._busy
+
     @contextmanager
     def running(self) -> Iterator[None]:
         """Mark the engine busy for a generate/resume (so an update can refuse)."""

@@ -188,6 +188,11 @@ class VllmEngine:
     def pause_requested(self) -> bool:
         return self._gate.pause_requested
 
+    @property
+    def busy(self) -> bool:
+        """A generate/resume is running (safe to read from any thread)."""
+        return self._gate.busy
+
     # ---- generate / resume ----------------------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int | None = None) -> list[Sample]:
         """``len(prompts) * params.n`` samples, prompt-major; each row its own request seeded from ``seed``."""
