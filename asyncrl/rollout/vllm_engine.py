@@ -243,6 +243,9 @@ class VllmEngine:
     ) -> list[Sample]:
         """One request per row (prefix = prompt + response so far), stepped until done or paused/refilled."""
         with self._gate.running():
+            # OpenMP's thread count is per calling thread: vLLM's CPU attention plans with torch.get_num_threads() and
+            # runs with this thread's OpenMP count, and aborts when they differ (a Rollouter decodes on its own thread)
+            torch.set_num_threads(torch.get_num_threads())
             self._calls += 1
             version = self._version
             ids = [f"c{self._calls}-r{j}" for j in range(len(rows))]
