@@ -149,7 +149,6 @@ class VllmEngine:
         self.ignore_eos = ignore_eos  # benchmarks only: every row runs to max_new_tokens
         self.tokenizer = tokenizer
         self.options = options
-        self.model_path = model_path
         self.model = source  # the trainer's model when colocated, else None (vLLM holds its own copy)
         self._params, self._canonical = _expected_params(model_path)
         started = time.perf_counter()
@@ -204,7 +203,9 @@ class VllmEngine:
         self._sync_from_source()
         start_version = self._version
         out = self._run(blank, [params.max_new_tokens] * len(rows), params, seed, None)
-        return [_replace_start(s, start_version) for s in out]
+        for s in out:
+            s.start_version = start_version
+        return out
 
     def resume(
         self,
@@ -397,8 +398,3 @@ def _sampled_logprobs(completion: Any, tokens: list[int], rid: str) -> list[floa
     if len(entries) != len(tokens):
         raise VllmEngineError(f"vLLM returned {len(tokens)} tokens but {len(entries)} log-probs for request {rid}")
     return [float(entry[token].logprob) for entry, token in zip(entries, tokens)]
-
-
-def _replace_start(sample: Sample, version: int) -> Sample:
-    sample.start_version = version
-    return sample
