@@ -138,10 +138,15 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
     Chat models often list more than one (e.g. ``<|im_end|>`` and ``<|endoftext|>``); stopping on only the tokenizer's
     would let responses run on to the length limit.
     """
+    return eos_token_ids_of(getattr(model, "generation_config", None), tokenizer)
+
+
+def eos_token_ids_of(gen_config: Any, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """``eos_token_ids`` from a generation config (or None) instead of a loaded model: an engine that never loads the
+    transformers model (vLLM) reads the directory's ``generation_config.json``."""
     ids: set[int] = set()
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
-    gen_config = getattr(model, "generation_config", None)
     gen_eos = getattr(gen_config, "eos_token_id", None) if gen_config is not None else None
     if isinstance(gen_eos, int):
         ids.add(gen_eos)

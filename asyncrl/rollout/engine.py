@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
 from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_to_keep
-from asyncrl.rollout.gate import EngineBusyError, EngineGate, WeightUpdateError, validate_update
+from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, WeightUpdateError, validate_update
 from asyncrl.rollout.sampling import SamplingParams, make_generator
 from asyncrl.types import PrefillStats, Prompt, Sample
 
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["EngineBusyError", "RolloutEngine", "SamplingParams", "WeightUpdateError"]
 
 
-class RolloutEngine:
+class RolloutEngine(GatedEngine):
     """Generates ``Sample``s from ``Prompt``s with the weights of version ``version``.
 
     ``eos_token_ids`` default to the tokenizer's eos plus the model generation config's eos. ``max_batch_size`` caps
@@ -71,24 +71,6 @@ class RolloutEngine:
         self._max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
         self._warned_positions = False
 
-    # ----------------------------------------------------------------------------------------------------- pause
-
-    def request_pause(self) -> None:
-        """Make a running (or the next) generate/resume return at its next decode step. Safe from any thread."""
-        self._gate.request_pause()
-
-    def clear_pause(self) -> None:
-        self._gate.clear_pause()
-
-    @property
-    def pause_requested(self) -> bool:
-        return self._gate.pause_requested
-
-    @property
-    def busy(self) -> bool:
-        """A generate/resume is running (safe to read from any thread)."""
-        return self._gate.busy
-
     # -------------------------------------------------------------------------------------------------- generate
 
     def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int | None = None) -> list[Sample]:
@@ -96,9 +78,7 @@ class RolloutEngine:
 
         Same ``seed`` and weights give identical samples; ``seed=None`` draws fresh randomness.
         """
-        for prompt in prompts:
-            if not prompt.prompt_ids:
-                raise ValueError(f"RolloutEngine.generate: prompt index {prompt.index} has no tokens")
+        check_prompts(prompts, "RolloutEngine")
         rows = [prompt for prompt in prompts for _ in range(params.n)]
         prefixes = [row.prompt_ids for row in rows]
         budgets = [params.max_new_tokens] * len(rows)
@@ -138,15 +118,7 @@ class RolloutEngine:
         (``params.n`` is ignored); samples that are not "interrupted" are returned unchanged, and an interrupted
         sample already at ``max_new_tokens`` becomes "length" without decoding.
         """
-        out = list(samples)
-        todo: list[int] = []
-        for i, s in enumerate(samples):
-            if s.stop_reason != "interrupted":
-                continue
-            if len(s.response_ids) >= params.max_new_tokens:
-                out[i] = extend_sample(s, [], [], [], "length", self.tokenizer)
-            else:
-                todo.append(i)
+        out, todo = resumable(samples, params, self.tokenizer)
         if not todo:
             self.last_prefill = PrefillStats()
             return out
@@ -256,6 +228,31 @@ class RolloutEngine:
                 for name, tensor in items:
                     self._params[name].copy_(tensor)
             self.version = version
+
+
+def check_prompts(prompts: list[Prompt], owner: str) -> None:
+    """A prompt without tokens is an error naming its index (both engines' ``generate``)."""
+    for prompt in prompts:
+        if not prompt.prompt_ids:
+            raise ValueError(f"{owner}.generate: prompt index {prompt.index} has no tokens")
+
+
+def resumable(
+    samples: list[Sample], params: SamplingParams, tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[Sample], list[int]]:
+    """``resume``'s triage, for both engines: (the output list with every sample that needs no decoding in its final
+    form, the indices still to decode). Samples that are not "interrupted" stay as they are; an interrupted one
+    already at ``max_new_tokens`` becomes "length"."""
+    out = list(samples)
+    todo: list[int] = []
+    for i, s in enumerate(samples):
+        if s.stop_reason != "interrupted":
+            continue
+        if len(s.response_ids) >= params.max_new_tokens:
+            out[i] = extend_sample(s, [], [], [], "length", tokenizer)
+        else:
+            todo.append(i)
+    return out, todo
 
 
 def extend_sample(

@@ -81,6 +81,28 @@ class EngineGate:
                 self._updating = False
 
 
+class GatedEngine:
+    """The pause/busy surface of a rollout engine, over its ``EngineGate`` (set ``self._gate`` in ``__init__``)."""
+
+    _gate: EngineGate
+
+    def request_pause(self) -> None:
+        """Make a running (or the next) generate/resume return at its next decode step. Safe from any thread."""
+        self._gate.request_pause()
+
+    def clear_pause(self) -> None:
+        self._gate.clear_pause()
+
+    @property
+    def pause_requested(self) -> bool:
+        return self._gate.pause_requested
+
+    @property
+    def busy(self) -> bool:
+        """A generate/resume is running (safe to read from any thread)."""
+        return self._gate.busy
+
+
 def validate_update(
     items: list[tuple[str, torch.Tensor]],
     params: Mapping[str, torch.Tensor],

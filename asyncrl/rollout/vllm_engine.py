@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncrl.models.loading import ModelLoadError, eos_token_ids
-from asyncrl.rollout.engine import extend_sample
-from asyncrl.rollout.gate import EngineGate, validate_update
+from asyncrl.models.loading import ModelLoadError, eos_token_ids, eos_token_ids_of
+from asyncrl.rollout.engine import check_prompts, extend_sample, resumable
+from asyncrl.rollout.gate import EngineGate, GatedEngine, validate_update
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import PrefillStats, Prompt, Sample
 
@@ -129,7 +129,7 @@ def _refresh_tied_cpu_layers(model: torch.nn.Module) -> list[str]:
     return done
 
 
-class VllmEngine:
+class VllmEngine(GatedEngine):
     """Generates ``Sample``s with vLLM; same contract as ``RolloutEngine`` (see its docs for the threading model).
 
     ``source``: a trainer's model in this process (the sync schedule, colocated). Setting ``version`` then marks the
@@ -177,27 +177,10 @@ class VllmEngine:
             self._stale = True  # colocated: the trainer's weights moved on; copy them in before generating
         self._version = value
 
-    def request_pause(self) -> None:
-        self._gate.request_pause()
-
-    def clear_pause(self) -> None:
-        self._gate.clear_pause()
-
-    @property
-    def pause_requested(self) -> bool:
-        return self._gate.pause_requested
-
-    @property
-    def busy(self) -> bool:
-        """A generate/resume is running (safe to read from any thread)."""
-        return self._gate.busy
-
     # ---- generate / resume ----------------------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int | None = None) -> list[Sample]:
         """``len(prompts) * params.n`` samples, prompt-major; each row its own request seeded from ``seed``."""
-        for prompt in prompts:
-            if not prompt.prompt_ids:
-                raise ValueError(f"VllmEngine.generate: prompt index {prompt.index} has no tokens")
+        check_prompts(prompts, "VllmEngine")
         rows = [prompt for prompt in prompts for _ in range(params.n)]
         blank = [Sample(prompt=p, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted") for p in rows]
         self._sync_from_source()
@@ -215,15 +198,7 @@ class VllmEngine:
         refill: Callable[[int], bool] | None = None,
     ) -> list[Sample]:
         """Continue "interrupted" samples until eos or ``max_new_tokens`` in total (same contract as the built-in)."""
-        out = list(samples)
-        todo = []
-        for i, s in enumerate(samples):
-            if s.stop_reason != "interrupted":
-                continue
-            if len(s.response_ids) >= params.max_new_tokens:
-                out[i] = extend_sample(s, [], [], [], "length", self.tokenizer)
-            else:
-                todo.append(i)
+        out, todo = resumable(samples, params, self.tokenizer)
         if not todo:
             self.last_prefill = PrefillStats()
             return out
@@ -385,8 +360,7 @@ def _eos_of(model_path: str, tokenizer: PreTrainedTokenizerBase) -> list[int]:
         gen = GenerationConfig.from_pretrained(model_path, local_files_only=True)
     except OSError:
         gen = None
-    holder = type("Holder", (), {"generation_config": gen})()
-    ids = eos_token_ids(holder, tokenizer)  # type: ignore[arg-type]
+    ids = eos_token_ids_of(gen, tokenizer)
     if not ids:
         raise ModelLoadError(f"model.path {model_path}: no eos token (generation could never stop)")
     return ids

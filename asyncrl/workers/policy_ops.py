@@ -104,7 +104,9 @@ def ppo_update(
     first = scheduler.last_epoch  # forwards before the first optimizer step see the weights the update started from
 
     def micro_loss(mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        return _micro_loss(model, mb, actor, correction, temperature, low, high, gap, scheduler.last_epoch == first)
+        return _micro_loss(
+            model, mb, actor, correction, temperature, low, high, gap if scheduler.last_epoch == first else None
+        )
 
     res = optimize(
         model,
@@ -297,12 +299,12 @@ def _micro_loss(
     clip_low: float,
     clip_high: float,
     gap: LogprobGap | None = None,
-    at_start: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """One micro-batch's policy loss; ``gap`` (when given) records its log-probs against the rollout's."""
     mask = mb.response_mask_BT
     logits = _forward_logits(model, mb, temperature)
     logp = algos.logprobs_from_logits(logits, mb.response_ids_BT)
-    if gap is not None and at_start:
+    if gap is not None:
         gap.add(logp, mb.behav_logp_BT, mask)
     target = _policy(mb)
     old_logp = target.old_logp_BT
