@@ -104,20 +104,18 @@ def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Wo
 def _real_workload(wdir: Path) -> Workload:
     """``real``: make demo-real's work (SmolLM2-135M-Instruct, configs/real_grpo.yaml's batch, task and reward), no
     warm start: the pretrained model is the start."""
+    from asyncrl.config import load_config
     from asyncrl.tools import demo_real as d
 
-    if not (Path(d.MODEL_DIR) / "config.json").is_file():
-        from asyncrl.models.gguf import convert_gguf
-
-        convert_gguf(None, d.MODEL_DIR)
-    train, test = write_task_dataset(
-        d.TASK, d.TRAIN_SIZE, 0, wdir / "data", test_size=d.TEST_SIZE, prompt_template=d.PROMPT_TEMPLATE,
-        **d.TASK_KWARGS,
-    )  # fmt: skip
+    train, test = d.prepare(wdir / "data")
+    c = load_config(d.CONFIG, [])  # the demo's own batch, lengths, reward and lr, read from its config
     train_over = [
-        f"model.path={d.MODEL_DIR}", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8",
-        "rollout.response_length=32", "reward.custom_function=asyncrl.rewards.scorers:final_number_score",
-        "actor.optim.lr=3e-5", "data.max_prompt_length=96", "sync.timeout_s=120", "rollout.max_num_seqs=64",
+        f"model.path={d.MODEL_DIR}", f"data.train_batch_size={c.data.train_batch_size}",
+        f"actor.ppo_mini_batch_size={c.actor.ppo_mini_batch_size}",
+        f"rollout.response_length={c.rollout.response_length}",
+        f"reward.custom_function={c.reward.custom_function}", f"actor.optim.lr={c.actor.optim.lr}",
+        f"data.max_prompt_length={c.data.max_prompt_length}", f"rollout.max_num_seqs={c.rollout.max_num_seqs}",
+        "sync.timeout_s=120",
     ]  # fmt: skip
     return Workload("real", 0.0, [], train_over, {"train": [str(train)], "val": [str(test)]})
 

