@@ -165,3 +165,18 @@ def test_cpu_utilization_core_limit_and_the_work_columns_by_hand(tmp_path, monke
     o = summarize("one_step_off", "demo", run(tmp_path / "osp", 4.0, 400.0, 0.7, 0.4), s)
     assert o["cpu_utilization"] == pytest.approx(1.0)
     assert o["core_limit_fraction"] == pytest.approx(1.0 / (4.0 / 3.2))  # same samples/s as sync
+
+
+def test_bench_modes_name_a_schedule_an_engine_and_a_core_split():
+    from asyncrl.config import ConfigError, load_config
+    from asyncrl.tools.bench import BASE_CONFIG, schedule_overrides
+
+    cfg = load_config(BASE_CONFIG, schedule_overrides("one_step_off+vllm+split", 2))
+    assert (cfg.trainer.schedule, cfg.rollout.engine) == ("one_step_off", "vllm")
+    assert (cfg.trainer.cpus_per_worker, cfg.rollout.cpus_per_worker, cfg.ray.num_cpus) == (1, 1, 2)
+    shared = load_config(BASE_CONFIG, schedule_overrides("one_step_off", 2))
+    assert (shared.trainer.cpus_per_worker, shared.ray.num_cpus, shared.rollout.engine) == (2, 3, "builtin")
+    with pytest.raises(ConfigError, match="sync has one worker"):
+        schedule_overrides("sync+split", 2)
+    with pytest.raises(ConfigError, match="unknown modifier 'fast'"):
+        schedule_overrides("fully_async+fast", 2)

@@ -79,6 +79,10 @@ def import_vllm() -> Any:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the worker's thread count rules, not vLLM's
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    # rollout.enforce_eager=false compiles the model; 0.32's AOT artifacts fail to load back on CPU ("'function'
+    # object has no attribute 'finalize_loading'"), so every start recompiled (111 s for SmolLM2): use the plain
+    # inductor cache, which a later start reuses (43 s)
+    os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     try:
         import vllm
     except ImportError as e:

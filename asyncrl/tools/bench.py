@@ -65,26 +65,38 @@ BASE_CONFIG = "configs/quickstart.yaml"
 ENGINES = ("builtin", "vllm")
 
 
+MODIFIERS = ("split",)
+
+
 def schedule_overrides(mode: str, total_cpus: int) -> list[str]:
-    """A mode is a schedule, optionally ``+engine`` (``one_step_off+vllm``: that schedule with rollout.engine=vllm).
+    """A mode is a schedule, optionally followed by ``+engine`` and/or ``+split`` (``one_step_off+vllm+split``).
 
     The same cores for every schedule. sync gives them all to its one worker (rollout runs in the actor's). The
     overlapping schedules give the trainer all of them too and add one single-threaded rollout worker that shares
-    them (one extra logical CPU in Ray's accounting). With the old, heavier update, halving the trainer to give the
-    rollout a core of its own lost more than the overlap won; since prefix sharing neither placement wins in every
-    schedule (examples/bench/split_cores.py; both measured in BENCHMARKS.md)."""
-    schedule, _, engine = mode.partition("+")
-    if engine and engine not in ENGINES:
-        raise ConfigError(f"bench: unknown engine {engine!r} in mode {mode!r} (allowed: {', '.join(ENGINES)})")
-    if engine:
-        return [*schedule_overrides(schedule, total_cpus), f"rollout.engine={engine}"]
+    them (one extra logical CPU in Ray's accounting). ``+split`` gives the trainer one core fewer instead, so trainer
+    and rollout threads never outnumber the cores. With the old, heavier update, halving the trainer lost more than
+    the overlap won; since prefix sharing neither placement wins in every schedule (both measured in BENCHMARKS.md).
+    ``+vllm`` (or ``+builtin``) sets ``rollout.engine``."""
+    schedule, *mods = mode.split("+")
+    for mod in mods:
+        if mod not in ENGINES + MODIFIERS:
+            raise ConfigError(
+                f"bench: unknown modifier {mod!r} in mode {mode!r} (allowed: +{', +'.join(ENGINES + MODIFIERS)})"
+            )
+    if mods:
+        over = schedule_overrides(schedule, total_cpus)
+        if "split" in mods:
+            if schedule in ("sync", UNSHARED):
+                raise ConfigError(f"bench: mode {mode!r}: +split needs an overlapping schedule (sync has one worker)")
+            over += [f"trainer.cpus_per_worker={max(1, total_cpus - 1)}", f"ray.num_cpus={total_cpus}"]
+        return over + [f"rollout.engine={m}" for m in mods if m in ENGINES]
     if schedule in ("sync", UNSHARED):
         over = ["trainer.schedule=sync", f"trainer.cpus_per_worker={total_cpus}", f"ray.num_cpus={total_cpus}"]
         return over + (UNSHARED_OVERRIDES if schedule == UNSHARED else [])
     if schedule not in SCHEDULES:
         raise ConfigError(
             f"bench: unknown schedule {schedule!r} (allowed: {', '.join((UNSHARED, *SCHEDULES))}, each optionally "
-            f"+{'|+'.join(ENGINES)}, or {', '.join(PPO_MODES)})"
+            f"+{'|+'.join(ENGINES + MODIFIERS)}, or {', '.join(PPO_MODES)})"
         )
     over = [
         f"trainer.schedule={schedule}",

@@ -1,7 +1,8 @@
 """``asyncrl bench --decode``: decode tokens/s of the three ways to generate from one model directory, in one process.
 
 The built-in engine (our decode loop with a KV cache), transformers' ``generate``, and vLLM (``rollout.engine=vllm``,
-when the extra is installed; otherwise its row says why it is missing). Same model, prompts (chat-templated
+when the extra is installed; otherwise its row says why it is missing) twice: eager (``rollout.enforce_eager=true``,
+the default) and compiled (``false``: torch.compile, whose start-up is in the note). Same model, prompts (chat-templated
 questions), batch, new-token count, sampling (temperature 1) and torch threads; every row runs the full
 ``--new-tokens`` (eos ignored), so each engine does the same work. Each engine is warmed up once and timed
 ``--repeats`` times; the best run counts. Writes ``decode.json`` and ``decode.md`` under ``--out``.
@@ -80,11 +81,16 @@ def run_decode_bench(model_dir: str, out: str, batch: int, new_tokens: int, thre
     try:
         from asyncrl.rollout.vllm_engine import VllmEngine, VllmEngineError, VllmOptions
 
-        options = VllmOptions(max_model_len=left + new_tokens + 8, max_num_seqs=batch)
-        vllm_engine = VllmEngine(model_dir, tokenizer, options, ignore_eos=True)
-        torch.set_num_threads(threads)
-        record("vllm", *_best(lambda: sum(len(s.response_ids) for s in vllm_engine.generate(prompts, params, 0)),
-                              repeats), f"engine start {vllm_engine.start_seconds:.1f} s")  # fmt: skip
+        def vllm_tokens(engine: VllmEngine) -> int:
+            return sum(len(s.response_ids) for s in engine.generate(prompts, params, 0))
+
+        for name, eager in (("vllm", True), ("vllm_compiled", False)):  # rollout.enforce_eager true / false
+            options = VllmOptions(max_model_len=left + new_tokens + 8, max_num_seqs=batch, enforce_eager=eager)
+            engine = VllmEngine(model_dir, tokenizer, options, ignore_eos=True)
+            torch.set_num_threads(threads)
+            timed = _best(lambda e=engine: vllm_tokens(e), repeats)
+            record(name, *timed, f"enforce_eager={eager}, engine start {engine.start_seconds:.1f} s")
+            del engine
     except VllmEngineError as e:
         rows.append({"engine": "vllm", "tokens": 0, "seconds": None, "tokens_per_s": None, "note": str(e)})
     base = {r["engine"]: r["tokens_per_s"] for r in rows}
