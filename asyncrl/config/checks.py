@@ -32,6 +32,7 @@ def validate(cfg: Config) -> None:
     check(bool(d.train_files), "data.train_files", d.train_files, "a non-empty list of parquet/jsonl files")
     choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
     choice("rollout.engine", r.engine, ("builtin", "vllm"))
+    _check_lora(cfg)
     check(r.max_num_seqs >= 1, "rollout.max_num_seqs", r.max_num_seqs, ">= 1")
     check(r.max_model_len is None or r.max_model_len >= 2, "rollout.max_model_len", r.max_model_len, ">= 2 or null")
     check(0 < r.gpu_memory_utilization < 1, "rollout.gpu_memory_utilization", r.gpu_memory_utilization, "in (0, 1)")
@@ -272,3 +273,14 @@ def _validate_async_training(cfg: Config) -> None:
             at.compute_prox_log_prob,
             "false when actor.use_rollout_log_probs is true (bypass and decoupled PPO are alternatives)",
         )
+
+
+def _check_lora(cfg: Config) -> None:
+    m = cfg.model
+    check(m.lora_rank >= 0, "model.lora_rank", m.lora_rank, ">= 0 (0 = full fine-tuning)")
+    check(m.lora_alpha > 0, "model.lora_alpha", m.lora_alpha, "> 0")
+    t = m.target_modules
+    ok = t == "all-linear" or (isinstance(t, list) and bool(t) and all(isinstance(x, str) and x for x in t))
+    check(ok, "model.target_modules", t, '"all-linear" or a non-empty list of module names')
+    if m.lora_adapter_path is not None and not m.lora_rank:
+        raise ConfigError("model.lora_adapter_path is set but model.lora_rank is 0 (LoRA off): set the adapter's rank")

@@ -9,6 +9,7 @@ every schedule. Leaf names follow verl's where the concept is the same (``data.t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -33,6 +34,10 @@ class DataConfig:
 class ModelConfig:
     path: str = MISSING  # a local Hugging Face causal-LM directory
     dtype: str = "float32"
+    lora_rank: int = 0  # > 0: the actor trains a LoRA adapter of this rank (peft); only it trains and syncs
+    lora_alpha: float = 16.0  # LoRA scaling numerator (the adapter's output is scaled by alpha / rank)
+    target_modules: Any = "all-linear"  # "all-linear" or a list of module names (q_proj, v_proj, ...)
+    lora_adapter_path: str | None = None  # start from this peft adapter directory (its rank must be lora_rank)
 
 
 @dataclass

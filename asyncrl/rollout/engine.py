@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
+from asyncrl.models.lora import is_lora, merged_update, require_adapter, synced_tensors
 from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_to_keep
 from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, WeightUpdateError, validate_update
 from asyncrl.rollout.sampling import SamplingParams, make_generator
@@ -205,9 +206,10 @@ class RolloutEngine(GatedEngine):
         """Parameter name -> tensor (the live parameters, detached) that a weight sync must cover.
 
         Tied parameters appear once, under their first name (e.g. ``model.embed_tokens.weight``, not
-        ``lm_head.weight``); ``update_weights`` accepts either name for them.
+        ``lm_head.weight``); ``update_weights`` accepts either name for them. A LoRA model (``model.lora_rank``):
+        its adapter's tensors only.
         """
-        return {name: p.detach() for name, p in self.model.named_parameters()}
+        return synced_tensors(self.model)
 
     def update_weights(
         self,
@@ -223,8 +225,10 @@ class RolloutEngine(GatedEngine):
         """
         items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
         with self._gate.updating(version):
-            validate_update(items, self._params, dict(self.model.named_parameters()), strict)
-            with torch.no_grad():
+            if is_lora(self.model):
+                require_adapter([name for name, _ in items], f"RolloutEngine.update_weights(version={version})")
+            validate_update(items, self._params, {n: self._params[n] for n in synced_tensors(self.model)}, strict)
+            with torch.no_grad(), merged_update(self.model):  # LoRA: the new adapter re-merged into the base
                 for name, tensor in items:
                     self._params[name].copy_(tensor)
             self.version = version

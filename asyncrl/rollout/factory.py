@@ -6,6 +6,7 @@ from transformers import PreTrainedModel
 
 from asyncrl.config import Config
 from asyncrl.models.loading import load_model, load_tokenizer_from
+from asyncrl.models.lora import LoraSpec, apply_lora
 from asyncrl.rollout.engine import RolloutEngine
 
 
@@ -22,6 +23,10 @@ def rollout_engine(cfg: Config):
 
         return VllmEngine(cfg.model.path, load_tokenizer_from(cfg.model.path), VllmOptions.from_config(cfg))
     model, tokenizer = load_model(cfg.model.path, dtype=cfg.model.dtype, for_training=False)
+    lora = LoraSpec.from_config(cfg)
+    if lora is not None:  # the trainer's adapter arrives at each sync; decode with it merged into the base weights
+        model = apply_lora(model, lora, trainable=False)
+        model.merge_adapter()
     return builtin_engine(cfg, model, tokenizer)
 
 

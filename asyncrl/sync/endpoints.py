@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from asyncrl.models.lora import is_lora, require_adapter, synced_tensors
 from asyncrl.sync.errors import WeightSyncError
 from asyncrl.sync.group import WeightSyncGroup
 from asyncrl.sync.handshake import PlanSummary
@@ -79,8 +80,12 @@ class SyncSenderMixin(_WeightSyncMixin):
     model: torch.nn.Module
 
     def weight_sync_tensors(self) -> dict[str, torch.Tensor]:
-        """Name -> tensor to send: the model's parameters, tied ones once (as ``RolloutEngine`` expects)."""
-        return {name: p.detach() for name, p in self.model.named_parameters()}
+        """Name -> tensor to send: the model's parameters, tied ones once (as ``RolloutEngine`` expects); for a LoRA
+        model its adapter alone, and never a plan without one."""
+        tensors = synced_tensors(self.model)
+        if is_lora(self.model):
+            require_adapter(list(tensors), f"{type(self).__name__}: weight sync")
+        return tensors
 
     def weight_sync_endpoint(self) -> tuple[str, int]:
         """(host, port) for the group's store, chosen on the trainer's own node (``MASTER_ADDR`` or loopback)."""

@@ -8,6 +8,7 @@ only evaluates, and the weights go to the rollout workers over the sync group (`
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import resource
@@ -25,6 +26,14 @@ from asyncrl.config import Config
 from asyncrl.data.collate import TrainBatch
 from asyncrl.data.targets import PolicyTarget, TeacherTarget
 from asyncrl.models.loading import load_model
+from asyncrl.models.lora import (
+    LoraSpec,
+    apply_lora,
+    load_adapter_state,
+    merged_copy,
+    reference_policy,
+    save_adapter,
+)
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.factory import colocated_engine
 from asyncrl.rollout.sampling import SamplingParams
@@ -47,10 +56,14 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.name = name
         torch.manual_seed(seeds.model_init(cfg.trainer.seed))
         self.model, self.tokenizer = load_model(cfg.model.path, dtype=cfg.model.dtype)
+        self.lora = LoraSpec.from_config(cfg)
+        if self.lora is not None:  # only the adapter trains (and travels at a sync)
+            self.model = apply_lora(self.model, self.lora, trainable=True)
         self.pad_token_id = self.tokenizer.pad_token_id
         self.engine = colocated_engine(cfg, self.model, self.tokenizer)
         self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)
-        self.ref_model = _frozen_copy(self.model) if cfg.actor.use_kl_loss else None
+        # the reference policy: a frozen copy of the start, or for LoRA the base model (the adapter switched off)
+        self.ref_model = _frozen_copy(self.model) if cfg.actor.use_kl_loss and self.lora is None else None
         # the PPO ratio's denominator: the behaviour log-probs (bypass), the weights at the start of the sync window
         # (decoupled PPO, fully_async), or the current weights
         a = cfg.actor
@@ -60,7 +73,10 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.prox_model = _frozen_copy(self.model) if self.old_policy == "prox" else None
         o = a.optim
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=o.lr,
+            betas=tuple(o.betas),
+            weight_decay=o.weight_decay,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _warmup_lambda(o.lr_warmup_steps))
         self.updates_per_version = (
@@ -86,9 +102,13 @@ class ActorRolloutWorker(SyncSenderMixin):
         proximal (``prox``: the weights at the start of the sync window) model; ``update`` asks only for the models
         its config built."""
         model = {"actor": self.model, "ref": self.ref_model, "prox": self.prox_model}[which]
-        with self.timeline.span(f"{which}_logprobs", step=step, worker=self.name):
+        base = which == "ref" and self.lora is not None
+        with (
+            self.timeline.span(f"{which}_logprobs", step=step, worker=self.name),
+            reference_policy(self.model) if base else contextlib.nullcontext(),
+        ):
             return policy_ops.response_logprobs(
-                model, batch, self.cfg.rollout.temperature, policy_ops.batching(self.cfg.actor)
+                self.model if base else model, batch, self.cfg.rollout.temperature, policy_ops.batching(self.cfg.actor)
             )
 
     def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> UpdateResult:
@@ -151,8 +171,11 @@ class ActorRolloutWorker(SyncSenderMixin):
         """Writes model (safetensors) + tokenizer, optimizer, scheduler and RNG states into ``directory``."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(d / "model", safe_serialization=True)
-        self.tokenizer.save_pretrained(d / "model")
+        if self.lora is not None:  # the adapter alone: the base is model.path, never changed
+            save_adapter(self.model, d / "adapter")
+        else:
+            self.model.save_pretrained(d / "model", safe_serialization=True)
+            self.tokenizer.save_pretrained(d / "model")
         state = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -166,18 +189,10 @@ class ActorRolloutWorker(SyncSenderMixin):
 
     def load_checkpoint(self, directory: str) -> int:
         d = Path(directory)
-        from safetensors.torch import load_file
-
-        files = sorted((d / "model").glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"checkpoint {d}: no model/*.safetensors")
-        tensors: dict[str, torch.Tensor] = {}
-        for f in files:
-            tensors.update(load_file(str(f)))
-        missing, unexpected = self.model.load_state_dict(tensors, strict=False)
-        missing = [m for m in missing if not _is_tied(self.model, m)]
-        if missing or unexpected:
-            raise RuntimeError(f"checkpoint {d}: missing weights {missing[:5]}, unexpected {unexpected[:5]}")
+        if self.lora is not None:
+            load_adapter_state(self.model, d / "adapter")
+        else:
+            self._load_full_weights(d)
         state = torch.load(d / f"{self.name}_state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -191,10 +206,28 @@ class ActorRolloutWorker(SyncSenderMixin):
             self.prox_model.load_state_dict(self.model.state_dict())
         return self.version
 
+    def _load_full_weights(self, d: Path) -> None:
+        from safetensors.torch import load_file
+
+        files = sorted((d / "model").glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"checkpoint {d}: no model/*.safetensors")
+        tensors: dict[str, torch.Tensor] = {}
+        for f in files:
+            tensors.update(load_file(str(f)))
+        missing, unexpected = self.model.load_state_dict(tensors, strict=False)
+        missing = [m for m in missing if not _is_tied(self.model, m)]
+        if missing or unexpected:
+            raise RuntimeError(f"checkpoint {d}: missing weights {missing[:5]}, unexpected {unexpected[:5]}")
+
     def export_model(self, directory: str) -> None:
-        """The current policy as a plain HF directory (safetensors + config + tokenizer)."""
-        self.model.save_pretrained(directory, safe_serialization=True)
+        """The current policy as a plain HF directory (safetensors + config + tokenizer). A LoRA policy: base +
+        adapter merged there, and the adapter alone (peft format) in ``directory/adapter``."""
+        model = merged_copy(self.model) if self.lora is not None else self.model
+        model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
+        if self.lora is not None:
+            save_adapter(self.model, Path(directory) / "adapter")
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
