@@ -176,6 +176,8 @@ def test_bench_modes_name_a_schedule_an_engine_and_a_core_split():
     assert (cfg.trainer.cpus_per_worker, cfg.rollout.cpus_per_worker, cfg.ray.num_cpus) == (1, 1, 2)
     shared = load_config(BASE_CONFIG, schedule_overrides("one_step_off", 2))
     assert (shared.trainer.cpus_per_worker, shared.ray.num_cpus, shared.rollout.engine) == (2, 3, "builtin")
+    lora = load_config(BASE_CONFIG, schedule_overrides("sync+lora", 2))
+    assert (lora.trainer.schedule, lora.model.lora_rank, lora.model.lora_alpha) == ("sync", 16, 32)
     with pytest.raises(ConfigError, match="sync has one worker"):
         schedule_overrides("sync+split", 2)
     with pytest.raises(ConfigError, match="unknown modifier 'fast'"):

@@ -120,6 +120,38 @@ def test_a_compiled_engine_takes_weight_updates(models):
     assert float(to_new.max()) < 1e-3 and float(to_old.mean()) > 1e-2
 
 
+def test_lora_engine_samples_from_the_synced_adapter(models):
+    """model.lora_rank with vLLM: each sync's adapter is loaded as a new versioned LoRA and every request names it;
+    the log-probs are the adapted trainer's, not the base model's, and a sync without the adapter is refused."""
+    from asyncrl.models.lora import LoraError, LoraSpec, adapter_tensors, apply_lora, synced_tensors
+
+    _, a, _, _, _ = models
+    spec = LoraSpec(rank=4, alpha=8.0, target_modules="all-linear")
+    base, tok = load_model(a, for_training=False)
+    engine = VllmEngine(str(a), tok, OPTIONS, lora=spec)
+    params = SamplingParams(n=2, temperature=0.8, max_new_tokens=10)
+    previous = None
+    for version, seed in ((1, 1), (2, 2)):  # the second sync replaces the first adapter
+        trainer = apply_lora(load_model(a, for_training=False)[0], spec, trainable=True).eval()
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in adapter_tensors(trainer).values():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
+        engine.update_weights(synced_tensors(trainer), version=version)
+        samples = engine.generate(prompts(tok), params, seed=1)
+        to_adapted, to_base = gaps(engine, trainer, samples), gaps(engine, base, samples)
+        print(f"vLLM LoRA v{version}: |diff| to the adapted trainer max {to_adapted.max():.2e}, to the base mean "
+              f"{to_base.mean():.2e}")  # fmt: skip
+        assert all(set(s.versions) == {version} for s in samples if s.response_ids)
+        assert float(to_adapted.max()) < 1e-3 and float(to_base.mean()) > 1e-2
+        if previous is not None:  # not the first adapter any more
+            assert float(gaps(engine, previous, samples).mean()) > 1e-2
+        previous = trainer
+    with pytest.raises(LoraError, match="carries no LoRA adapter tensor"):
+        engine.update_weights({n: p.detach() for n, p in base.named_parameters()}, version=3)
+    assert engine.version == 2
+
+
 def test_pause_keeps_tokens_and_resume_continues_with_new_weights(models, engine):
     _, a, b, _, _ = models
     old, tok = load_model(a, for_training=False)
@@ -218,3 +250,32 @@ def test_two_steps_of_every_schedule_with_the_vllm_engine(models, schedule, back
         import ray
 
         ray.shutdown()
+
+
+@pytest.mark.parametrize("schedule", ["sync", "one_step_off"])
+def test_lora_runs_with_the_vllm_engine(models, schedule):
+    """LoRA end to end with vLLM: colocated (sync: the trainer's adapter fed in-process) and over the sync group
+    (one_step_off: the adapter alone on the wire). In sync, step 2's samples come from the adapter trained at step 1:
+    vLLM's log-probs equal the trainer's only if vLLM serves that adapter."""
+    root, a, _, train, test = models
+    run_dir = root / f"lora_{schedule}"
+    over = train_overrides(a, train, test, run_dir, 2) + [
+        "trainer.backend=in_process",
+        f"trainer.schedule={schedule}",
+        "rollout.engine=vllm",
+        "rollout.gpu_memory_utilization=0.01",
+        "model.lora_rank=4",
+        "actor.optim.lr=5e-2",
+    ]
+    if schedule == "one_step_off":
+        over += ["rollout.num_workers=1", "rollout.cpus_per_worker=1"]
+    summary = run_training(load_config(None, over))
+    metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl")}
+    assert summary["steps"] == 2 and metrics[1]["actor/grad_norm"] > 0
+    if schedule == "sync":
+        assert metrics[2]["rollout_corr/logprob_diff_max"] < 1e-3
+    else:
+        from asyncrl.models.lora import LoraSpec, adapter_tensors, apply_lora
+
+        adapter = adapter_tensors(apply_lora(load_model(a)[0], LoraSpec(4, 16.0, "all-linear"), trainable=True))
+        assert summary["sync_bytes"] == sum(t.numel() * t.element_size() for t in adapter.values())

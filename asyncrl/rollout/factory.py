@@ -21,7 +21,10 @@ def rollout_engine(cfg: Config):
     if cfg.rollout.engine == "vllm":
         from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
 
-        return VllmEngine(cfg.model.path, load_tokenizer_from(cfg.model.path), VllmOptions.from_config(cfg))
+        return VllmEngine(
+            cfg.model.path, load_tokenizer_from(cfg.model.path), VllmOptions.from_config(cfg),
+            lora=LoraSpec.from_config(cfg),
+        )  # fmt: skip
     model, tokenizer = load_model(cfg.model.path, dtype=cfg.model.dtype, for_training=False)
     lora = LoraSpec.from_config(cfg)
     if lora is not None:  # the trainer's adapter arrives at each sync; decode with it merged into the base weights
@@ -36,5 +39,7 @@ def colocated_engine(cfg: Config, model: PreTrainedModel, tokenizer):
     if cfg.rollout.engine == "vllm" and cfg.trainer.schedule == "sync":
         from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
 
-        return VllmEngine(cfg.model.path, tokenizer, VllmOptions.from_config(cfg), source=model)
+        return VllmEngine(
+            cfg.model.path, tokenizer, VllmOptions.from_config(cfg), source=model, lora=LoraSpec.from_config(cfg)
+        )
     return builtin_engine(cfg, model, tokenizer)

@@ -30,9 +30,11 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.models.loading import ModelLoadError, eos_token_ids, eos_token_ids_of
+from asyncrl.models.lora import LoraSpec, require_adapter, synced_tensors
 from asyncrl.rollout.engine import check_prompts, extend_sample, resumable
 from asyncrl.rollout.gate import EngineGate, GatedEngine, validate_update
 from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
 from asyncrl.types import PrefillStats, Prompt, Sample
 
 SUPPORTED_VLLM = "0.32."  # the release whose in-process engine, reload_weights and CPU layers this file was built on
@@ -148,6 +150,7 @@ class VllmEngine(GatedEngine):
         version: int = 0,
         source: PreTrainedModel | None = None,
         ignore_eos: bool = False,
+        lora: LoraSpec | None = None,
     ) -> None:
         vllm = import_vllm()
         self.ignore_eos = ignore_eos  # benchmarks only: every row runs to max_new_tokens
@@ -155,8 +158,12 @@ class VllmEngine(GatedEngine):
         self.options = options
         self.model = source  # the trainer's model when colocated, else None (vLLM holds its own copy)
         self._params, self._canonical = _expected_params(model_path)
+        self.adapters = VllmAdapters(model_path, lora) if lora is not None else None
+        if self.adapters is not None:  # a sync carries the adapter alone; every request names the current one
+            self._params = self.adapters.params
+            self._canonical = {name: name for name in self._params}
         started = time.perf_counter()
-        self.llm = _start_llm(vllm, model_path, options)
+        self.llm = _start_llm(vllm, model_path, options, lora)
         self.start_seconds = time.perf_counter() - started
         self._engine = self.llm.llm_engine
         self._sampling = vllm.SamplingParams
@@ -237,7 +244,7 @@ class VllmEngine(GatedEngine):
                 with _PROCESS_LOCK:
                     self._engine.add_request(rid, self._tokens_prompt(prompt_token_ids=prefix), self._params_for(
                     params, budgets[j], None if seed is None else (seed * 1_000_003 + j) % 2**63
-                ))  # fmt: skip
+                ), lora_request=self.adapters and self.adapters.request)  # fmt: skip
             open_ids = set(ids)
             while open_ids:
                 if self._gate.pause_requested or (refill is not None and refill(len(open_ids))):
@@ -298,12 +305,17 @@ class VllmEngine(GatedEngine):
         CPU layers a reload misses, drop the prefix cache, then set ``version``."""
         items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
         with self._gate.updating(version):
+            if self.adapters is not None:
+                require_adapter([name for name, _ in items], f"VllmEngine.update_weights(version={version})")
             validate_update(items, self._params, self.state_dict_for_sync(), strict)
             start = time.perf_counter()
             weights = [(self._canonical[name], tensor) for name, tensor in items]
             with _PROCESS_LOCK:
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
-                self.llm.apply_model(_refresh_tied_cpu_layers)
+                if self.adapters is not None:
+                    self.adapters.activate(self._engine, dict(weights), version)
+                else:
+                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+                    self.llm.apply_model(_refresh_tied_cpu_layers)
                 reset = self.llm.reset_prefix_cache()
             if not reset:
                 raise VllmEngineError(
@@ -316,11 +328,10 @@ class VllmEngine(GatedEngine):
 
     def _sync_from_source(self) -> None:
         if self._stale and self.model is not None:
-            named = [(n, p.detach()) for n, p in self.model.named_parameters()]
-            self.update_weights(named, self._version)
+            self.update_weights(synced_tensors(self.model), self._version)
 
 
-def _start_llm(vllm: Any, model_path: str, options: VllmOptions) -> Any:
+def _start_llm(vllm: Any, model_path: str, options: VllmOptions, lora: LoraSpec | None = None) -> Any:
     """``vllm.LLM`` on ``model_path``, or one VllmEngineError naming the path and vLLM's own reason."""
     # vLLM's CPU worker drops the process to 1 torch thread "for serving" and replaces torch.set_num_threads with
     # a no-op; this process (a rollout worker, or the trainer when colocated) owns its thread count: restore both
@@ -341,6 +352,8 @@ def _start_llm(vllm: Any, model_path: str, options: VllmOptions) -> Any:
                 # room for every scheduled sequence's whole prefix in one step: vLLM 0.32 on CPU crashes ("CPU
                 # Generator does not use offset") when it splits the prefill of a request that has its own seed
                 max_num_batched_tokens=options.max_num_seqs * options.max_model_len,
+                # LoRA: room for the adapter being replaced and its successor while a sync swaps them
+                **({"enable_lora": True, "max_lora_rank": max_lora_rank(lora.rank), "max_loras": 2} if lora else {}),
             )
     except Exception as e:  # vLLM raises ValueError/RuntimeError/OSError depending on what went wrong
         raise VllmEngineError(

@@ -10,6 +10,7 @@ Figures per schedule (all ratios computed from runs in this one invocation, beca
 - ``pipeline_efficiency`` = max(gen, train) / this schedule's mean step seconds (1.0 = perfectly hidden);
 - ``trainer_idle_fraction``: the share of the run's step time the training worker spent in no span;
 - ``sync_s`` / ``sync_bytes_per_s``: mean weight-sync seconds and throughput (0 for sync: rollout shares the actor);
+  ``sync_bytes``: the payload of one sync (a LoRA run's adapter alone); ``update_s``: the actor update's mean seconds;
 - ``staleness_mean``: mean policy versions between generation and training (``staleness/mean``);
 - ``accuracy``: held-out accuracy after the last step;
 - ``cpu_utilization``: the share of the machine's cores busy over the measured steps; ``core_limit`` = 1 / sync's:
@@ -30,6 +31,7 @@ lengths. ``--modes ppo_colocated,ppo_split`` measures PPO's two placements again
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +67,8 @@ BASE_CONFIG = "configs/quickstart.yaml"
 ENGINES = ("builtin", "vllm")
 
 
-MODIFIERS = ("split",)
+MODIFIERS = ("split", "lora")
+LORA_OVERRIDES = ["model.lora_rank=16", "model.lora_alpha=32"]  # +lora: the actor trains a rank-16 adapter
 
 
 def schedule_overrides(mode: str, total_cpus: int) -> list[str]:
@@ -76,7 +79,8 @@ def schedule_overrides(mode: str, total_cpus: int) -> list[str]:
     them (one extra logical CPU in Ray's accounting). ``+split`` gives the trainer one core fewer instead, so trainer
     and rollout threads never outnumber the cores. With the old, heavier update, halving the trainer lost more than
     the overlap won; since prefix sharing neither placement wins in every schedule (both measured in BENCHMARKS.md).
-    ``+vllm`` (or ``+builtin``) sets ``rollout.engine``."""
+    ``+vllm`` (or ``+builtin``) sets ``rollout.engine``; ``+lora`` trains a LoRA adapter (``LORA_OVERRIDES``) instead of
+    every weight."""
     schedule, *mods = mode.split("+")
     for mod in mods:
         if mod not in ENGINES + MODIFIERS:
@@ -89,6 +93,7 @@ def schedule_overrides(mode: str, total_cpus: int) -> list[str]:
             if schedule in ("sync", UNSHARED):
                 raise ConfigError(f"bench: mode {mode!r}: +split needs an overlapping schedule (sync has one worker)")
             over += [f"trainer.cpus_per_worker={max(1, total_cpus - 1)}", f"ray.num_cpus={total_cpus}"]
+        over += LORA_OVERRIDES if "lora" in mods else []
         return over + [f"rollout.engine={m}" for m in mods if m in ENGINES]
     if schedule in ("sync", UNSHARED):
         over = ["trainer.schedule=sync", f"trainer.cpus_per_worker={total_cpus}", f"ray.num_cpus={total_cpus}"]
@@ -137,7 +142,9 @@ def summarize(schedule: str, workload: str, run_dir: Path, sync_ref: dict[str, f
         "tokens_per_s": rate(body, "perf/throughput_tokens_per_s"),
         "mean_step_s": mean_step,
         "gen_s": gen,
-        "train_s": mean_step - gen if schedule in ("sync", UNSHARED) else None,
+        "train_s": mean_step - gen if schedule.split("+")[0] in ("sync", UNSHARED) else None,
+        "update_s": mean_of(body, "timing_s/update_actor"),
+        "sync_bytes": _summary(run_dir).get("sync_bytes"),
         "response_length_mean": mean_of(body, "response_length/mean"),
         "response_length_p95": mean_of(body, "response_length/p95"),
         "trainer_idle_fraction": trainer_idle_fraction(read_chrome_trace(run_dir / "timeline.json"), body),
@@ -220,11 +227,18 @@ COLUMNS = [
     ("prefix_saving", "{:.2f}"),
     ("prefill_saving", "{:.2f}"),
     ("trainer_peak_rss_gb", "{:.2f}"),
+    ("update_s", "{:.3f}"),
     ("pipeline_efficiency", "{:.2f}"),
     ("trainer_idle_fraction", "{:.2f}"),
     ("sync_s", "{:.3f}"),
+    ("sync_bytes", "{:.3g}"),
     ("sync_bytes_per_s", "{:.2e}"),
     ("response_length_mean", "{:.1f}"),
     ("response_length_p95", "{:.1f}"),
     ("accuracy", "{:.3f}"),
 ]
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else {}
