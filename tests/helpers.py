@@ -41,3 +41,21 @@ def train_overrides(model: Path, train: Path, test: Path, run_dir: Path, steps: 
         "trainer.cpus_per_worker=1",
         "ray.num_cpus=2",
     ]
+
+
+def sharpen_attention(model_dir: Path, out: Path | None = None, factor: float = 8.0) -> Path:
+    """``model_dir`` with q and k weights x ``factor`` (saved to ``out``, default in place). A freshly initialised
+    model attends almost uniformly, so positions (and RoPE) barely change its outputs; a sharpened one shows them."""
+    import torch
+
+    from asyncrl.models.loading import load_model
+
+    model, tok = load_model(model_dir)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(factor)
+    out = out or model_dir
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

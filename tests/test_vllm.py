@@ -25,7 +25,7 @@ from asyncrl.rollout.vllm_engine import VllmEngine, VllmEngineError, VllmOptions
 from asyncrl.schedules import run_training  # noqa: E402
 from asyncrl.telemetry.metrics import read_metrics  # noqa: E402
 from asyncrl.types import Prompt  # noqa: E402
-from tests.helpers import make_data, make_model, train_overrides  # noqa: E402
+from tests.helpers import make_data, make_model, sharpen_attention, train_overrides  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 OPTIONS = VllmOptions(max_model_len=128, max_num_seqs=64, gpu_memory_utilization=0.01)
@@ -279,3 +279,24 @@ def test_lora_runs_with_the_vllm_engine(models, schedule):
 
         adapter = adapter_tensors(apply_lora(load_model(a)[0], LoraSpec(4, 16.0, "all-linear"), trainable=True))
         assert summary["sync_bytes"] == sum(t.numel() * t.element_size() for t in adapter.values())
+
+
+def test_rope_scaling_reaches_vllm_past_the_trained_context(models):
+    """model.override_config's RoPE scaling goes to vLLM as hf_overrides: on a prompt past the 512 positions the
+    model was built for, vLLM's log-probs are the scaled trainer's, not the unscaled model's."""
+    from asyncrl.models.overrides import hf_overrides_for
+
+    root, a0, _, _, _ = models
+    a = sharpen_attention(a0, root / "sharp")  # so that RoPE scaling shows in the outputs
+    overrides = {"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "max_position_embeddings": 1024}
+    trainer, tok = load_model(a, for_training=False, overrides=overrides)
+    plain, _ = load_model(a, for_training=False)
+    options = replace(OPTIONS, max_model_len=800, max_num_seqs=4, hf_overrides=hf_overrides_for(str(a), overrides))
+    engine = VllmEngine(str(a), tok, options)
+    prompt = Prompt(0, tok("12+34+56=102 " * 45)["input_ids"], "chain_sum", "")
+    assert len(prompt.prompt_ids) > 512
+    samples = engine.generate([prompt], SamplingParams(n=2, temperature=0.8, max_new_tokens=8), seed=2)
+    to_trainer, to_plain = gaps(engine, trainer, samples), gaps(engine, plain, samples)
+    print(f"vLLM with RoPE x2: |diff| to the scaled trainer max {to_trainer.max():.2e}, to the unscaled mean "
+          f"{to_plain.mean():.2e}")  # fmt: skip
+    assert float(to_trainer.max()) < 1e-3 and float(to_plain.mean()) > 1e-2

@@ -38,6 +38,8 @@ class ModelConfig:
     lora_alpha: float = 16.0  # LoRA scaling numerator (the adapter's output is scaled by alpha / rank)
     target_modules: Any = "all-linear"  # "all-linear" or a list of module names (q_proj, v_proj, ...)
     lora_adapter_path: str | None = None  # start from this peft adapter directory (its rank must be lora_rank)
+    # config changes for the policy in trainer AND rollout: attn_implementation, rope_scaling, any config attribute
+    override_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

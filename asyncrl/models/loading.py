@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -110,8 +111,12 @@ def load_model(
     path: str | os.PathLike[str],
     dtype: str | torch.dtype = "float32",
     for_training: bool = True,
+    overrides: Mapping[str, Any] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` from a local directory with AutoModelForCausalLM / AutoTokenizer.
+
+    ``overrides``: ``model.override_config`` (``asyncrl.models.overrides``): the attention implementation and config
+    attributes (RoPE scaling, ...) to load the model with.
 
     ``for_training=True`` returns the model in train mode with gradients enabled; ``False`` returns it in eval mode
     with ``requires_grad`` off (rollout and reference models never need gradients, which saves memory).
@@ -119,9 +124,16 @@ def load_model(
     path = os.fspath(path)
     torch_dtype = _resolve_dtype(dtype, path)
     config = _check_model_dir(path)
+    from asyncrl.models.overrides import apply_config_overrides, split_overrides
+
+    attn, rest = split_overrides(overrides)
+    apply_config_overrides(config, rest, path)
+    extra = {"attn_implementation": attn} if attn else {}
     tokenizer = load_tokenizer_from(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, config=config, dtype=torch_dtype, local_files_only=True, **extra
+        )
     except Exception as e:  # missing/corrupt weights surface as OSError, RuntimeError or ValueError
         raise ModelLoadError(f"model.path {path}: could not load the model weights ({type(e).__name__}: {e})") from e
     if for_training:

@@ -25,7 +25,9 @@ def rollout_engine(cfg: Config):
             cfg.model.path, load_tokenizer_from(cfg.model.path), VllmOptions.from_config(cfg),
             lora=LoraSpec.from_config(cfg),
         )  # fmt: skip
-    model, tokenizer = load_model(cfg.model.path, dtype=cfg.model.dtype, for_training=False)
+    model, tokenizer = load_model(
+        cfg.model.path, dtype=cfg.model.dtype, for_training=False, overrides=cfg.model.override_config
+    )
     lora = LoraSpec.from_config(cfg)
     if lora is not None:  # the trainer's adapter arrives at each sync; decode with it merged into the base weights
         model = apply_lora(model, lora, trainable=False)

@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.models.loading import ModelLoadError, eos_token_ids, eos_token_ids_of
 from asyncrl.models.lora import LoraSpec, require_adapter, synced_tensors
+from asyncrl.models.overrides import hf_overrides_for
 from asyncrl.rollout.engine import check_prompts, extend_sample, resumable
 from asyncrl.rollout.gate import EngineGate, GatedEngine, validate_update
 from asyncrl.rollout.sampling import SamplingParams
@@ -60,6 +61,7 @@ class VllmOptions:
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.05  # on CPU: the KV cache's share of the machine's memory
     seed: int = 0
+    hf_overrides: dict[str, Any] = field(default_factory=dict)  # model.override_config (RoPE scaling, ...)
 
     @classmethod
     def from_config(cls, cfg: Any) -> VllmOptions:
@@ -73,6 +75,7 @@ class VllmOptions:
             enable_prefix_caching=r.enable_prefix_caching,
             gpu_memory_utilization=r.gpu_memory_utilization,
             seed=cfg.trainer.seed,
+            hf_overrides=hf_overrides_for(cfg.model.path, cfg.model.override_config),
         )
 
 
@@ -349,6 +352,7 @@ def _start_llm(vllm: Any, model_path: str, options: VllmOptions, lora: LoraSpec 
                 enable_prefix_caching=options.enable_prefix_caching,
                 kv_cache_memory_bytes=_kv_cache_bytes(options.gpu_memory_utilization),
                 logprobs_mode="processed_logprobs",
+                hf_overrides=options.hf_overrides or None,
                 # room for every scheduled sequence's whole prefix in one step: vLLM 0.32 on CPU crashes ("CPU
                 # Generator does not use offset") when it splits the prefill of a request that has its own seed
                 max_num_batched_tokens=options.max_num_seqs * options.max_model_len,

@@ -55,7 +55,9 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.cfg = cfg
         self.name = name
         torch.manual_seed(seeds.model_init(cfg.trainer.seed))
-        self.model, self.tokenizer = load_model(cfg.model.path, dtype=cfg.model.dtype)
+        self.model, self.tokenizer = load_model(
+            cfg.model.path, dtype=cfg.model.dtype, overrides=cfg.model.override_config
+        )
         self.lora = LoraSpec.from_config(cfg)
         if self.lora is not None:  # only the adapter trains (and travels at a sync)
             self.model = apply_lora(self.model, self.lora, trainable=True)
