@@ -25,6 +25,11 @@ from transformers import (
 )
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+from asyncrl.models.errors import ModelLoadError
+from asyncrl.models.overrides import apply_config_overrides, split_overrides
+
+__all__ = ["ModelLoadError", "eos_token_ids", "eos_token_ids_of", "load_model", "load_tokenizer_from", "set_seed_all"]
+
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -33,10 +38,6 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
-
-
-class ModelLoadError(RuntimeError):
-    """A model or tokenizer directory could not be loaded; the message names the path and the reason."""
 
 
 def _resolve_dtype(dtype: str | torch.dtype, path: str) -> torch.dtype:
@@ -124,8 +125,6 @@ def load_model(
     path = os.fspath(path)
     torch_dtype = _resolve_dtype(dtype, path)
     config = _check_model_dir(path)
-    from asyncrl.models.overrides import apply_config_overrides, split_overrides
-
     attn, rest = split_overrides(overrides)
     apply_config_overrides(config, rest, path)
     extra = {"attn_implementation": attn} if attn else {}

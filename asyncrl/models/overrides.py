@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from asyncrl.models.loading import ModelLoadError
+from asyncrl.models.errors import ModelLoadError
 
 
 def attention_choices() -> tuple[str, ...]:
