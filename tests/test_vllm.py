@@ -9,6 +9,7 @@ with the vLLM engine in the rollout role.
 
 from __future__ import annotations
 
+import gc
 import threading
 from dataclasses import replace
 
@@ -103,55 +104,6 @@ def test_weight_update_reaches_every_layer_and_resets_the_cache(models, engine):
     assert float(gaps(engine, old, back).max()) < 1e-3  # the same prompts again: no KV of the other weights reused
 
 
-def test_a_compiled_engine_takes_weight_updates(models):
-    """rollout.enforce_eager=false: vLLM compiles the model (torch.compile). A compiled graph that captured the
-    weights as constants would keep sampling the old policy after a sync; the log-probs show it does not."""
-    _, a, b, _, _ = models
-    old, tok = load_model(a, for_training=False)
-    new, _ = load_model(b, for_training=False)
-    compiled = VllmEngine(str(a), tok, replace(OPTIONS, enforce_eager=False))
-    params = SamplingParams(n=2, temperature=0.8, max_new_tokens=10)
-    assert float(gaps(compiled, old, compiled.generate(prompts(tok), params, seed=1)).max()) < 1e-3
-    compiled.update_weights({n: p.detach() for n, p in new.named_parameters()}, version=1)
-    samples = compiled.generate(prompts(tok), params, seed=1)
-    to_new, to_old = gaps(compiled, new, samples), gaps(compiled, old, samples)
-    print(f"compiled, after the update: |diff| to the new weights max {to_new.max():.2e}, to the old mean "
-          f"{to_old.mean():.2e}")  # fmt: skip
-    assert float(to_new.max()) < 1e-3 and float(to_old.mean()) > 1e-2
-
-
-def test_lora_engine_samples_from_the_synced_adapter(models):
-    """model.lora_rank with vLLM: each sync's adapter is loaded as a new versioned LoRA and every request names it;
-    the log-probs are the adapted trainer's, not the base model's, and a sync without the adapter is refused."""
-    from asyncrl.models.lora import LoraError, LoraSpec, adapter_tensors, apply_lora, synced_tensors
-
-    _, a, _, _, _ = models
-    spec = LoraSpec(rank=4, alpha=8.0, target_modules="all-linear")
-    base, tok = load_model(a, for_training=False)
-    engine = VllmEngine(str(a), tok, OPTIONS, lora=spec)
-    params = SamplingParams(n=2, temperature=0.8, max_new_tokens=10)
-    previous = None
-    for version, seed in ((1, 1), (2, 2)):  # the second sync replaces the first adapter
-        trainer = apply_lora(load_model(a, for_training=False)[0], spec, trainable=True).eval()
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for p in adapter_tensors(trainer).values():
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
-        engine.update_weights(synced_tensors(trainer), version=version)
-        samples = engine.generate(prompts(tok), params, seed=1)
-        to_adapted, to_base = gaps(engine, trainer, samples), gaps(engine, base, samples)
-        print(f"vLLM LoRA v{version}: |diff| to the adapted trainer max {to_adapted.max():.2e}, to the base mean "
-              f"{to_base.mean():.2e}")  # fmt: skip
-        assert all(set(s.versions) == {version} for s in samples if s.response_ids)
-        assert float(to_adapted.max()) < 1e-3 and float(to_base.mean()) > 1e-2
-        if previous is not None:  # not the first adapter any more
-            assert float(gaps(engine, previous, samples).mean()) > 1e-2
-        previous = trainer
-    with pytest.raises(LoraError, match="carries no LoRA adapter tensor"):
-        engine.update_weights({n: p.detach() for n, p in base.named_parameters()}, version=3)
-    assert engine.version == 2
-
-
 def test_pause_keeps_tokens_and_resume_continues_with_new_weights(models, engine):
     _, a, b, _, _ = models
     old, tok = load_model(a, for_training=False)
@@ -219,6 +171,64 @@ def test_bad_input_gives_one_clear_error(models, engine, tmp_path, monkeypatch):
     monkeypatch.setattr(vllm, "__version__", "0.1.0")
     with pytest.raises(VllmEngineError, match="0.1.0"):
         VllmEngine(str(a), tok, OPTIONS)
+
+
+# Tests that start engines of their own come after every test of the module's ``engine``: when vLLM tears an engine
+# down it destroys the process-wide parallel groups, and an engine still alive then fails ("pipeline model parallel
+# group is not initialized"). Each drops its engine at its end (``gc.collect``), so no teardown lands in a later test.
+
+
+def test_a_compiled_engine_takes_weight_updates(models):
+    """rollout.enforce_eager=false: vLLM compiles the model (torch.compile). A compiled graph that captured the
+    weights as constants would keep sampling the old policy after a sync; the log-probs show it does not."""
+    _, a, b, _, _ = models
+    old, tok = load_model(a, for_training=False)
+    new, _ = load_model(b, for_training=False)
+    compiled = VllmEngine(str(a), tok, replace(OPTIONS, enforce_eager=False))
+    params = SamplingParams(n=2, temperature=0.8, max_new_tokens=10)
+    assert float(gaps(compiled, old, compiled.generate(prompts(tok), params, seed=1)).max()) < 1e-3
+    compiled.update_weights({n: p.detach() for n, p in new.named_parameters()}, version=1)
+    samples = compiled.generate(prompts(tok), params, seed=1)
+    to_new, to_old = gaps(compiled, new, samples), gaps(compiled, old, samples)
+    print(f"compiled, after the update: |diff| to the new weights max {to_new.max():.2e}, to the old mean "
+          f"{to_old.mean():.2e}")  # fmt: skip
+    assert float(to_new.max()) < 1e-3 and float(to_old.mean()) > 1e-2
+    del compiled
+    gc.collect()
+
+
+def test_lora_engine_samples_from_the_synced_adapter(models):
+    """model.lora_rank with vLLM: each sync's adapter is loaded as a new versioned LoRA and every request names it;
+    the log-probs are the adapted trainer's, not the base model's, and a sync without the adapter is refused."""
+    from asyncrl.models.lora import LoraError, LoraSpec, adapter_tensors, apply_lora, synced_tensors
+
+    _, a, _, _, _ = models
+    spec = LoraSpec(rank=4, alpha=8.0, target_modules="all-linear")
+    base, tok = load_model(a, for_training=False)
+    engine = VllmEngine(str(a), tok, OPTIONS, lora=spec)
+    params = SamplingParams(n=2, temperature=0.8, max_new_tokens=10)
+    previous = None
+    for version, seed in ((1, 1), (2, 2)):  # the second sync replaces the first adapter
+        trainer = apply_lora(load_model(a, for_training=False)[0], spec, trainable=True).eval()
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in adapter_tensors(trainer).values():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
+        engine.update_weights(synced_tensors(trainer), version=version)
+        samples = engine.generate(prompts(tok), params, seed=1)
+        to_adapted, to_base = gaps(engine, trainer, samples), gaps(engine, base, samples)
+        print(f"vLLM LoRA v{version}: |diff| to the adapted trainer max {to_adapted.max():.2e}, to the base mean "
+              f"{to_base.mean():.2e}")  # fmt: skip
+        assert all(set(s.versions) == {version} for s in samples if s.response_ids)
+        assert float(to_adapted.max()) < 1e-3 and float(to_base.mean()) > 1e-2
+        if previous is not None:  # not the first adapter any more
+            assert float(gaps(engine, previous, samples).mean()) > 1e-2
+        previous = trainer
+    with pytest.raises(LoraError, match="carries no LoRA adapter tensor"):
+        engine.update_weights({n: p.detach() for n, p in base.named_parameters()}, version=3)
+    assert engine.version == 2
+    del engine
+    gc.collect()
 
 
 RUNS = [(s, "in_process") for s in SCHEDULES] + [
@@ -300,3 +310,5 @@ def test_rope_scaling_reaches_vllm_past_the_trained_context(models):
     print(f"vLLM with RoPE x2: |diff| to the scaled trainer max {to_trainer.max():.2e}, to the unscaled mean "
           f"{to_plain.mean():.2e}")  # fmt: skip
     assert float(to_trainer.max()) < 1e-3 and float(to_plain.mean()) > 1e-2
+    del engine
+    gc.collect()
