@@ -33,6 +33,7 @@ def validate(cfg: Config) -> None:
     choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
     choice("rollout.engine", r.engine, ("builtin", "vllm"))
     _check_lora(cfg)
+    _check_quantization(cfg)
     check(r.max_num_seqs >= 1, "rollout.max_num_seqs", r.max_num_seqs, ">= 1")
     check(r.max_model_len is None or r.max_model_len >= 2, "rollout.max_model_len", r.max_model_len, ">= 2 or null")
     check(0 < r.gpu_memory_utilization < 1, "rollout.gpu_memory_utilization", r.gpu_memory_utilization, "in (0, 1)")
@@ -77,7 +78,7 @@ def validate(cfg: Config) -> None:
     choice("actor.kl_loss_type", a.kl_loss_type, ("k1", "k2", "k3", "low_var_kl", "kl", "mse"))
     check(a.kl_loss_coef >= 0, "actor.kl_loss_coef", a.kl_loss_coef, ">= 0")
     rc = cfg.algorithm.rollout_correction
-    choice("algorithm.rollout_correction.rollout_is", rc.rollout_is, (None, "token", "sequence"))
+    choice("algorithm.rollout_correction.rollout_is", rc.rollout_is, (None, "disabled", "token", "sequence"))
     check(
         rc.rollout_is_threshold >= 1,
         "algorithm.rollout_correction.rollout_is_threshold",
@@ -261,7 +262,7 @@ def _validate_async_training(cfg: Config) -> None:
             "1 in fully_async (one Rollouter; several are not implemented yet)",
         )
         check(
-            not at.compute_prox_log_prob or cfg.algorithm.rollout_correction.rollout_is is not None,
+            not at.compute_prox_log_prob or cfg.algorithm.rollout_correction.rollout_is not in (None, "disabled"),
             "algorithm.rollout_correction.rollout_is",
             cfg.algorithm.rollout_correction.rollout_is,
             "token or sequence when async_training.compute_prox_log_prob is true (decoupled PPO weights every "
@@ -284,3 +285,18 @@ def _check_lora(cfg: Config) -> None:
     check(ok, "model.target_modules", t, '"all-linear" or a non-empty list of module names')
     if m.lora_adapter_path is not None and not m.lora_rank:
         raise ConfigError("model.lora_adapter_path is set but model.lora_rank is 0 (LoRA off): set the adapter's rank")
+
+
+def _check_quantization(cfg: Config) -> None:
+    q = cfg.rollout.quantization
+    choice("rollout.quantization", q, (None, "fp8"))
+    if q is None:
+        return
+    if cfg.model.lora_rank:
+        raise ConfigError("rollout.quantization=fp8 with model.lora_rank > 0 is not implemented (a LoRA sync carries "
+                          "only the adapter; quantizing the base for the rollout is not built)")  # fmt: skip
+    if cfg.trainer.schedule == "sync" and cfg.rollout.engine == "builtin":
+        raise ConfigError(
+            "rollout.quantization=fp8 with trainer.schedule=sync needs rollout.engine=vllm: the built-in engine "
+            "decodes with the trainer's own weights in sync (use a schedule with a rollout pool, or vLLM)"
+        )

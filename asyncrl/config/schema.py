@@ -45,6 +45,7 @@ class ModelConfig:
 @dataclass
 class RolloutConfig:
     engine: str = "builtin"  # builtin (our decode loop) | vllm (vLLM in the rollout worker; the `vllm` extra)
+    quantization: str | None = None  # null | fp8: weights synced as float8 e4m3 with 128x128 block scales
     n: int = 8  # responses per prompt (the GRPO group size)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -94,7 +95,7 @@ class ActorConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    rollout_is: str | None = None  # null | token | sequence
+    rollout_is: str | None = None  # null (off; token under rollout.quantization=fp8) | disabled | token | sequence
     rollout_is_threshold: float = 2.0
 
 

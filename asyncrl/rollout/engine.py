@@ -23,6 +23,7 @@ from asyncrl.models.lora import is_lora, merged_update, require_adapter, synced_
 from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_to_keep
 from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, WeightUpdateError, validate_update
 from asyncrl.rollout.sampling import SamplingParams, make_generator
+from asyncrl.sync.fp8 import dequantize_sync, sync_layout
 from asyncrl.types import PrefillStats, Prompt, Sample
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class RolloutEngine(GatedEngine):
         max_batch_size: int = 256,
         version: int = 0,
         share_prefixes: bool = True,
+        quantization: str | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"RolloutEngine: max_batch_size must be >= 1, got {max_batch_size}")
@@ -62,6 +64,7 @@ class RolloutEngine(GatedEngine):
         self.max_batch_size = max_batch_size
         self.version = version
         self.share_prefixes = share_prefixes
+        self.quantization = quantization  # "fp8": syncs arrive quantized (asyncrl.sync.fp8) and are dequantized
         self.last_prefill = PrefillStats()
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.pad_id: int = int(pad_id)
@@ -209,7 +212,8 @@ class RolloutEngine(GatedEngine):
         ``lm_head.weight``); ``update_weights`` accepts either name for them. A LoRA model (``model.lora_rank``):
         its adapter's tensors only.
         """
-        return synced_tensors(self.model)
+        synced = synced_tensors(self.model)
+        return sync_layout(synced) if self.quantization == "fp8" else synced
 
     def update_weights(
         self,
@@ -224,6 +228,8 @@ class RolloutEngine(GatedEngine):
         would silently mix versions). Raises EngineBusyError during a generate/resume.
         """
         items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
+        if self.quantization == "fp8":  # values x block scales: the engine runs on the quantized weights
+            items = dequantize_sync(items, f"RolloutEngine.update_weights(version={version})")
         with self._gate.updating(version):
             if is_lora(self.model):
                 require_adapter([name for name, _ in items], f"RolloutEngine.update_weights(version={version})")

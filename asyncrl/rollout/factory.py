@@ -10,10 +10,12 @@ from asyncrl.models.lora import LoraSpec, apply_lora
 from asyncrl.rollout.engine import RolloutEngine
 
 
-def builtin_engine(cfg: Config, model: PreTrainedModel, tokenizer) -> RolloutEngine:
+def builtin_engine(cfg: Config, model: PreTrainedModel, tokenizer, quantization: str | None = None) -> RolloutEngine:
+    r = cfg.rollout
     return RolloutEngine(
-        model, tokenizer, max_batch_size=cfg.rollout.max_batch_size, share_prefixes=cfg.rollout.enable_prefix_caching
-    )
+        model, tokenizer, max_batch_size=r.max_batch_size, share_prefixes=r.enable_prefix_caching,
+        quantization=quantization,
+    )  # fmt: skip
 
 
 def rollout_engine(cfg: Config):
@@ -32,7 +34,7 @@ def rollout_engine(cfg: Config):
     if lora is not None:  # the trainer's adapter arrives at each sync; decode with it merged into the base weights
         model = apply_lora(model, lora, trainable=False)
         model.merge_adapter()
-    return builtin_engine(cfg, model, tokenizer)
+    return builtin_engine(cfg, model, tokenizer, quantization=cfg.rollout.quantization)
 
 
 def colocated_engine(cfg: Config, model: PreTrainedModel, tokenizer):

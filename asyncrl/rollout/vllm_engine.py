@@ -29,13 +29,15 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncrl.models.loading import ModelLoadError, eos_token_ids, eos_token_ids_of
+from asyncrl.models.loading import eos_token_ids
 from asyncrl.models.lora import LoraSpec, require_adapter, synced_tensors
 from asyncrl.models.overrides import hf_overrides_for
 from asyncrl.rollout.engine import check_prompts, extend_sample, resumable
 from asyncrl.rollout.gate import EngineGate, GatedEngine, validate_update
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
+from asyncrl.rollout.vllm_model import eos_of, expected_params, refresh_tied_cpu_layers
+from asyncrl.sync.fp8 import dequantize_sync, quantize_for_sync, sync_layout
 from asyncrl.types import PrefillStats, Prompt, Sample
 
 SUPPORTED_VLLM = "0.32."  # the release whose in-process engine, reload_weights and CPU layers this file was built on
@@ -62,6 +64,7 @@ class VllmOptions:
     gpu_memory_utilization: float = 0.05  # on CPU: the KV cache's share of the machine's memory
     seed: int = 0
     hf_overrides: dict[str, Any] = field(default_factory=dict)  # model.override_config (RoPE scaling, ...)
+    quantization: str | None = None  # rollout.quantization: "fp8" syncs arrive quantized and are dequantized
 
     @classmethod
     def from_config(cls, cfg: Any) -> VllmOptions:
@@ -76,6 +79,7 @@ class VllmOptions:
             gpu_memory_utilization=r.gpu_memory_utilization,
             seed=cfg.trainer.seed,
             hf_overrides=hf_overrides_for(cfg.model.path, cfg.model.override_config),
+            quantization=r.quantization,
         )
 
 
@@ -104,38 +108,9 @@ def import_vllm() -> Any:
 
 def _expected_reload_warnings(record: logging.LogRecord) -> bool:
     """Drop vLLM's "Failed to load weights" for the layers a sync never carries: the rotary cache (no weights) and a
-    tied lm_head (its weight is the embedding's; ``_refresh_tied_cpu_layers`` re-packs it after every reload)."""
+    tied lm_head (its weight is the embedding's; ``refresh_tied_cpu_layers`` re-packs it after every reload)."""
     return not (record.getMessage().endswith("Failed to load weights") and record.args
                 and record.args[0] in ("RotaryEmbedding", "ParallelLMHead"))  # fmt: skip
-
-
-def _expected_params(model_path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """What a sync must carry: the HF model's parameters as shapes on the meta device (tied aliases included), and
-    alias -> canonical name (``lm_head.weight`` -> ``model.embed_tokens.weight`` when tied)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
-    with torch.device("meta"):
-        meta = AutoModelForCausalLM.from_config(config)
-    params = dict(meta.named_parameters(remove_duplicate=False))
-    first: dict[int, str] = {}
-    canonical: dict[str, str] = {}
-    for name, p in params.items():
-        canonical[name] = first.setdefault(id(p), name)
-    return params, canonical
-
-
-def _refresh_tied_cpu_layers(model: torch.nn.Module) -> list[str]:
-    """Re-pack every vocabulary layer's CPU GEMM from its current weight (run inside vLLM's worker after a reload)."""
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-
-    done = []
-    for name, module in model.named_modules():
-        if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
-            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
-            done.append(name)
-    return done
 
 
 class VllmEngine(GatedEngine):
@@ -160,7 +135,7 @@ class VllmEngine(GatedEngine):
         self.tokenizer = tokenizer
         self.options = options
         self.model = source  # the trainer's model when colocated, else None (vLLM holds its own copy)
-        self._params, self._canonical = _expected_params(model_path)
+        self._params, self._canonical = expected_params(model_path)
         self.adapters = VllmAdapters(model_path, lora) if lora is not None else None
         if self.adapters is not None:  # a sync carries the adapter alone; every request names the current one
             self._params = self.adapters.params
@@ -172,9 +147,10 @@ class VllmEngine(GatedEngine):
         self._sampling = vllm.SamplingParams
         self._delta = vllm.sampling_params.RequestOutputKind.DELTA
         self._tokens_prompt = vllm.inputs.TokensPrompt
-        self.eos_token_ids = eos_token_ids(source, tokenizer) if source is not None else _eos_of(model_path, tokenizer)
+        self.eos_token_ids = eos_token_ids(source, tokenizer) if source is not None else eos_of(model_path, tokenizer)
         self._version = version
-        self._stale = False
+        # colocated fp8: vLLM loaded the directory's full-precision weights; the first generate loads them quantized
+        self._stale = source is not None and options.quantization == "fp8"
         self._gate = EngineGate("VllmEngine")
         self._calls = 0
         self.last_prefill = PrefillStats()
@@ -296,7 +272,8 @@ class VllmEngine(GatedEngine):
     # ---- weights ----------------------------------------------------------------------------------------------------
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
         """Name -> tensor (meta: shapes only) that a sync must cover; tied parameters once, under their first name."""
-        return {name: p for name, p in self._params.items() if self._canonical[name] == name}
+        expected = {name: p for name, p in self._params.items() if self._canonical[name] == name}
+        return sync_layout(expected) if self.options.quantization == "fp8" else expected
 
     def update_weights(
         self,
@@ -307,10 +284,13 @@ class VllmEngine(GatedEngine):
         """Check names and shapes (nothing is loaded when one is wrong), load them into vLLM in place, refresh the
         CPU layers a reload misses, drop the prefix cache, then set ``version``."""
         items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
+        if self.options.quantization == "fp8":  # values x block scales: vLLM runs on the quantized weights
+            items = dequantize_sync(items, f"VllmEngine.update_weights(version={version})")
         with self._gate.updating(version):
             if self.adapters is not None:
                 require_adapter([name for name, _ in items], f"VllmEngine.update_weights(version={version})")
-            validate_update(items, self._params, self.state_dict_for_sync(), strict)
+            expected = {name: p for name, p in self._params.items() if self._canonical[name] == name}
+            validate_update(items, self._params, expected, strict)
             start = time.perf_counter()
             weights = [(self._canonical[name], tensor) for name, tensor in items]
             with _PROCESS_LOCK:
@@ -318,7 +298,7 @@ class VllmEngine(GatedEngine):
                     self.adapters.activate(self._engine, dict(weights), version)
                 else:
                     self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
-                    self.llm.apply_model(_refresh_tied_cpu_layers)
+                    self.llm.apply_model(refresh_tied_cpu_layers)
                 reset = self.llm.reset_prefix_cache()
             if not reset:
                 raise VllmEngineError(
@@ -331,7 +311,9 @@ class VllmEngine(GatedEngine):
 
     def _sync_from_source(self) -> None:
         if self._stale and self.model is not None:
-            self.update_weights(synced_tensors(self.model), self._version)
+            tensors = synced_tensors(self.model)
+            fp8 = self.options.quantization == "fp8"
+            self.update_weights(quantize_for_sync(tensors) if fp8 else tensors, self._version)
 
 
 def _start_llm(vllm: Any, model_path: str, options: VllmOptions, lora: LoraSpec | None = None) -> Any:
@@ -371,20 +353,6 @@ def _start_llm(vllm: Any, model_path: str, options: VllmOptions, lora: LoraSpec 
 def _kv_cache_bytes(fraction: float) -> int:
     """``rollout.gpu_memory_utilization`` on a CPU machine: that share of the machine's memory for the KV cache."""
     return int(fraction * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def _eos_of(model_path: str, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The tokenizer's eos plus the generation config's (as ``eos_token_ids`` does for a loaded model)."""
-    from transformers import GenerationConfig
-
-    try:
-        gen = GenerationConfig.from_pretrained(model_path, local_files_only=True)
-    except OSError:
-        gen = None
-    ids = eos_token_ids_of(gen, tokenizer)
-    if not ids:
-        raise ModelLoadError(f"model.path {model_path}: no eos token (generation could never stop)")
-    return ids
 
 
 def _sampled_logprobs(completion: Any, tokens: list[int], rid: str) -> list[float]:

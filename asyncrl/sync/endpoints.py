@@ -17,6 +17,7 @@ import torch
 
 from asyncrl.models.lora import is_lora, require_adapter, synced_tensors
 from asyncrl.sync.errors import WeightSyncError
+from asyncrl.sync.fp8 import quantize_for_sync
 from asyncrl.sync.group import WeightSyncGroup
 from asyncrl.sync.handshake import PlanSummary
 from asyncrl.sync.stats import SyncStats
@@ -85,6 +86,8 @@ class SyncSenderMixin(_WeightSyncMixin):
         tensors = synced_tensors(self.model)
         if is_lora(self.model):
             require_adapter(list(tensors), f"{type(self).__name__}: weight sync")
+        if getattr(self, "sync_quantization", None) == "fp8":
+            return quantize_for_sync(tensors)
         return tensors
 
     def weight_sync_endpoint(self) -> tuple[str, int]:

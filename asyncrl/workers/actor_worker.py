@@ -23,6 +23,7 @@ import torch
 from asyncrl import seeds
 from asyncrl.checkpoint import rng_state, set_rng_state
 from asyncrl.config import Config
+from asyncrl.config.schema import RolloutCorrectionConfig
 from asyncrl.data.collate import TrainBatch
 from asyncrl.data.targets import PolicyTarget, TeacherTarget
 from asyncrl.models.loading import load_model
@@ -81,6 +82,8 @@ class ActorRolloutWorker(SyncSenderMixin):
             weight_decay=o.weight_decay,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _warmup_lambda(o.lr_warmup_steps))
+        self.sync_quantization = cfg.rollout.quantization  # fp8: the weights a sync sends are quantized
+        self.correction = effective_correction(cfg)
         self.updates_per_version = (
             cfg.async_training.trigger_parameter_sync_step if cfg.trainer.schedule == "fully_async" else 1
         )
@@ -141,7 +144,7 @@ class ActorRolloutWorker(SyncSenderMixin):
                 self.timeline.span("update_actor", step=step, worker=self.name),
             ):
                 res = policy_ops.ppo_update(
-                    self.model, self.optimizer, self.scheduler, batch, a, self.cfg.algorithm.rollout_correction,
+                    self.model, self.optimizer, self.scheduler, batch, a, self.correction,
                     self.cfg.rollout.temperature, num_mini_batches=num_mini, seed=seed,
                 )  # fmt: skip
         elif isinstance(target, TeacherTarget):
@@ -239,6 +242,18 @@ class ActorRolloutWorker(SyncSenderMixin):
 
     def pid(self) -> int:
         return os.getpid()
+
+
+def effective_correction(cfg: Config) -> RolloutCorrectionConfig:
+    """``algorithm.rollout_correction`` as the update applies it: ``rollout_is`` null means off, except under FP8
+    rollout, where token-level truncated importance sampling is on (verl finds FP8 rollout matches bf16 only with
+    it); ``disabled`` is off always."""
+    rc = cfg.algorithm.rollout_correction
+    if rc.rollout_is == "disabled":
+        return replace(rc, rollout_is=None)
+    if rc.rollout_is is None and cfg.rollout.quantization == "fp8":
+        return replace(rc, rollout_is="token")
+    return rc
 
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
