@@ -2,10 +2,12 @@
 
 Every import counts: module level, inside functions (lazy imports) and inside ``if`` blocks. ``from asyncrl.pkg import
 name`` is an edge to the submodule ``asyncrl.pkg.name`` when that file exists, else to the package's ``__init__``. The
-parent packages that Python initialises on the way to a submodule are not edges: by the time a submodule runs, its
-parents are already in ``sys.modules``, so a package ``__init__`` that imports its submodules, which import their
-siblings, is fine. An explicit import of the package itself from inside it is an edge, because it does cycle: the
-``__init__`` is still half-run when its eagerly imported submodule asks it for a name.
+parent packages that Python initialises on the way to a submodule are edges only from outside them: by the time a
+submodule runs, its own parents are already in ``sys.modules``, so a package ``__init__`` that imports its submodules,
+which import their siblings, is fine; but ``asyncrl.sync.x`` importing ``asyncrl.rollout.gate`` runs
+``asyncrl/rollout/__init__.py`` first, and whatever that imports. An explicit import of the package itself from inside
+it is an edge, because it does cycle: the ``__init__`` is still half-run when its eagerly imported submodule asks it
+for a name.
 """
 
 from __future__ import annotations
@@ -55,9 +57,21 @@ def all_imports() -> dict[str, set[str]]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Edges between modules of the package only (a module naming itself is not an edge)."""
+    """Edges between modules of the package only (a module naming itself is not an edge), with the parent packages
+    an import initialises when the importer is outside them."""
     imports = all_imports()
-    return {name: {t for t in targets if t in imports and t != name} for name, targets in imports.items()}
+    graph: dict[str, set[str]] = {}
+    for name, targets in imports.items():
+        edges = set()
+        for t in targets:
+            parts = t.split(".")
+            for k in range(2, len(parts)):  # asyncrl.a for asyncrl.a.b (the root package runs first for everyone)
+                parent = ".".join(parts[:k])
+                if parent in imports and not is_under(name, parent):
+                    edges.add(parent)
+            edges.add(t)
+        graph[name] = {t for t in edges if t in imports and t != name}
+    return graph
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

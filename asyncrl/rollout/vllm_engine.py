@@ -33,11 +33,11 @@ from asyncrl.models.loading import eos_token_ids
 from asyncrl.models.lora import LoraSpec, require_adapter, synced_tensors
 from asyncrl.models.overrides import hf_overrides_for
 from asyncrl.rollout.engine import check_prompts, extend_sample, resumable
+from asyncrl.rollout.fp8 import dequantize_sync, quantize_for_sync, sync_layout
 from asyncrl.rollout.gate import EngineGate, GatedEngine, validate_update
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
 from asyncrl.rollout.vllm_model import eos_of, expected_params, refresh_tied_cpu_layers
-from asyncrl.sync.fp8 import dequantize_sync, quantize_for_sync, sync_layout
 from asyncrl.types import PrefillStats, Prompt, Sample
 
 SUPPORTED_VLLM = "0.32."  # the release whose in-process engine, reload_weights and CPU layers this file was built on

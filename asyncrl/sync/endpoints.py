@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from asyncrl.models.lora import is_lora, require_adapter, synced_tensors
+from asyncrl.rollout.fp8 import quantize_for_sync
 from asyncrl.sync.errors import WeightSyncError
-from asyncrl.sync.fp8 import quantize_for_sync
 from asyncrl.sync.group import WeightSyncGroup
 from asyncrl.sync.handshake import PlanSummary
 from asyncrl.sync.stats import SyncStats
