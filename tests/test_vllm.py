@@ -71,6 +71,13 @@ def gaps(engine: VllmEngine, model, samples) -> torch.Tensor:
     ])  # fmt: skip
 
 
+def assert_follows(engine: VllmEngine, samples, right, wrong, label: str) -> None:
+    """The engine's log-probs are ``right``'s (max |diff| < 1e-3) and not ``wrong``'s (mean |diff| > 1e-2)."""
+    to_right, to_wrong = gaps(engine, right, samples), gaps(engine, wrong, samples)
+    print(f"{label}: |diff| to the expected model max {to_right.max():.2e}, to the other mean {to_wrong.mean():.2e}")
+    assert float(to_right.max()) < 1e-3 and float(to_wrong.mean()) > 1e-2
+
+
 def test_engine_logprobs_are_the_trainers(models, engine):
     _, a, _, _, _ = models
     model, tok = load_model(a, for_training=False)
@@ -188,11 +195,7 @@ def test_a_compiled_engine_takes_weight_updates(models):
     params = SamplingParams(n=2, temperature=0.8, max_new_tokens=10)
     assert float(gaps(compiled, old, compiled.generate(prompts(tok), params, seed=1)).max()) < 1e-3
     compiled.update_weights({n: p.detach() for n, p in new.named_parameters()}, version=1)
-    samples = compiled.generate(prompts(tok), params, seed=1)
-    to_new, to_old = gaps(compiled, new, samples), gaps(compiled, old, samples)
-    print(f"compiled, after the update: |diff| to the new weights max {to_new.max():.2e}, to the old mean "
-          f"{to_old.mean():.2e}")  # fmt: skip
-    assert float(to_new.max()) < 1e-3 and float(to_old.mean()) > 1e-2
+    assert_follows(compiled, compiled.generate(prompts(tok), params, seed=1), new, old, "compiled, after the update")
     del compiled
     gc.collect()
 
@@ -306,10 +309,7 @@ def test_rope_scaling_reaches_vllm_past_the_trained_context(models):
     prompt = Prompt(0, tok("12+34+56=102 " * 45)["input_ids"], "chain_sum", "")
     assert len(prompt.prompt_ids) > 512
     samples = engine.generate([prompt], SamplingParams(n=2, temperature=0.8, max_new_tokens=8), seed=2)
-    to_trainer, to_plain = gaps(engine, trainer, samples), gaps(engine, plain, samples)
-    print(f"vLLM with RoPE x2: |diff| to the scaled trainer max {to_trainer.max():.2e}, to the unscaled mean "
-          f"{to_plain.mean():.2e}")  # fmt: skip
-    assert float(to_trainer.max()) < 1e-3 and float(to_plain.mean()) > 1e-2
+    assert_follows(engine, samples, trainer, plain, "vLLM with RoPE x2 (expected: the scaled trainer)")
     del engine
     gc.collect()
 
