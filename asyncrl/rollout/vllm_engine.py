@@ -272,8 +272,11 @@ class VllmEngine(GatedEngine):
     # ---- weights ----------------------------------------------------------------------------------------------------
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
         """Name -> tensor (meta: shapes only) that a sync must cover; tied parameters once, under their first name."""
-        expected = {name: p for name, p in self._params.items() if self._canonical[name] == name}
-        return sync_layout(expected) if self.options.quantization == "fp8" else expected
+        return sync_layout(self._synced()) if self.options.quantization == "fp8" else self._synced()
+
+    def _synced(self) -> dict[str, torch.Tensor]:
+        """The parameters a sync updates (meta tensors), tied ones once, as they arrive after any dequantization."""
+        return {name: p for name, p in self._params.items() if self._canonical[name] == name}
 
     def update_weights(
         self,
@@ -289,8 +292,7 @@ class VllmEngine(GatedEngine):
         with self._gate.updating(version):
             if self.adapters is not None:
                 require_adapter([name for name, _ in items], f"VllmEngine.update_weights(version={version})")
-            expected = {name: p for name, p in self._params.items() if self._canonical[name] == name}
-            validate_update(items, self._params, expected, strict)
+            validate_update(items, self._params, self._synced(), strict)
             start = time.perf_counter()
             weights = [(self._canonical[name], tensor) for name, tensor in items]
             with _PROCESS_LOCK:

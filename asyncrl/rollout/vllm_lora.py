@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import weakref
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -52,6 +53,7 @@ class VllmAdapters:
         self._config = meta.peft_config["default"]  # target modules resolved ("all-linear" -> the layer names)
         self._config.base_model_name_or_path = model_path
         self._dir = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-lora-"))
+        weakref.finalize(self, shutil.rmtree, str(self._dir), True)  # the adapter files go with the engine
         self._next_id = 1
         self.request: Any = None
         if spec.adapter_path:
@@ -80,6 +82,3 @@ class VllmAdapters:
             engine.remove_lora(old.lora_int_id)
             if Path(old.lora_path).parent == self._dir:
                 shutil.rmtree(old.lora_path, ignore_errors=True)
-
-    def close(self) -> None:
-        shutil.rmtree(self._dir, ignore_errors=True)

@@ -106,14 +106,14 @@ class ActorRolloutWorker(SyncSenderMixin):
         """Per-token log-probs [B, T] of ``batch``'s responses under the current (``actor``), reference (``ref``) or
         proximal (``prox``: the weights at the start of the sync window) model; ``update`` asks only for the models
         its config built."""
-        model = {"actor": self.model, "ref": self.ref_model, "prox": self.prox_model}[which]
-        base = which == "ref" and self.lora is not None
-        with (
-            self.timeline.span(f"{which}_logprobs", step=step, worker=self.name),
-            reference_policy(self.model) if base else contextlib.nullcontext(),
-        ):
+        if which == "ref" and self.lora is not None:  # LoRA's reference: the actor with its adapter switched off
+            model, context = self.model, reference_policy(self.model)
+        else:
+            model = {"actor": self.model, "ref": self.ref_model, "prox": self.prox_model}[which]
+            context = contextlib.nullcontext()
+        with self.timeline.span(f"{which}_logprobs", step=step, worker=self.name), context:
             return policy_ops.response_logprobs(
-                self.model if base else model, batch, self.cfg.rollout.temperature, policy_ops.batching(self.cfg.actor)
+                model, batch, self.cfg.rollout.temperature, policy_ops.batching(self.cfg.actor)
             )
 
     def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> UpdateResult:
