@@ -100,8 +100,14 @@ def validate(cfg: Config) -> None:
     for b in t.logger:
         choice("trainer.logger", b, ("console", "jsonl", "tensorboard", "prometheus"))
     check(t.cpus_per_worker >= 1, "trainer.cpus_per_worker", t.cpus_per_worker, ">= 1")
+    check(t.num_workers >= 1, "trainer.num_workers", t.num_workers, ">= 1")
     check(
-        t.num_workers == 1, "trainer.num_workers", t.num_workers, "1 (data-parallel trainers are not implemented yet)"
+        t.num_workers == 1 or t.schedule != "sync" or r.engine != "vllm",
+        "trainer.num_workers",
+        t.num_workers,
+        "1 with rollout.engine=vllm in the sync schedule (each data-parallel rank would start a vLLM engine of its "
+        "own, which is not implemented; a separate rollout pool, trainer.schedule=one_step_off, works with any "
+        "number of ranks)",
     )
     check(r.num_workers >= 1, "rollout.num_workers", r.num_workers, ">= 1")
     check(r.cpus_per_worker > 0, "rollout.cpus_per_worker", r.cpus_per_worker, "> 0")

@@ -129,8 +129,8 @@ class TrainerConfig:
     seed: int = 1
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     prometheus_port: int | None = None
-    cpus_per_worker: float = 2.0  # CPUs of the (colocated) trainer worker; torch threads = this, rounded down
-    num_workers: int = 1  # trainer workers (data parallel); only 1 is implemented
+    cpus_per_worker: float = 2.0  # CPUs of each trainer worker (rank); torch threads = this, rounded down
+    num_workers: int = 1  # data-parallel trainer ranks (verl's trainer.n_gpus_per_node): each a share of the batch
     critic_warmup: int = 0  # ppo: steps that update only the critic before the actor starts learning
     role_start_timeout_s: float = 600.0  # how long a role may take to start (load its model) before the run fails
 

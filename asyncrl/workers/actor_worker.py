@@ -39,9 +39,11 @@ from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.factory import colocated_engine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.sync.endpoints import SyncSenderMixin
+from asyncrl.sync.transport import LOOPBACK, find_free_port
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Generation, Prompt, UpdateResult
 from asyncrl.workers import policy_ops
+from asyncrl.workers.data_parallel import DataParallel
 from asyncrl.workers.rollout_worker import generate_scored
 
 
@@ -50,11 +52,24 @@ def _warmup_lambda(warmup_steps: int):
 
 
 class ActorRolloutWorker(SyncSenderMixin):
-    def __init__(self, cfg: Config, name: str = "actor_rollout", num_threads: int | None = None):
+    """``rank``/``world_size``: one of ``trainer.num_workers`` data-parallel ranks (``init_data_parallel`` joins
+    them); every rank holds the same weights, rank 0 sends them at a sync and writes checkpoints."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        name: str = "actor_rollout",
+        num_threads: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         if num_threads:
             torch.set_num_threads(num_threads)
         self.cfg = cfg
-        self.name = name
+        self.state_file = f"{name}_state.pt"  # the same on every rank: any rank (and any number of them) resumes it
+        self.name = name if rank == 0 else f"{name}.rank{rank}"
+        self.rank, self.world_size = rank, world_size
+        self.dp: DataParallel | None = None
         torch.manual_seed(seeds.model_init(cfg.trainer.seed))
         self.model, self.tokenizer = load_model(
             cfg.model.path, dtype=cfg.model.dtype, overrides=cfg.model.override_config
@@ -92,6 +107,17 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.timeline = get_timeline()
         self.timeline.worker = name
 
+    # ---- data parallelism ----------------------------------------------------------------------------------------
+    def data_parallel_endpoint(self) -> tuple[str, int]:
+        """(host, port) for the ranks' rendezvous, on rank 0's node."""
+        host = os.environ.get("MASTER_ADDR", LOOPBACK)
+        return host, find_free_port(host)
+
+    def init_data_parallel(self, host: str, port: int, timeout_s: float) -> None:
+        """Join the trainer's data-parallel group (every rank calls this at once) and check the replicas agree."""
+        self.dp = DataParallel.create(self.rank, self.world_size, host, port, timeout_s)
+        self.dp.check_replicas(self.model, f"{self.name}: start")
+
     # ---- rollout -------------------------------------------------------------------------------------------------
     def generate(
         self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int = -1, score: bool = True
@@ -111,10 +137,14 @@ class ActorRolloutWorker(SyncSenderMixin):
         else:
             model = {"actor": self.model, "ref": self.ref_model, "prox": self.prox_model}[which]
             context = contextlib.nullcontext()
+        how = policy_ops.batching(self.cfg.actor)
         with self.timeline.span(f"{which}_logprobs", step=step, worker=self.name), context:
-            return policy_ops.response_logprobs(
-                model, batch, self.cfg.rollout.temperature, policy_ops.batching(self.cfg.actor)
-            )
+            if self.dp is None:
+                return policy_ops.response_logprobs(model, batch, self.cfg.rollout.temperature, how)
+            # each rank its share of the rows, then every rank the whole [B, T]
+            part = batch.select(self.dp.rows(batch.size))
+            own = policy_ops.response_logprobs(model, part, self.cfg.rollout.temperature, how)
+            return self.dp.gather_rows(own, batch.size)
 
     def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> UpdateResult:
         """One training step on ``batch``, whatever its policy target: a ``PolicyTarget`` (GRPO, PPO) gets its
@@ -145,7 +175,7 @@ class ActorRolloutWorker(SyncSenderMixin):
             ):
                 res = policy_ops.ppo_update(
                     self.model, self.optimizer, self.scheduler, batch, a, self.correction,
-                    self.cfg.rollout.temperature, num_mini_batches=num_mini, seed=seed,
+                    self.cfg.rollout.temperature, num_mini_batches=num_mini, seed=seed, dp=self.dp,
                 )  # fmt: skip
         elif isinstance(target, TeacherTarget):
             with (
@@ -154,7 +184,7 @@ class ActorRolloutWorker(SyncSenderMixin):
             ):
                 res = policy_ops.distill_update(
                     self.model, self.optimizer, self.scheduler, batch, a, self.cfg.distill,
-                    num_mini_batches=num_mini, seed=seed,
+                    num_mini_batches=num_mini, seed=seed, dp=self.dp,
                 )  # fmt: skip
         else:
             raise TypeError(f"{self.name}.update: a batch needs a PolicyTarget or TeacherTarget (got {target!r})")
@@ -188,7 +218,7 @@ class ActorRolloutWorker(SyncSenderMixin):
             "version": self.version,
             "rng": rng_state(),
         }
-        torch.save(state, d / f"{self.name}_state.pt")
+        torch.save(state, d / self.state_file)
         if self.ref_model is not None:
             torch.save(self.ref_model.state_dict(), d / "ref_model.pt")
 
@@ -198,7 +228,7 @@ class ActorRolloutWorker(SyncSenderMixin):
             load_adapter_state(self.model, d / "adapter")
         else:
             self._load_full_weights(d)
-        state = torch.load(d / f"{self.name}_state.pt", weights_only=False)
+        state = torch.load(d / self.state_file, weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = int(state["updates"])
@@ -209,6 +239,8 @@ class ActorRolloutWorker(SyncSenderMixin):
             self.ref_model.load_state_dict(torch.load(d / "ref_model.pt", weights_only=True))
         if self.prox_model is not None:  # checkpoints are taken at weight syncs: a sync window starts here
             self.prox_model.load_state_dict(self.model.state_dict())
+        if self.dp is not None:  # every rank read the same files (whatever number of ranks wrote them)
+            self.dp.check_replicas(self.model, f"{self.name}: resume from {d}")
         return self.version
 
     def _load_full_weights(self, d: Path) -> None:

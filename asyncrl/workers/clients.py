@@ -7,6 +7,7 @@ teacher's client is ``asyncrl.distill.client.TeacherClient`` (an HTTP server is 
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.calls import Handle, Pending
@@ -50,6 +51,38 @@ class TrainerClient(RolloutClient):
 
     def export_model(self, directory: str) -> Pending[None]:
         return self.handle.call("export_model", directory)
+
+
+class _AllRanks:
+    """One call on every data-parallel rank, answered by rank 0's result once all have finished (any rank's error
+    is raised)."""
+
+    def __init__(self, calls: list[Pending[Any]]):
+        self.calls = calls
+
+    def result(self, timeout: float | None = None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out = [c.result(None if deadline is None else max(0.0, deadline - time.monotonic())) for c in self.calls]
+        return out[0]
+
+    def done(self) -> bool:
+        return all(c.done() for c in self.calls)
+
+
+class DataParallelTrainerClient(TrainerClient):
+    """``trainer.num_workers`` data-parallel ranks as one trainer (``asyncrl.workers.data_parallel``): a training
+    step and a resume run on every rank; everything that reads the (replicated) weights or state, generation for
+    evaluation, a checkpoint, an export, the weight sync, goes to rank 0 (``handle``)."""
+
+    def __init__(self, ranks: list[Handle]):
+        super().__init__(ranks[0])
+        self.ranks = ranks
+
+    def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> Pending[UpdateResult]:
+        return _AllRanks([h.call("update", batch, step, num_mini_batches) for h in self.ranks])
+
+    def load_checkpoint(self, directory: str) -> Pending[Any]:
+        return _AllRanks([h.call("load_checkpoint", directory) for h in self.ranks])
 
 
 class CriticClient(RoleClient):

@@ -102,7 +102,7 @@ class RayPools:
         self.placement = placement
         self.pgs: dict[str, Any] = {}
         n_rollout = placement.rollout[0] if placement.rollout else 0
-        shared = len(placement.pools) + n_rollout > 1
+        shared = len(placement.pools) + n_rollout + placement.actor_ranks - 1 > 1
         self.env = {"env_vars": {**WORKER_ENV, **SHARED_CORES_ENV}} if shared else None
         bundles = {name: [{"CPU": cpus}] for name, cpus in placement.pools.items()}
         if placement.rollout is not None:
@@ -122,17 +122,21 @@ class RayPools:
             self.release()
             raise
 
-    def spawn(self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, **kwargs: Any) -> RayHandle:
+    def spawn(
+        self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, ranks: int = 1, **kwargs: Any
+    ) -> RayHandle:
         """Start ``cls`` for a training role (``actor``, ``critic``, ``reward_model``) on its pool, or for the
         rollout pool's worker ``rollout:<i>``. ``concurrency > 1`` makes a threaded actor (calls run on a thread
-        pool), for a worker with a background loop that must still answer calls (the fully_async Rollouter)."""
+        pool), for a worker with a background loop that must still answer calls (the fully_async Rollouter).
+        ``ranks``: one of that many data-parallel ranks of the role, which split its share and threads."""
         if role.startswith(ROLLOUT_POOL + ":"):
             pool, index = ROLLOUT_POOL, int(role.split(":")[1])
             cpus = share = self.placement.rollout[1]  # type: ignore[index]
         else:
             pool, index = self.placement.pool_of(role), 0
             cpus = self.placement.pools[pool]
-            share = cpus / len(self.placement.roles_on(pool))
+            share = cpus / len(self.placement.roles_on(pool)) / ranks
+            cpus = cpus / ranks  # the ranks run at once: each its part of the pool's threads
         strategy = PlacementGroupSchedulingStrategy(placement_group=self.pgs[pool], placement_group_bundle_index=index)
         opts: dict[str, Any] = {"num_cpus": share, "scheduling_strategy": strategy}
         if concurrency > 1:
@@ -140,7 +144,7 @@ class RayPools:
         if self.env:
             opts["runtime_env"] = self.env
         actor = ray.remote(cls).options(**opts).remote(*args, name=name, num_threads=max(1, int(cpus)), **kwargs)
-        return RayHandle(actor, name)
+        return RayHandle(actor, name if kwargs.get("rank", 0) == 0 else f"{name}.rank{kwargs['rank']}")
 
     def release(self) -> None:
         for pg in self.pgs.values():

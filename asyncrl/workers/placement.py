@@ -7,7 +7,8 @@ once: verl's split placement, as config instead of a code edit). The reference a
 actor's worker. The rollout's place is the schedule's: ``sync`` generates on the actor's own worker, the others on a
 rollout pool of ``rollout.num_workers`` x ``rollout.cpus_per_worker``.
 
-Empty config = every role of the run on one pool, ``trainer``, of ``trainer.cpus_per_worker`` CPUs. Every check
+Empty config = every role of the run on one pool, ``trainer``, of ``trainer.cpus_per_worker`` CPUs (times
+``trainer.num_workers``: the actor's data-parallel ranks split their pool's CPUs). Every check
 runs before any worker starts.
 """
 
@@ -35,6 +36,7 @@ class Placement:
     pools: dict[str, float]  # training pool -> CPUs
     roles: dict[str, str]  # training role -> pool (only the roles this run uses)
     rollout: tuple[int, float] | None  # (workers, CPUs each) of the rollout pool; None = the actor generates
+    actor_ranks: int = 1  # trainer.num_workers data-parallel ranks of the actor, sharing its pool's CPUs
 
     def pool_of(self, role: str) -> str:
         return self.roles[role]
@@ -67,7 +69,8 @@ def resolve_placement(cfg: Config, total_cpus: float | None) -> Placement:
     needed = roles_needed(cfg)
     p = cfg.placement
     if not p.pools and not p.roles:
-        p = PlacementConfig(pools={"trainer": PoolConfig(cpus=cfg.trainer.cpus_per_worker)})
+        cpus = cfg.trainer.cpus_per_worker * cfg.trainer.num_workers  # each data-parallel rank its CPUs
+        p = PlacementConfig(pools={"trainer": PoolConfig(cpus=cpus)})
         p.roles = dict.fromkeys(needed, "trainer")
     for role, pool in p.roles.items():
         if role in NOT_PLACED:
@@ -92,7 +95,7 @@ def resolve_placement(cfg: Config, total_cpus: float | None) -> Placement:
         pools[name] = float(pool.cpus)
     r = cfg.rollout
     rollout = None if cfg.trainer.schedule == "sync" else (r.num_workers, float(r.cpus_per_worker))
-    placement = Placement(pools=pools, roles=roles, rollout=rollout)
+    placement = Placement(pools=pools, roles=roles, rollout=rollout, actor_ranks=cfg.trainer.num_workers)
     if total_cpus is not None and placement.total_cpus > total_cpus + 1e-9:
         parts = [f"{k}={v:g}" for k, v in pools.items()]
         if rollout is not None:

@@ -18,6 +18,7 @@ from asyncrl.config import ActorConfig, CriticConfig, DistillConfig, RolloutCorr
 from asyncrl.data.collate import Batching, TrainBatch, micro_batches
 from asyncrl.data.packing import TokenCount
 from asyncrl.data.targets import PolicyTarget, TeacherTarget
+from asyncrl.workers.data_parallel import DataParallel
 
 
 def model_inputs(mb: TrainBatch, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -89,8 +90,10 @@ def ppo_update(
     temperature: float,
     num_mini_batches: int,
     seed: int,
+    dp: DataParallel | None = None,
 ) -> UpdateResult:
-    """``actor.ppo_epochs`` passes over ``batch`` in ``num_mini_batches`` optimizer steps each, PPO-clip loss.
+    """``actor.ppo_epochs`` passes over ``batch`` in ``num_mini_batches`` optimizer steps each, PPO-clip loss
+    (``dp``: this rank's share of each mini-batch, see ``optimize``).
 
     With ``actor.skip_zero_adv_rows`` (and no entropy bonus or KL loss, the only terms a row with all-zero advantages
     adds to), such rows skip the forward and backward passes: their policy-gradient term is exactly zero, and the
@@ -118,7 +121,10 @@ def ppo_update(
         seed,
         micro_loss,
         keep_rows=(lambda mb: (_policy(mb).advantages_BT != 0).any(dim=1)) if skip else None,
+        dp=dp,
     )
+    if dp is not None:
+        gap = LogprobGap.merged(dp.all_gather_object(gap))
     res.metrics.update(gap.metrics())
     return res
 
@@ -141,6 +147,14 @@ class LogprobGap:
         self.tokens += int(diff.numel())
         self.max = max(self.max, float(diff.max()))
 
+    @classmethod
+    def merged(cls, parts: list[LogprobGap]) -> LogprobGap:
+        """One gap over the tokens of several (the data-parallel ranks' shares)."""
+        out = cls()
+        out.total, out.tokens = sum(p.total for p in parts), sum(p.tokens for p in parts)
+        out.max = max((p.max for p in parts), default=0.0)
+        return out
+
     def metrics(self) -> dict[str, float]:
         if not self.tokens:
             return {}
@@ -156,6 +170,7 @@ def distill_update(
     distill: DistillConfig,
     num_mini_batches: int,
     seed: int,
+    dp: DataParallel | None = None,
 ) -> UpdateResult:
     """Distillation steps on ``batch`` (its ``TeacherTarget``): the student is fitted to the teacher on the batch's
     responses (see ``distill_loss``)."""
@@ -168,6 +183,7 @@ def distill_update(
         num_mini_batches,
         seed,
         lambda mb: _distill_micro_loss(model, mb, actor, distill),
+        dp=dp,
     )
 
 
@@ -182,6 +198,7 @@ def optimize(
     micro_loss: Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]],
     prefix: str = "actor",
     keep_rows: Callable[[TrainBatch], torch.Tensor] | None = None,
+    dp: DataParallel | None = None,
 ) -> UpdateResult:
     """``actor.ppo_epochs`` passes over ``batch`` in ``num_mini_batches`` optimizer steps each, minimising
     ``micro_loss(micro_batch)``. ``actor`` is the role's config (the critic's has the same fields); ``prefix`` names
@@ -193,6 +210,11 @@ def optimize(
     ``keep_rows(mini_batch)`` (a bool per row) leaves out rows whose loss gradient is known to be zero; the weights
     above still count them, so the accumulated gradient does not change. The share left out is
     ``{prefix}/skipped_rows_frac``.
+
+    With ``dp`` (data-parallel ranks), every rank draws the same permutation and works on its rows of each
+    mini-batch with the whole mini-batch's weights; the ranks' gradients are then summed, so each rank steps with
+    the gradient of the whole mini-batch. The loss statistics are the whole mini-batch's too; the micro-batch
+    counts (``{prefix}/micro_batches`` and the like) are rank 0's.
     """
     model.train()
     gen = torch.Generator().manual_seed(seed)
@@ -213,6 +235,8 @@ def optimize(
             mini_tokens = float(mini.response_mask_BT.sum().clamp(min=1))
             # seq-mean modes average over sequences with at least one token (algos.agg_loss): count those
             mini_seqs = float((mini.response_mask_BT.sum(dim=1) > 0).sum().clamp(min=1))
+            if dp is not None:
+                mini = mini.select(dp.rows(mini.size))
             if keep_rows is not None:
                 kept = keep_rows(mini).nonzero().flatten()
                 rows_left_out += mini.size - len(kept)
@@ -238,6 +262,10 @@ def optimize(
                 weights += weight
                 for k, v in stats.items():
                     mini_stats[k] = mini_stats.get(k, 0.0) + weight * v
+            if dp is not None:
+                finite, mini_stats, weights = _across_ranks(dp, finite, mini_stats, weights)
+                if finite:
+                    dp.all_reduce_grads([p for p in model.parameters() if p.requires_grad])
             for k, v in mini_stats.items():  # weighted as the loss is: the same whatever the micro-batches
                 add(k, v / weights if weights > 0 else v)
             grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -256,9 +284,24 @@ def optimize(
     metrics[f"{prefix}/nonfinite_skipped_steps"] = float(skipped)
     metrics.update(count.metrics(prefix))
     if keep_rows is not None:
+        if dp is not None:
+            rows_left_out = sum(dp.all_gather_object(rows_left_out))
         metrics[f"{prefix}/skipped_rows_frac"] = rows_left_out / max(batch.size * actor.ppo_epochs, 1)
     optimizer.zero_grad(set_to_none=True)
     return UpdateResult(metrics=metrics, optimizer_steps=steps, skipped_nonfinite=skipped)
+
+
+def _across_ranks(
+    dp: DataParallel, finite: bool, stats: dict[str, float], weights: float
+) -> tuple[bool, dict[str, float], float]:
+    """A mini-batch's outcome over all ranks: finite only if every rank's loss was; the weighted statistics and their
+    weights summed (each rank weighted its rows by their share of the whole mini-batch)."""
+    parts = dp.all_gather_object((finite, stats, weights))
+    merged: dict[str, float] = {}
+    for _, s, _ in parts:
+        for k, v in s.items():
+            merged[k] = merged.get(k, 0.0) + v
+    return all(f for f, _, _ in parts), merged, sum(w for _, _, w in parts)
 
 
 def _distill_micro_loss(

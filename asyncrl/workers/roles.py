@@ -19,6 +19,7 @@ from asyncrl.workers.actor_worker import ActorRolloutWorker
 from asyncrl.workers.backends import LocalHandle
 from asyncrl.workers.clients import (
     CriticClient,
+    DataParallelTrainerClient,
     RewardModelClient,
     RoleClient,
     RolloutClient,
@@ -54,10 +55,11 @@ class Roles:
 
     @property
     def receivers(self) -> list[Handle]:
-        """The workers that receive weights from the trainer (none when the trainer generates itself)."""
+        """The workers that receive weights from the trainer (none when the trainer's ranks generate themselves)."""
         if self.rollouter is not None:
             return [self.rollouter.handle]
-        return [r.handle for r in self.rollouts if r.handle is not self.trainer.handle]
+        ranks = getattr(self.trainer, "ranks", [self.trainer.handle])
+        return [r.handle for r in self.rollouts if not any(r.handle is h for h in ranks)]
 
     @property
     def checkpointed(self) -> dict[str, RoleClient]:
@@ -84,8 +86,10 @@ def start_roles(cfg: Config, side: RolloutSide) -> Iterator[Roles]:
 
 def _spawn(cfg: Config, side: RolloutSide, backend: Any) -> Roles:
     p = backend.placement
-    trainer = TrainerClient(backend.spawn("actor", ActorRolloutWorker, cfg, name="trainer"))
+    trainer = _spawn_trainer(cfg, backend)
     roles = Roles(trainer=trainer, rollouts=[trainer], placement=p)
+    if isinstance(trainer, DataParallelTrainerClient):  # sync: every rank generates a share of the prompts
+        roles.rollouts += [RolloutClient(h) for h in trainer.ranks[1:]]
     if side is RolloutSide.POOL:
         n = cfg.rollout.num_workers
         roles.rollouts = [
@@ -104,6 +108,22 @@ def _spawn(cfg: Config, side: RolloutSide, backend: Any) -> Roles:
     return roles
 
 
+def _spawn_trainer(cfg: Config, backend: Any) -> TrainerClient:
+    """The trainer: one worker, or ``trainer.num_workers`` data-parallel ranks joined in one group."""
+    n = cfg.trainer.num_workers
+    if n == 1:
+        return TrainerClient(backend.spawn("actor", ActorRolloutWorker, cfg, name="trainer"))
+    ranks = [
+        backend.spawn("actor", ActorRolloutWorker, cfg, name="trainer", ranks=n, rank=r, world_size=n) for r in range(n)
+    ]
+    host, port = ranks[0].call("data_parallel_endpoint").result()
+    timeout = cfg.trainer.role_start_timeout_s
+    joins = [h.call("init_data_parallel", host, port, timeout) for h in ranks]
+    for j in joins:
+        j.result()
+    return DataParallelTrainerClient(ranks)
+
+
 class _RayBackend:
     """Roles as Ray actors on reserved placement groups of a local (or the configured) cluster."""
 
@@ -115,8 +135,8 @@ class _RayBackend:
         self.pools = RayPools(self.placement, ready_timeout_s=cfg.trainer.role_start_timeout_s)
         self.handles: list[Handle] = []
 
-    def spawn(self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1) -> Handle:
-        h = self.pools.spawn(role, cls, *args, name=name, concurrency=concurrency)
+    def spawn(self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, **kwargs: Any) -> Handle:
+        h = self.pools.spawn(role, cls, *args, name=name, concurrency=concurrency, **kwargs)
         self.handles.append(h)
         return h
 
@@ -133,8 +153,11 @@ class _LocalBackend:
         self.placement = resolve_placement(cfg, None)
         self.handles: list[Handle] = []
 
-    def spawn(self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1) -> Handle:
-        h = LocalHandle(cls(*args, name=name), name, concurrency)
+    def spawn(
+        self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, ranks: int = 1, **kwargs: Any
+    ) -> Handle:
+        obj = cls(*args, name=name, **kwargs)
+        h = LocalHandle(obj, obj.name if hasattr(obj, "name") else name, concurrency)
         self.handles.append(h)
         return h
 

@@ -1,0 +1,139 @@
+"""Data-parallel trainer ranks (``trainer.num_workers``): replicated weights, a share of every mini-batch each, and
+gradients summed across ranks before each optimizer step (DDP's semantics).
+
+Each rank holds the whole model and optimizer. Every rank receives the whole batch and draws the same mini-batch
+permutation (same seed); rank ``r`` then forwards and backwards only its rows of each mini-batch
+(``rows``), with the loss weights of the whole mini-batch (its token or sequence count), so that after
+``all_reduce_grads`` every rank holds exactly the gradient one rank would have computed over the whole mini-batch,
+clips it by the same norm and takes the same optimizer step: the replicas stay equal, bit for bit, without
+broadcasting weights. The log-prob passes (reference, old policy) are split the same way and all-gathered.
+
+Why not torch's ``DistributedDataParallel`` wrapper: it all-reduces inside ``backward`` and expects every rank to
+call it equally often, while here a rank's row share may pack into a different number of micro-batches (or none:
+every row of its share skipped as zero-advantage). Why not FSDP2 (``fully_shard``; it does run on CPU over gloo in
+torch 2.13, checked): a sharded module all-gathers its parameters in every forward, so every rank must run the same
+forwards, which the colocated engine's decoding (different prompts and lengths per rank) does not; see
+docs/trainer_backends.md.
+
+The group is a process group of its own (``asyncrl.sync.transport``: TCPStore + gloo, or NCCL on GPUs), not the
+default group, so ranks may also be threads of one process (the in-process backend), and the weight sync's group is
+separate.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import torch
+from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
+
+from asyncrl.sync import transport
+
+GRAD_BUCKET_BYTES = 32 * 2**20  # gradients are summed in flat buckets of about this size
+
+
+class DataParallelError(RuntimeError):
+    """The data-parallel ranks disagree (weights not replicated) or their group failed."""
+
+
+class DataParallel:
+    """One rank's view of the trainer's data-parallel group; build it with :meth:`create` on every rank at once."""
+
+    def __init__(self, pg: Any, store: Any, rank: int, world_size: int, timeout_s: float, backend: str):
+        self.pg, self._store = pg, store
+        self.rank, self.world_size = rank, world_size
+        self.timeout_s = timeout_s
+        self.device = transport.backend_device(backend)
+
+    @classmethod
+    def create(cls, rank: int, world_size: int, host: str, port: int, timeout_s: float) -> DataParallel:
+        backend = transport.default_backend()
+        pg, store = transport.create_process_group(backend, host, port, rank, world_size, timeout_s, "trainer_dp")
+        return cls(pg, store, rank, world_size, timeout_s, backend)
+
+    def close(self) -> None:
+        transport.close_process_group(self.pg, abort=False)
+        self.pg = None
+
+    # ---- splitting -----------------------------------------------------------------------------------------------
+    def rows(self, n: int) -> torch.Tensor:
+        """This rank's rows of ``n``: a contiguous share, the first ``n % world`` ranks one row more."""
+        return torch.arange(n).tensor_split(self.world_size)[self.rank]
+
+    # ---- collectives ---------------------------------------------------------------------------------------------
+    def _deadline(self) -> transport.Deadline:
+        return transport.Deadline(self.timeout_s)
+
+    def _all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """``t`` (same shape on every rank) from every rank, in rank order."""
+        d = self._deadline()
+        out = [torch.empty_like(t) for _ in range(self.world_size)]
+        opts = AllgatherOptions()
+        opts.timeout = d.remaining()
+        transport.wait(self.pg.allgather([out], [t], opts), d)
+        return out
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """A small picklable value from every rank, in rank order (metrics, flags)."""
+        payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        sizes = self._all_gather(torch.tensor([payload.numel()], dtype=torch.int64))
+        width = int(max(int(s) for s in sizes))
+        padded = torch.zeros(width, dtype=torch.uint8)
+        padded[: payload.numel()] = payload
+        parts = self._all_gather(padded)
+        return [pickle.loads(p[: int(s)].numpy().tobytes()) for p, s in zip(parts, sizes)]
+
+    def gather_rows(self, part: torch.Tensor, n: int) -> torch.Tensor:
+        """The full [n, ...] tensor from each rank's ``rows(n)`` part (``part`` is this rank's)."""
+        width = -(-n // self.world_size)  # the largest share
+        padded = part.new_zeros((width, *part.shape[1:]))
+        padded[: part.shape[0]] = part
+        pieces = self._all_gather(padded)
+        shares = [len(s) for s in torch.arange(n).tensor_split(self.world_size)]
+        return torch.cat([p[:k] for p, k in zip(pieces, shares)])
+
+    def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum the gradients of ``params`` over the ranks, in place (a missing gradient counts as zero)."""
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        bucket: list[torch.nn.Parameter] = []
+        size = 0
+        for p in params:
+            bucket.append(p)
+            size += p.grad.numel() * p.grad.element_size()
+            if size >= GRAD_BUCKET_BYTES:
+                self._reduce_bucket(bucket)
+                bucket, size = [], 0
+        if bucket:
+            self._reduce_bucket(bucket)
+
+    def _reduce_bucket(self, bucket: list[torch.nn.Parameter]) -> None:
+        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+        for p in bucket:
+            by_dtype.setdefault(p.grad.dtype, []).append(p)
+        for group in by_dtype.values():
+            flat = torch.cat([p.grad.reshape(-1) for p in group]).to(self.device)
+            transport.allreduce_sum(self.pg, flat, self._deadline())
+            offset = 0
+            for p in group:
+                k = p.grad.numel()
+                p.grad.copy_(flat[offset : offset + k].view_as(p.grad))
+                offset += k
+
+    def check_replicas(self, model: torch.nn.Module, what: str) -> None:
+        """Raise unless every rank holds the same trainable weights (a float64 checksum per tensor, compared
+        exactly): ranks that silently drift apart would train different models and sync rank 0's."""
+        sums = torch.tensor(
+            [float(p.detach().double().sum()) for p in model.parameters() if p.requires_grad], dtype=torch.float64
+        )
+        every = self._all_gather(sums)
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        for r, other in enumerate(every):
+            diff = (other != every[0]).nonzero().flatten()
+            if len(diff):
+                raise DataParallelError(
+                    f"{what}: trainer rank {r}'s weights differ from rank 0's "
+                    f"({len(diff)} tensors, first {names[int(diff[0])]!r})"
+                )
