@@ -163,7 +163,11 @@ def test_a_replaced_key_in_a_yaml_file_names_the_file(tmp_path):
         (["trainer.critic_warmup=2"], "config key trainer.critic_warmup must be 0 when algorithm.name=grpo"),
         (["algorithm.adv_estimator=gae"], "must be grpo or null when algorithm.name=grpo (gae needs a critic"),
         (["algorithm.name=ppo", "algorithm.adv_estimator=grpo"], "must be gae or null when algorithm.name=ppo"),
-        (["algorithm.name=dpo"], "config key algorithm.name must be one of grpo, ppo, distill"),
+        (["algorithm.name=kto"], "config key algorithm.name must be one of grpo, ppo, distill, dpo"),
+        (["dpo.beta=0.5"], "config section dpo: set, but algorithm.name=grpo never reads it"),
+        (["algorithm.name=dpo", "rollout.n=1"], "config key rollout.n must be >= 2 when algorithm.name=dpo"),
+        (["algorithm.name=dpo", "dpo.loss_type=hinge"], "config key dpo.loss_type must be one of sigmoid, ipo"),
+        (["algorithm.name=dpo", "actor.use_kl_loss=true"], "actor.use_kl_loss must be false when algorithm.name=dpo"),
         (["trainer.schedule=async"], "config key trainer.schedule must be one of sync, one_step_off, two_step_off"),
         (["trainer.backend=local"], "config key trainer.backend must be one of ray, in_process"),
         (

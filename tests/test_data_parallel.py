@@ -20,7 +20,7 @@ from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.schedules import run_training
 from asyncrl.sync.transport import LOOPBACK, find_free_port
-from asyncrl.workers.data_parallel import DataParallel, DataParallelError
+from asyncrl.workers.data_parallel import DataParallel, DataParallelError, group_shares
 from asyncrl.workers.policy_ops import ppo_update
 from tests.helpers import make_data, make_model, train_overrides
 from tests.test_policy_update import CHARS, _batch
@@ -62,11 +62,23 @@ def test_rows_split_every_row_once():
         assert got.tolist() == list(range(n))
 
 
+def test_group_shares_keep_groups_whole_and_balance_tokens():
+    group = torch.tensor([3, 0, 1, 0, 3, 1, 2, 2, 0, 1])
+    cost = torch.tensor([1.0, 2, 2, 2, 1, 2, 5, 5, 2, 2])  # group totals: 0 -> 6, 1 -> 6, 2 -> 10, 3 -> 2
+    shares = group_shares(group, cost, 2)
+    assert sorted(torch.cat(shares).tolist()) == list(range(10))
+    for s in shares:  # no group is split between ranks
+        assert not set(group[s].tolist()) & set(group[torch.cat([t for t in shares if t is not s])].tolist())
+    assert [float(cost[s].sum()) for s in shares] == [12.0, 12.0]
+    few = group_shares(torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), 3)  # fewer groups than ranks
+    assert sorted(torch.cat(few).tolist()) == [0, 1] and sum(len(s) == 0 for s in few) == 2
+
+
 def test_gather_rows_and_objects_across_ranks():
     def fn(dp):
-        rows = dp.rows(5)
+        rows = torch.tensor([[4, 0, 2], [1, 3]][dp.rank])  # any rows, any order
         part = (rows.float()[:, None] * torch.ones(1, 3)).clone()
-        return dp.gather_rows(part, 5), dp.all_gather_object({"rank": dp.rank, "x": [dp.rank] * (dp.rank + 1)})
+        return dp.gather_rows(part, rows), dp.all_gather_object({"rank": dp.rank, "x": [dp.rank] * (dp.rank + 1)})
 
     (full0, objs0), (full1, _) = on_ranks(2, fn)
     expect = torch.arange(5).float()[:, None] * torch.ones(1, 3)

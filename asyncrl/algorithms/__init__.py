@@ -21,6 +21,10 @@ def make_algorithm(cfg: Config, tokenizer: object) -> Algorithm:
         from asyncrl.algorithms.distill import Distill
 
         return Distill(cfg, tokenizer)
+    if name == "dpo":
+        from asyncrl.algorithms.dpo import OnlineDPO
+
+        return OnlineDPO(cfg, tokenizer)
     raise ValueError(f"algorithm.name={name!r}: no such algorithm (the config check should have caught this)")
 
 

@@ -17,6 +17,7 @@ from asyncrl.config.schema import (
     Config,
     CriticConfig,
     DistillConfig,
+    DpoConfig,
     RewardModelConfig,
     TeacherConfig,
 )
@@ -117,6 +118,7 @@ def validate(cfg: Config) -> None:
     check(cfg.ray.num_cpus is None or cfg.ray.num_cpus >= 1, "ray.num_cpus", cfg.ray.num_cpus, ">= 1 or null")
     _validate_async_training(cfg)
     _validate_distill(cfg)
+    _validate_dpo(cfg)
     _validate_ppo(cfg)
     _validate_sections_read(cfg)  # after the ranges: a bad value is named even in a section the run would not read
 
@@ -126,14 +128,16 @@ ALGORITHM_SECTIONS = {
     "grpo": (),
     "ppo": ("critic", "reward_model"),
     "distill": ("teacher", "distill"),
+    "dpo": ("dpo",),
 }
 SECTION_DEFAULTS = {
     "critic": CriticConfig,
     "reward_model": RewardModelConfig,
     "teacher": TeacherConfig,
     "distill": DistillConfig,
+    "dpo": DpoConfig,
 }
-ESTIMATORS = {"grpo": ("grpo",), "ppo": ("gae",), "distill": ()}
+ESTIMATORS = {"grpo": ("grpo",), "ppo": ("gae",), "distill": (), "dpo": ()}
 
 
 def _validate_sections_read(cfg: Config) -> None:
@@ -155,8 +159,8 @@ def _validate_sections_read(cfg: Config) -> None:
         check(False, "trainer.critic_warmup", cfg.trainer.critic_warmup, f"0 when algorithm.name={name} (no critic)")
     est = cfg.algorithm.adv_estimator
     if est is not None and est not in ESTIMATORS[name]:
-        if name == "distill":
-            allowed = "null when algorithm.name=distill (the teacher's log-probs are the target, not advantages)"
+        if name in ("distill", "dpo"):
+            allowed = f"null when algorithm.name={name} (it fits no advantages)"
         else:
             allowed = f"{ESTIMATORS[name][0]} or null when algorithm.name={name}"
             if est == "gae":
@@ -170,6 +174,28 @@ def _validate_sections_read(cfg: Config) -> None:
             "config keys rollout.num_workers / rollout.cpus_per_worker: set, but trainer.schedule=sync generates on "
             "the trainer's own worker (no rollout pool); remove them or pick a schedule with a rollout pool"
         )
+
+
+def _validate_dpo(cfg: Config) -> None:
+    d = cfg.dpo
+    check(d.beta > 0, "dpo.beta", d.beta, "> 0")
+    choice("dpo.loss_type", d.loss_type, ("sigmoid", "ipo"))
+    check(d.ref_update_freq >= 0, "dpo.ref_update_freq", d.ref_update_freq, ">= 0 (0: the reference stays frozen)")
+    if cfg.algorithm.name != "dpo":
+        return
+    check(cfg.rollout.n >= 2, "rollout.n", cfg.rollout.n, ">= 2 when algorithm.name=dpo (a pair needs two samples)")
+    check(
+        not cfg.actor.use_kl_loss,
+        "actor.use_kl_loss",
+        cfg.actor.use_kl_loss,
+        "false when algorithm.name=dpo (DPO's loss already holds the policy to its reference, dpo.beta)",
+    )
+    check(
+        d.ref_update_freq == 0 or not cfg.model.lora_rank,
+        "dpo.ref_update_freq",
+        d.ref_update_freq,
+        "0 with LoRA (the reference is the base model, the adapter switched off; refreshing it is not implemented)",
+    )
 
 
 def _validate_distill(cfg: Config) -> None:

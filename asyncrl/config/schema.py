@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-ALGORITHMS = ("grpo", "ppo", "distill")
+ALGORITHMS = ("grpo", "ppo", "distill", "dpo")
 SCHEDULES = ("sync", "one_step_off", "two_step_off", "fully_async")
 BACKENDS = ("ray", "in_process")
 
@@ -101,7 +101,7 @@ class RolloutCorrectionConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "grpo"  # grpo | ppo (critic + GAE) | distill (on-policy distillation from a teacher server)
+    name: str = "grpo"  # grpo | ppo (critic + GAE) | distill (on-policy distillation from a teacher) | dpo (online)
     adv_estimator: str | None = None  # verl's name; null = the algorithm's own (grpo: grpo, ppo: gae)
     norm_adv_by_std_in_grpo: bool = True
     gamma: float = 1.0  # gae: discount per response token
@@ -177,6 +177,15 @@ class TeacherConfig:
 
 
 @dataclass
+class DpoConfig:
+    """``dpo`` only (online DPO): pairs from each prompt's samples ranked by reward, fitted against a reference."""
+
+    beta: float = 0.1  # TRL/verl's beta: the strength of the implicit KL to the reference
+    loss_type: str = "sigmoid"  # sigmoid (DPO) | ipo (on per-token mean log-ratios, as TRL's ipo)
+    ref_update_freq: int = 0  # steps between copies of the actor into the reference (0: frozen for the run)
+
+
+@dataclass
 class DistillConfig:
     """``distill`` only: the loss between teacher p and student q on the student's responses (GKD)."""
 
@@ -247,6 +256,7 @@ class Config:
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    dpo: DpoConfig = field(default_factory=DpoConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)

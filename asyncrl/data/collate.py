@@ -16,7 +16,15 @@ import numpy as np
 import torch
 
 from asyncrl.data.packing import PackedInputs, TokenCount, pack, plan
-from asyncrl.data.targets import PolicyTarget, TeacherTarget, ValueTarget, check_shapes, cols, rows
+from asyncrl.data.targets import (
+    PolicyTarget,
+    PreferenceTarget,
+    TeacherTarget,
+    ValueTarget,
+    check_shapes,
+    cols,
+    rows,
+)
 from asyncrl.types import Sample
 
 
@@ -29,7 +37,7 @@ class TrainBatch:
     response_mask_BT: torch.Tensor  # float [B, T], 1 = real response token
     prompt_width: int  # P
     behav_logp_BT: torch.Tensor  # float [B, T] the rollout's log-probs (0 on padding)
-    policy: PolicyTarget | TeacherTarget | None = None  # what the actor fits (set by the algorithm)
+    policy: PolicyTarget | TeacherTarget | PreferenceTarget | None = None  # what the actor fits (the algorithm's)
     value: ValueTarget | None = None  # what the critic fits (PPO)
     packed: PackedInputs | None = None  # set on a packed micro-batch: the model runs on these rows instead
 

@@ -83,3 +83,22 @@ class ValueTarget:
 
     def __post_init__(self) -> None:
         check_shapes(self)
+
+
+@dataclass
+class PreferenceTarget:
+    """Online DPO: the batch's rows are pairs, row ``2i`` the chosen and row ``2i + 1`` the rejected response of the
+    same prompt. ``pair_weight_BT`` is 1 on a real pair's rows and 0 on a placeholder pair (a batch without any
+    pair still makes one optimizer step, with a zero gradient). The trainer fills ``ref_logp_BT`` itself."""
+
+    chosen_BT: Tensor  # float [B, T]: 1 on the chosen rows, 0 on the rejected
+    pair_weight_BT: Tensor  # float [B, T]
+    ref_logp_BT: Tensor | None = None  # float [B, T]
+
+    def __post_init__(self) -> None:
+        check_shapes(self)  # any rows may be taken (a log-prob pass); the update checks the pairs (check_pairs)
+
+    def check_pairs(self) -> None:
+        B = self.chosen_BT.shape[0]
+        if B % 2 or not bool((self.chosen_BT[0::2, 0] == 1).all() and (self.chosen_BT[1::2, 0] == 0).all()):
+            raise ValueError("PreferenceTarget: rows must alternate chosen, rejected (an even number of rows)")

@@ -25,7 +25,7 @@ from asyncrl.checkpoint import rng_state, set_rng_state
 from asyncrl.config import Config
 from asyncrl.config.schema import RolloutCorrectionConfig
 from asyncrl.data.collate import TrainBatch
-from asyncrl.data.targets import PolicyTarget, TeacherTarget
+from asyncrl.data.targets import PolicyTarget, PreferenceTarget, TeacherTarget
 from asyncrl.models.loading import load_model
 from asyncrl.models.lora import (
     LoraSpec,
@@ -42,7 +42,7 @@ from asyncrl.sync.endpoints import SyncSenderMixin
 from asyncrl.sync.transport import LOOPBACK, find_free_port
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Generation, Prompt, UpdateResult
-from asyncrl.workers import policy_ops
+from asyncrl.workers import policy_ops, preference_ops
 from asyncrl.workers.data_parallel import DataParallel
 from asyncrl.workers.rollout_worker import generate_scored
 
@@ -81,7 +81,9 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.engine = colocated_engine(cfg, self.model, self.tokenizer)
         self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)
         # the reference policy: a frozen copy of the start, or for LoRA the base model (the adapter switched off)
-        self.ref_model = _frozen_copy(self.model) if cfg.actor.use_kl_loss and self.lora is None else None
+        self.dpo = cfg.algorithm.name == "dpo"  # online DPO: the reference is in its loss
+        needs_ref = cfg.actor.use_kl_loss or self.dpo
+        self.ref_model = _frozen_copy(self.model) if needs_ref and self.lora is None else None
         # the PPO ratio's denominator: the behaviour log-probs (bypass), the weights at the start of the sync window
         # (decoupled PPO, fully_async), or the current weights
         a = cfg.actor
@@ -142,9 +144,9 @@ class ActorRolloutWorker(SyncSenderMixin):
             if self.dp is None:
                 return policy_ops.response_logprobs(model, batch, self.cfg.rollout.temperature, how)
             # each rank its share of the rows, then every rank the whole [B, T]
-            part = batch.select(self.dp.rows(batch.size))
-            own = policy_ops.response_logprobs(model, part, self.cfg.rollout.temperature, how)
-            return self.dp.gather_rows(own, batch.size)
+            rows = self.dp.share(batch)
+            own = policy_ops.response_logprobs(model, batch.select(rows), self.cfg.rollout.temperature, how)
+            return self.dp.gather_rows(own, rows)
 
     def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> UpdateResult:
         """One training step on ``batch``, whatever its policy target: a ``PolicyTarget`` (GRPO, PPO) gets its
@@ -177,6 +179,19 @@ class ActorRolloutWorker(SyncSenderMixin):
                     self.model, self.optimizer, self.scheduler, batch, a, self.correction,
                     self.cfg.rollout.temperature, num_mini_batches=num_mini, seed=seed, dp=self.dp,
                 )  # fmt: skip
+        elif isinstance(target, PreferenceTarget):
+            target = replace(target, ref_logp_BT=None)
+            batch = replace(batch, policy=target)
+            with _timed(timings, "timing_s/ref"):
+                target.ref_logp_BT = self._logprobs("ref", batch, step)
+            with (
+                _timed(timings, "timing_s/update_actor"),
+                self.timeline.span("update_actor", step=step, worker=self.name),
+            ):
+                res = preference_ops.dpo_update(
+                    self.model, self.optimizer, self.scheduler, batch, a, self.cfg.dpo,
+                    self.cfg.rollout.temperature, num_mini_batches=num_mini, seed=seed, dp=self.dp,
+                )  # fmt: skip
         elif isinstance(target, TeacherTarget):
             with (
                 _timed(timings, "timing_s/update_actor"),
@@ -187,7 +202,9 @@ class ActorRolloutWorker(SyncSenderMixin):
                     num_mini_batches=num_mini, seed=seed, dp=self.dp,
                 )  # fmt: skip
         else:
-            raise TypeError(f"{self.name}.update: a batch needs a PolicyTarget or TeacherTarget (got {target!r})")
+            raise TypeError(
+                f"{self.name}.update: a batch needs a PolicyTarget, TeacherTarget or PreferenceTarget (got {target!r})"
+            )
         self._count_update()
         # the process's peak resident memory so far (Linux reports KiB): in-process runs count the driver's too
         timings["perf/trainer_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -198,6 +215,9 @@ class ActorRolloutWorker(SyncSenderMixin):
         version = self.updates // self.updates_per_version
         if version != self.version and self.prox_model is not None:
             self.prox_model.load_state_dict(self.model.state_dict())  # a new sync window starts from here
+        freq = self.cfg.dpo.ref_update_freq
+        if self.dpo and freq > 0 and self.updates % freq == 0 and self.ref_model is not None:
+            self.ref_model.load_state_dict(self.model.state_dict())  # online DPO: the reference catches up
         self.version = version
         self.engine.version = self.version  # colocated: the engine generates with these very weights
 

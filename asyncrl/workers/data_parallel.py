@@ -2,11 +2,12 @@
 gradients summed across ranks before each optimizer step (DDP's semantics).
 
 Each rank holds the whole model and optimizer. Every rank receives the whole batch and draws the same mini-batch
-permutation (same seed); rank ``r`` then forwards and backwards only its rows of each mini-batch
-(``rows``), with the loss weights of the whole mini-batch (its token or sequence count), so that after
-``all_reduce_grads`` every rank holds exactly the gradient one rank would have computed over the whole mini-batch,
-clips it by the same norm and takes the same optimizer step: the replicas stay equal, bit for bit, without
-broadcasting weights. The log-prob passes (reference, old policy) are split the same way and all-gathered.
+permutation (same seed); rank ``r`` then forwards and backwards only its share of each mini-batch (``share``: whole
+prompt groups, balanced by tokens, so packing still shares each prompt), with the loss weights of the whole
+mini-batch (its token or sequence count), so that after ``all_reduce_grads`` every rank holds exactly the gradient
+one rank would have computed over the whole mini-batch, clips it by the same norm and takes the same optimizer step:
+the replicas stay equal, bit for bit, without broadcasting weights. The log-prob passes (reference, old policy) are
+split the same way and all-gathered.
 
 Why not torch's ``DistributedDataParallel`` wrapper: it all-reduces inside ``backward`` and expects every rank to
 call it equally often, while here a rank's row share may pack into a different number of micro-batches (or none:
@@ -28,9 +29,42 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
+from asyncrl.data.collate import TrainBatch
 from asyncrl.sync import transport
 
 GRAD_BUCKET_BYTES = 32 * 2**20  # gradients are summed in flat buckets of about this size
+
+
+def prompt_groups(batch: TrainBatch) -> torch.Tensor:
+    """A group id per row: rows with the same prompt (the same padded prompt ids) share one: [B]."""
+    if batch.size == 0:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.unique(batch.input_ids_BL[:, : batch.prompt_width], dim=0, return_inverse=True)[1]
+
+
+def row_costs(batch: TrainBatch) -> torch.Tensor:
+    """What a row adds to a forward: its response tokens, plus its share of its group's prompt: [B]."""
+    groups = prompt_groups(batch)
+    sizes = torch.bincount(groups)[groups].double() if batch.size else torch.zeros(0, dtype=torch.float64)
+    prompt = batch.attention_mask_BL[:, : batch.prompt_width].sum(dim=1).double()
+    return batch.response_mask_BT.sum(dim=1).double() + prompt / sizes
+
+
+def group_shares(group_B: torch.Tensor, cost_B: torch.Tensor, world: int) -> list[torch.Tensor]:
+    """Split rows into ``world`` shares of whole groups: rows in group order, cut at the group boundaries nearest to
+    equal cumulative cost. Every row lands in exactly one share; a share may be empty (fewer groups than ranks)."""
+    n = len(group_B)
+    order = torch.argsort(group_B, stable=True)
+    cum = torch.cat([torch.zeros(1, dtype=torch.float64), cost_B[order].double().cumsum(0)])
+    g = group_B[order]
+    bounds = [0] + [i for i in range(1, n) if g[i] != g[i - 1]] + [n]
+    cuts = [0]
+    for k in range(1, world):
+        target = float(cum[-1]) * k / world
+        allowed = [b for b in bounds if b >= cuts[-1]]
+        cuts.append(min(allowed, key=lambda b: abs(float(cum[b]) - target)))
+    cuts.append(n)
+    return [order[cuts[r] : cuts[r + 1]] for r in range(world)]
 
 
 class DataParallelError(RuntimeError):
@@ -61,6 +95,11 @@ class DataParallel:
         """This rank's rows of ``n``: a contiguous share, the first ``n % world`` ranks one row more."""
         return torch.arange(n).tensor_split(self.world_size)[self.rank]
 
+    def share(self, batch: TrainBatch) -> torch.Tensor:
+        """This rank's rows of ``batch``: whole prompt groups (so a shared prompt is packed and prefilled once per
+        rank, not once on every rank), balanced by tokens; see ``group_shares``."""
+        return group_shares(prompt_groups(batch), row_costs(batch), self.world_size)[self.rank]
+
     # ---- collectives ---------------------------------------------------------------------------------------------
     def _deadline(self) -> transport.Deadline:
         return transport.Deadline(self.timeout_s)
@@ -84,14 +123,21 @@ class DataParallel:
         parts = self._all_gather(padded)
         return [pickle.loads(p[: int(s)].numpy().tobytes()) for p, s in zip(parts, sizes)]
 
-    def gather_rows(self, part: torch.Tensor, n: int) -> torch.Tensor:
-        """The full [n, ...] tensor from each rank's ``rows(n)`` part (``part`` is this rank's)."""
-        width = -(-n // self.world_size)  # the largest share
+    def gather_rows(self, part: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The whole [n, ...] tensor from every rank's ``part`` (this rank's: ``part[i]`` is row ``rows[i]``); the
+        ranks' rows cover 0..n-1 once."""
+        sizes = [int(k) for k in self._all_gather(torch.tensor([len(rows)], dtype=torch.int64))]
+        width = max(sizes)
+        idx = torch.full((width,), -1, dtype=torch.int64)
+        idx[: len(rows)] = rows
         padded = part.new_zeros((width, *part.shape[1:]))
         padded[: part.shape[0]] = part
-        pieces = self._all_gather(padded)
-        shares = [len(s) for s in torch.arange(n).tensor_split(self.world_size)]
-        return torch.cat([p[:k] for p, k in zip(pieces, shares)])
+        all_idx, pieces = self._all_gather(idx), self._all_gather(padded)
+        n = sum(sizes)
+        out = part.new_zeros((n, *part.shape[1:]))
+        for i, p, k in zip(all_idx, pieces, sizes):
+            out[i[:k]] = p[:k]
+        return out
 
     def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         """Sum the gradients of ``params`` over the ranks, in place (a missing gradient counts as zero)."""

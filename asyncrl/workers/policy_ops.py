@@ -236,7 +236,7 @@ def optimize(
             # seq-mean modes average over sequences with at least one token (algos.agg_loss): count those
             mini_seqs = float((mini.response_mask_BT.sum(dim=1) > 0).sum().clamp(min=1))
             if dp is not None:
-                mini = mini.select(dp.rows(mini.size))
+                mini = mini.select(dp.share(mini))
             if keep_rows is not None:
                 kept = keep_rows(mini).nonzero().flatten()
                 rows_left_out += mini.size - len(kept)
