@@ -188,3 +188,12 @@ def test_every_algorithm_and_schedule_pair_is_a_valid_config(algorithm, schedule
     extra = ["teacher.url=http://127.0.0.1:1"] if algorithm == "distill" else []
     cfg = load_config(None, BASE + [f"algorithm.name={algorithm}", f"trainer.schedule={schedule}", *extra])
     assert (cfg.algorithm.name, cfg.trainer.schedule) == (algorithm, schedule)
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p for p in (Path(__file__).resolve().parents[1] / "configs").glob("*.yaml") if p.stem != "sft_tiny")
+)
+def test_every_shipped_training_config_loads(path):
+    """Every configs/*.yaml that `asyncrl train` reads passes the checks (sft_tiny.yaml is `asyncrl sft`'s)."""
+    cfg = load_config(str(path), [])
+    assert cfg.trainer.total_training_steps >= 1
