@@ -14,14 +14,10 @@ message. Connections are kept alive, one per worker thread.
 
 from __future__ import annotations
 
-import http.client
-import json
 import logging
 import threading
-import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
-from urllib.parse import urlsplit
 
 from asyncrl.config import TeacherConfig
 from asyncrl.distill.protocol import (
@@ -33,10 +29,11 @@ from asyncrl.distill.protocol import (
     tokenizer_fingerprint,
     topk_from_prompt_logprobs,
 )
+from asyncrl.http_json import ErrorKinds, JsonHttpClient
 
 logger = logging.getLogger(__name__)
 
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+ERRORS = ErrorKinds(TeacherUnavailableError, TeacherRequestError, TeacherResponseError)
 PROBE_TOKENS = 256  # student ids sent by the probe check (evenly spread over the vocabulary, the last id included)
 
 
@@ -63,22 +60,13 @@ class TeacherClient:
             raise ValueError(f"TeacherClient: top_k must be >= 1 (got {top_k})")
         if max_in_flight < 1:
             raise ValueError(f"TeacherClient: max_in_flight must be >= 1 (got {max_in_flight})")
-        if max_retries < 0 or timeout_s <= 0 or backoff_s < 0:
-            raise ValueError(
-                f"TeacherClient: need max_retries >= 0, timeout_s > 0, backoff_s >= 0 "
-                f"(got {max_retries}, {timeout_s}, {backoff_s})"
-            )
-        parts = urlsplit(url if "://" in url else f"http://{url}")
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"TeacherClient: teacher url {url!r} must look like http://host:port")
-        self.url = f"{parts.scheme}://{parts.netloc}"
-        self._prefix = parts.path.rstrip("/").removesuffix("/v1")
-        self._https = parts.scheme == "https"
-        self._host, self._port = parts.hostname, parts.port
+        try:
+            self._http = JsonHttpClient(url, timeout_s, max_retries, backoff_s, "teacher", ERRORS, strip_suffix="/v1")
+        except ValueError as e:
+            raise ValueError(f"TeacherClient: {e}") from None
+        self.url = self._http.url
         self.top_k, self.max_in_flight, self.timeout_s = top_k, max_in_flight, timeout_s
         self.max_retries, self.backoff_s, self.model = max_retries, backoff_s, model
-        self._local = threading.local()
-        self._conns: set[http.client.HTTPConnection] = set()  # every open connection, so close() reaches them all
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
 
@@ -190,11 +178,9 @@ class TeacherClient:
         """Stop the worker threads and close kept-alive connections."""
         with self._lock:
             pool, self._pool = self._pool, None
-            conns, self._conns = self._conns, set()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-        for conn in conns:
-            conn.close()
+        self._http.close()
 
     def __enter__(self) -> TeacherClient:
         return self
@@ -206,89 +192,6 @@ class TeacherClient:
     def _model_field(self) -> dict[str, str]:
         return {"model": self.model} if self.model is not None else {}
 
-    def _connection(self, fresh: bool) -> http.client.HTTPConnection:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and not fresh:
-            return conn
-        if conn is not None:
-            self._drop(conn)
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port, timeout=self.timeout_s)
-        self._local.conn, self._local.used = conn, False
-        with self._lock:
-            self._conns.add(conn)
-        return conn
-
-    def _drop(self, conn: http.client.HTTPConnection) -> None:
-        conn.close()
-        self._local.conn = None
-        with self._lock:
-            self._conns.discard(conn)
-
-    def _once(self, method: str, path: str, data: bytes | None) -> tuple[int, bytes]:
-        """One HTTP exchange. A kept-alive connection the server closed meanwhile is re-opened once, not counted."""
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        for attempt in (0, 1):
-            conn = self._connection(fresh=attempt == 1)
-            reused = self._local.used
-            try:
-                conn.request(method, self._prefix + path, body=data, headers=headers)
-                resp = conn.getresponse()
-                payload = resp.read()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                self._drop(conn)
-                if reused and attempt == 0:
-                    continue
-                raise
-            except BaseException:
-                self._drop(conn)
-                raise
-            self._local.used = True
-            if resp.will_close:
-                self._drop(conn)
-            return resp.status, payload
-        raise AssertionError("unreachable")
-
     def _request(self, method: str, path: str, body: dict | None = None) -> Any:
         """JSON request with the retry policy of the module docstring; returns the decoded JSON reply."""
-        data = json.dumps(body).encode("utf-8") if body is not None else None
-        last = ""
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                status, payload = self._once(method, path, data)
-            except TimeoutError:
-                last = f"{method} {path} timed out after {self.timeout_s:g} s"
-                continue
-            except (OSError, http.client.HTTPException) as e:
-                last = f"{method} {path}: {type(e).__name__}: {e}"
-                continue
-            if status in RETRYABLE_STATUS:
-                last = f"{method} {path}: HTTP {status}: {_message(payload)}"
-                continue
-            if status >= 400:
-                message = f"teacher at {self.url} rejected {method} {path} (HTTP {status}): {_message(payload)}"
-                raise TeacherRequestError(message, status)
-            try:
-                return json.loads(payload)
-            except ValueError as e:
-                raise TeacherResponseError(
-                    f"teacher at {self.url}: {method} {path} replied with invalid JSON ({e})"
-                ) from e
-        raise TeacherUnavailableError(f"teacher at {self.url} unreachable after {self.max_retries} retries: {last}")
-
-
-def _message(payload: bytes) -> str:
-    """The server's error message (vLLM/OpenAI ``{"error": {"message", "param"}}`` or FastAPI ``{"detail"}``)."""
-    try:
-        obj = json.loads(payload)
-    except ValueError:
-        return payload[:300].decode("utf-8", "replace")
-    err = obj.get("error", obj) if isinstance(obj, dict) else obj
-    if isinstance(err, dict) and "message" in err:
-        param = err.get("param")
-        return f"{err['message']}" + (f" (param {param!r})" if param else "")
-    if isinstance(obj, dict) and "detail" in obj:
-        return str(obj["detail"])
-    return str(obj)[:300]
+        return self._http.request(method, path, body)

@@ -1,0 +1,162 @@
+"""JSON over HTTP with kept-alive connections (one per calling thread) and one retry policy, for every remote service
+a run talks to: the teacher server (``asyncrl.distill.client``) and a reward service (``asyncrl.rewards.remote``).
+
+Failure policy, per request: connection errors, timeouts and HTTP 5xx/408/429 are retried up to ``max_retries`` times
+with exponential back-off (``backoff_s``, then x2 each retry), then raise the ``unavailable`` error naming the URL;
+HTTP 4xx means the request itself is wrong and raises the ``rejected`` error at once, with the server's message; a
+reply that is not JSON raises the ``malformed`` error. Each caller passes its own error classes, so a teacher's
+failure stays a ``TeacherError`` and a reward service's a ``RewardServiceError``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class ErrorKinds:
+    """The exception classes a client raises: ``rejected`` is built as ``rejected(message, status)``."""
+
+    unavailable: type[Exception]
+    rejected: type[Exception]
+    malformed: type[Exception]
+
+
+class JsonHttpClient:
+    """Requests to one server root (``http://host:port`` + an optional path prefix); thread-safe.
+
+    ``timeout_s`` bounds each connect and each wait for bytes of a reply; ``what`` names the service in every error
+    message (``"teacher"``: "teacher at http://...: ...")."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float,
+        max_retries: int,
+        backoff_s: float,
+        what: str,
+        errors: ErrorKinds,
+        strip_suffix: str = "",
+    ) -> None:
+        if max_retries < 0 or timeout_s <= 0 or backoff_s < 0:
+            raise ValueError(
+                f"{what} client: need max_retries >= 0, timeout_s > 0, backoff_s >= 0 "
+                f"(got {max_retries}, {timeout_s}, {backoff_s})"
+            )
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{what} url {url!r} must look like http://host:port")
+        self.url = f"{parts.scheme}://{parts.netloc}"
+        path = parts.path.rstrip("/")
+        self.prefix = path.removesuffix(strip_suffix) if strip_suffix else path
+        self._https = parts.scheme == "https"
+        self._host, self._port = parts.hostname, parts.port
+        self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
+        self.what, self.errors = what, errors
+        self._local = threading.local()
+        self._conns: set[http.client.HTTPConnection] = set()  # every open connection, so close() reaches them all
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close every kept-alive connection."""
+        with self._lock:
+            conns, self._conns = self._conns, set()
+        for conn in conns:
+            conn.close()
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        """A JSON request with the retry policy of the module docstring; returns the decoded JSON reply."""
+        data = json.dumps(body).encode("utf-8") if body is not None else None
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                status, payload = self._once(method, path, data)
+            except TimeoutError:
+                last = f"{method} {path} timed out after {self.timeout_s:g} s"
+                continue
+            except (OSError, http.client.HTTPException) as e:
+                last = f"{method} {path}: {type(e).__name__}: {e}"
+                continue
+            if status in RETRYABLE_STATUS:
+                last = f"{method} {path}: HTTP {status}: {server_message(payload)}"
+                continue
+            if status >= 400:
+                reason = server_message(payload)
+                message = f"{self.what} at {self.url} rejected {method} {path} (HTTP {status}): {reason}"
+                raise self.errors.rejected(message, status)
+            try:
+                return json.loads(payload)
+            except ValueError as e:
+                raise self.errors.malformed(
+                    f"{self.what} at {self.url}: {method} {path} replied with invalid JSON ({e})"
+                ) from e
+        raise self.errors.unavailable(f"{self.what} at {self.url} unreachable after {self.max_retries} retries: {last}")
+
+    # ---- connections -----------------------------------------------------------------------------------------------
+    def _connection(self, fresh: bool) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and not fresh:
+            return conn
+        if conn is not None:
+            self._drop(conn)
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = cls(self._host, self._port, timeout=self.timeout_s)
+        self._local.conn, self._local.used = conn, False
+        with self._lock:
+            self._conns.add(conn)
+        return conn
+
+    def _drop(self, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        self._local.conn = None
+        with self._lock:
+            self._conns.discard(conn)
+
+    def _once(self, method: str, path: str, data: bytes | None) -> tuple[int, bytes]:
+        """One HTTP exchange. A kept-alive connection the server closed meanwhile is re-opened once, not counted."""
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        for attempt in (0, 1):
+            conn = self._connection(fresh=attempt == 1)
+            reused = self._local.used
+            try:
+                conn.request(method, self.prefix + path, body=data, headers=headers)
+                resp = conn.getresponse()
+                payload = resp.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self._drop(conn)
+                if reused and attempt == 0:
+                    continue
+                raise
+            except BaseException:
+                self._drop(conn)
+                raise
+            self._local.used = True
+            if resp.will_close:
+                self._drop(conn)
+            return resp.status, payload
+        raise AssertionError("unreachable")
+
+
+def server_message(payload: bytes) -> str:
+    """The server's error message (vLLM/OpenAI ``{"error": {"message", "param"}}`` or FastAPI ``{"detail"}``)."""
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return payload[:300].decode("utf-8", "replace")
+    err = obj.get("error", obj) if isinstance(obj, dict) else obj
+    if isinstance(err, dict) and "message" in err:
+        param = err.get("param")
+        return f"{err['message']}" + (f" (param {param!r})" if param else "")
+    if isinstance(obj, dict) and "detail" in obj:
+        return str(obj["detail"])
+    return str(obj)[:300]
