@@ -75,6 +75,7 @@ class JsonHttpClient:
     def request(self, method: str, path: str, body: Any = None) -> Any:
         """A JSON request with the retry policy of the module docstring; returns the decoded JSON reply."""
         data = json.dumps(body).encode("utf-8") if body is not None else None
+        path = (self.prefix + path) or "/"  # the full path on the server, in every message
         last = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
@@ -129,7 +130,7 @@ class JsonHttpClient:
             conn = self._connection(fresh=attempt == 1)
             reused = self._local.used
             try:
-                conn.request(method, self.prefix + path, body=data, headers=headers)
+                conn.request(method, path, body=data, headers=headers)
                 resp = conn.getresponse()
                 payload = resp.read()
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):

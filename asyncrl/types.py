@@ -92,6 +92,7 @@ class Generation:
     samples: list[Sample]
     seconds: float
     prefill: PrefillStats = PrefillStats()
+    reward_metrics: dict[str, float] = field(default_factory=dict)  # the reward loop's (latency, in flight, ...)
 
 
 @dataclass

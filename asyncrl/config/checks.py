@@ -119,6 +119,7 @@ def validate(cfg: Config) -> None:
     _validate_async_training(cfg)
     _validate_distill(cfg)
     _validate_dpo(cfg)
+    _validate_reward(cfg)
     _validate_ppo(cfg)
     _validate_sections_read(cfg)  # after the ranges: a bad value is named even in a section the run would not read
 
@@ -174,6 +175,26 @@ def _validate_sections_read(cfg: Config) -> None:
             "config keys rollout.num_workers / rollout.cpus_per_worker: set, but trainer.schedule=sync generates on "
             "the trainer's own worker (no rollout pool); remove them or pick a schedule with a rollout pool"
         )
+
+
+def _validate_reward(cfg: Config) -> None:
+    rw = cfg.reward
+    check(rw.max_concurrency >= 1, "reward.max_concurrency", rw.max_concurrency, ">= 1")
+    check(rw.timeout_s > 0, "reward.timeout_s", rw.timeout_s, "> 0")
+    check(rw.remote_max_retries >= 0, "reward.remote_max_retries", rw.remote_max_retries, ">= 0")
+    check(rw.remote_backoff_s >= 0, "reward.remote_backoff_s", rw.remote_backoff_s, ">= 0")
+    check(
+        rw.remote_url is None or not rw.custom_function,
+        "reward.remote_url",
+        rw.remote_url,
+        "null when reward.custom_function is set (one reward source)",
+    )
+    check(
+        rw.remote_url is None or str(rw.remote_url).startswith(("http://", "https://")),
+        "reward.remote_url",
+        rw.remote_url,
+        "an http(s):// URL",
+    )
 
 
 def _validate_dpo(cfg: Config) -> None:

@@ -8,6 +8,8 @@ response or row costs one sample, not the run. Persistent failures stay visible 
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -93,11 +95,23 @@ class RewardFn:
     def score_one(
         self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
     ) -> tuple[float, dict[str, float]]:
-        """``(reward, extra)`` for one response; raises whatever the scorer raises."""
-        fn = self.scorer_for(data_source)
-        who = f"reward function {self.custom_function!r}" if self._custom is not None else f"scorer {fn.__name__}"
-        result = fn(data_source, solution_str, ground_truth, dict(extra_info or {}))
-        return normalize_result(result, who)
+        """``(reward, extra)`` for one response; raises whatever the scorer raises. An ``async def`` scorer is run to
+        completion here (``asyncrl.rewards.loop`` awaits it on its event loop instead)."""
+        result = self.call(data_source, solution_str, ground_truth, extra_info)
+        if inspect.isawaitable(result):
+            result = asyncio.run(_awaited(result))
+        return self.normalize(result, data_source)
+
+    def call(
+        self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+    ) -> Any:
+        """The scorer's raw return value (an awaitable for an ``async def`` scorer)."""
+        return self.scorer_for(data_source)(data_source, solution_str, ground_truth, dict(extra_info or {}))
+
+    def normalize(self, result: Any, data_source: str) -> tuple[float, dict[str, float]]:
+        if self._custom is not None:
+            return normalize_result(result, f"reward function {self.custom_function!r}")
+        return normalize_result(result, f"scorer {self.scorer_for(data_source).__name__}")
 
     def score(self, samples: Sequence[Sample]) -> dict[str, float]:
         """Score ``samples`` in place; never raises for a single sample. Returns ``{"reward/failed_count": n}``.
@@ -107,22 +121,34 @@ class RewardFn:
         """
         self.last_errors = []
         for sample in samples:
-            prompt = sample.prompt
+            p = sample.prompt
             try:
-                reward, extra = self.score_one(
-                    prompt.data_source, sample.response_text or "", prompt.ground_truth, prompt.extra_info
+                outcome: tuple[float, dict[str, float]] | Exception = self.score_one(
+                    p.data_source, sample.response_text or "", p.ground_truth, p.extra_info
                 )
             except Exception as e:  # any scorer error is confined to its sample (see module docstring)
-                message = f"sample {sample.uid} (data_source {prompt.data_source!r}): {type(e).__name__}: {e}"
-                self.last_errors.append(message)
-                sample.reward, sample.reward_failed, sample.reward_extra = 0.0, True, {}
-                if len(self.last_errors) <= self.max_logged_errors:
-                    logger.warning("reward failed for %s", message)
-                continue
-            if self.binarize:
-                extra = {**extra, "score": reward}
-                reward = 1.0 if reward >= 1.0 - 1e-6 else 0.0
-            sample.reward, sample.reward_failed, sample.reward_extra = reward, False, extra
+                outcome = e
+            self.record(sample, outcome)
+        return self.finish_batch()
+
+    def record(self, sample: Sample, outcome: tuple[float, dict[str, float]] | BaseException) -> None:
+        """Fill ``sample`` from its ``(reward, extra)``, or mark it failed with the error (kept in ``last_errors``)."""
+        if isinstance(outcome, BaseException):
+            e = outcome
+            message = f"sample {sample.uid} (data_source {sample.prompt.data_source!r}): {type(e).__name__}: {e}"
+            self.last_errors.append(message)
+            sample.reward, sample.reward_failed, sample.reward_extra = 0.0, True, {}
+            if len(self.last_errors) <= self.max_logged_errors:
+                logger.warning("reward failed for %s", message)
+            return
+        reward, extra = outcome
+        if self.binarize:
+            extra = {**extra, "score": reward}
+            reward = 1.0 if reward >= 1.0 - 1e-6 else 0.0
+        sample.reward, sample.reward_failed, sample.reward_extra = reward, False, extra
+
+    def finish_batch(self) -> dict[str, float]:
+        """Close a batch's books: the failures since the last ``last_errors`` reset."""
         failed = len(self.last_errors)
         if failed > self.max_logged_errors:
             logger.warning(
@@ -138,3 +164,7 @@ class RewardFn:
 def build_reward_fn(custom_function: str | None = None, binarize: bool = False) -> RewardFn:
     """A ``RewardFn``; a bad ``custom_function`` spec raises ``RewardSpecError`` here, at start-up."""
     return RewardFn(custom_function or None, binarize=binarize)
+
+
+async def _awaited(result: Any) -> Any:
+    return await result

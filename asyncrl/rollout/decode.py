@@ -105,6 +105,7 @@ def decode_batch(
     keep_last: bool = True,
     refill: Callable[[int], bool] | None = None,
     share_prefixes: bool = True,
+    on_finish: Callable[[int, list[int], list[float], str], None] | None = None,
 ) -> DecodeResult:
     """Continue every prefix by up to ``budgets[b]`` (>= 1) tokens; call under ``torch.inference_mode()``.
 
@@ -118,6 +119,9 @@ def decode_batch(
     sampling still draws over all rows with ``generator``, so tokens and log-probs match the unshared path (log-probs
     up to float rounding). When every prefix is distinct, or a cache layer kind cannot be expanded (see
     ``PreallocatedCache.can_batch_expand``), it is the plain path: every row prefilled, no expansion.
+
+    ``on_finish(row, tokens, logprobs, reason)`` is called the moment a row ends (eos or its budget), while the
+    others go on decoding (the reward loop scores it meanwhile); interrupted rows are not reported.
     """
     B = len(prefixes)
     T = max(budgets)
@@ -164,6 +168,10 @@ def decode_batch(
         full_b = active_b & ~eos_b & (budget_B[rows_b] <= t + 1)
         reason_B[rows_b[eos_b]] = EOS
         reason_B[rows_b[full_b]] = LENGTH
+        if on_finish is not None:
+            for r in rows_b[eos_b | full_b].tolist():
+                n = int(length_B[r])
+                on_finish(r, out_tok_BT[r, :n].tolist(), out_logp_BT[r, :n].tolist(), STOP_REASONS[int(reason_B[r])])
         active_b &= ~(eos_b | full_b)
         n_active = int(active_b.sum())
         if n_active == 0:

@@ -42,6 +42,8 @@ class RolloutEngine(GatedEngine):
     generate/resume call, shared and unshared, so a caller can report the saving.
     """
 
+    reports_finished_rows = True  # generate(on_sample=...) reports each row as it ends (the reward loop)
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -77,32 +79,45 @@ class RolloutEngine(GatedEngine):
 
     # -------------------------------------------------------------------------------------------------- generate
 
-    def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int | None = None) -> list[Sample]:
+    def generate(
+        self,
+        prompts: list[Prompt],
+        params: SamplingParams,
+        seed: int | None = None,
+        on_sample: Callable[[Sample], None] | None = None,
+    ) -> list[Sample]:
         """``len(prompts) * params.n`` samples, prompt-major (prompt 0's n samples first).
 
-        Same ``seed`` and weights give identical samples; ``seed=None`` draws fresh randomness.
+        Same ``seed`` and weights give identical samples; ``seed=None`` draws fresh randomness. ``on_sample`` gets
+        each finished sample the moment its row ends (the very object returned), while the others decode.
         """
         check_prompts(prompts, "RolloutEngine")
         rows = [prompt for prompt in prompts for _ in range(params.n)]
         prefixes = [row.prompt_ids for row in rows]
         budgets = [params.max_new_tokens] * len(rows)
-        with self._gate.running():
-            start_version = self.version
-            result = self._decode_all(prefixes, budgets, params, seed)
-        texts = self.tokenizer.batch_decode(result.tokens, skip_special_tokens=True)
-        return [
-            Sample(
-                prompt=prompt,
+        made: dict[int, Sample] = {}
+
+        def sample(i: int, tokens: list[int], logprobs: list[float], reason: str) -> Sample:
+            return Sample(
+                prompt=rows[i],
                 response_ids=tokens,
                 logprobs=logprobs,
                 versions=[start_version] * len(tokens),
                 stop_reason=reason,
                 start_version=start_version,
-                response_text=text,
+                response_text=self.tokenizer.decode(tokens, skip_special_tokens=True),
             )
-            for prompt, tokens, logprobs, reason, text in zip(
-                rows, result.tokens, result.logprobs, result.stop_reasons, texts
-            )
+
+        def finished(i: int, tokens: list[int], logprobs: list[float], reason: str) -> None:
+            made[i] = sample(i, tokens, logprobs, reason)
+            on_sample(made[i])  # type: ignore[misc]
+
+        with self._gate.running():
+            start_version = self.version
+            result = self._decode_all(prefixes, budgets, params, seed, on_row=finished if on_sample else None)
+        return [
+            made.get(i) or sample(i, tokens, logprobs, reason)
+            for i, (tokens, logprobs, reason) in enumerate(zip(result.tokens, result.logprobs, result.stop_reasons))
         ]
 
     def resume(
@@ -145,8 +160,10 @@ class RolloutEngine(GatedEngine):
         params: SamplingParams,
         seed: int | None,
         refill: Callable[[int], bool] | None = None,
+        on_row: Callable[[int, list[int], list[float], str], None] | None = None,
     ) -> DecodeResult:
-        """Decode all rows in chunks of <= max_batch_size, results in input order.
+        """Decode all rows in chunks of <= max_batch_size, results in input order (``on_row(i, ...)``: row ``i`` of
+        the input has finished, see ``decode_batch``'s ``on_finish``).
 
         With more than one chunk, rows are grouped by prefix length so each chunk pads (and prefills) less. The sort
         is stable, so rows with identical prefixes that are adjacent in the input (a prompt's n rows in ``generate``,
@@ -180,6 +197,7 @@ class RolloutEngine(GatedEngine):
                         self._keep_last,
                         refill,
                         self.share_prefixes,
+                        None if on_row is None else (lambda j, *rest, chunk=chunk: on_row(chunk[j], *rest)),
                     )
                     self.last_prefill += result.prefill
                     for j, i in enumerate(chunk):

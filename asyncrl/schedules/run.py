@@ -27,6 +27,7 @@ from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
 from asyncrl.evaluation import evaluate_prompts
 from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
+from asyncrl.rewards.loop import merge_metrics
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.engine import SamplingParams
 from asyncrl.sync.weight_sync import WeightSync
@@ -59,7 +60,8 @@ class Launched:
         prefill = sum((g.prefill for g in gens), PrefillStats())
         samples, seconds = [s for g in gens for s in g.samples], max(g.seconds for g in gens)
         rate = {"perf/rollout_tokens_per_s": sum(len(s.response_ids) for s in samples) / seconds} if seconds > 0 else {}
-        return Generated(samples, seconds, {**prefill.metrics(), **rate})
+        rewards = merge_metrics([g.reward_metrics for g in gens])
+        return Generated(samples, seconds, {**prefill.metrics(), **rate, **rewards})
 
 
 def launch_generation(

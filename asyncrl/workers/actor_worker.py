@@ -35,6 +35,7 @@ from asyncrl.models.lora import (
     reference_policy,
     save_adapter,
 )
+from asyncrl.rewards.loop import build_reward_loop
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.factory import colocated_engine
 from asyncrl.rollout.sampling import SamplingParams
@@ -80,6 +81,7 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.pad_token_id = self.tokenizer.pad_token_id
         self.engine = colocated_engine(cfg, self.model, self.tokenizer)
         self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)
+        self.scorer = build_reward_loop(cfg.reward, self.reward_fn) or self.reward_fn
         # the reference policy: a frozen copy of the start, or for LoRA the base model (the adapter switched off)
         self.dpo = cfg.algorithm.name == "dpo"  # online DPO: the reference is in its loss
         needs_ref = cfg.actor.use_kl_loss or self.dpo
@@ -125,9 +127,7 @@ class ActorRolloutWorker(SyncSenderMixin):
         self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int = -1, score: bool = True
     ) -> Generation:
         """Samples from the current weights, scored by the rule reward here, where they were made (``score``)."""
-        return generate_scored(
-            self.engine, self.reward_fn, self.timeline, self.name, prompts, params, seed, step, score
-        )
+        return generate_scored(self.engine, self.scorer, self.timeline, self.name, prompts, params, seed, step, score)
 
     # ---- training ------------------------------------------------------------------------------------------------
     def _logprobs(self, which: str, batch: TrainBatch, step: int) -> torch.Tensor:

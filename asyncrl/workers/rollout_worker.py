@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from asyncrl.config import Config
+from asyncrl.rewards.loop import RewardLoop, build_reward_loop
 from asyncrl.rewards.reward_fn import RewardFn, build_reward_fn
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.factory import rollout_engine
@@ -26,7 +27,7 @@ from asyncrl.types import Generation, Prompt
 
 def generate_scored(
     engine: RolloutEngine,
-    reward_fn: RewardFn,
+    scorer: RewardFn | RewardLoop,
     timeline: Timeline,
     worker: str,
     prompts: list[Prompt],
@@ -35,14 +36,20 @@ def generate_scored(
     step: int,
     score: bool,
 ) -> Generation:
-    """Generate, then (``score``) fill each sample's rule reward; the seconds are this worker's wall time."""
+    """Generate, then (``score``) fill each sample's rule reward; the seconds are this worker's wall time. With a
+    reward loop (``reward.async_loop``), an engine that reports finished rows has each scored while it decodes."""
     t0 = time.perf_counter()
+    streams = score and isinstance(scorer, RewardLoop) and getattr(engine, "reports_finished_rows", False)
     with timeline.span("generate", step=step, worker=worker, version=engine.version):
-        samples = engine.generate(prompts, params, seed=seed)
+        if streams:
+            samples = engine.generate(prompts, params, seed=seed, on_sample=scorer.submit)  # type: ignore[union-attr]
+        else:
+            samples = engine.generate(prompts, params, seed=seed)
+    metrics: dict[str, float] = {}
     if score:
         with timeline.span("reward", step=step, worker=worker):
-            reward_fn.score(samples)
-    return Generation(samples, time.perf_counter() - t0, engine.last_prefill)
+            metrics = scorer.score(samples)
+    return Generation(samples, time.perf_counter() - t0, engine.last_prefill, metrics)
 
 
 class RolloutWorker(SyncReceiverMixin):
@@ -52,15 +59,14 @@ class RolloutWorker(SyncReceiverMixin):
         self.name = name
         self.engine = rollout_engine(cfg)
         self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)
+        self.scorer = build_reward_loop(cfg.reward, self.reward_fn) or self.reward_fn
         self.timeline = get_timeline()
         self.timeline.worker = name
 
     def generate(
         self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int = -1, score: bool = True
     ) -> Generation:
-        return generate_scored(
-            self.engine, self.reward_fn, self.timeline, self.name, prompts, params, seed, step, score
-        )
+        return generate_scored(self.engine, self.scorer, self.timeline, self.name, prompts, params, seed, step, score)
 
     def version(self) -> int:
         return self.engine.version

@@ -214,7 +214,7 @@ class Rollouter(RolloutWorker):
             self.counts["interrupted_rows"] += sum(s.stop_reason == "interrupted" for s in out)
         finished = [g for g in groups if g.finished]
         with self.timeline.span("reward", worker=self.name):  # rule rewards as each group finishes, before the queue
-            self.reward_fn.score([s for g in finished for s in g.samples])
+            self.scorer.score([s for g in finished for s in g.samples])
         with self._books:
             for g in finished:
                 self.ledger.generated(g.group_id)

@@ -1,0 +1,154 @@
+"""The reward loop (``reward.async_loop``): rewards computed per sample, on a background event loop, as responses
+finish, while the engine goes on generating the others.
+
+``submit(sample)`` is called by the engine the moment a row finishes (``RolloutEngine.generate(on_sample=...)``);
+``score(samples)`` then submits whatever was not submitted yet (an engine that hands over samples only at the end, and
+interrupted rows) and waits for all of them. Scoring runs on one asyncio loop in a daemon thread:
+
+- a custom ``async def`` reward function (verl's signature) is awaited there; a plain function, the built-in
+  scorers and the HTTP reward service (``asyncrl.rewards.remote``) run on a thread pool of ``max_concurrency``;
+- at most ``max_concurrency`` samples are scored at once (a semaphore), each within ``timeout_s``: a scorer that
+  raises, times out (a plain function keeps running on its thread, its result ignored) or returns garbage fails
+  that sample only (``reward_failed``, counted), as in ``RewardFn.score``;
+- a reward service that stays down after its retries raises ``RewardServiceUnavailableError`` from ``score``, naming
+  the URL.
+
+Metrics of a batch: ``reward/latency_mean_s`` and ``reward/latency_max_s`` (from a sample's submission to its score),
+``reward/in_flight_max``, ``reward/failed_count``, ``reward/timeouts``, and ``reward/scored_during_generation_frac``
+(the share of samples already scored when the engine returned: the overlap the loop bought).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from asyncrl.config import RewardConfig
+from asyncrl.rewards.remote import RemoteReward, RewardServiceUnavailableError
+from asyncrl.rewards.reward_fn import RewardFn
+from asyncrl.types import Sample
+
+
+class RewardLoop:
+    def __init__(
+        self, reward_fn: RewardFn, max_concurrency: int, timeout_s: float, remote: RemoteReward | None = None
+    ) -> None:
+        if max_concurrency < 1 or timeout_s <= 0:
+            raise ValueError(f"RewardLoop: max_concurrency >= 1 and timeout_s > 0 (got {max_concurrency}, {timeout_s})")
+        self.reward_fn, self.remote = reward_fn, remote
+        self.max_concurrency, self.timeout_s = max_concurrency, timeout_s
+        self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="reward")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="reward-loop", daemon=True)
+        self._thread.start()
+        self._sem = asyncio.Semaphore(max_concurrency)
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._futures: dict[int, Future] = {}
+        self._latencies: list[float] = []
+        self._in_flight = self._in_flight_max = self._timeouts = 0
+
+    # ---- the rollout side's calls ----------------------------------------------------------------------------------
+    def submit(self, sample: Sample) -> None:
+        """Start scoring ``sample`` (in place); returns at once."""
+        with self._lock:
+            if id(sample) not in self._futures:
+                coro = self._score(sample, time.perf_counter())
+                self._futures[id(sample)] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def score(self, samples: list[Sample]) -> dict[str, float]:
+        """Score every sample of a finished generation call (those not submitted yet are submitted now), wait for
+        all, and return the batch's metrics; raises ``RewardServiceUnavailableError`` if the service stayed down."""
+        with self._lock:
+            early = sum(1 for s in samples if id(s) in self._futures and self._futures[id(s)].done())
+        for s in samples:
+            self.submit(s)
+        self.reward_fn.last_errors = []
+        down: BaseException | None = None
+        for s in samples:
+            outcome = self._futures[id(s)].result()
+            if isinstance(outcome, RewardServiceUnavailableError):
+                down = down or outcome
+                outcome = RuntimeError(str(outcome))
+            self.reward_fn.record(s, outcome)
+        metrics = self.reward_fn.finish_batch()
+        if down is not None:
+            self._reset()
+            raise down
+        lat = self._latencies or [0.0]
+        metrics.update(
+            {
+                "reward/latency_mean_s": sum(lat) / len(lat),
+                "reward/latency_max_s": max(lat),
+                "reward/in_flight_max": float(self._in_flight_max),
+                "reward/timeouts": float(self._timeouts),
+                "reward/scored_during_generation_frac": early / max(len(samples), 1),
+            }
+        )
+        self._reset()
+        return metrics
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.remote is not None:
+            self.remote.close()
+
+    # ---- on the loop -------------------------------------------------------------------------------------------------
+    async def _score(self, sample: Sample, submitted: float) -> tuple[float, dict[str, float]] | BaseException:
+        """The sample's ``(reward, extra)`` or the error that failed it (never raises)."""
+        async with self._sem:
+            self._in_flight += 1
+            self._in_flight_max = max(self._in_flight_max, self._in_flight)
+            try:
+                return await asyncio.wait_for(self._call(sample), self.timeout_s)
+            except TimeoutError:
+                self._timeouts += 1
+                return TimeoutError(f"reward not computed within reward.timeout_s={self.timeout_s:g} s")
+            except Exception as e:  # noqa: BLE001 - confined to the sample (the caller records it)
+                return e
+            finally:
+                self._in_flight -= 1
+                self._latencies.append(time.perf_counter() - submitted)
+
+    async def _call(self, sample: Sample) -> tuple[float, dict[str, float]]:
+        p = sample.prompt
+        args = (p.data_source, sample.response_text or "", p.ground_truth, p.extra_info)
+        loop = asyncio.get_running_loop()
+        if self.remote is not None:
+            return await loop.run_in_executor(self._pool, self.remote.score_one, *args)
+        fn: Any = self.reward_fn.scorer_for(p.data_source)
+        if inspect.iscoroutinefunction(fn):
+            return self.reward_fn.normalize(await self.reward_fn.call(*args), p.data_source)
+        return await loop.run_in_executor(self._pool, self.reward_fn.score_one, *args)
+
+
+def build_reward_loop(cfg: RewardConfig, reward_fn: RewardFn) -> RewardLoop | None:
+    """The run's reward loop (``reward.async_loop``, or a ``reward.remote_url``), or None: score after generation."""
+    if not cfg.async_loop and not cfg.remote_url:
+        return None
+    remote = None
+    if cfg.remote_url:
+        remote = RemoteReward(cfg.remote_url, cfg.timeout_s, cfg.remote_max_retries, cfg.remote_backoff_s)
+    return RewardLoop(reward_fn, cfg.max_concurrency, cfg.timeout_s, remote)
+
+
+def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Several workers' reward metrics as one: counts summed, maxima maxed, the rest averaged."""
+    out: dict[str, float] = {}
+    for key in sorted({k for p in parts for k in p}):
+        values = [p[key] for p in parts if key in p]
+        if key.endswith(("_count", "timeouts")):
+            out[key] = float(sum(values))
+        elif key.endswith("_max") or key.endswith("_max_s"):
+            out[key] = float(max(values))
+        else:
+            out[key] = sum(values) / len(values)
+    return out

@@ -1,0 +1,66 @@
+"""A reward service over HTTP (``reward.remote_url``): one POST per response, verl's reward-function fields as JSON.
+
+Request body: ``{"data_source", "solution_str", "ground_truth", "extra_info"}``; the reply is a number or a JSON object
+with a numeric ``"score"`` (other numeric fields go to ``Sample.reward_extra``), as a custom reward function returns.
+The transport (keep-alive, retries with back-off, timeouts) is ``asyncrl.http_json``'s.
+
+A service that stays down after every retry raises :class:`RewardServiceUnavailableError` naming the URL: the rollout
+stops there, instead of silently scoring every sample as failed. A reply for one sample that is rejected (HTTP 4xx) or
+malformed fails that sample only, like a scorer that raises.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncrl.http_json import ErrorKinds, JsonHttpClient
+from asyncrl.rewards.reward_fn import normalize_result
+
+
+class RewardServiceError(RuntimeError):
+    """Base class of the reward service's errors; the message names its URL."""
+
+
+class RewardServiceUnavailableError(RewardServiceError):
+    """The service could not be reached, or kept failing (5xx, timeouts), after all retries."""
+
+
+class RewardServiceRejectedError(RewardServiceError):
+    """The service rejected one request (HTTP 4xx, in ``status``)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RewardServiceResponseError(RewardServiceError):
+    """The service answered, but not with a score."""
+
+
+ERRORS = ErrorKinds(RewardServiceUnavailableError, RewardServiceRejectedError, RewardServiceResponseError)
+
+
+class RemoteReward:
+    """Scores one response per call (blocking; thread-safe, one kept-alive connection per calling thread)."""
+
+    def __init__(self, url: str, timeout_s: float, max_retries: int, backoff_s: float):
+        self.http = JsonHttpClient(url, timeout_s, max_retries, backoff_s, "reward service", ERRORS)
+        self.url = self.http.url + self.http.prefix
+
+    def score_one(
+        self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+    ) -> tuple[float, dict[str, float]]:
+        body = {
+            "data_source": data_source,
+            "solution_str": solution_str,
+            "ground_truth": ground_truth,
+            "extra_info": dict(extra_info or {}),
+        }
+        reply = self.http.request("POST", "", body)
+        try:
+            return normalize_result(reply, f"reward service at {self.url}")
+        except ValueError as e:
+            raise RewardServiceResponseError(str(e)) from None
+
+    def close(self) -> None:
+        self.http.close()

@@ -1,0 +1,228 @@
+"""The reward loop (``reward.async_loop``) and the HTTP reward service (``reward.remote_url``): concurrency limit,
+timeouts, failures confined to their sample, a service that stays down named in one error, rows reported by the
+engine as they finish, and 2-step runs with both. The reward service is a real HTTP server on loopback."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from asyncrl.config import ConfigError, RewardConfig, load_config
+from asyncrl.models.presets import build_model
+from asyncrl.models.tokenizer import build_char_tokenizer
+from asyncrl.rewards.loop import RewardLoop, build_reward_loop, merge_metrics
+from asyncrl.rewards.remote import RemoteReward, RewardServiceUnavailableError
+from asyncrl.rewards.reward_fn import RewardFn
+from asyncrl.rollout.decode import decode_batch
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.schedules import run_training
+from asyncrl.sync.transport import find_free_port
+from asyncrl.telemetry.metrics import read_metrics
+from asyncrl.types import Prompt, Sample
+from tests.helpers import make_data, make_model, train_overrides
+
+REWARDS_PY = """
+import asyncio
+
+state = {"in_flight": 0, "max": 0}
+
+
+async def limited(data_source, solution_str, ground_truth, extra_info):
+    state["in_flight"] += 1
+    state["max"] = max(state["max"], state["in_flight"])
+    await asyncio.sleep(0.05)
+    state["in_flight"] -= 1
+    return {"score": float(solution_str == ground_truth), "max_seen": float(state["max"])}
+
+
+async def slow_or_bad(data_source, solution_str, ground_truth, extra_info):
+    if solution_str == "slow":
+        await asyncio.sleep(30)
+    if solution_str == "bad":
+        raise ValueError("cannot score this")
+    return 1.0
+
+
+def plain(data_source, solution_str, ground_truth, extra_info):
+    return len(solution_str)
+"""
+
+
+@pytest.fixture
+def rewards_file(tmp_path):
+    p = tmp_path / "rewards.py"
+    p.write_text(REWARDS_PY)
+    return p
+
+
+def _samples(texts: list[str], truth: str = "7") -> list[Sample]:
+    out = []
+    for i, t in enumerate(texts):
+        s = Sample(Prompt(i, [1, 2], "chain_sum", truth), [5], [-1.0], [0])
+        s.response_text = t
+        out.append(s)
+    return out
+
+
+def test_an_async_reward_function_runs_at_most_max_concurrency_at_once(rewards_file):
+    loop = RewardLoop(RewardFn(f"{rewards_file}:limited"), max_concurrency=3, timeout_s=10)
+    samples = _samples(["7", "8"] * 6)
+    for s in samples[:5]:
+        loop.submit(s)  # as an engine would, while the rest are still "decoding"
+    metrics = loop.score(samples)
+    loop.close()
+    assert [s.reward for s in samples] == [1.0, 0.0] * 6 and not any(s.reward_failed for s in samples)
+    assert max(s.reward_extra["max_seen"] for s in samples) == 3.0  # the limit was reached, never passed
+    assert metrics["reward/in_flight_max"] == 3.0 and metrics["reward/failed_count"] == 0
+    assert metrics["reward/latency_max_s"] >= metrics["reward/latency_mean_s"] > 0
+
+
+def test_a_slow_or_failing_reward_fails_only_its_sample(rewards_file):
+    loop = RewardLoop(RewardFn(f"{rewards_file}:slow_or_bad"), max_concurrency=4, timeout_s=0.3)
+    samples = _samples(["ok", "slow", "bad", "ok"])
+    metrics = loop.score(samples)
+    loop.close()
+    assert [s.reward_failed for s in samples] == [False, True, True, False]
+    assert [s.reward for s in samples] == [1.0, 0.0, 0.0, 1.0]
+    assert metrics["reward/failed_count"] == 2 and metrics["reward/timeouts"] == 1
+    assert any("reward.timeout_s=0.3" in e for e in loop.reward_fn.last_errors)
+    assert any("cannot score this" in e for e in loop.reward_fn.last_errors)
+
+
+def test_a_plain_function_on_the_loop_scores_as_reward_fn_does(rewards_file):
+    a, b = _samples(["abc", "hello"]), _samples(["abc", "hello"])
+    RewardFn(f"{rewards_file}:plain").score(a)
+    loop = RewardLoop(RewardFn(f"{rewards_file}:plain"), max_concurrency=2, timeout_s=5)
+    loop.score(b)
+    loop.close()
+    assert [s.reward for s in a] == [s.reward for s in b] == [3.0, 5.0]
+
+
+class _Service(BaseHTTPRequestHandler):
+    """Scores chain_sum answers; ``fail_first`` 503s before answering; a solution "reject" gets a 400."""
+
+    fail_first = 0
+    seen: list[dict] = []
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).seen.append(body)
+        if type(self).fail_first > 0:
+            type(self).fail_first -= 1
+            return self._reply(503, {"error": {"message": "warming up"}})
+        if body["solution_str"] == "reject":
+            return self._reply(400, {"error": {"message": "no answer in the response"}})
+        return self._reply(200, {"score": float(body["solution_str"].strip() == body["ground_truth"]), "len": 1.0})
+
+    def _reply(self, status, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def service():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Service)
+    _Service.fail_first, _Service.seen = 0, []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/score"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_reward_service_scores_retries_and_rejects_per_sample(service):
+    _Service.fail_first = 2  # two 503s: retried with back-off, then answered
+    remote = RemoteReward(service, timeout_s=5, max_retries=3, backoff_s=0.01)
+    loop = RewardLoop(RewardFn(), max_concurrency=2, timeout_s=10, remote=remote)
+    samples = _samples(["7", "8", "reject"])
+    metrics = loop.score(samples)
+    loop.close()
+    assert [s.reward for s in samples] == [1.0, 0.0, 0.0] and samples[0].reward_extra == {"len": 1.0}
+    assert [s.reward_failed for s in samples] == [False, False, True] and metrics["reward/failed_count"] == 1
+    assert "no answer in the response" in loop.reward_fn.last_errors[0]
+    assert _Service.seen[-1]["data_source"] == "chain_sum" and _Service.seen[-1]["ground_truth"] == "7"
+
+
+def test_a_reward_service_that_stays_down_is_one_error_naming_its_url():
+    root = f"http://127.0.0.1:{find_free_port()}"  # nothing listens there
+    cfg = RewardConfig(remote_url=root + "/score", remote_max_retries=1, remote_backoff_s=0.01)
+    loop = build_reward_loop(cfg, RewardFn())
+    with pytest.raises(
+        RewardServiceUnavailableError, match=f"reward service at {root} unreachable after 1 retries: POST /score"
+    ):
+        loop.score(_samples(["7", "8"]))
+    loop.close()
+
+
+def test_the_decoder_reports_each_row_the_moment_it_ends():
+    tok = build_char_tokenizer(["0123456789 +-="])
+    model = build_model("micro", tok, seed=0).eval()
+    seen: list[tuple[int, int]] = []
+    with torch.inference_mode():
+        result = decode_batch(
+            model,
+            [tok("1 + 2 =")["input_ids"]] * 3,
+            [6, 1, 3],  # row 1 ends first, then row 2, then row 0 (no eos in the way: it is masked below)
+            SamplingParams(n=1, temperature=1.0, max_new_tokens=6),
+            torch.Generator().manual_seed(0),
+            torch.tensor([-1]),  # an eos id no token has: rows end at their budget
+            tok.pad_token_id,
+            lambda: False,
+            on_finish=lambda row, tokens, logprobs, reason: seen.append((row, len(tokens))),
+        )
+    assert seen == [(1, 1), (2, 3), (0, 6)]
+    assert [len(t) for t in result.tokens] == [6, 1, 3]
+
+
+def test_merged_metrics_sum_counts_and_take_maxima():
+    parts = [
+        {"reward/failed_count": 1.0, "reward/latency_max_s": 0.5, "reward/latency_mean_s": 0.2},
+        {"reward/failed_count": 2.0, "reward/latency_max_s": 0.9, "reward/latency_mean_s": 0.4},
+    ]
+    merged = merge_metrics(parts)
+    assert merged["reward/failed_count"] == 3.0 and merged["reward/latency_max_s"] == 0.9
+    assert merged["reward/latency_mean_s"] == pytest.approx(0.3)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rl_loop")
+    train, test = make_data(root, size=32, test_size=8)
+    return root, make_model(root, train, seed=0), train, test
+
+
+@pytest.mark.parametrize("schedule", ["sync", "one_step_off"])
+def test_runs_score_on_the_loop_and_on_the_service(setup, service, schedule):
+    root, model, train, test = setup
+    for name, keys in [("loop", ["reward.async_loop=true"]), ("remote", [f"reward.remote_url={service}"])]:
+        d = root / f"{name}_{schedule}"
+        over = train_overrides(model, train, test, d, 2) + [
+            "trainer.backend=in_process",
+            f"trainer.schedule={schedule}",
+        ]
+        run_training(load_config(None, over + keys))
+        steps = [m for m in read_metrics(d / "metrics.jsonl") if "reward/mean" in m]
+        assert len(steps) == 2 and all(m["reward/in_flight_max"] >= 1 for m in steps), name
+        assert all(m["reward/failed_count"] == 0 for m in steps)
+    assert len(_Service.seen) >= 2 * 4 * 4  # the service scored every training sample
+
+
+def test_bad_reward_keys_are_config_errors(setup):
+    root, model, train, test = setup
+    base = train_overrides(model, train, test, root / "bad", 1)
+    with pytest.raises(ConfigError, match="reward.max_concurrency"):
+        load_config(None, [*base, "reward.max_concurrency=0"])
+    with pytest.raises(ConfigError, match="reward.remote_url"):
+        load_config(None, [*base, "reward.remote_url=127.0.0.1:9/score"])
+    with pytest.raises(ConfigError, match="reward.remote_url"):
+        load_config(None, [*base, "reward.remote_url=http://127.0.0.1:9", "reward.custom_function=x.py:f"])
