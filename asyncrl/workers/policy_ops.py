@@ -7,7 +7,6 @@ teacher's top-k). The losses themselves are the pure functions of ``asyncrl.algo
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from asyncrl.data.collate import Batching, TrainBatch, micro_batches
 from asyncrl.data.packing import TokenCount
 from asyncrl.data.targets import PolicyTarget, TeacherTarget
 from asyncrl.workers.data_parallel import DataParallel
+from asyncrl.workers.optim_step import Means, finish_mini_batch
 
 
 def model_inputs(mb: TrainBatch, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -218,13 +218,8 @@ def optimize(
     """
     model.train()
     gen = torch.Generator().manual_seed(seed)
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-
-    def add(key: str, value: float) -> None:
-        sums[key] = sums.get(key, 0.0) + float(value)
-        counts[key] = counts.get(key, 0) + 1
-
+    means = Means()
+    params = [p for p in model.parameters() if p.requires_grad]
     steps = skipped = rows_left_out = 0
     how = batching(actor, prefix)
     count = TokenCount()
@@ -262,24 +257,11 @@ def optimize(
                 weights += weight
                 for k, v in stats.items():
                     mini_stats[k] = mini_stats.get(k, 0.0) + weight * v
-            if dp is not None:
-                finite, mini_stats, weights = _across_ranks(dp, finite, mini_stats, weights)
-                if finite:
-                    dp.all_reduce_grads([p for p in model.parameters() if p.requires_grad])
-            for k, v in mini_stats.items():  # weighted as the loss is: the same whatever the micro-batches
-                add(k, v / weights if weights > 0 else v)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                model.parameters(), actor.optim.grad_clip if actor.optim.grad_clip > 0 else float("inf")
-            )
-            if not finite or not math.isfinite(float(grad_norm)):
-                optimizer.zero_grad(set_to_none=True)
+            if finish_mini_batch(params, optimizer, scheduler, actor, dp, finite, mini_stats, weights, means, prefix):
+                steps += 1
+            else:
                 skipped += 1
-                continue
-            add(f"{prefix}/grad_norm", float(grad_norm))
-            optimizer.step()
-            scheduler.step()
-            steps += 1
-    metrics = {k: sums[k] / counts[k] for k in sums}
+    metrics = means.result()
     metrics[f"{prefix}/lr"] = float(scheduler.get_last_lr()[0])
     metrics[f"{prefix}/nonfinite_skipped_steps"] = float(skipped)
     metrics.update(count.metrics(prefix))
@@ -289,19 +271,6 @@ def optimize(
         metrics[f"{prefix}/skipped_rows_frac"] = rows_left_out / max(batch.size * actor.ppo_epochs, 1)
     optimizer.zero_grad(set_to_none=True)
     return UpdateResult(metrics=metrics, optimizer_steps=steps, skipped_nonfinite=skipped)
-
-
-def _across_ranks(
-    dp: DataParallel, finite: bool, stats: dict[str, float], weights: float
-) -> tuple[bool, dict[str, float], float]:
-    """A mini-batch's outcome over all ranks: finite only if every rank's loss was; the weighted statistics and their
-    weights summed (each rank weighted its rows by their share of the whole mini-batch)."""
-    parts = dp.all_gather_object((finite, stats, weights))
-    merged: dict[str, float] = {}
-    for _, s, _ in parts:
-        for k, v in s.items():
-            merged[k] = merged.get(k, 0.0) + v
-    return all(f for f, _, _ in parts), merged, sum(w for _, _, w in parts)
 
 
 def _distill_micro_loss(

@@ -7,8 +7,6 @@ packing of ``policy_ops`` would split them). Data-parallel ranks take a share of
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from asyncrl import algos
@@ -17,7 +15,8 @@ from asyncrl.config import ActorConfig, DpoConfig
 from asyncrl.data.collate import TrainBatch
 from asyncrl.data.targets import PreferenceTarget
 from asyncrl.workers.data_parallel import DataParallel
-from asyncrl.workers.policy_ops import UpdateResult, _across_ranks, _forward_logits
+from asyncrl.workers.optim_step import Means, finish_mini_batch
+from asyncrl.workers.policy_ops import UpdateResult, _forward_logits
 
 
 def _pair_rows(pairs: torch.Tensor) -> torch.Tensor:
@@ -48,8 +47,7 @@ def dpo_update(
     gen = torch.Generator().manual_seed(seed)
     n_pairs = batch.size // 2
     per_micro = max(1, actor.ppo_micro_batch_size // 2)
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
+    means = Means()
     steps = skipped = 0
     params = [p for p in model.parameters() if p.requires_grad]
     for _epoch in range(actor.ppo_epochs):
@@ -79,26 +77,11 @@ def dpo_update(
                     weights += share
                     for k, v in s.items():
                         stats[k] = stats.get(k, 0.0) + share * v
-            if dp is not None:
-                finite, stats, weights = _across_ranks(dp, finite, stats, weights)
-                if finite:
-                    dp.all_reduce_grads(params)
-            for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + v / weights
-                counts[k] = counts.get(k, 0) + 1
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                params, actor.optim.grad_clip if actor.optim.grad_clip > 0 else float("inf")
-            )
-            if not finite or not math.isfinite(float(grad_norm)):
-                optimizer.zero_grad(set_to_none=True)
+            if finish_mini_batch(params, optimizer, scheduler, actor, dp, finite, stats, weights, means, "actor"):
+                steps += 1
+            else:
                 skipped += 1
-                continue
-            sums["actor/grad_norm"] = sums.get("actor/grad_norm", 0.0) + float(grad_norm)
-            counts["actor/grad_norm"] = counts.get("actor/grad_norm", 0) + 1
-            optimizer.step()
-            scheduler.step()
-            steps += 1
-    metrics = {k: sums[k] / counts[k] for k in sums}
+    metrics = means.result()
     metrics["actor/lr"] = float(scheduler.get_last_lr()[0])
     metrics["actor/nonfinite_skipped_steps"] = float(skipped)
     optimizer.zero_grad(set_to_none=True)
