@@ -103,6 +103,22 @@ def cmd_export(a: argparse.Namespace) -> None:
     print(json.dumps({"exported": str(export_checkpoint(a.checkpoint, a.out))}))
 
 
+def cmd_trace(a: argparse.Namespace) -> None:
+    from asyncrl.telemetry import trace
+
+    recs = trace.read(a.run_dir)
+    steps = sorted({r["step"] for r in recs})
+    step = a.step if a.step is not None else (steps[-1] if steps else None)
+    chosen = [r for r in recs if r["step"] == step]
+    if not chosen:
+        raise SystemExit(f"{a.run_dir}: no traced samples at step {step} (traced steps: {_span(steps)})")
+    print(trace.format_step(chosen[: a.max] if a.max else chosen))
+
+
+def _span(steps: list[int]) -> str:
+    return f"{steps[0]}..{steps[-1]}" if steps else "none"
+
+
 def cmd_report(a: argparse.Namespace) -> None:
     from asyncrl.telemetry.report import compare_report, write_report
 
@@ -232,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.set_defaults(fn=cmd_export)
 
+    s = sub.add_parser("trace", help="print a step's traced samples (rollout.trace.enable=true) from a run directory")
+    s.add_argument("run_dir")
+    s.add_argument("--step", type=int, default=None, help="the step (default: the last traced one)")
+    s.add_argument("--max", type=int, default=0, help="print at most this many samples (0: all traced)")
+    s.set_defaults(fn=cmd_trace)
+
     s = sub.add_parser(
         "report",
         help="report.png (curves + Gantt chart of the timeline) for a run directory; with several run directories "
@@ -328,6 +350,8 @@ def main(argv: list[str] | None = None) -> None:
     from asyncrl.distill.launch import TeacherStartError
     from asyncrl.distill.protocol import TeacherError
     from asyncrl.models.loading import ModelLoadError
+    from asyncrl.rewards.remote import RewardServiceError
+    from asyncrl.telemetry.trace import TraceNotFoundError
     from asyncrl.workers.cluster import PlacementError
 
     try:
@@ -340,6 +364,8 @@ def main(argv: list[str] | None = None) -> None:
         PlacementError,
         TeacherError,
         TeacherStartError,
+        RewardServiceError,
+        TraceNotFoundError,
     ) as e:
         print(f"asyncrl {args.command}: error: {e}", file=sys.stderr)
         sys.exit(2)

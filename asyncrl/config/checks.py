@@ -120,6 +120,7 @@ def validate(cfg: Config) -> None:
     _validate_distill(cfg)
     _validate_dpo(cfg)
     _validate_reward(cfg)
+    _validate_trace(cfg)
     _validate_ppo(cfg)
     _validate_sections_read(cfg)  # after the ranges: a bad value is named even in a section the run would not read
 
@@ -175,6 +176,19 @@ def _validate_sections_read(cfg: Config) -> None:
             "config keys rollout.num_workers / rollout.cpus_per_worker: set, but trainer.schedule=sync generates on "
             "the trainer's own worker (no rollout pool); remove them or pick a schedule with a rollout pool"
         )
+
+
+def _validate_trace(cfg: Config) -> None:
+    t = cfg.rollout.trace
+    check(t.max_samples_per_step >= 1, "rollout.trace.max_samples_per_step", t.max_samples_per_step, ">= 1")
+    sk = cfg.rollout.skip
+    choice("rollout.skip.action", sk.action, ("cache", "repeat"))
+    check(
+        not sk.enable or cfg.trainer.schedule != "fully_async",
+        "rollout.skip.enable",
+        sk.enable,
+        "false with trainer.schedule=fully_async (its Rollouter streams groups, not per-step batches)",
+    )
 
 
 def _validate_reward(cfg: Config) -> None:

@@ -43,9 +43,29 @@ class ModelConfig:
 
 
 @dataclass
+class TraceConfig:
+    """``rollout.trace``: a few samples of every step in the run directory (``asyncrl trace RUN_DIR --step N``)."""
+
+    enable: bool = False
+    max_samples_per_step: int = 8  # verl's max_samples_per_step_per_worker, per step of the trainer here
+    token2text: bool = False  # also each response token's own text
+
+
+@dataclass
+class SkipConfig:
+    """``rollout.skip``: dump each step's generated batch; a later run with the same generation setup reuses it."""
+
+    enable: bool = False
+    dump_dir: str = "runs/rollout_dump"
+    action: str = "cache"  # cache (reuse a step's own dump, else generate and dump) | repeat (else the latest dump)
+
+
+@dataclass
 class RolloutConfig:
     engine: str = "builtin"  # builtin (our decode loop) | vllm (vLLM in the rollout worker; the `vllm` extra)
     quantization: str | None = None  # null | fp8: weights synced as float8 e4m3 with 128x128 block scales
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    skip: SkipConfig = field(default_factory=SkipConfig)
     n: int = 8  # responses per prompt (the GRPO group size)
     temperature: float = 1.0
     top_p: float = 1.0

@@ -19,17 +19,19 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.config import Config
-from asyncrl.schedules.run import StepTimer, launch_generation, open_run, staleness_metrics
+from asyncrl.schedules.run import StepTimer, open_run, staleness_metrics
+from asyncrl.schedules.skip import RolloutSkip
 from asyncrl.workers.roles import RolloutSide
 
 
 def run_one_step_off(cfg: Config) -> dict[str, Any]:
     with open_run(cfg, RolloutSide.POOL) as (run, algorithm, roles):
         sync = run.start_weight_sync(roles)
+        skip = RolloutSkip(cfg)
         params, total = run.sampling(), cfg.trainer.total_training_steps
 
         def launch(b: int):
-            return launch_generation(roles.rollouts, run.next_prompts(), params, run.gen_seed(b), b)
+            return skip.launch(roles.rollouts, run.next_prompts(), params, run.gen_seed(b), b)
 
         pending = launch(run.start_step)
         step = run.start_step - 1

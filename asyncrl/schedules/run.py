@@ -31,6 +31,7 @@ from asyncrl.rewards.loop import merge_metrics
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.engine import SamplingParams
 from asyncrl.sync.weight_sync import WeightSync
+from asyncrl.telemetry import trace
 from asyncrl.telemetry.metrics import MetricsLogger, machine_cpu, read_metrics
 from asyncrl.telemetry.timeline import get_timeline, read_chrome_trace, write_chrome_trace
 from asyncrl.types import Generation, PrefillStats, Prompt, Sample
@@ -123,6 +124,7 @@ class Run:
         self.sampler = EpochSampler(len(self.train), d.train_batch_size, seed=cfg.trainer.seed, shuffle=d.shuffle)
         self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)  # evaluation
         self.version = 0  # the trainer's weight version, as it last reported it
+        self.consumed_version = 0
         self.ckpt = CheckpointManager(self.dir, cfg.trainer.max_checkpoints_to_keep)
         self.start_step = 1
         self.resumed_from: Path | None = None  # the checkpoint this run resumed from
@@ -168,6 +170,7 @@ class Run:
 
     def learn(self, algorithm: Algorithm, prepared: Prepared, step: int) -> Trained:
         """The algorithm's updates for one step; the trainer's new version is read from its result."""
+        self.consumed_version = self.version  # the version the update consumes the samples at (the trace's)
         trained = algorithm.train(prepared, step)
         if trained.actor is not None:
             self.version = trained.actor.version
@@ -191,6 +194,12 @@ class Run:
         metrics["perf/throughput_tokens_per_s"] = float(batch.attention_mask_BL.sum()) / step_s
         metrics["perf/samples_per_s"] = len(samples) / step_s
         metrics.update(machine_cpu())
+        t = self.cfg.rollout.trace
+        if t.enable:  # a few of the step's samples, as consumed, in rollout_trace.jsonl
+            recs = trace.records(
+                tm.step, samples, self.consumed_version, self.tokenizer, t.max_samples_per_step, t.token2text
+            )
+            trace.append(self.dir, recs)
         return metrics
 
     # ---- evaluation ------------------------------------------------------------------------------------------------
@@ -314,6 +323,7 @@ class Run:
         return self.start_step
 
     def _truncate_metrics(self, last_step: int) -> None:
+        trace.truncate(self.dir, last_step)
         path = self.dir / "metrics.jsonl"
         if not path.exists():
             return

@@ -16,21 +16,20 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.config import Config
-from asyncrl.schedules.run import StepTimer, launch_generation, open_run, staleness_metrics
+from asyncrl.schedules.run import StepTimer, open_run, staleness_metrics
+from asyncrl.schedules.skip import RolloutSkip
 from asyncrl.workers.roles import RolloutSide
 
 
 def run_sync(cfg: Config) -> dict[str, Any]:
     with open_run(cfg, RolloutSide.ACTOR) as (run, algorithm, roles):
-        params = run.sampling()
+        params, skip = run.sampling(), RolloutSkip(cfg)
         step = run.start_step - 1
         for step in range(run.start_step, cfg.trainer.total_training_steps + 1):
             tm = StepTimer(step)
             with tm("step"):
                 with tm("gen"):
-                    gen = launch_generation(
-                        roles.rollouts, run.next_prompts(), params, run.gen_seed(step), step
-                    ).result()
+                    gen = skip.launch(roles.rollouts, run.next_prompts(), params, run.gen_seed(step), step).result()
                     samples = gen.samples
                 with tm("prepare"):
                     prepared = algorithm.prepare(samples, step)()

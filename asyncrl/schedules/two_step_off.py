@@ -23,20 +23,22 @@ from typing import Any
 
 from asyncrl.algorithms import Prepared
 from asyncrl.config import Config
-from asyncrl.schedules.run import Generated, Launched, StepTimer, launch_generation, open_run, staleness_metrics
+from asyncrl.schedules.run import Generated, Launched, StepTimer, open_run, staleness_metrics
+from asyncrl.schedules.skip import Replayed, RolloutSkip
 from asyncrl.workers.roles import RolloutSide
 
 
 def run_two_step_off(cfg: Config) -> dict[str, Any]:
     with open_run(cfg, RolloutSide.POOL) as (run, algorithm, roles), ThreadPoolExecutor(1, "prepare") as pool:
         sync = run.start_weight_sync(roles)
+        skip = RolloutSkip(cfg)
         params, total = run.sampling(), cfg.trainer.total_training_steps
         cursors: dict[int, dict] = {run.start_step - 1: run.sampler.state_dict()}  # batch b -> cursor after it
 
-        def launch(b: int) -> Launched:
+        def launch(b: int) -> Launched | Replayed:
             prompts = run.next_prompts()
             cursors[b] = run.sampler.state_dict()
-            return launch_generation(roles.rollouts, prompts, params, run.gen_seed(b), b)
+            return skip.launch(roles.rollouts, prompts, params, run.gen_seed(b), b)
 
         def start_preparing(generated: Generated, b: int) -> Future[tuple[Prepared, Generated]]:
             finish = algorithm.prepare(generated.samples, b)  # issued here, in batch order; finished on the thread

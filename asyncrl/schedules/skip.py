@@ -1,0 +1,136 @@
+"""Rollout skip (``rollout.skip``): dump each step's generated batch, and let a later run reuse it instead of
+generating, to iterate on the trainer side quickly (verl's rollout skip).
+
+The dumps live in ``rollout.skip.dump_dir`` under a key: a hash of every config field that decides what is generated
+(model, data and its order, sampling, schedule, seeds, rollout workers), written beside them in ``key.json``. A run
+whose key differs from the directory's is stopped with an error naming the fields that differ, never fed another
+run's samples. ``action``:
+
+- ``cache``: a step with a dump reuses it (its prompts are checked against the ones this run drew for the step); a
+  step without one generates and dumps.
+- ``repeat``: a step without a dump reuses the latest dumped batch before it (training again on the same samples;
+  the prompt check is skipped), so one dumped step feeds a whole run.
+
+Reused samples keep the weight versions they were generated with, so staleness is reported as it really is.
+Not in ``fully_async``, whose Rollouter streams groups rather than generating batches (a config error).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import Config
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.schedules.run import Generated, Launched, launch_generation
+from asyncrl.types import Prompt, Sample
+from asyncrl.workers.clients import RolloutClient
+
+
+class RolloutSkipError(RuntimeError):
+    """The dump directory belongs to another generation setup, or its dump does not fit this run."""
+
+
+def generation_key(cfg: Config) -> dict[str, Any]:
+    """The config fields that decide which samples a step generates."""
+    d, r, t = cfg.data, cfg.rollout, cfg.trainer
+    return {
+        "model.path": str(cfg.model.path),
+        "model.lora_rank": cfg.model.lora_rank,
+        "data.train_files": [str(f) for f in d.train_files],
+        "data.train_batch_size": d.train_batch_size,
+        "data.max_prompt_length": d.max_prompt_length,
+        "data.shuffle": d.shuffle,
+        "rollout.engine": r.engine,
+        "rollout.quantization": r.quantization,
+        "rollout.n": r.n,
+        "rollout.temperature": r.temperature,
+        "rollout.top_p": r.top_p,
+        "rollout.top_k": r.top_k,
+        "rollout.response_length": r.response_length,
+        "rollout.num_workers": r.num_workers,
+        "trainer.schedule": t.schedule,
+        "trainer.seed": t.seed,
+        "trainer.num_workers": t.num_workers,
+    }
+
+
+@dataclass
+class Replayed:
+    samples: list[Sample]
+    step: int
+
+    def result(self) -> Generated:
+        return Generated(self.samples, 0.0, {"rollout/skipped": 1.0})
+
+
+class _Dumping(Launched):
+    """A batch being generated, dumped when it is waited for."""
+
+    def __init__(self, launched: Launched, path: Path):
+        super().__init__(launched.calls)
+        self.path = path
+
+    def result(self) -> Generated:
+        gen = super().result()
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps(gen.samples))
+        tmp.replace(self.path)  # a crash mid-write never leaves a truncated dump
+        return gen
+
+
+class RolloutSkip:
+    def __init__(self, cfg: Config):
+        s = cfg.rollout.skip
+        self.enabled, self.action = s.enable, s.action
+        self.dir = Path(s.dump_dir) if s.enable else None
+        if self.dir is not None:
+            self._claim(generation_key(cfg))
+
+    def _claim(self, key: dict[str, Any]) -> None:
+        assert self.dir is not None
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / "key.json"
+        if path.exists():
+            theirs = json.loads(path.read_text())
+            differ = sorted(k for k in set(key) | set(theirs) if key.get(k) != theirs.get(k))
+            if differ:
+                shown = ", ".join(f"{k} (dumped {theirs.get(k)!r}, this run {key.get(k)!r})" for k in differ[:4])
+                raise RolloutSkipError(
+                    f"rollout.skip.dump_dir {self.dir}: dumped by a different generation setup: {shown}; "
+                    "use another dump_dir or the same settings"
+                )
+        else:
+            path.write_text(json.dumps(key, indent=1) + "\n")
+        self.key = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    def _dump(self, step: int) -> Path:
+        assert self.dir is not None
+        return self.dir / f"step_{step}.pkl"
+
+    def launch(
+        self, rollouts: list[RolloutClient], prompts: list[Prompt], params: SamplingParams, seed: int, step: int
+    ) -> Launched | Replayed:
+        """Step ``step``'s batch: generated (and dumped), or read back from the dump."""
+        if self.dir is None:
+            return launch_generation(rollouts, prompts, params, seed, step)
+        path = self._dump(step)
+        if path.exists():
+            samples = pickle.loads(path.read_bytes())
+            drawn = sorted(p.index for p in prompts)
+            dumped = sorted({s.prompt.index: None for s in samples})
+            if drawn != dumped:
+                raise RolloutSkipError(
+                    f"rollout.skip: {path} holds prompts {dumped[:5]}... but this run drew {drawn[:5]}... for step "
+                    f"{step} (the data or its order changed since the dump)"
+                )
+            return Replayed(samples, step)
+        if self.action == "repeat":
+            earlier = [s for s in range(step - 1, 0, -1) if self._dump(s).exists()]
+            if earlier:
+                return Replayed(pickle.loads(self._dump(earlier[0]).read_bytes()), step)
+        return _Dumping(launch_generation(rollouts, prompts, params, seed, step), path)

@@ -1,0 +1,126 @@
+"""The rollout trace (``rollout.trace``): a few of each step's samples, as the trainer consumed them, in
+``rollout_trace.jsonl`` of the run directory (no external service), read back by ``asyncrl trace RUN_DIR --step N``.
+
+A record holds the prompt and response (text and token ids; with ``token2text`` each response token's own text), the
+reward, the stop reason, the weight version of every response token and the sample's staleness (the trainer's
+version at the update that consumed it minus the version its generation started with). ``max_samples_per_step``
+samples are taken evenly spaced over the step's batch, so every part of the batch (every group, in order) shows.
+A resumed run drops the records of steps past its checkpoint, as ``metrics.jsonl`` does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncrl.types import Sample
+
+TRACE_FILE = "rollout_trace.jsonl"
+
+
+class TraceNotFoundError(FileNotFoundError):
+    """The run directory has no rollout trace."""
+
+
+@dataclass
+class TraceRecord:
+    step: int
+    uid: str
+    data_source: str
+    ground_truth: str
+    prompt_text: str
+    response_text: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_tokens: list[str] | None  # each response token's text (``token2text``)
+    reward: float
+    reward_failed: bool
+    stop_reason: str
+    start_version: int
+    versions: list[int]  # per response token
+    staleness: int
+    logprob_mean: float
+
+
+def pick(samples: list[Sample], k: int) -> list[Sample]:
+    """``k`` samples evenly spaced over ``samples`` (all of them when there are no more than ``k``)."""
+    if len(samples) <= k:
+        return list(samples)
+    return [samples[i * len(samples) // k] for i in range(k)]
+
+
+def records(
+    step: int, samples: list[Sample], consumed_version: int, tokenizer: Any, k: int, token2text: bool
+) -> list[TraceRecord]:
+    out = []
+    for s in pick(samples, k):
+        ids = list(s.response_ids)
+        out.append(
+            TraceRecord(
+                step=step,
+                uid=s.uid,
+                data_source=s.prompt.data_source,
+                ground_truth=s.prompt.ground_truth,
+                prompt_text=tokenizer.decode(s.prompt.prompt_ids),
+                response_text=s.response_text if s.response_text is not None else tokenizer.decode(ids),
+                prompt_ids=list(s.prompt.prompt_ids),
+                response_ids=ids,
+                response_tokens=[tokenizer.decode([t]) for t in ids] if token2text else None,
+                reward=float(s.reward),
+                reward_failed=bool(s.reward_failed),
+                stop_reason=s.stop_reason,
+                start_version=int(s.start_version),
+                versions=[int(v) for v in s.versions],
+                staleness=consumed_version - int(s.start_version),
+                logprob_mean=sum(s.logprobs) / len(s.logprobs) if s.logprobs else 0.0,
+            )
+        )
+    return out
+
+
+def append(run_dir: Path, recs: list[TraceRecord]) -> None:
+    with open(run_dir / TRACE_FILE, "a", encoding="utf-8") as f:
+        for r in recs:
+            f.write(json.dumps(asdict(r)) + "\n")
+
+
+def read(run_dir: str | Path, step: int | None = None) -> list[dict[str, Any]]:
+    """The trace's records (of ``step`` only, when given); a missing trace is an error naming the file."""
+    path = Path(run_dir) / TRACE_FILE
+    if not path.is_file():
+        raise TraceNotFoundError(f"{path}: no rollout trace (run with rollout.trace.enable=true)")
+    recs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [r for r in recs if step is None or r["step"] == step]
+
+
+def truncate(run_dir: Path, last_step: int) -> None:
+    """Keep the records of steps <= ``last_step`` (0: none)."""
+    path = run_dir / TRACE_FILE
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text(encoding="utf-8").splitlines() if json.loads(line)["step"] <= last_step]
+    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+
+
+def format_step(recs: list[dict[str, Any]], width: int = 100) -> str:
+    """A step's records as text: one block per sample, reward and versions first."""
+    lines = []
+    for r in recs:
+        versions = sorted(set(r["versions"]))
+        failed = " (reward failed)" if r["reward_failed"] else ""
+        lines.append(
+            f"step {r['step']}  {r['uid']}  reward {r['reward']:g}{failed}  stop {r['stop_reason']}  "
+            f"versions {versions}  staleness {r['staleness']}  mean logprob {r['logprob_mean']:.3f}"
+        )
+        lines.append(f"  prompt:   {_clip(r['prompt_text'], width)}")
+        lines.append(f"  response: {_clip(r['response_text'], width)}   (truth: {r['ground_truth']})")
+        if r.get("response_tokens") is not None:
+            lines.append(f"  tokens:   {_clip(' | '.join(repr(t)[1:-1] for t in r['response_tokens']), width)}")
+    return "\n".join(lines)
+
+
+def _clip(text: str, width: int) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 3] + "..."
