@@ -1,0 +1,125 @@
+"""Prometheus and the shipped Grafana dashboard, proven against a real Prometheus server: it scrapes a short run's
+``/metrics`` endpoint on loopback, the series arrive through its HTTP API, and every PromQL expression of
+``asyncrl/telemetry/grafana/asyncrl_dashboard.json`` returns data for that run (so the dashboard cannot name a metric
+that does not exist). Needs the ``prometheus`` binary (Debian: ``apt-get install prometheus``; ``make
+test-prometheus`` installs it where apt can); skipped with that reason where it is missing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from asyncrl.config import load_config
+from asyncrl.schedules import run_training
+from asyncrl.sync.transport import find_free_port
+from tests.helpers import make_data, make_model, train_overrides
+
+PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
+DASHBOARD = Path(__file__).resolve().parents[1] / "asyncrl" / "telemetry" / "grafana" / "asyncrl_dashboard.json"
+
+pytestmark = [
+    pytest.mark.prometheus,
+    pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus binary (apt-get install prometheus)"),
+]
+
+
+def _api(base: str, path: str, **params: str) -> dict:
+    with urllib.request.urlopen(f"{base}{path}?{urllib.parse.urlencode(params)}", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _dashboard_exprs() -> list[str]:
+    out: list[str] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("expr"), str):
+                out.append(node["expr"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(json.loads(DASHBOARD.read_text()))
+    return out
+
+
+def test_prometheus_scrapes_a_run_and_every_dashboard_query_has_data(tmp_path):
+    train, test = make_data(tmp_path, size=32, test_size=8)
+    model = make_model(tmp_path, train, seed=0)
+    metrics_port, prom_port = find_free_port(), find_free_port()
+    (tmp_path / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: asyncrl\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{metrics_port}']\n"
+    )
+    prom = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "prometheus.log", "w"),  # noqa: SIM115 - closed with the process
+    )
+    base = f"http://127.0.0.1:{prom_port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{base}/-/ready", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail(f"prometheus did not become ready: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
+        over = train_overrides(model, train, test, tmp_path / "run", 8) + [
+            "trainer.backend=in_process",
+            "trainer.logger=[jsonl,prometheus]",
+            f"trainer.prometheus_port={metrics_port}",
+            "trainer.test_freq=4",
+            "trainer.save_freq=0",
+        ]
+        start = time.time()
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                run_training(load_config(None, over))
+            except BaseException as e:  # noqa: BLE001 - re-raised on the test thread
+                errors.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        # hold the run's end until Prometheus has scraped it a few times (the endpoint closes with the run)
+        while not done.wait(0.5):
+            pass
+        if errors:
+            raise errors[0]
+        end = time.time()
+        time.sleep(2)
+        window = dict(start=f"{start - 5:.3f}", end=f"{end + 2:.3f}", step="1")
+        steps = _api(base, "/api/v1/query_range", query="asyncrl_step", **window)
+        values = [float(v) for s in steps["data"]["result"] for _, v in s["values"]]
+        assert values and max(values) >= 1, steps  # the run's steps arrived
+        missing = []
+        for expr in _dashboard_exprs():
+            got = _api(base, "/api/v1/query_range", query=expr, **window)
+            if got["status"] != "success" or not got["data"]["result"]:
+                missing.append(expr)
+        assert not missing, f"dashboard queries with no data for the run: {missing}"
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
