@@ -83,11 +83,13 @@ def test_prometheus_scrapes_a_run_and_every_dashboard_query_has_data(tmp_path):
                 time.sleep(0.5)
         else:
             pytest.fail(f"prometheus did not become ready: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
-        over = train_overrides(model, train, test, tmp_path / "run", 8) + [
+        while time.monotonic() < deadline and not _api(base, "/api/v1/query", query="up")["data"]["result"]:
+            time.sleep(0.5)  # the scrape loop runs (the target is down until the run starts)
+        over = train_overrides(model, train, test, tmp_path / "run", 40) + [
             "trainer.backend=in_process",
             "trainer.logger=[jsonl,prometheus]",
             f"trainer.prometheus_port={metrics_port}",
-            "trainer.test_freq=4",
+            "trainer.test_freq=10",
             "trainer.save_freq=0",
         ]
         start = time.time()
@@ -103,9 +105,7 @@ def test_prometheus_scrapes_a_run_and_every_dashboard_query_has_data(tmp_path):
                 done.set()
 
         threading.Thread(target=run, daemon=True).start()
-        # hold the run's end until Prometheus has scraped it a few times (the endpoint closes with the run)
-        while not done.wait(0.5):
-            pass
+        done.wait(600)  # 40 steps: several seconds of scrapes (the endpoint closes with the run)
         if errors:
             raise errors[0]
         end = time.time()
