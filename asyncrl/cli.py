@@ -115,6 +115,15 @@ def cmd_trace(a: argparse.Namespace) -> None:
     print(trace.format_step(chosen[: a.max] if a.max else chosen))
 
 
+def cmd_replay(a: argparse.Namespace) -> None:
+    from asyncrl.schedules.replay import replay
+
+    result = replay(a.run_dir)
+    print(result["line"])
+    if not result["identical"]:
+        sys.exit(1)
+
+
 def _span(steps: list[int]) -> str:
     return f"{steps[0]}..{steps[-1]}" if steps else "none"
 
@@ -248,6 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.set_defaults(fn=cmd_export)
 
+    s = sub.add_parser(
+        "replay", help="re-run a run's trainer side on its recorded samples (trainer.record_consumed=true) and compare"
+    )
+    s.add_argument("run_dir")
+    s.set_defaults(fn=cmd_replay)
+
     s = sub.add_parser("trace", help="print a step's traced samples (rollout.trace.enable=true) from a run directory")
     s.add_argument("run_dir")
     s.add_argument("--step", type=int, default=None, help="the step (default: the last traced one)")
@@ -351,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     from asyncrl.distill.protocol import TeacherError
     from asyncrl.models.loading import ModelLoadError
     from asyncrl.rewards.remote import RewardServiceError
+    from asyncrl.schedules.replay import ReplayError
     from asyncrl.telemetry.trace import TraceNotFoundError
     from asyncrl.workers.cluster import PlacementError
 
@@ -366,6 +382,7 @@ def main(argv: list[str] | None = None) -> None:
         TeacherStartError,
         RewardServiceError,
         TraceNotFoundError,
+        ReplayError,
     ) as e:
         print(f"asyncrl {args.command}: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -158,6 +158,7 @@ class TrainerConfig:
     cpus_per_worker: float = 2.0  # CPUs of each trainer worker (rank); torch threads = this, rounded down
     num_workers: int = 1  # data-parallel trainer ranks (verl's trainer.n_gpus_per_node): each a share of the batch
     critic_warmup: int = 0  # ppo: steps that update only the critic before the actor starts learning
+    record_consumed: bool = False  # each step's consumed samples in RUN_DIR/consumed/ (asyncrl replay RUN_DIR)
     role_start_timeout_s: float = 600.0  # how long a role may take to start (load its model) before the run fails
 
 

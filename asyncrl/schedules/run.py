@@ -30,6 +30,7 @@ from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
 from asyncrl.rewards.loop import merge_metrics
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.engine import SamplingParams
+from asyncrl.schedules import replay
 from asyncrl.sync.weight_sync import WeightSync
 from asyncrl.telemetry import trace
 from asyncrl.telemetry.metrics import MetricsLogger, machine_cpu, read_metrics
@@ -171,6 +172,8 @@ class Run:
     def learn(self, algorithm: Algorithm, prepared: Prepared, step: int) -> Trained:
         """The algorithm's updates for one step; the trainer's new version is read from its result."""
         self.consumed_version = self.version  # the version the update consumes the samples at (the trace's)
+        if self.cfg.trainer.record_consumed:  # what the trainer consumed, for asyncrl replay
+            replay.record(self.dir, step, prepared.samples)
         trained = algorithm.train(prepared, step)
         if trained.actor is not None:
             self.version = trained.actor.version
@@ -324,6 +327,7 @@ class Run:
 
     def _truncate_metrics(self, last_step: int) -> None:
         trace.truncate(self.dir, last_step)
+        replay.truncate(self.dir, last_step)
         path = self.dir / "metrics.jsonl"
         if not path.exists():
             return

@@ -208,6 +208,7 @@ class ActorRolloutWorker(SyncSenderMixin):
         self._count_update()
         # the process's peak resident memory so far (Linux reports KiB): in-process runs count the driver's too
         timings["perf/trainer_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        timings["perf/trainer_threads"] = float(torch.get_num_threads())  # float sums depend on it (asyncrl replay)
         return UpdateResult({**res.metrics, **timings}, self.version)
 
     def _count_update(self) -> None:

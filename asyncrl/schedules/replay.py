@@ -1,0 +1,121 @@
+"""Deterministic replay of a run's trainer side (``trainer.record_consumed`` + ``asyncrl replay RUN_DIR``).
+
+An asynchronous run is not repeatable: which samples land in which step, with which weight versions and where a
+partial rollout was split, depends on timing. The trainer's side is, though, given what it consumed. With
+``trainer.record_consumed`` the driver writes each step's consumed samples, as the algorithm received them (order,
+groups, every token's version), to ``RUN_DIR/consumed/step_N.pkl`` before the update. ``asyncrl replay RUN_DIR``
+starts the trainer in this process from the run's config, with the torch thread count the run's trainer reported,
+feeds it those samples step by step through the same algorithm, and compares its weights with the run's checkpoints
+and final model. Its last line says whether the final weights are identical, bit for bit, or names the first saved
+step and tensor that differ. This is how a divergence that timing made unrepeatable is debugged.
+
+Algorithms whose batch depends on another role's state (``ppo``'s critic, ``distill``'s teacher) are not replayed (a
+clear error): only the actor-only algorithms, ``grpo`` and ``dpo``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asyncrl.types import Sample
+
+CONSUMED_DIR = "consumed"
+REPLAYABLE = ("grpo", "dpo")
+
+
+class ReplayError(RuntimeError):
+    """The run cannot be replayed (nothing recorded, a step missing, an algorithm with other roles)."""
+
+
+def record(run_dir: Path, step: int, samples: list[Sample]) -> None:
+    d = run_dir / CONSUMED_DIR
+    d.mkdir(exist_ok=True)
+    tmp = d / f"step_{step}.tmp"
+    tmp.write_bytes(pickle.dumps(samples))
+    tmp.replace(d / f"step_{step}.pkl")
+
+
+def truncate(run_dir: Path, last_step: int) -> None:
+    """Drop the records of steps after ``last_step`` (a resumed run records them again)."""
+    for p in (run_dir / CONSUMED_DIR).glob("step_*.pkl") if (run_dir / CONSUMED_DIR).is_dir() else []:
+        if int(p.stem.split("_")[1]) > last_step:
+            p.unlink()
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def _first_difference(mine: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> str | None:
+    common = sorted(set(theirs) & set(mine))  # a tied weight is saved once
+    if not common:
+        raise ReplayError(f"replay: no tensor name in common with the saved weights (e.g. {sorted(theirs)[:2]})")
+    for name in common:
+        if not torch.equal(mine[name], theirs[name]):
+            return f"{name} (max |diff| {float((mine[name] - theirs[name]).abs().max()):.3e})"
+    return None
+
+
+def replay(run_dir: str | Path) -> dict[str, Any]:
+    """Re-run the trainer side of ``run_dir`` on its recorded samples; returns what matched (see module docstring)."""
+    from asyncrl.algorithms import make_algorithm
+    from asyncrl.config import load_config
+    from asyncrl.models.loading import load_tokenizer_from
+    from asyncrl.telemetry.metrics import read_metrics
+    from asyncrl.workers.roles import RolloutSide, start_roles
+
+    run = Path(run_dir)
+    if not (run / "config.yaml").is_file():
+        raise ReplayError(f"{run}: no config.yaml (not a run directory)")
+    cfg = load_config(str(run / "config.yaml"), [])
+    if cfg.algorithm.name not in REPLAYABLE:
+        raise ReplayError(
+            f"{run}: algorithm.name={cfg.algorithm.name} is not replayable (only {', '.join(REPLAYABLE)}: its batch "
+            "depends on another role's state)"
+        )
+    recorded = sorted((run / CONSUMED_DIR).glob("step_*.pkl"), key=lambda p: int(p.stem.split("_")[1]))
+    if not recorded:
+        raise ReplayError(f"{run}: nothing recorded (run it with trainer.record_consumed=true)")
+    steps = [int(p.stem.split("_")[1]) for p in recorded]
+    if steps != list(range(1, len(steps) + 1)):
+        raise ReplayError(f"{run}: recorded steps {steps[:3]}...{steps[-3:]} are not 1..N")
+    threads = [m.get("perf/trainer_threads") for m in read_metrics(run / "metrics.jsonl")]
+    threads = [int(t) for t in threads if t]
+    if threads:
+        torch.set_num_threads(threads[0])  # the run's trainer's own count: float sums depend on it
+    cfg.trainer = replace(cfg.trainer, backend="in_process", num_workers=1)
+    saved = {int(p.name.split("_")[1]): p / "model" for p in (run / "checkpoints").glob("step_*")}
+    compared: list[int] = []
+    first_diff: tuple[int, str] | None = None
+    algorithm = make_algorithm(cfg, load_tokenizer_from(cfg.model.path))
+    with start_roles(cfg, RolloutSide.ACTOR) as roles:
+        algorithm.roles = roles
+        for step, path in zip(steps, recorded):
+            samples = pickle.loads(path.read_bytes())
+            algorithm.train(algorithm.prepare(samples, step)(), step)
+            if step in saved and (saved[step] / "config.json").is_file() and first_diff is None:
+                mine = roles.trainer.handle.call("state_dict").result()
+                diff = _first_difference(mine, _weights(saved[step]))
+                compared.append(step)
+                if diff is not None:
+                    first_diff = (step, diff)
+        mine = roles.trainer.handle.call("state_dict").result()
+    final = _first_difference(mine, _weights(run / "final")) if (run / "final").is_dir() else "no final/ to compare"
+    identical = first_diff is None and final is None
+    if identical:
+        line = f"replay: {len(steps)} steps; final weights identical to the run's, bit for bit"
+    elif first_diff is not None:
+        line = f"replay: {len(steps)} steps; first difference at step {first_diff[0]}: {first_diff[1]}"
+    else:
+        line = f"replay: {len(steps)} steps; final weights differ: {final}"
+    return {"steps": len(steps), "checkpoints_compared": compared, "identical": identical, "line": line}
