@@ -9,6 +9,7 @@ from asyncrl.cli import main
 from asyncrl.config import ConfigError, load_config
 from asyncrl.schedules import run_training
 from asyncrl.telemetry import trace
+from asyncrl.telemetry.report import _last_traced, write_report
 from asyncrl.types import Prompt, Sample
 from tests.helpers import make_data, make_model, train_overrides
 
@@ -53,6 +54,8 @@ def test_one_step_off_trace_records_versions_staleness_and_resumes_once(setup, c
     assert out.count("step 2  ") == 2 and "staleness 1" in out and "response:" in out
     with pytest.raises(SystemExit, match="no traced samples at step 9 \\(traced steps: 1..3\\)"):
         main(["trace", str(d), "--step", "9"])
+    shown = _last_traced(d)  # what the report draws beside its curves
+    assert [r["step"] for r in shown] == [3, 3, 3] and write_report(d).is_file()
 
 
 def test_no_trace_is_a_clear_error_and_bad_keys_are_config_errors(setup, tmp_path):

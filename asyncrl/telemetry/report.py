@@ -123,19 +123,26 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
     events = read_chrome_trace(timeline_path) if timeline_path.exists() else None
 
     title = f"asyncrl run {run.resolve().name}"
+    traced = _last_traced(run)
+    extra = 1.6 if traced else 0.0
     if events is None:
-        fig = _figure(10, 4.5)
-        ax_curves = fig.subplots()
+        fig = _figure(10, 4.5 + extra)
+        axes = fig.subplots(2 if traced else 1, 1, squeeze=False)[:, 0]
+        ax_curves = axes[0]
         title += f" (no {TIMELINE_FILE}: curves only)"
     else:
         n_workers = max(1, len({e["worker"] for e in events}))
-        fig = _figure(12, 5 + 0.5 * n_workers)
-        ax_curves, ax_gantt = fig.subplots(2, 1, gridspec_kw={"height_ratios": [3, max(2, n_workers * 0.6)]})
+        fig = _figure(12, 5 + 0.5 * n_workers + extra)
+        ratios = [3, max(2, n_workers * 0.6)] + ([1.4] if traced else [])
+        axes = fig.subplots(len(ratios), 1, gridspec_kw={"height_ratios": ratios})
+        ax_curves, ax_gantt = axes[0], axes[1]
         colours = _colours(_span_names(events))
         t_origin_s = min((e["start_s"] for e in events), default=0.0)
         _plot_gantt(ax_gantt, events, colours, t_origin_s)
         ax_gantt.set_title("timeline (one row per worker)", fontsize="medium")
         _legend(fig, colours)
+    if traced:
+        _plot_samples(axes[-1], traced)
     _plot_curves(ax_curves, records)
     ax_curves.set_title("learning curves", fontsize="medium")
     fig.suptitle(title)
@@ -143,6 +150,29 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
     out = run / REPORT_FILE
     fig.savefig(out, dpi=100)
     return out
+
+
+def _last_traced(run: Path, k: int = 4) -> list[dict[str, Any]]:
+    """Up to ``k`` samples of the last step in the run's rollout trace (none without a trace)."""
+    from asyncrl.telemetry import trace
+
+    if not (run / trace.TRACE_FILE).is_file():
+        return []
+    recs = trace.read(run)
+    last = max((r["step"] for r in recs), default=None)
+    return [r for r in recs if r["step"] == last][:k]
+
+
+def _plot_samples(ax: Any, recs: list[dict[str, Any]]) -> None:
+    """The traced samples side by side with their rewards, as text."""
+    ax.axis("off")
+    ax.set_title(f"traced samples, step {recs[0]['step']} (asyncrl trace RUN_DIR)", fontsize="medium")
+    lines = [
+        f"reward {r['reward']:<5g} staleness {r['staleness']}  {r['prompt_text'][-40:]!r} -> "
+        f"{r['response_text'][:50]!r}"
+        for r in recs
+    ]
+    ax.text(0.0, 1.0, "\n".join(lines), family="monospace", fontsize="small", va="top", transform=ax.transAxes)
 
 
 def _step_window(events: list[dict[str, Any]], first: int, last: int) -> list[dict[str, Any]]:
