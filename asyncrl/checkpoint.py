@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,8 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
         if f.is_file():
             shutil.copy2(f, out / f.name)
     return out
+
+
+def fingerprint(state: dict[str, torch.Tensor]) -> dict[str, int]:
+    """A crc32 of every tensor's bytes (``asyncrl replay`` names the first step and tensor where it departs)."""
+    return {k: zlib.crc32(v.detach().contiguous().view(-1).view(torch.uint8).numpy()) for k, v in state.items()}

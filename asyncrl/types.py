@@ -102,6 +102,7 @@ class UpdateResult:
 
     metrics: dict[str, float]
     version: int
+    fingerprint: dict[str, int] | None = None  # crc32 per weight tensor after the step (trainer.record_consumed)
 
 
 @dataclass

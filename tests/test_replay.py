@@ -1,6 +1,6 @@
 """Deterministic replay (``trainer.record_consumed`` + ``asyncrl replay``): a fully_async run's trainer side, fed the
-samples it recorded, reproduces the run's checkpoints and final weights bit for bit; a changed record is caught at the
-first checkpoint after it, named by step and tensor."""
+samples it recorded, reproduces the run's weights after every step, its checkpoints and final weights bit for bit; a
+changed record is caught at its own step, named with the first tensor that differs."""
 
 from __future__ import annotations
 
@@ -36,9 +36,11 @@ def recorded(tmp_path_factory):
 
 def test_replay_reproduces_the_async_run_bit_for_bit(recorded, capsys):
     _, d, _ = recorded
-    assert sorted(p.name for p in (d / "consumed").iterdir()) == [f"step_{i}.pkl" for i in (1, 2, 3, 4)]
+    names = sorted(p.name for p in (d / "consumed").iterdir())
+    assert names == sorted([f"step_{i}.pkl" for i in range(1, 5)] + [f"step_{i}.weights.json" for i in range(1, 5)])
     result = replay(d)
     assert result["identical"] and result["checkpoints_compared"] == [2, 4], result
+    assert result["steps_fingerprinted"] == [1, 2, 3, 4]  # every step's weights compared, not only the saved ones
     main(["replay", str(d)])
     assert capsys.readouterr().out.strip().endswith("final weights identical to the run's, bit for bit")
 
@@ -55,7 +57,7 @@ def test_a_changed_record_is_named_by_step_and_tensor(recorded, tmp_path):
         s.reward = 1.0 - s.reward
     path.write_bytes(pickle.dumps(samples))
     result = replay(copy)
-    assert not result["identical"] and "first difference at step 4: " in result["line"], result
+    assert not result["identical"] and "first difference at step 3: lm_head.weight" in result["line"], result
     with pytest.raises(SystemExit) as e:
         main(["replay", str(copy)])
     assert e.value.code == 1

@@ -3,11 +3,12 @@
 An asynchronous run is not repeatable: which samples land in which step, with which weight versions and where a
 partial rollout was split, depends on timing. The trainer's side is, though, given what it consumed. With
 ``trainer.record_consumed`` the driver writes each step's consumed samples, as the algorithm received them (order,
-groups, every token's version), to ``RUN_DIR/consumed/step_N.pkl`` before the update. ``asyncrl replay RUN_DIR``
+groups, every token's version), to ``RUN_DIR/consumed/step_N.pkl`` before the update, and a crc32 of each weight
+tensor after it (``step_N.weights.json``). ``asyncrl replay RUN_DIR``
 starts the trainer in this process from the run's config, with the torch thread count the run's trainer reported,
 feeds it those samples step by step through the same algorithm, and compares its weights with the run's checkpoints
-and final model. Its last line says whether the final weights are identical, bit for bit, or names the first saved
-step and tensor that differ. This is how a divergence that timing made unrepeatable is debugged.
+and final model. Its last line says whether the final weights are identical, bit for bit, or names the first step
+and tensor that differ. This is how a divergence that timing made unrepeatable is debugged.
 
 Algorithms whose batch depends on another role's state (``ppo``'s critic, ``distill``'s teacher) are not replayed (a
 clear error): only the actor-only algorithms, ``grpo`` and ``dpo``.
@@ -15,6 +16,7 @@ clear error): only the actor-only algorithms, ``grpo`` and ``dpo``.
 
 from __future__ import annotations
 
+import json
 import pickle
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 
 import torch
 
+from asyncrl.checkpoint import fingerprint
 from asyncrl.types import Sample
 
 CONSUMED_DIR = "consumed"
@@ -30,6 +33,10 @@ REPLAYABLE = ("grpo", "dpo")
 
 class ReplayError(RuntimeError):
     """The run cannot be replayed (nothing recorded, a step missing, an algorithm with other roles)."""
+
+
+def record_fingerprint(run_dir: Path, step: int, fp: dict[str, int]) -> None:
+    (run_dir / CONSUMED_DIR / f"step_{step}.weights.json").write_text(json.dumps(fp))
 
 
 def record(run_dir: Path, step: int, samples: list[Sample]) -> None:
@@ -42,8 +49,8 @@ def record(run_dir: Path, step: int, samples: list[Sample]) -> None:
 
 def truncate(run_dir: Path, last_step: int) -> None:
     """Drop the records of steps after ``last_step`` (a resumed run records them again)."""
-    for p in (run_dir / CONSUMED_DIR).glob("step_*.pkl") if (run_dir / CONSUMED_DIR).is_dir() else []:
-        if int(p.stem.split("_")[1]) > last_step:
+    for p in (run_dir / CONSUMED_DIR).glob("step_*") if (run_dir / CONSUMED_DIR).is_dir() else []:
+        if int(p.name.split(".")[0].split("_")[1]) > last_step:
             p.unlink()
 
 
@@ -96,6 +103,7 @@ def replay(run_dir: str | Path) -> dict[str, Any]:
     cfg.trainer = replace(cfg.trainer, backend="in_process", num_workers=1)
     saved = {int(p.name.split("_")[1]): p / "model" for p in (run / "checkpoints").glob("step_*")}
     compared: list[int] = []
+    fingerprinted: list[int] = []
     first_diff: tuple[int, str] | None = None
     algorithm = make_algorithm(cfg, load_tokenizer_from(cfg.model.path))
     with start_roles(cfg, RolloutSide.ACTOR) as roles:
@@ -103,6 +111,14 @@ def replay(run_dir: str | Path) -> dict[str, Any]:
         for step, path in zip(steps, recorded):
             samples = pickle.loads(path.read_bytes())
             algorithm.train(algorithm.prepare(samples, step)(), step)
+            fp_path = path.with_name(f"step_{step}.weights.json")
+            if fp_path.is_file() and first_diff is None:  # the run's own weights after this step, per tensor
+                theirs = json.loads(fp_path.read_text())
+                mine_fp = fingerprint(roles.trainer.handle.call("state_dict").result())
+                fingerprinted.append(step)
+                bad = [k for k in sorted(theirs) if k in mine_fp and mine_fp[k] != theirs[k]]
+                if bad:
+                    first_diff = (step, f"{bad[0]} (and {len(bad) - 1} more tensors)")
             if step in saved and (saved[step] / "config.json").is_file() and first_diff is None:
                 mine = roles.trainer.handle.call("state_dict").result()
                 diff = _first_difference(mine, _weights(saved[step]))
@@ -118,4 +134,10 @@ def replay(run_dir: str | Path) -> dict[str, Any]:
         line = f"replay: {len(steps)} steps; first difference at step {first_diff[0]}: {first_diff[1]}"
     else:
         line = f"replay: {len(steps)} steps; final weights differ: {final}"
-    return {"steps": len(steps), "checkpoints_compared": compared, "identical": identical, "line": line}
+    return {
+        "steps": len(steps),
+        "checkpoints_compared": compared,
+        "steps_fingerprinted": fingerprinted,
+        "identical": identical,
+        "line": line,
+    }

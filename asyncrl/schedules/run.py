@@ -177,6 +177,8 @@ class Run:
         trained = algorithm.train(prepared, step)
         if trained.actor is not None:
             self.version = trained.actor.version
+            if trained.actor.fingerprint is not None:
+                replay.record_fingerprint(self.dir, step, trained.actor.fingerprint)
         self.samples_trained += len(prepared.samples)
         return trained
 

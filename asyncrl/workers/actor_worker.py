@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from asyncrl import seeds
-from asyncrl.checkpoint import rng_state, set_rng_state
+from asyncrl.checkpoint import fingerprint, rng_state, set_rng_state
 from asyncrl.config import Config
 from asyncrl.config.schema import RolloutCorrectionConfig
 from asyncrl.data.collate import TrainBatch
@@ -209,7 +209,8 @@ class ActorRolloutWorker(SyncSenderMixin):
         # the process's peak resident memory so far (Linux reports KiB): in-process runs count the driver's too
         timings["perf/trainer_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         timings["perf/trainer_threads"] = float(torch.get_num_threads())  # float sums depend on it (asyncrl replay)
-        return UpdateResult({**res.metrics, **timings}, self.version)
+        fp = fingerprint(self.model.state_dict()) if self.cfg.trainer.record_consumed and self.rank == 0 else None
+        return UpdateResult({**res.metrics, **timings}, self.version, fp)
 
     def _count_update(self) -> None:
         self.updates += 1
