@@ -9,6 +9,8 @@ never a torn one.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import random
 import shutil
@@ -24,8 +26,49 @@ CKPT_DIR = "checkpoints"
 DRIVER_STATE = "driver_state.pt"
 
 
+logger = logging.getLogger(__name__)
+
+
 class CheckpointError(RuntimeError):
     pass
+
+
+MANIFEST = "MANIFEST.json"  # every file's size and crc32, written last: a checkpoint that fails it is not resumed
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def write_manifest(ckpt: Path) -> None:
+    files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != MANIFEST)
+    entries = {str(p.relative_to(ckpt)): {"bytes": p.stat().st_size, "crc32": _crc32(p)} for p in files}
+    _atomic_write_text(ckpt / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
+
+
+def verify_manifest(ckpt: Path) -> str | None:
+    """None when every file the manifest lists is there with its size and checksum, else what is wrong. A
+    checkpoint written before manifests existed (none there) passes."""
+    path = ckpt / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        entries = json.loads(path.read_text())["files"]
+    except (ValueError, KeyError) as e:
+        return f"unreadable {MANIFEST} ({e})"
+    for name, want in entries.items():
+        f = ckpt / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != want["bytes"]:
+            return f"{name} has {f.stat().st_size} bytes, the manifest says {want['bytes']}"
+        if _crc32(f) != want["crc32"]:
+            return f"{name} fails its checksum"
+    return None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -58,10 +101,17 @@ class CheckpointManager:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        write_workers(tmp)
-        state = dict(driver_state, step=step, rng=rng_state())
-        torch.save(state, tmp / DRIVER_STATE)
-        _fsync_dir(tmp)
+        try:
+            write_workers(tmp)
+            state = dict(driver_state, step=step, rng=rng_state())
+            torch.save(state, tmp / DRIVER_STATE)
+            write_manifest(tmp)
+            _fsync_dir(tmp)
+        except (OSError, RuntimeError) as e:  # a full disk, a file-size limit, a worker's failed write
+            shutil.rmtree(tmp, ignore_errors=True)
+            before = self.latest()
+            kept = f"the previous checkpoint {before} is intact" if before else "no earlier checkpoint exists"
+            raise CheckpointError(f"checkpoint step {step} could not be written to {self.root} ({e}); {kept}") from e
         if final.exists():  # a re-run of the same step after a resume: replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -88,8 +138,15 @@ class CheckpointManager:
         return out
 
     def latest(self) -> Path | None:
-        steps = self.list_steps()
-        return self.root / f"step_{max(steps)}" if steps else None
+        """The newest checkpoint that passes its manifest; a newer one that fails is skipped with a warning."""
+        for step in sorted(self.list_steps(), reverse=True):
+            ckpt = self.root / f"step_{step}"
+            problem = verify_manifest(ckpt)
+            if problem is None:
+                return ckpt
+            logger.warning("checkpoint %s is damaged (%s): skipped, trying the one before", ckpt, problem)
+            print(f"[checkpoint] {ckpt} is damaged ({problem}): skipped, resuming from an earlier one")
+        return None
 
 
 def load_driver_state(ckpt_dir: str | Path) -> dict[str, Any]:
