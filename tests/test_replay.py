@@ -75,3 +75,22 @@ def test_what_cannot_be_replayed_is_a_clear_error(recorded, tmp_path):
     (ppo / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
     with pytest.raises(ReplayError, match="algorithm.name=ppo is not replayable"):
         replay(ppo)
+
+
+@pytest.mark.ray
+def test_a_ray_run_replays_in_one_process_bit_for_bit(recorded):
+    """The run's trainer was a Ray actor with its own thread count; replay runs in this process with that count."""
+    root, _, (model, train, test) = recorded
+    d = root / "fa_ray"
+    over = train_overrides(model, train, test, d, 4) + [
+        "trainer.backend=ray",
+        "ray.num_cpus=3",
+        "trainer.schedule=fully_async",
+        "async_training.staleness_threshold=1.0",
+        "async_training.partial_rollout=true",
+        "trainer.record_consumed=true",
+        "actor.optim.lr=1e-2",
+    ]
+    run_training(load_config(None, over))
+    result = replay(d)
+    assert result["identical"] and result["steps_fingerprinted"] == [1, 2, 3, 4], result
