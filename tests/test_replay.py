@@ -16,14 +16,10 @@ from asyncrl.schedules.replay import ReplayError, replay
 from tests.helpers import make_data, make_model, train_overrides
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("replay")
-    train, test = make_data(root, size=32, test_size=8)
-    model = make_model(root, train, seed=0)
-    d = root / "fa"
+def _recorded_run(model, train, test, d, *backend: str) -> None:
+    """4 fully_async steps with partial rollouts, recording what the trainer consumed."""
     over = train_overrides(model, train, test, d, 4) + [
-        "trainer.backend=in_process",
+        *backend,
         "trainer.schedule=fully_async",
         "async_training.staleness_threshold=1.0",
         "async_training.partial_rollout=true",
@@ -31,7 +27,15 @@ def recorded(tmp_path_factory):
         "actor.optim.lr=1e-2",
     ]
     run_training(load_config(None, over))
-    return root, d, (model, train, test)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("replay")
+    train, test = make_data(root, size=32, test_size=8)
+    model = make_model(root, train, seed=0)
+    _recorded_run(model, train, test, root / "fa", "trainer.backend=in_process")
+    return root, root / "fa", (model, train, test)
 
 
 def test_replay_reproduces_the_async_run_bit_for_bit(recorded, capsys):
@@ -82,15 +86,6 @@ def test_a_ray_run_replays_in_one_process_bit_for_bit(recorded):
     """The run's trainer was a Ray actor with its own thread count; replay runs in this process with that count."""
     root, _, (model, train, test) = recorded
     d = root / "fa_ray"
-    over = train_overrides(model, train, test, d, 4) + [
-        "trainer.backend=ray",
-        "ray.num_cpus=3",
-        "trainer.schedule=fully_async",
-        "async_training.staleness_threshold=1.0",
-        "async_training.partial_rollout=true",
-        "trainer.record_consumed=true",
-        "actor.optim.lr=1e-2",
-    ]
-    run_training(load_config(None, over))
+    _recorded_run(model, train, test, d, "trainer.backend=ray", "ray.num_cpus=3")
     result = replay(d)
     assert result["identical"] and result["steps_fingerprinted"] == [1, 2, 3, 4], result
