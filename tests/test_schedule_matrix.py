@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,16 @@ def test_every_algorithm_runs_on_every_schedule(setup, algorithm, schedule):
     trace = json.loads((run_dir / "timeline.json").read_text())
     names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
     assert {"generate", "update_actor", "train"} <= names, names
+    logged = {k for m in read_metrics(run_dir / "metrics.jsonl") for k in m}
+    assert not undocumented_metrics(logged), f"metrics missing from docs/metrics.md: {undocumented_metrics(logged)}"
+
+
+def undocumented_metrics(keys: set[str]) -> list[str]:
+    """Keys not in docs/metrics.md, which names each metric in backticks (a family as `prefix/*`)."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    names = set(re.findall(r"`([a-z_]+(?:/[A-Za-z0-9_*]+)*)`", doc))
+    families = [n[:-1] for n in names if n.endswith("/*")]
+    return sorted(k for k in keys if k not in names and not any(k.startswith(f) for f in families))
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
