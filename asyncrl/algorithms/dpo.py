@@ -69,7 +69,7 @@ class OnlineDPO(Algorithm):
         weight = 1.0
         chosen, rejected = pairs.chosen, pairs.rejected
         if not chosen:  # a zero-gradient step on a placeholder pair: the version advances as always
-            chosen, rejected, weight = [samples[0]], [samples[-1] if len(samples) > 1 else samples[0]], 0.0
+            chosen, rejected, weight = [samples[0]], [samples[-1]], 0.0
         rows = [s for pair in zip(chosen, rejected) for s in pair]
         batch = collate(rows, self.tokenizer.pad_token_id)
         is_chosen = torch.tensor([1.0, 0.0] * len(chosen))[:, None].expand_as(batch.response_mask_BT)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.checkpoint import fingerprint
+from asyncrl.checkpoint import atomic_write_bytes, fingerprint, load_tensors
 from asyncrl.types import Sample
 
 CONSUMED_DIR = "consumed"
@@ -40,27 +40,20 @@ def record_fingerprint(run_dir: Path, step: int, fp: dict[str, int]) -> None:
 
 
 def record(run_dir: Path, step: int, samples: list[Sample]) -> None:
-    d = run_dir / CONSUMED_DIR
-    d.mkdir(exist_ok=True)
-    tmp = d / f"step_{step}.tmp"
-    tmp.write_bytes(pickle.dumps(samples))
-    tmp.replace(d / f"step_{step}.pkl")
+    (run_dir / CONSUMED_DIR).mkdir(exist_ok=True)
+    atomic_write_bytes(run_dir / CONSUMED_DIR / f"step_{step}.pkl", pickle.dumps(samples))
+
+
+def _step_of(path: Path) -> int:
+    """N of ``step_N.pkl`` / ``step_N.weights.json``."""
+    return int(path.name.split(".")[0].removeprefix("step_"))
 
 
 def truncate(run_dir: Path, last_step: int) -> None:
     """Drop the records of steps after ``last_step`` (a resumed run records them again)."""
     for p in (run_dir / CONSUMED_DIR).glob("step_*") if (run_dir / CONSUMED_DIR).is_dir() else []:
-        if int(p.name.split(".")[0].split("_")[1]) > last_step:
+        if _step_of(p) > last_step:
             p.unlink()
-
-
-def _weights(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(path.glob("*.safetensors")):
-        out.update(load_file(str(f)))
-    return out
 
 
 def _first_difference(mine: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> str | None:
@@ -90,10 +83,10 @@ def replay(run_dir: str | Path) -> dict[str, Any]:
             f"{run}: algorithm.name={cfg.algorithm.name} is not replayable (only {', '.join(REPLAYABLE)}: its batch "
             "depends on another role's state)"
         )
-    recorded = sorted((run / CONSUMED_DIR).glob("step_*.pkl"), key=lambda p: int(p.stem.split("_")[1]))
+    recorded = sorted((run / CONSUMED_DIR).glob("step_*.pkl"), key=_step_of)
     if not recorded:
         raise ReplayError(f"{run}: nothing recorded (run it with trainer.record_consumed=true)")
-    steps = [int(p.stem.split("_")[1]) for p in recorded]
+    steps = [_step_of(p) for p in recorded]
     if steps != list(range(1, len(steps) + 1)):
         raise ReplayError(f"{run}: recorded steps {steps[:3]}...{steps[-3:]} are not 1..N")
     threads = [m.get("perf/trainer_threads") for m in read_metrics(run / "metrics.jsonl")]
@@ -112,21 +105,24 @@ def replay(run_dir: str | Path) -> dict[str, Any]:
             samples = pickle.loads(path.read_bytes())
             algorithm.train(algorithm.prepare(samples, step)(), step)
             fp_path = path.with_name(f"step_{step}.weights.json")
-            if fp_path.is_file() and first_diff is None:  # the run's own weights after this step, per tensor
+            has_ckpt = step in saved and (saved[step] / "config.json").is_file()
+            if first_diff is not None or not (fp_path.is_file() or has_ckpt):
+                continue
+            mine = roles.trainer.handle.call("state_dict").result()  # once per step, for both comparisons
+            if fp_path.is_file():  # the run's own weights after this step, per tensor
                 theirs = json.loads(fp_path.read_text())
-                mine_fp = fingerprint(roles.trainer.handle.call("state_dict").result())
+                mine_fp = fingerprint(mine)
                 fingerprinted.append(step)
                 bad = [k for k in sorted(theirs) if k in mine_fp and mine_fp[k] != theirs[k]]
                 if bad:
                     first_diff = (step, f"{bad[0]} (and {len(bad) - 1} more tensors)")
-            if step in saved and (saved[step] / "config.json").is_file() and first_diff is None:
-                mine = roles.trainer.handle.call("state_dict").result()
-                diff = _first_difference(mine, _weights(saved[step]))
+            if has_ckpt and first_diff is None:
+                diff = _first_difference(mine, load_tensors(saved[step]))
                 compared.append(step)
                 if diff is not None:
                     first_diff = (step, diff)
         mine = roles.trainer.handle.call("state_dict").result()
-    final = _first_difference(mine, _weights(run / "final")) if (run / "final").is_dir() else "no final/ to compare"
+    final = _first_difference(mine, load_tensors(run / "final")) if (run / "final").is_dir() else "no final/ to compare"
     identical = first_diff is None and final is None
     if identical:
         line = f"replay: {len(steps)} steps; final weights identical to the run's, bit for bit"

@@ -1,8 +1,8 @@
 """Rollout skip (``rollout.skip``): dump each step's generated batch, and let a later run reuse it instead of
 generating, to iterate on the trainer side quickly (verl's rollout skip).
 
-The dumps live in ``rollout.skip.dump_dir`` under a key: a hash of every config field that decides what is generated
-(model, data and its order, sampling, schedule, seeds, rollout workers), written beside them in ``key.json``. A run
+The dumps live in ``rollout.skip.dump_dir`` under a key: every config field that decides what is generated (model,
+data and its order, sampling, schedule, seeds, rollout workers), written beside them in ``key.json``. A run
 whose key differs from the directory's is stopped with an error naming the fields that differ, never fed another
 run's samples. ``action``:
 
@@ -17,13 +17,13 @@ Not in ``fully_async``, whose Rollouter streams groups rather than generating ba
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncrl.checkpoint import atomic_write_bytes
 from asyncrl.config import Config
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.schedules.run import Generated, Launched, launch_generation
@@ -62,7 +62,6 @@ def generation_key(cfg: Config) -> dict[str, Any]:
 @dataclass
 class Replayed:
     samples: list[Sample]
-    step: int
 
     def result(self) -> Generated:
         return Generated(self.samples, 0.0, {"rollout/skipped": 1.0})
@@ -77,16 +76,14 @@ class _Dumping(Launched):
 
     def result(self) -> Generated:
         gen = super().result()
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_bytes(pickle.dumps(gen.samples))
-        tmp.replace(self.path)  # a crash mid-write never leaves a truncated dump
+        atomic_write_bytes(self.path, pickle.dumps(gen.samples))  # a crash mid-write never leaves a torn dump
         return gen
 
 
 class RolloutSkip:
     def __init__(self, cfg: Config):
         s = cfg.rollout.skip
-        self.enabled, self.action = s.enable, s.action
+        self.action = s.action
         self.dir = Path(s.dump_dir) if s.enable else None
         if self.dir is not None:
             self._claim(generation_key(cfg))
@@ -106,7 +103,6 @@ class RolloutSkip:
                 )
         else:
             path.write_text(json.dumps(key, indent=1) + "\n")
-        self.key = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def _dump(self, step: int) -> Path:
         assert self.dir is not None
@@ -122,15 +118,15 @@ class RolloutSkip:
         if path.exists():
             samples = pickle.loads(path.read_bytes())
             drawn = sorted(p.index for p in prompts)
-            dumped = sorted({s.prompt.index: None for s in samples})
+            dumped = sorted({s.prompt.index for s in samples})
             if drawn != dumped:
                 raise RolloutSkipError(
                     f"rollout.skip: {path} holds prompts {dumped[:5]}... but this run drew {drawn[:5]}... for step "
                     f"{step} (the data or its order changed since the dump)"
                 )
-            return Replayed(samples, step)
+            return Replayed(samples)
         if self.action == "repeat":
             earlier = [s for s in range(step - 1, 0, -1) if self._dump(s).exists()]
             if earlier:
-                return Replayed(pickle.loads(self._dump(earlier[0]).read_bytes()), step)
+                return Replayed(pickle.loads(self._dump(earlier[0]).read_bytes()))
         return _Dumping(launch_generation(rollouts, prompts, params, seed, step), path)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from asyncrl import seeds
-from asyncrl.checkpoint import fingerprint, rng_state, set_rng_state
+from asyncrl.checkpoint import fingerprint, load_tensors, rng_state, set_rng_state
 from asyncrl.config import Config
 from asyncrl.config.schema import RolloutCorrectionConfig
 from asyncrl.data.collate import TrainBatch
@@ -44,7 +44,7 @@ from asyncrl.sync.transport import LOOPBACK, find_free_port
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Generation, Prompt, UpdateResult
 from asyncrl.workers import policy_ops, preference_ops
-from asyncrl.workers.data_parallel import DataParallel
+from asyncrl.workers.data_parallel import DataParallel, rank_name
 from asyncrl.workers.rollout_worker import generate_scored
 
 
@@ -68,7 +68,7 @@ class ActorRolloutWorker(SyncSenderMixin):
             torch.set_num_threads(num_threads)
         self.cfg = cfg
         self.state_file = f"{name}_state.pt"  # the same on every rank: any rank (and any number of them) resumes it
-        self.name = name if rank == 0 else f"{name}.rank{rank}"
+        self.name = rank_name(name, rank)
         self.rank, self.world_size = rank, world_size
         self.dp: DataParallel | None = None
         torch.manual_seed(seeds.model_init(cfg.trainer.seed))
@@ -266,14 +266,7 @@ class ActorRolloutWorker(SyncSenderMixin):
         return self.version
 
     def _load_full_weights(self, d: Path) -> None:
-        from safetensors.torch import load_file
-
-        files = sorted((d / "model").glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"checkpoint {d}: no model/*.safetensors")
-        tensors: dict[str, torch.Tensor] = {}
-        for f in files:
-            tensors.update(load_file(str(f)))
+        tensors = load_tensors(d / "model")
         missing, unexpected = self.model.load_state_dict(tensors, strict=False)
         missing = [m for m in missing if not _is_tied(self.model, m)]
         if missing or unexpected:

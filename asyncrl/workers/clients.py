@@ -45,6 +45,12 @@ class RolloutClient(RoleClient):
 
 
 class TrainerClient(RolloutClient):
+    """The trainer: one worker (``ranks`` = [``handle``]), or data-parallel ranks (``DataParallelTrainerClient``)."""
+
+    def __init__(self, handle: Handle):
+        super().__init__(handle)
+        self.ranks: list[Handle] = [handle]
+
     def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> Pending[UpdateResult]:
         """One training step on whatever target ``batch`` carries (``asyncrl.data.targets``)."""
         return self.handle.call("update", batch, step, num_mini_batches)

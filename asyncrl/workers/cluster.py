@@ -11,6 +11,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config import RayConfig
+from asyncrl.workers.data_parallel import rank_name
 from asyncrl.workers.placement import ROLLOUT_POOL, Placement, PlacementError
 
 __all__ = ["PlacementError", "RayHandle", "RayPending", "RayPools", "cluster_cpus", "init_ray", "shutdown"]
@@ -144,7 +145,7 @@ class RayPools:
         if self.env:
             opts["runtime_env"] = self.env
         actor = ray.remote(cls).options(**opts).remote(*args, name=name, num_threads=max(1, int(cpus)), **kwargs)
-        return RayHandle(actor, name if kwargs.get("rank", 0) == 0 else f"{name}.rank{kwargs['rank']}")
+        return RayHandle(actor, rank_name(name, kwargs.get("rank", 0)))
 
     def release(self) -> None:
         for pg in self.pgs.values():

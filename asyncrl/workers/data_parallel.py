@@ -35,6 +35,11 @@ from asyncrl.sync import transport
 GRAD_BUCKET_BYTES = 32 * 2**20  # gradients are summed in flat buckets of about this size
 
 
+def rank_name(name: str, rank: int) -> str:
+    """A rank's worker name: rank 0 keeps the role's (``trainer``), the others ``trainer.rank1``, ..."""
+    return name if rank == 0 else f"{name}.rank{rank}"
+
+
 def prompt_groups(batch: TrainBatch) -> torch.Tensor:
     """A group id per row: rows with the same prompt (the same padded prompt ids) share one: [B]."""
     if batch.size == 0:
@@ -42,9 +47,9 @@ def prompt_groups(batch: TrainBatch) -> torch.Tensor:
     return torch.unique(batch.input_ids_BL[:, : batch.prompt_width], dim=0, return_inverse=True)[1]
 
 
-def row_costs(batch: TrainBatch) -> torch.Tensor:
-    """What a row adds to a forward: its response tokens, plus its share of its group's prompt: [B]."""
-    groups = prompt_groups(batch)
+def row_costs(batch: TrainBatch, groups: torch.Tensor) -> torch.Tensor:
+    """What a row adds to a forward: its response tokens, plus its share of its group's (``prompt_groups``)
+    prompt: [B]."""
     sizes = torch.bincount(groups)[groups].double() if batch.size else torch.zeros(0, dtype=torch.float64)
     prompt = batch.attention_mask_BL[:, : batch.prompt_width].sum(dim=1).double()
     return batch.response_mask_BT.sum(dim=1).double() + prompt / sizes
@@ -98,7 +103,8 @@ class DataParallel:
     def share(self, batch: TrainBatch) -> torch.Tensor:
         """This rank's rows of ``batch``: whole prompt groups (so a shared prompt is packed and prefilled once per
         rank, not once on every rank), balanced by tokens; see ``group_shares``."""
-        return group_shares(prompt_groups(batch), row_costs(batch), self.world_size)[self.rank]
+        groups = prompt_groups(batch)
+        return group_shares(groups, row_costs(batch, groups), self.world_size)[self.rank]
 
     # ---- collectives ---------------------------------------------------------------------------------------------
     def _deadline(self) -> transport.Deadline:

@@ -56,8 +56,7 @@ def dpo_update(
             real = float(weight_P.sum())  # the mini-batch's real pairs, over every rank
             if dp is not None:
                 mini_pairs = mini_pairs[dp.rows(len(mini_pairs))]
-            optimizer.zero_grad(set_to_none=True)
-            for p in params:
+            for p in params:  # every step starts from zero: a rank (or a placeholder pair) adds nothing else
                 p.grad = torch.zeros_like(p)
             finite, stats, weights = True, {}, 0.0
             for micro in mini_pairs.split(per_micro):

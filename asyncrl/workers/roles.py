@@ -27,6 +27,7 @@ from asyncrl.workers.clients import (
     TrainerClient,
 )
 from asyncrl.workers.critic_worker import CriticWorker
+from asyncrl.workers.data_parallel import rank_name
 from asyncrl.workers.placement import Placement, resolve_placement
 from asyncrl.workers.reward_model_worker import RewardModelWorker
 from asyncrl.workers.rollout_worker import RolloutWorker
@@ -58,8 +59,7 @@ class Roles:
         """The workers that receive weights from the trainer (none when the trainer's ranks generate themselves)."""
         if self.rollouter is not None:
             return [self.rollouter.handle]
-        ranks = getattr(self.trainer, "ranks", [self.trainer.handle])
-        return [r.handle for r in self.rollouts if not any(r.handle is h for h in ranks)]
+        return [r.handle for r in self.rollouts if not any(r.handle is h for h in self.trainer.ranks)]
 
     @property
     def checkpointed(self) -> dict[str, RoleClient]:
@@ -88,8 +88,7 @@ def _spawn(cfg: Config, side: RolloutSide, backend: Any) -> Roles:
     p = backend.placement
     trainer = _spawn_trainer(cfg, backend)
     roles = Roles(trainer=trainer, rollouts=[trainer], placement=p)
-    if isinstance(trainer, DataParallelTrainerClient):  # sync: every rank generates a share of the prompts
-        roles.rollouts += [RolloutClient(h) for h in trainer.ranks[1:]]
+    roles.rollouts += [RolloutClient(h) for h in trainer.ranks[1:]]  # sync: every rank generates a share
     if side is RolloutSide.POOL:
         n = cfg.rollout.num_workers
         roles.rollouts = [
@@ -156,8 +155,7 @@ class _LocalBackend:
     def spawn(
         self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, ranks: int = 1, **kwargs: Any
     ) -> Handle:
-        obj = cls(*args, name=name, **kwargs)
-        h = LocalHandle(obj, obj.name if hasattr(obj, "name") else name, concurrency)
+        h = LocalHandle(cls(*args, name=name, **kwargs), rank_name(name, kwargs.get("rank", 0)), concurrency)
         self.handles.append(h)
         return h
 
