@@ -36,7 +36,7 @@ class ReplayError(RuntimeError):
 
 
 def record_fingerprint(run_dir: Path, step: int, fp: dict[str, int]) -> None:
-    (run_dir / CONSUMED_DIR / f"step_{step}.weights.json").write_text(json.dumps(fp))
+    atomic_write_bytes(run_dir / CONSUMED_DIR / f"step_{step}.weights.json", json.dumps(fp).encode())
 
 
 def record(run_dir: Path, step: int, samples: list[Sample]) -> None:
