@@ -21,6 +21,7 @@ class Prompt:
     ground_truth: str
     extra_info: dict[str, Any] = field(default_factory=dict)
     epoch: int = 0
+    agent_name: str = ""  # the row's ``agent_name`` column ("" = rollout.agent.default_agent_loop)
 
     @property
     def uid(self) -> str:
@@ -47,10 +48,21 @@ class Sample:
     reward: float = 0.0
     reward_failed: bool = False
     reward_extra: dict[str, float] = field(default_factory=dict)
+    # Multi-turn (asyncrl.agent): 1 per response token the model generated, 0 per token appended between turns (a
+    # tool's output): those carry log-prob 0 and no gradient. None = every token is the model's (a single turn).
+    response_mask: list[int] | None = None
+    turns: int = 1  # assistant turns begun
+    tool_calls: int = 0
+    tool_errors: int = 0  # tool calls that raised, timed out, named no known tool or did not parse
 
     @property
     def uid(self) -> str:
         return self.prompt.uid
+
+    @property
+    def loss_mask(self) -> list[int]:
+        """``response_mask``, with None spelled out (all ones)."""
+        return self.response_mask if self.response_mask is not None else [1] * len(self.response_ids)
 
     @property
     def finished(self) -> bool:

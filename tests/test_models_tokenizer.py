@@ -9,6 +9,8 @@ from asyncrl.models.tokenizer import (
     ASSISTANT_TOKEN,
     END_TOKEN,
     PAD_TOKEN,
+    SPECIAL_TOKENS,
+    TOOL_TOKEN,
     USER_TOKEN,
     build_bpe_tokenizer,
     build_char_tokenizer,
@@ -38,9 +40,9 @@ def test_char_tokenizer_maps_unseen_characters_to_unk(char_tok):
 def test_char_tokenizer_has_the_special_tokens_as_single_ids(char_tok):
     assert char_tok.eos_token == END_TOKEN and char_tok.pad_token == PAD_TOKEN
     assert char_tok.eos_token_id != char_tok.pad_token_id
-    for special in (USER_TOKEN, ASSISTANT_TOKEN, END_TOKEN):
+    for special in (USER_TOKEN, ASSISTANT_TOKEN, END_TOKEN, TOOL_TOKEN):
         assert len(char_tok.encode(special)) == 1
-    assert len(char_tok) == 5 + len(set("".join(CORPUS)))
+    assert len(char_tok) == len(SPECIAL_TOKENS) + len(set("".join(CORPUS)))
 
 
 def test_decode_skips_special_tokens_when_asked(char_tok):
@@ -64,8 +66,14 @@ def test_chat_template_tokenizes_special_tokens_as_single_ids(char_tok):
 
 
 def test_chat_template_rejects_unknown_roles(char_tok):
-    with pytest.raises(Exception, match="unknown role tool"):
-        char_tok.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
+    with pytest.raises(Exception, match="unknown role ipython"):
+        char_tok.apply_chat_template([{"role": "ipython", "content": "x"}], tokenize=False)
+
+
+def test_chat_template_renders_a_tool_message_as_its_own_turn(char_tok):
+    conversation = CONVERSATION + [{"role": "tool", "content": "4"}]
+    text = char_tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|end|><|tool|>4<|end|><|assistant|>")
 
 
 def test_saved_char_tokenizer_loads_back_with_auto_tokenizer(char_tok, tmp_path):

@@ -35,6 +35,7 @@ def validate(cfg: Config) -> None:
     choice("rollout.engine", r.engine, ("builtin", "vllm"))
     _check_lora(cfg)
     _check_quantization(cfg)
+    _check_multi_turn(cfg)
     check(r.max_num_seqs >= 1, "rollout.max_num_seqs", r.max_num_seqs, ">= 1")
     check(r.max_model_len is None or r.max_model_len >= 2, "rollout.max_model_len", r.max_model_len, ">= 2 or null")
     check(0 < r.gpu_memory_utilization < 1, "rollout.gpu_memory_utilization", r.gpu_memory_utilization, "in (0, 1)")
@@ -352,6 +353,22 @@ def _check_lora(cfg: Config) -> None:
     check(ok, "model.target_modules", t, '"all-linear" or a non-empty list of module names')
     if m.lora_adapter_path is not None and not m.lora_rank:
         raise ConfigError("model.lora_adapter_path is set but model.lora_rank is 0 (LoRA off): set the adapter's rank")
+
+
+def _check_multi_turn(cfg: Config) -> None:
+    from asyncrl.agent.loop import AGENT_LOOPS
+
+    mt = cfg.rollout.multi_turn
+    choice("rollout.agent.default_agent_loop", cfg.rollout.agent.default_agent_loop, tuple(AGENT_LOOPS))
+    t = mt.max_assistant_turns
+    check(t is None or t >= 1, "rollout.multi_turn.max_assistant_turns", t, ">= 1 or null")
+    choice(
+        "rollout.multi_turn.tool_response_truncate_side", mt.tool_response_truncate_side, ("left", "middle", "right")
+    )
+    choice("rollout.multi_turn.format", mt.format, ("hermes",))
+    check(mt.tool_timeout_s > 0, "rollout.multi_turn.tool_timeout_s", mt.tool_timeout_s, "> 0")
+    if cfg.rollout.agent.default_agent_loop == "tool_agent":
+        check(bool(mt.tools), "rollout.multi_turn.tools", mt.tools, "a non-empty list with the tool agent")
 
 
 def _check_quantization(cfg: Config) -> None:

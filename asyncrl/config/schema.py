@@ -61,11 +61,33 @@ class SkipConfig:
 
 
 @dataclass
+class AgentConfig:
+    """``rollout.agent``: which agent loop rolls out a row whose ``agent_name`` column is empty or absent."""
+
+    default_agent_loop: str = "single_turn_agent"  # single_turn_agent | tool_agent (asyncrl.agent.loop)
+
+
+@dataclass
+class MultiTurnConfig:
+    """``rollout.multi_turn``: the tool agent's limits and tools (verl's names). The whole response, tool outputs
+    included, stays within ``rollout.response_length`` tokens."""
+
+    max_assistant_turns: int | None = None  # null: bounded only by rollout.response_length
+    max_tool_response_length: int = 256  # characters of one tool output kept (cut per tool_response_truncate_side)
+    tool_response_truncate_side: str = "middle"  # left (keep the start) | middle (both ends) | right (the end)
+    tools: list[str] = field(default_factory=list)  # calc | python | package.module:ClassName (a Tool subclass)
+    tool_timeout_s: float = 10.0  # wall-clock deadline of one tool call; past it the model gets an error message
+    format: str = "hermes"  # tool calls as <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+
+
+@dataclass
 class RolloutConfig:
     engine: str = "builtin"  # builtin (our decode loop) | vllm (vLLM in the rollout worker; the `vllm` extra)
     quantization: str | None = None  # null | fp8: weights synced as float8 e4m3 with 128x128 block scales
     trace: TraceConfig = field(default_factory=TraceConfig)
     skip: SkipConfig = field(default_factory=SkipConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     n: int = 8  # responses per prompt (the GRPO group size)
     temperature: float = 1.0
     top_p: float = 1.0

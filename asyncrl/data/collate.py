@@ -34,7 +34,7 @@ class TrainBatch:
     attention_mask_BL: torch.Tensor  # long [B, P + T]
     position_ids_BL: torch.Tensor  # long [B, P + T]
     response_ids_BT: torch.Tensor  # long [B, T]
-    response_mask_BT: torch.Tensor  # float [B, T], 1 = real response token
+    response_mask_BT: torch.Tensor  # float [B, T], 1 = a response token the model generated (the loss mask)
     prompt_width: int  # P
     behav_logp_BT: torch.Tensor  # float [B, T] the rollout's log-probs (0 on padding)
     policy: PolicyTarget | TeacherTarget | PreferenceTarget | None = None  # what the actor fits (the algorithm's)
@@ -65,10 +65,14 @@ class TrainBatch:
             value=None if self.value is None else rows(self.value, idx),
         )
 
+    def response_lengths(self) -> torch.Tensor:
+        """Response tokens per row, those appended between turns (mask 0: a tool's output) included: long [B]."""
+        return self.attention_mask_BL[:, self.prompt_width :].sum(dim=1)
+
     def trimmed(self) -> TrainBatch:
         """The same rows without padding columns no row needs (left of the longest prompt, right of the longest
         response); position ids are unchanged, so the model sees exactly the same inputs."""
-        T = max(int(self.response_mask_BT.sum(dim=1).max()), 1)
+        T = max(int(self.response_lengths().max()), 1)
         prompt_mask = self.attention_mask_BL[:, : self.prompt_width]
         P = max(int(prompt_mask.sum(dim=1).max()), 1)
         cut = self.prompt_width - P
@@ -116,7 +120,7 @@ def micro_batches(
     if batch.size == 0:
         return []
     if not batching.packed:
-        lengths = batch.response_mask_BT.sum(dim=1)
+        lengths = batch.response_lengths()
         order = torch.argsort(lengths, stable=True)
         out = []
         for idx in order.split(batching.micro_batch_size):
@@ -129,7 +133,7 @@ def micro_batches(
     P = batch.prompt_width  # prompts are right-aligned at column P, responses start there
     prompt_lens = batch.attention_mask_BL[:, :P].sum(dim=1).tolist()
     prompts = [tuple(row[P - n :]) for row, n in zip(batch.input_ids_BL[:, :P].tolist(), prompt_lens)]
-    resp_lens = batch.response_mask_BT.sum(dim=1).long().tolist()
+    resp_lens = batch.response_lengths().tolist()
     responses = [row[:n] for row, n in zip(batch.response_ids_BT.tolist(), resp_lens)]
     b = batching
     out = []
@@ -166,6 +170,10 @@ def collate(samples: list[Sample], pad_token_id: int) -> TrainBatch:
     for s in samples:
         if len(s.logprobs) != len(s.response_ids):
             raise ValueError(f"sample {s.uid}: {len(s.response_ids)} response tokens but {len(s.logprobs)} log-probs")
+        if s.response_mask is not None and len(s.response_mask) != len(s.response_ids):
+            raise ValueError(
+                f"sample {s.uid}: {len(s.response_ids)} response tokens but a response mask of {len(s.response_mask)}"
+            )
     B = len(samples)
     plen = np.array([len(s.prompt.prompt_ids) for s in samples], dtype=np.int64)
     rlen = np.array([len(s.response_ids) for s in samples], dtype=np.int64)
@@ -182,7 +190,10 @@ def collate(samples: list[Sample], pad_token_id: int) -> TrainBatch:
     r, c, flat = _ragged([s.response_ids for s in samples], rlen, np.full(B, P))
     input_ids[r, c] = torch.tensor(flat, dtype=torch.long)
     attn[r, c] = 1
-    resp_mask[r, c - P] = 1.0
+    # 1 where the model generated the token; tokens appended between turns (tool output) are 0: no loss on them
+    resp_mask[r, c - P] = torch.tensor(
+        list(itertools.chain.from_iterable(s.loss_mask for s in samples)), dtype=torch.float32
+    )
     behav[r, c - P] = torch.tensor(list(itertools.chain.from_iterable(s.logprobs for s in samples)))
     position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
     return TrainBatch(

@@ -37,16 +37,22 @@ def _as_id_list(encoded: Any, where: str) -> list[int]:
 
 
 def tokenize_messages(
-    tokenizer: Any, messages: list[dict[str, Any]], apply_chat_template: bool = True, where: str = "prompt"
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    apply_chat_template: bool = True,
+    where: str = "prompt",
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids of one prompt.
 
     With ``apply_chat_template`` the tokenizer's chat template is applied with the generation prompt appended (the
     template adds any special tokens). Without it the message contents are joined with newlines and encoded with the
-    tokenizer's own special tokens (e.g. BOS), which is what a base model without a chat format expects.
+    tokenizer's own special tokens (e.g. BOS), which is what a base model without a chat format expects. ``tools``
+    (OpenAI function schemas) go to the template, which renders them if it knows how (the tool agent's tools).
     """
     if apply_chat_template:
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        kwargs = {"tools": tools} if tools else {}
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
     else:
         text = "\n".join(m["content"] for m in messages)
         encoded = tokenizer(text, add_special_tokens=True)
@@ -73,6 +79,7 @@ class PromptDataset:
         max_prompt_length: int,
         apply_chat_template: bool = True,
         overlong: Literal["error", "filter"] = "error",
+        tools: list[dict[str, Any]] | None = None,
     ):
         if overlong not in ("error", "filter"):
             raise ValueError(f"PromptDataset: overlong must be 'error' or 'filter' (got {overlong!r})")
@@ -93,7 +100,7 @@ class PromptDataset:
         for i, row in enumerate(rows):
             where = rows.where(i)
             row = validate_row(row, where)  # idempotent and cheap; covers rows built in code, not read by load_rows
-            ids = tokenize_messages(tokenizer, row["prompt"], apply_chat_template, where)
+            ids = tokenize_messages(tokenizer, row["prompt"], apply_chat_template, where, tools)
             if len(ids) > max_prompt_length:
                 overlong_rows.append((i, len(ids)))
                 continue
@@ -104,6 +111,7 @@ class PromptDataset:
                     data_source=row["data_source"],
                     ground_truth=str(row["reward_model"]["ground_truth"]),
                     extra_info=dict(row.get("extra_info") or {}),
+                    agent_name=row.get("agent_name") or "",
                 )
             )
 
@@ -145,6 +153,7 @@ class PromptDataset:
             ground_truth=p.ground_truth,
             extra_info=dict(p.extra_info),
             epoch=epoch,
+            agent_name=p.agent_name,
         )
 
     def __getitem__(self, i: int) -> Prompt:

@@ -119,6 +119,10 @@ def validate_row(row: Any, where: str) -> dict[str, Any]:
     if not isinstance(extra, dict):
         raise DatasetError(f"{where}: 'extra_info' must be a dict (got {_type_name(extra)})")
     out["extra_info"] = dict(extra)
+
+    agent = row.get("agent_name")  # verl's column: which agent loop rolls this row out (None/"" = the default)
+    if agent is not None and not isinstance(agent, str):
+        raise DatasetError(f"{where}: 'agent_name' must be a string (got {_type_name(agent)})")
     return out
 
 

@@ -9,6 +9,8 @@ Chat format (one conversation, as text)::
 
     <|user|>What is 2+2?<|end|><|assistant|>4<|end|>
 
+and a tool's output, in a multi-turn rollout: ``<|tool|>{output}<|end|>``.
+
 A prompt rendered with ``add_generation_prompt=True`` ends with ``<|assistant|>``; the model's response is then
 ``{content}<|end|>``, so ``<|end|>`` is the eos token the rollout engine stops on.
 """
@@ -26,7 +28,8 @@ UNK_TOKEN = "<|unk|>"
 USER_TOKEN = "<|user|>"
 ASSISTANT_TOKEN = "<|assistant|>"
 END_TOKEN = "<|end|>"
-SPECIAL_TOKENS: list[str] = [PAD_TOKEN, UNK_TOKEN, USER_TOKEN, ASSISTANT_TOKEN, END_TOKEN]
+TOOL_TOKEN = "<|tool|>"  # opens a tool's output in a multi-turn conversation (asyncrl.agent)
+SPECIAL_TOKENS: list[str] = [PAD_TOKEN, UNK_TOKEN, USER_TOKEN, ASSISTANT_TOKEN, END_TOKEN, TOOL_TOKEN]
 
 # System messages have no role token of their own: their text is prepended, closed by <|end|>, so a system prompt is
 # still visible to the model without growing the vocabulary. Unknown roles are an error rather than silently dropped.
@@ -36,10 +39,13 @@ CHAT_TEMPLATE = (
     "<|user|>{{ message['content'] }}<|end|>"
     "{%- elif message['role'] == 'assistant' -%}"
     "<|assistant|>{{ message['content'] }}<|end|>"
+    "{%- elif message['role'] == 'tool' -%}"
+    "<|tool|>{{ message['content'] }}<|end|>"
     "{%- elif message['role'] == 'system' -%}"
     "{{ message['content'] }}<|end|>"
     "{%- else -%}"
-    "{{ raise_exception('chat template: unknown role ' ~ message['role'] ~ ' (expected user, assistant or system)') }}"
+    "{{ raise_exception('chat template: unknown role ' ~ message['role'] ~ "
+    "' (expected user, assistant, tool or system)') }}"
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
@@ -54,7 +60,7 @@ def _wrap(backend: Tokenizer) -> PreTrainedTokenizerFast:
         unk_token=UNK_TOKEN,
         eos_token=END_TOKEN,
         bos_token=None,
-        additional_special_tokens=[USER_TOKEN, ASSISTANT_TOKEN],
+        additional_special_tokens=[USER_TOKEN, ASSISTANT_TOKEN, TOOL_TOKEN],
         clean_up_tokenization_spaces=False,
     )
     tok.chat_template = CHAT_TEMPLATE
@@ -62,7 +68,7 @@ def _wrap(backend: Tokenizer) -> PreTrainedTokenizerFast:
 
 
 def build_char_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
-    """One token per distinct character in ``texts`` (sorted, after the 5 special tokens, which take ids 0..4).
+    """One token per distinct character in ``texts`` (sorted, after the 6 special tokens, which take ids 0..5).
 
     Every character (spaces and newlines included) is its own pre-token, and the decoder concatenates tokens without
     separators, so ``decode(encode(t)) == t`` for any ``t`` made of seen characters; unseen ones become ``<|unk|>``.

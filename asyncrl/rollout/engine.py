@@ -291,8 +291,9 @@ def extend_sample(
     stop_reason: str,
     tokenizer: PreTrainedTokenizerBase,
 ) -> Sample:
-    """A copy of ``sample`` with a continuation appended (reward fields reset: the response changed); both engines
-    build their continued samples with it."""
+    """A copy of ``sample`` with a continuation the model generated appended (reward fields reset: the response
+    changed; a multi-turn sample's mask and counters carried on); both engines build their continued samples with
+    it."""
     response_ids = sample.response_ids + tokens
     return Sample(
         prompt=sample.prompt,
@@ -302,4 +303,8 @@ def extend_sample(
         stop_reason=stop_reason,
         start_version=sample.start_version,
         response_text=tokenizer.decode(response_ids, skip_special_tokens=True),
+        response_mask=None if sample.response_mask is None else sample.response_mask + [1] * len(tokens),
+        turns=sample.turns,
+        tool_calls=sample.tool_calls,
+        tool_errors=sample.tool_errors,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedModel
 
+from asyncrl.agent.loop import AgentEngine
 from asyncrl.config import Config
 from asyncrl.models.loading import load_model, load_tokenizer_from
 from asyncrl.models.lora import LoraSpec, apply_lora
@@ -18,8 +19,19 @@ def builtin_engine(cfg: Config, model: PreTrainedModel, tokenizer, quantization:
     )  # fmt: skip
 
 
+def with_agent_loops(cfg: Config, engine):
+    """``engine`` behind the agent loops (``asyncrl.agent``): single-turn rows decode as before, a row whose agent
+    (``agent_name``, else ``rollout.agent.default_agent_loop``) is the tool agent runs several turns."""
+    return AgentEngine(engine, cfg.rollout.multi_turn, cfg.rollout.agent.default_agent_loop)
+
+
 def rollout_engine(cfg: Config):
-    """A rollout worker's engine over its own copy of ``model.path`` (a vLLM engine never loads the HF model)."""
+    """A rollout worker's engine over its own copy of ``model.path`` (a vLLM engine never loads the HF model), behind
+    the agent loops."""
+    return with_agent_loops(cfg, _rollout_engine(cfg))
+
+
+def _rollout_engine(cfg: Config):
     if cfg.rollout.engine == "vllm":
         from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
 
@@ -38,12 +50,16 @@ def rollout_engine(cfg: Config):
 
 
 def colocated_engine(cfg: Config, model: PreTrainedModel, tokenizer):
-    """The trainer's engine: in the sync schedule it is the rollout (vLLM fed in-process from ``model`` when
-    ``rollout.engine=vllm``); in the other schedules it only evaluates, with the built-in loop over ``model``."""
+    """The trainer's engine, behind the agent loops: in the sync schedule it is the rollout (vLLM fed in-process from
+    ``model`` when ``rollout.engine=vllm``); in the other schedules it only evaluates, with the built-in loop over
+    ``model``."""
     if cfg.rollout.engine == "vllm" and cfg.trainer.schedule == "sync":
         from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
 
-        return VllmEngine(
-            cfg.model.path, tokenizer, VllmOptions.from_config(cfg), source=model, lora=LoraSpec.from_config(cfg)
+        return with_agent_loops(
+            cfg,
+            VllmEngine(
+                cfg.model.path, tokenizer, VllmOptions.from_config(cfg), source=model, lora=LoraSpec.from_config(cfg)
+            ),
         )
-    return builtin_engine(cfg, model, tokenizer)
+    return with_agent_loops(cfg, builtin_engine(cfg, model, tokenizer))

@@ -17,12 +17,13 @@ from typing import Any
 import torch
 import yaml
 
-from asyncrl import algos, seeds
+from asyncrl import seeds
+from asyncrl.agent.tools import tool_schemas
 from asyncrl.algorithms import Algorithm, Prepared, Trained, make_algorithm
 from asyncrl.calls import Pending
 from asyncrl.checkpoint import CheckpointManager, load_driver_state, set_rng_state
 from asyncrl.config import Config, to_dict
-from asyncrl.data.collate import TrainBatch, group_ids, rewards_of
+from asyncrl.data.collate import TrainBatch
 from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
 from asyncrl.evaluation import evaluate_prompts
@@ -34,6 +35,7 @@ from asyncrl.schedules import replay
 from asyncrl.sync.weight_sync import WeightSync
 from asyncrl.telemetry import trace
 from asyncrl.telemetry.metrics import MetricsLogger, machine_cpu, read_metrics
+from asyncrl.telemetry.samples import sample_metrics
 from asyncrl.telemetry.timeline import get_timeline, read_chrome_trace, write_chrome_trace
 from asyncrl.types import Generation, PrefillStats, Prompt, Sample
 from asyncrl.workers.clients import RoleClient, RolloutClient, TrainerClient
@@ -113,15 +115,18 @@ class Run:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.tokenizer = load_tokenizer(cfg.model.path)
         d = cfg.data
+        tools = tool_schemas(cfg.rollout.multi_turn.tools)  # rendered into prompts by templates that know them
         self.train = PromptDataset(
-            load_rows(d.train_files), self.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts
+            load_rows(d.train_files), self.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts, tools=tools
         )
         self.val: PromptDataset | None = None
         if d.val_files:
             rows = load_rows(d.val_files)
             if d.val_max_samples > 0:
                 rows = rows[: d.val_max_samples]
-            self.val = PromptDataset(rows, self.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts)
+            self.val = PromptDataset(
+                rows, self.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts, tools=tools
+            )
         self.sampler = EpochSampler(len(self.train), d.train_batch_size, seed=cfg.trainer.seed, shuffle=d.shuffle)
         self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)  # evaluation
         self.version = 0  # the trainer's weight version, as it last reported it
@@ -152,22 +157,6 @@ class Run:
         return seeds.generation(self.cfg.trainer.seed, step)
 
     # ---- metrics ---------------------------------------------------------------------------------------------------
-    def sample_metrics(self, samples: list[Sample], batch: TrainBatch) -> dict[str, float]:
-        rewards = rewards_of(samples)
-        lens = batch.response_mask_BT.sum(dim=1)
-        return {
-            "reward/mean": float(rewards.mean()),
-            "reward/max": float(rewards.max()),
-            "reward/min": float(rewards.min()),
-            "reward/failed_count": float(sum(s.reward_failed for s in samples)),
-            # groups whose rewards differ: the only ones GRPO learns from
-            "reward/group_spread_frac": algos.group_reward_spread(rewards, group_ids(samples)),
-            "response_length/mean": float(lens.mean()),
-            "response_length/max": float(lens.max()),
-            "response_length/p95": float(torch.quantile(lens, 0.95)),
-            "response_length/clip_ratio": float(sum(s.stop_reason == "length" for s in samples) / len(samples)),
-            "prompt_length/mean": float(sum(len(s.prompt.prompt_ids) for s in samples) / len(samples)),
-        }
 
     def learn(self, algorithm: Algorithm, prepared: Prepared, step: int) -> Trained:
         """The algorithm's updates for one step; the trainer's new version is read from its result."""
@@ -195,7 +184,7 @@ class Run:
         """Everything logged for a step: sample statistics, the given parts, timings and throughput (the driver's
         ``timing_s/step`` must be set)."""
         step_s = tm.timings["timing_s/step"]
-        metrics = {**self.sample_metrics(samples, batch), **{k: v for p in parts for k, v in p.items()}, **tm.timings}
+        metrics = {**sample_metrics(samples, batch), **{k: v for p in parts for k, v in p.items()}, **tm.timings}
         metrics["perf/throughput_tokens_per_s"] = float(batch.attention_mask_BL.sum()) / step_s
         metrics["perf/samples_per_s"] = len(samples) / step_s
         metrics.update(machine_cpu())

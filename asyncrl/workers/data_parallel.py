@@ -52,7 +52,7 @@ def row_costs(batch: TrainBatch, groups: torch.Tensor) -> torch.Tensor:
     prompt: [B]."""
     sizes = torch.bincount(groups)[groups].double() if batch.size else torch.zeros(0, dtype=torch.float64)
     prompt = batch.attention_mask_BL[:, : batch.prompt_width].sum(dim=1).double()
-    return batch.response_mask_BT.sum(dim=1).double() + prompt / sizes
+    return batch.response_lengths().double() + prompt / sizes
 
 
 def group_shares(group_B: torch.Tensor, cost_B: torch.Tensor, world: int) -> list[torch.Tensor]:

