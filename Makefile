@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean distill test-vllm demo-real test-prometheus
+.PHONY: setup demo test lint clean distill test-vllm demo-real test-prometheus verl-keymap
 
 DATA := data/chain_sum/train.parquet
 INIT_MODEL := runs/tiny_init/config.json
@@ -78,6 +78,10 @@ test-vllm: $(VLLM_STAMP)
 test-prometheus: setup
 	command -v prometheus >/dev/null || (apt-get install -y prometheus >/dev/null 2>&1 || sudo apt-get install -y prometheus >/dev/null 2>&1) || echo "prometheus could not be installed: the test skips"
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -rs tests/test_prometheus_grafana.py
+
+# docs/from-verl.md's key map, regenerated from the config tree (tests/test_docs.py checks that it is current).
+verl-keymap: $(STAMP)
+	$(BIN)/python -m asyncrl.tools.verl_keymap --write docs/from-verl.md
 
 lint: setup
 	$(BIN)/ruff check asyncrl tests

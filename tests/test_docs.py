@@ -15,3 +15,62 @@ def test_every_quoted_error_message_still_exists_in_the_code():
     source = "\n".join(p.read_text() for p in (ROOT / "asyncrl").rglob("*.py"))
     missing = [q for q in quoted if q not in source]
     assert not missing, f"docs/troubleshooting.md quotes messages the code no longer has: {missing}"
+
+
+# ---- the verl key map (docs/from-verl.md) is generated from the config tree ---------------------------------------
+def test_every_config_key_has_a_verl_entry_and_no_entry_is_stale():
+    from asyncrl.tools import verl_keymap
+
+    assert not verl_keymap.unmapped(), f"config keys missing from verl_keymap.VERL_NAMES: {verl_keymap.unmapped()}"
+    assert not verl_keymap.stale(), f"verl_keymap.VERL_NAMES names keys the config no longer has: {verl_keymap.stale()}"
+
+
+def test_from_verl_embeds_the_generated_key_map():
+    from asyncrl.tools import verl_keymap
+
+    page = (ROOT / "docs" / "from-verl.md").read_text()
+    assert verl_keymap.embedded(page) == verl_keymap.render(), "docs/from-verl.md's key map is stale: make verl-keymap"
+
+
+def test_the_translated_verl_command_loads():
+    """The page's whole command (and its one_step_off variant with 8 trainer ranks) passes the config loader."""
+    import shlex
+
+    from asyncrl.config import load_config
+
+    page = (ROOT / "docs" / "from-verl.md").read_text()
+    block = re.search(r"The whole command:\n\n```bash\n(.*?)```", page, flags=re.DOTALL).group(1)
+    args = shlex.split(block.replace("\\\n", " ").replace("$HOME", "/home/user").replace('"$@"', ""))
+    assert args[:3] == ["asyncrl", "train", "--config"]
+    cfg = load_config(ROOT / args[3], args[4:])
+    assert (cfg.rollout.engine, cfg.rollout.n, cfg.data.train_batch_size) == ("vllm", 5, 1024)
+    variant = load_config(
+        ROOT / args[3], [*args[4:], "trainer.schedule=one_step_off", "rollout.num_workers=1", "trainer.num_workers=8"]
+    )
+    assert variant.trainer.num_workers == 8
+
+
+# ---- the front page and the guides --------------------------------------------------------------------------------
+def test_readme_is_a_front_page_under_150_lines():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) < 150, f"README.md has {len(lines)} lines; move detail to docs/"
+
+
+def test_every_algorithm_and_schedule_has_a_guide_linked_from_the_readme():
+    from asyncrl.config.schema import ALGORITHMS, SCHEDULES
+
+    readme = (ROOT / "README.md").read_text()
+    pages = [f"docs/algorithms/{a}.md" for a in ALGORITHMS] + [f"docs/schedules/{s}.md" for s in SCHEDULES]
+    missing = [p for p in pages if not (ROOT / p).is_file() or f"]({p})" not in readme]
+    assert not missing, f"guides missing or not linked from README.md: {missing}"
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    pages = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            path = target.split("#", 1)[0]
+            if path and "://" not in path and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
