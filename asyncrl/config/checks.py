@@ -210,6 +210,19 @@ def _validate_reward(cfg: Config) -> None:
         rw.remote_url,
         "an http(s):// URL",
     )
+    g = rw.genrm
+    for key, value in [("reward.remote_url", rw.remote_url), ("reward.custom_function", rw.custom_function)]:
+        check(g.url is None or not value, "reward.genrm.url", g.url, f"null when {key} is set (one reward source)")
+    check(
+        g.url is None or str(g.url).startswith(("http://", "https://")), "reward.genrm.url", g.url, "an http(s):// URL"
+    )
+    check(g.top_logprobs >= 1, "reward.genrm.top_logprobs", g.top_logprobs, ">= 1")
+    check(
+        bool(g.positive.strip()) and bool(g.negative.strip()) and g.positive.strip() != g.negative.strip(),
+        "reward.genrm.positive",
+        g.positive,
+        f"non-empty and different from reward.genrm.negative ({g.negative!r})",
+    )
 
 
 def _validate_dpo(cfg: Config) -> None:

@@ -152,6 +152,21 @@ class AlgorithmConfig:
 
 
 @dataclass
+class GenRMConfig:
+    """``reward.genrm``: a judge LLM on an OpenAI-compatible completions server (asyncrl serve-teacher, vllm serve);
+    the reward is its probability of ``positive`` over ``negative`` as the next token (asyncrl.rewards.genrm)."""
+
+    url: str | None = None  # e.g. http://127.0.0.1:8000; implies the reward loop
+    prompt_template: str = (
+        "Question: {question}\nReference answer: {ground_truth}\nResponse: {solution_str}\n"
+        "Is the response correct? Answer yes or no: "
+    )
+    positive: str = "yes"
+    negative: str = "no"
+    top_logprobs: int = 20  # candidates of the verdict token the server returns
+
+
+@dataclass
 class RewardConfig:
     custom_function: str | None = None  # "path/to/file.py:fn" with verl's signature; null = built-in registry
     binarize: bool = False  # reward 1.0 only for a full score (reasoning-gym scorers give partial credit), else 0.0
@@ -159,8 +174,9 @@ class RewardConfig:
     max_concurrency: int = 8  # samples scored at once by the loop
     timeout_s: float = 60.0  # per sample; a slower reward fails that sample
     remote_url: str | None = None  # a reward service (POST verl's fields as JSON, reply a score); implies the loop
-    remote_max_retries: int = 3
+    remote_max_retries: int = 3  # also the generative reward model's
     remote_backoff_s: float = 0.5
+    genrm: GenRMConfig = field(default_factory=GenRMConfig)
 
 
 @dataclass

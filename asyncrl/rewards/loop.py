@@ -28,15 +28,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from asyncrl.config import RewardConfig
+from asyncrl.rewards.genrm import GenerativeReward
 from asyncrl.rewards.remote import RemoteReward, RewardServiceUnavailableError
 from asyncrl.rewards.reward_fn import RewardFn
 from asyncrl.types import Sample
 
 
 class RewardLoop:
-    def __init__(
-        self, reward_fn: RewardFn, max_concurrency: int, timeout_s: float, remote: RemoteReward | None = None
-    ) -> None:
+    def __init__(self, reward_fn: RewardFn, max_concurrency: int, timeout_s: float, remote: Any = None) -> None:
         if max_concurrency < 1 or timeout_s <= 0:
             raise ValueError(f"RewardLoop: max_concurrency >= 1 and timeout_s > 0 (got {max_concurrency}, {timeout_s})")
         self.reward_fn, self.remote = reward_fn, remote
@@ -131,12 +130,15 @@ class RewardLoop:
 
 
 def build_reward_loop(cfg: RewardConfig, reward_fn: RewardFn) -> RewardLoop | None:
-    """The run's reward loop (``reward.async_loop``, or a ``reward.remote_url``), or None: score after generation."""
-    if not cfg.async_loop and not cfg.remote_url:
+    """The run's reward loop (``reward.async_loop``, a ``reward.remote_url`` or a ``reward.genrm.url``), or None: score
+    after generation."""
+    if not cfg.async_loop and not cfg.remote_url and not cfg.genrm.url:
         return None
-    remote = None
+    remote: RemoteReward | GenerativeReward | None = None
     if cfg.remote_url:
         remote = RemoteReward(cfg.remote_url, cfg.timeout_s, cfg.remote_max_retries, cfg.remote_backoff_s)
+    elif cfg.genrm.url:
+        remote = GenerativeReward(cfg.genrm, cfg.timeout_s, cfg.remote_max_retries, cfg.remote_backoff_s)
     return RewardLoop(reward_fn, cfg.max_concurrency, cfg.timeout_s, remote)
 
 

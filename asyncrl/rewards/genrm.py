@@ -1,0 +1,77 @@
+"""A generative reward model (``reward.genrm.url``): a judge LLM behind an OpenAI-compatible completions server.
+
+Each response is put into ``reward.genrm.prompt_template`` (fields: ``solution_str``, ``ground_truth``,
+``data_source`` and every ``extra_info`` key, e.g. ``question``) and sent as one ``POST /v1/completions`` with
+``max_tokens: 1`` and ``logprobs: top_logprobs``; the reward is the judge's probability of its verdict,
+
+    reward = P(positive) / (P(positive) + P(negative)),
+
+where P(word) sums the probabilities of the first generated token's top candidates that start that word (``"yes"``:
+``"yes"``, ``" Yes"``, ``"y"``, ...). ``asyncrl serve-teacher`` and ``vllm serve`` both answer this request, so the
+teacher server of on-policy distillation doubles as the judge. A reply where neither verdict is among the top
+candidates fails that sample (as a scorer that raises); a server that stays down after the retries stops the run
+with one error naming its URL (``asyncrl.http_json``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from asyncrl.http_json import JsonHttpClient
+from asyncrl.rewards.remote import ERRORS, RewardServiceResponseError
+
+
+def verdict_probability(top: dict[str, float], positive: str, negative: str) -> float:
+    """P(positive) / (P(positive) + P(negative)) from one position's ``{token text: logprob}`` candidates."""
+    p = {positive: 0.0, negative: 0.0}
+    for text, logprob in top.items():
+        t = text.strip().lower()
+        hits = [w for w in (positive, negative) if t and w.lower().startswith(t)]
+        if len(hits) == 1:  # a token that starts both words says nothing about the verdict
+            p[hits[0]] += math.exp(float(logprob))
+    total = p[positive] + p[negative]
+    if total <= 0:
+        raise ValueError(f"neither {positive!r} nor {negative!r} is among the judge's top tokens {sorted(top)}")
+    return p[positive] / total
+
+
+class GenerativeReward:
+    """Scores one response per call (blocking, thread-safe), as ``RemoteReward`` does, so the reward loop runs it."""
+
+    def __init__(self, cfg: Any, timeout_s: float, max_retries: int, backoff_s: float):
+        self.cfg = cfg
+        self.http = JsonHttpClient(cfg.url, timeout_s, max_retries, backoff_s, "generative reward model", ERRORS)
+        self.url = self.http.url + self.http.prefix
+
+    def prompt(self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]) -> str:
+        fields = {**{str(k): v for k, v in extra_info.items()}, "data_source": data_source}
+        fields.update(solution_str=solution_str, ground_truth=ground_truth)
+        try:
+            return self.cfg.prompt_template.format(**fields)
+        except (KeyError, IndexError) as e:
+            raise ValueError(f"reward.genrm.prompt_template names {e} but the fields are {sorted(fields)}") from None
+
+    def score_one(
+        self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+    ) -> tuple[float, dict[str, float]]:
+        body = {
+            "prompt": self.prompt(data_source, solution_str, ground_truth, dict(extra_info or {})),
+            "max_tokens": 1,
+            "logprobs": self.cfg.top_logprobs,
+            "temperature": 0.0,
+        }
+        reply = self.http.request("POST", "/v1/completions", body)
+        try:
+            top = reply["choices"][0]["logprobs"]["top_logprobs"][0]
+            if not isinstance(top, dict):
+                raise TypeError(f"top_logprobs[0] is a {type(top).__name__}")
+        except (KeyError, IndexError, TypeError) as e:
+            raise RewardServiceResponseError(
+                f"generative reward model at {self.url}: the reply has no choices[0].logprobs.top_logprobs[0] ({e})"
+            ) from None
+        p = verdict_probability(top, self.cfg.positive, self.cfg.negative)
+        return p, {"genrm_p_positive": p}
+
+    def close(self) -> None:
+        self.http.close()
