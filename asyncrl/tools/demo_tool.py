@@ -58,8 +58,9 @@ def make_data(out: Path, size: int, test_size: int) -> tuple[Path, Path, Path]:
     return train, test, init
 
 
-def sft(init: Path, train: Path, out: Path, key: str, steps: int) -> float:
+def sft(init: Path, train: Path, out: Path, key: str, steps: int, lr: float, batch: int) -> float:
     cfg = SFTConfig()
+    cfg.optim.lr, cfg.data.batch_size = lr, batch
     cfg.model.path = str(init)
     cfg.data.train_files, cfg.data.response_key, cfg.data.max_response_length = [str(train)], key, 128
     cfg.trainer.total_steps, cfg.trainer.output_dir, cfg.trainer.log_every = steps, str(out), 100
@@ -121,19 +122,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--config", default="configs/tool_agent.yaml")
     p.add_argument("--size", type=int, default=4000)
     p.add_argument("--test-size", type=int, default=200)
-    p.add_argument("--sft-steps", type=int, default=600)
+    p.add_argument("--sft-steps", type=int, default=1500)
+    p.add_argument("--sft-lr", type=float, default=2e-3)
+    p.add_argument("--sft-batch", type=int, default=32)
     p.add_argument("--rl-steps", type=int, default=10)
     a = p.parse_args(argv)
     out = Path(a.out)
     train, test, init = make_data(out, a.size, a.test_size)
     data = [f"data.train_files=[{train}]", f"data.val_files=[{test}]"]
-    report: dict[str, Any] = {"task": TASK, "sft_steps": a.sft_steps, "rl_steps": a.rl_steps}
+    report: dict[str, Any] = {"task": TASK, "sft": [a.sft_steps, a.sft_lr, a.sft_batch], "rl_steps": a.rl_steps}
     for arm, key, agent in [
         ("single_turn", "ground_truth", "single_turn_agent"),
         ("tool", "tool_solution", "tool_agent"),
     ]:
         sft_dir = out / f"sft_{arm}"
-        res = {"sft_wall_s": round(sft(init, train, sft_dir, key, a.sft_steps), 1)}
+        res = {"sft_wall_s": round(sft(init, train, sft_dir, key, a.sft_steps, a.sft_lr, a.sft_batch), 1)}
         res.update(rl(a.config, sft_dir, out / f"rl_{arm}", agent, a.rl_steps, data))
         if arm == "tool":
             res.update(held_out_tool_use(out / f"rl_{arm}" / "final", test, a.test_size))
