@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean distill test-vllm demo-real test-prometheus verl-keymap
+.PHONY: setup demo test lint clean distill test-vllm demo-real test-prometheus verl-keymap demo-tool
 
 DATA := data/chain_sum/train.parquet
 INIT_MODEL := runs/tiny_init/config.json
@@ -29,6 +29,10 @@ $(INIT_MODEL): $(DATA)
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/asyncrl demo --out runs/demo
+
+# The tool agent's task (docs/agent_loop.md): sums of two 4-5 digit numbers, with the calc tool and without.
+demo-tool: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m asyncrl.tools.demo_tool --out runs/demo_tool
 
 # The distillation example (README, "distill"): a teacher (tiny preset, 4.2M) SFT-trained long with a cosine lr, a
 # student (mini preset, 0.7M) after a short SFT, then on-policy distillation with the teacher served on loopback.
