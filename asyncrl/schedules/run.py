@@ -10,7 +10,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,6 @@ import yaml
 from asyncrl import seeds
 from asyncrl.agent.tools import tool_schemas
 from asyncrl.algorithms import Algorithm, Prepared, Trained, make_algorithm
-from asyncrl.calls import Pending
 from asyncrl.checkpoint import CheckpointManager, load_driver_state, set_rng_state
 from asyncrl.config import Config, to_dict
 from asyncrl.data.collate import TrainBatch
@@ -28,7 +27,6 @@ from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
 from asyncrl.evaluation import evaluate_prompts
 from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
-from asyncrl.rewards.loop import merge_metrics
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.engine import SamplingParams
 from asyncrl.schedules import replay
@@ -37,50 +35,9 @@ from asyncrl.telemetry import trace
 from asyncrl.telemetry.metrics import MetricsLogger, machine_cpu, read_metrics
 from asyncrl.telemetry.samples import sample_metrics
 from asyncrl.telemetry.timeline import get_timeline, read_chrome_trace, write_chrome_trace
-from asyncrl.types import Generation, PrefillStats, Prompt, Sample
-from asyncrl.workers.clients import RoleClient, RolloutClient, TrainerClient
+from asyncrl.types import Prompt, Sample
+from asyncrl.workers.clients import RoleClient, TrainerClient
 from asyncrl.workers.roles import Roles, RolloutSide, start_roles
-
-
-@dataclass
-class Generated:
-    """A generated batch: its samples in prompt order per worker, the slowest worker's seconds, and what the
-    rollout engines reported (``perf/rollout_prefill_saving``: the share of prompt tokens not prefilled because an
-    identical prompt was; ``perf/rollout_tokens_per_s``: response tokens generated per second of the slowest call)."""
-
-    samples: list[Sample]
-    seconds: float
-    metrics: dict[str, float]
-
-
-@dataclass
-class Launched:
-    """A batch being generated on the rollout side (not waited for yet)."""
-
-    calls: list[Pending[Generation]]
-
-    def result(self) -> Generated:
-        gens = [c.result() for c in self.calls]
-        prefill = sum((g.prefill for g in gens), PrefillStats())
-        samples, seconds = [s for g in gens for s in g.samples], max(g.seconds for g in gens)
-        rate = {"perf/rollout_tokens_per_s": sum(len(s.response_ids) for s in samples) / seconds} if seconds > 0 else {}
-        rewards = merge_metrics([g.reward_metrics for g in gens])
-        return Generated(samples, seconds, {**prefill.metrics(), **rate, **rewards})
-
-
-def launch_generation(
-    rollouts: list[RolloutClient], prompts: list[Prompt], params: SamplingParams, seed: int, step: int
-) -> Launched:
-    """Split ``prompts`` over the rollout side (whole prompts: a group stays on one worker); not waited for."""
-    k = len(rollouts)
-    chunks = [prompts[i::k] for i in range(k)]
-    return Launched(
-        [
-            w.generate(c, params, seeds.rollout_worker(seed, i), step)
-            for i, (w, c) in enumerate(zip(rollouts, chunks))
-            if c
-        ]
-    )
 
 
 def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, float]:

@@ -26,9 +26,10 @@ from typing import Any
 from asyncrl.checkpoint import atomic_write_bytes
 from asyncrl.config import Config
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.schedules.run import Generated, Launched, launch_generation
+from asyncrl.schedules.generation import Generated, Launched, launch_generation
 from asyncrl.types import Prompt, Sample
 from asyncrl.workers.clients import RolloutClient
+from asyncrl.workers.supervisor import RolloutPool
 
 
 class RolloutSkipError(RuntimeError):
@@ -109,11 +110,17 @@ class RolloutSkip:
         return self.dir / f"step_{step}.pkl"
 
     def launch(
-        self, rollouts: list[RolloutClient], prompts: list[Prompt], params: SamplingParams, seed: int, step: int
+        self,
+        rollouts: list[RolloutClient],
+        prompts: list[Prompt],
+        params: SamplingParams,
+        seed: int,
+        step: int,
+        pool: RolloutPool | None = None,
     ) -> Launched | Replayed:
         """Step ``step``'s batch: generated (and dumped), or read back from the dump."""
         if self.dir is None:
-            return launch_generation(rollouts, prompts, params, seed, step)
+            return launch_generation(rollouts, prompts, params, seed, step, pool)
         path = self._dump(step)
         if path.exists():
             samples = pickle.loads(path.read_bytes())
@@ -129,4 +136,4 @@ class RolloutSkip:
             earlier = [s for s in range(step - 1, 0, -1) if self._dump(s).exists()]
             if earlier:
                 return Replayed(pickle.loads(self._dump(earlier[0]).read_bytes()))
-        return _Dumping(launch_generation(rollouts, prompts, params, seed, step), path)
+        return _Dumping(launch_generation(rollouts, prompts, params, seed, step, pool), path)

@@ -23,7 +23,8 @@ from typing import Any
 
 from asyncrl.algorithms import Prepared
 from asyncrl.config import Config
-from asyncrl.schedules.run import Generated, Launched, StepTimer, open_run, staleness_metrics
+from asyncrl.schedules.generation import Generated, Launched
+from asyncrl.schedules.run import StepTimer, open_run, staleness_metrics
 from asyncrl.schedules.skip import Replayed, RolloutSkip
 from asyncrl.workers.roles import RolloutSide
 

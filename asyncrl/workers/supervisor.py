@@ -1,0 +1,97 @@
+"""Keeping a rollout pool alive: a rollout worker that dies (or hangs) mid-generation is replaced, not fatal.
+
+``RolloutPool`` watches the pool of the schedules that have one (``one_step_off``, ``two_step_off``) on Ray. When a
+worker's ``generate`` fails because its process died (OOM-killed, preempted, ``kill -9``) or does not answer within
+``rollout.generate_timeout_s``, the pool:
+
+1. kills what is left of it and starts a replacement on the same bundle of the rollout placement group;
+2. rebuilds the weight-sync group (a gloo group cannot take a new member) and pushes the trainer's current weights
+   and version to every receiver;
+3. generates the dead worker's share again: the same prompts with the same seed (its partial tokens died with it;
+   the prompts did not), so the step trains on every prompt it drew, once.
+
+The samples regenerated carry the version they were made with, which is never older than the original launch's, so
+the schedule's staleness bound holds. After ``trainer.max_worker_restarts`` replacements the run stops with one
+error naming the worker and the cause (the schedule writes a checkpoint of the last finished step first).
+An error raised by the worker's own code (a bad prompt, a reward service that is down) is not a death: it is raised
+as it is, since a new worker would fail the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.calls import Handle, error_text
+
+if TYPE_CHECKING:
+    from asyncrl.sync.weight_sync import WeightSync
+    from asyncrl.workers.clients import RolloutClient
+    from asyncrl.workers.roles import Roles
+
+logger = logging.getLogger(__name__)
+
+# what Ray raises when the actor's process is gone (by class name: this module must not import Ray)
+DEATH_ERRORS = ("ActorDiedError", "RayActorError", "ActorUnavailableError", "WorkerCrashedError", "OwnerDiedError")
+
+
+class WorkerLostError(RuntimeError):
+    """A worker died or hung more often than ``trainer.max_worker_restarts`` allows; names it and the cause."""
+
+
+def is_worker_death(e: BaseException) -> bool:
+    return type(e).__name__ in DEATH_ERRORS or isinstance(e, TimeoutError)
+
+
+class RolloutPool:
+    def __init__(
+        self,
+        roles: Roles,
+        sync: WeightSync,
+        respawn: Callable[[int], Handle],
+        version: Callable[[], int],
+        max_restarts: int,
+        timeout_s: float,
+    ):
+        self.roles, self.sync, self.respawn, self.version = roles, sync, respawn, version
+        self.max_restarts, self.timeout_s = max_restarts, timeout_s
+        self.restarts: list[tuple[str, str]] = []  # (worker, cause) of every replacement so far
+
+    def client(self, i: int) -> RolloutClient:
+        return self.roles.rollouts[i]
+
+    def wait(self, i: int, call: Any, again: Callable[[RolloutClient], Any]) -> Any:
+        """``call``'s result from worker ``i``; if the worker died or hung, replace it and run ``again`` on the new
+        one, as often as the restart budget allows."""
+        while True:
+            try:
+                return call.result(timeout=self.timeout_s)
+            except Exception as e:  # noqa: BLE001 - sorted below: a death is handled, anything else re-raised
+                if not is_worker_death(e):
+                    raise
+                cause = f"no answer within rollout.generate_timeout_s={self.timeout_s:g} s" if isinstance(
+                    e, TimeoutError
+                ) else error_text(e)  # fmt: skip
+                call = again(self.replace(i, cause))
+
+    def replace(self, i: int, cause: str) -> RolloutClient:
+        from asyncrl.workers.clients import RolloutClient
+
+        old = self.roles.rollouts[i]
+        self.restarts.append((old.name, cause))
+        if len(self.restarts) > self.max_restarts:
+            raise WorkerLostError(
+                f"rollout worker {old.name} failed: {cause}; that is {len(self.restarts)} worker failures, more than "
+                f"trainer.max_worker_restarts={self.max_restarts} (earlier: {self.restarts[:-1]})"
+            )
+        logger.warning("rollout worker %s failed (%s): replacing it (%d of %d)", old.name, cause,
+                       len(self.restarts), self.max_restarts)  # fmt: skip
+        old.handle.kill()
+        new = RolloutClient(self.respawn(i))
+        self.roles.rollouts[i] = new
+        self.roles.handles.append(new.handle)
+        self.sync.receivers = self.roles.receivers
+        self.sync.setup()  # a new group: the old one lost a member
+        self.sync.push(self.version())
+        return new
