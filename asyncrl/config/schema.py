@@ -102,6 +102,7 @@ class RolloutConfig:
     val_temperature: float = 0.0  # 0 = greedy held-out evaluation
     num_workers: int = 1  # rollout workers in the rollout pool (modes with a separate rollout pool)
     cpus_per_worker: float = 1.0  # CPUs per rollout worker; its torch threads = this, rounded down
+    generate_timeout_s: float = 1800.0  # a rollout worker's generate call past this is hung: replaced (Ray, a pool)
 
 
 @dataclass
@@ -198,6 +199,7 @@ class TrainerConfig:
     critic_warmup: int = 0  # ppo: steps that update only the critic before the actor starts learning
     record_consumed: bool = False  # each step's consumed samples in RUN_DIR/consumed/ (asyncrl replay RUN_DIR)
     role_start_timeout_s: float = 600.0  # how long a role may take to start (load its model) before the run fails
+    max_worker_restarts: int = 3  # rollout workers replaced after dying or hanging (Ray, a rollout pool); then stop
 
 
 @dataclass

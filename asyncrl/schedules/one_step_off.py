@@ -22,6 +22,7 @@ from asyncrl.config import Config
 from asyncrl.schedules.run import StepTimer, open_run, staleness_metrics
 from asyncrl.schedules.skip import RolloutSkip
 from asyncrl.workers.roles import RolloutSide
+from asyncrl.workers.supervisor import WorkerLostError
 
 
 def run_one_step_off(cfg: Config) -> dict[str, Any]:
@@ -31,15 +32,19 @@ def run_one_step_off(cfg: Config) -> dict[str, Any]:
         params, total = run.sampling(), cfg.trainer.total_training_steps
 
         def launch(b: int):
-            return skip.launch(roles.rollouts, run.next_prompts(), params, run.gen_seed(b), b)
+            return skip.launch(roles.rollouts, run.next_prompts(), params, run.gen_seed(b), b, roles.pool)
 
         pending = launch(run.start_step)
-        step = run.start_step - 1
+        step, cursor = run.start_step - 1, None
         for step in range(run.start_step, total + 1):
             tm = StepTimer(step)
             with tm("step"):
                 with tm("wait_prev_gen"):
-                    gen = pending.result()
+                    try:
+                        gen = pending.result()
+                    except WorkerLostError:
+                        run.save_before_failing(step - 1, roles, cursor)
+                        raise
                     samples = gen.samples
                 with tm("sync_rollout_weights"):
                     stats = sync.push(run.version)

@@ -38,6 +38,7 @@ from asyncrl.telemetry.timeline import get_timeline, read_chrome_trace, write_ch
 from asyncrl.types import Prompt, Sample
 from asyncrl.workers.clients import RoleClient, TrainerClient
 from asyncrl.workers.roles import Roles, RolloutSide, start_roles
+from asyncrl.workers.supervisor import RolloutPool
 
 
 def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, float]:
@@ -135,7 +136,23 @@ class Run:
         ws.setup()
         self.summary.update(ws.summary())
         ws.push(self.version)
+        if roles.respawn is not None:
+            t = self.cfg.trainer
+            roles.pool = RolloutPool(
+                roles,
+                ws,
+                roles.respawn,
+                lambda: self.version,
+                t.max_worker_restarts,
+                self.cfg.rollout.generate_timeout_s,
+            )
         return ws
+
+    def save_before_failing(self, step: int, roles: Roles, sampler_state: dict | None) -> None:
+        """A checkpoint of the last finished ``step`` before the run stops on an error (none before the first step,
+        none again for a step that has one), so ``resume_mode=auto`` loses nothing."""
+        if step >= self.start_step and not (self.ckpt.root / f"step_{step}").exists():
+            self.save(step, roles.checkpointed, sampler_state)
 
     def step_metrics(self, samples: list[Sample], batch: TrainBatch, tm: StepTimer, *parts: dict) -> dict[str, float]:
         """Everything logged for a step: sample statistics, the given parts, timings and throughput (the driver's
@@ -302,6 +319,8 @@ class Run:
         self.summary.update(
             steps=step, samples=self.samples_trained, wall_s=round(self.wall_s(), 2), final_model=str(final)
         )
+        if roles.pool is not None:  # every rollout worker replaced in this run, and why
+            self.summary["worker_restarts"] = [f"{worker}: {cause}" for worker, cause in roles.pool.restarts]
         (self.dir / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
         events = get_timeline().drain() + extra_events
         trace = self.dir / "timeline.json"

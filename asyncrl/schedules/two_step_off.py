@@ -27,6 +27,7 @@ from asyncrl.schedules.generation import Generated, Launched
 from asyncrl.schedules.run import StepTimer, open_run, staleness_metrics
 from asyncrl.schedules.skip import Replayed, RolloutSkip
 from asyncrl.workers.roles import RolloutSide
+from asyncrl.workers.supervisor import WorkerLostError
 
 
 def run_two_step_off(cfg: Config) -> dict[str, Any]:
@@ -39,7 +40,7 @@ def run_two_step_off(cfg: Config) -> dict[str, Any]:
         def launch(b: int) -> Launched | Replayed:
             prompts = run.next_prompts()
             cursors[b] = run.sampler.state_dict()
-            return skip.launch(roles.rollouts, prompts, params, run.gen_seed(b), b)
+            return skip.launch(roles.rollouts, prompts, params, run.gen_seed(b), b, roles.pool)
 
         def start_preparing(generated: Generated, b: int) -> Future[tuple[Prepared, Generated]]:
             finish = algorithm.prepare(generated.samples, b)  # issued here, in batch order; finished on the thread
@@ -57,7 +58,11 @@ def run_two_step_off(cfg: Config) -> dict[str, Any]:
                     samples = gen.samples
                 if pending is not None:  # batch step+1 is generated: prepare it while this step trains
                     with tm("wait_prev_gen"):
-                        generated = pending.result()
+                        try:
+                            generated = pending.result()
+                        except WorkerLostError:
+                            run.save_before_failing(step - 1, roles, cursors.get(step - 1))
+                            raise
                     with tm("sync_rollout_weights"):
                         sync_metrics = sync.metrics(sync.push(run.version))
                     pending = launch(step + 2) if step + 2 <= total else None

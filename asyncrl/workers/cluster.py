@@ -13,6 +13,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from asyncrl.config import RayConfig
 from asyncrl.workers.data_parallel import rank_name
 from asyncrl.workers.placement import ROLLOUT_POOL, Placement, PlacementError
+from asyncrl.workers.reaper import start_reaper
 
 __all__ = ["PlacementError", "RayHandle", "RayPending", "RayPools", "cluster_cpus", "init_ray", "shutdown"]
 
@@ -54,6 +55,9 @@ class RayHandle:
         ray.kill(self.actor)
 
 
+_REAPER_STARTED = False
+
+
 def init_ray(cfg: RayConfig) -> None:
     """Start a local single-node cluster bound to 127.0.0.1, or connect to ``ray.address`` when the user gives one."""
     if ray.is_initialized():
@@ -85,6 +89,10 @@ def init_ray(cfg: RayConfig) -> None:
     if ip != "127.0.0.1":
         ray.shutdown()
         raise RuntimeError(f"the local Ray cluster bound {ip}, not 127.0.0.1: this Ray ignores its loopback flag")
+    global _REAPER_STARTED
+    if not _REAPER_STARTED:  # kills this cluster's processes if the driver is killed (asyncrl.workers.reaper)
+        start_reaper()
+        _REAPER_STARTED = True
 
 
 def cluster_cpus() -> float:

@@ -32,6 +32,7 @@ from asyncrl.workers.placement import Placement, resolve_placement
 from asyncrl.workers.reward_model_worker import RewardModelWorker
 from asyncrl.workers.rollout_worker import RolloutWorker
 from asyncrl.workers.rollouter import Rollouter
+from asyncrl.workers.supervisor import RolloutPool
 
 ROLLOUTER_CONCURRENCY = 4  # call threads of the Rollouter: get_batch / pause / metrics while its generation runs
 
@@ -53,6 +54,8 @@ class Roles:
     critic: CriticClient | None = None
     reward_model: RewardModelClient | None = None
     handles: list[Handle] = field(default_factory=list)  # every worker started, once
+    respawn: Callable[[int], Handle] | None = None  # a new rollout worker i (Ray's rollout pool: a dead one's stand-in)
+    pool: RolloutPool | None = None  # supervises the rollout pool once the weight sync exists (Run.start_weight_sync)
 
     @property
     def receivers(self) -> list[Handle]:
@@ -94,6 +97,8 @@ def _spawn(cfg: Config, side: RolloutSide, backend: Any) -> Roles:
         roles.rollouts = [
             RolloutClient(backend.spawn(f"rollout:{i}", RolloutWorker, cfg, name=f"rollout{i}")) for i in range(n)
         ]
+        if isinstance(backend, _RayBackend):  # an in-process worker cannot die alone (nor be killed when hung)
+            roles.respawn = lambda i: backend.spawn(f"rollout:{i}", RolloutWorker, cfg, name=f"rollout{i}")
     elif side is RolloutSide.STREAM:
         h = backend.spawn("rollout:0", Rollouter, cfg, name="rollouter", concurrency=ROLLOUTER_CONCURRENCY)
         roles.rollouter, roles.rollouts = RollouterClient(h), []

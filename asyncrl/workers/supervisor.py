@@ -28,7 +28,6 @@ from asyncrl.calls import Handle, error_text
 if TYPE_CHECKING:
     from asyncrl.sync.weight_sync import WeightSync
     from asyncrl.workers.clients import RolloutClient
-    from asyncrl.workers.roles import Roles
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +40,14 @@ class WorkerLostError(RuntimeError):
 
 
 def is_worker_death(e: BaseException) -> bool:
-    return type(e).__name__ in DEATH_ERRORS or isinstance(e, TimeoutError)
+    """The worker's process is gone (Ray's errors for a dead actor), as opposed to an error its code raised."""
+    return type(e).__name__ in DEATH_ERRORS
 
 
 class RolloutPool:
     def __init__(
         self,
-        roles: Roles,
+        roles: Any,  # asyncrl.workers.roles.Roles (which holds this pool)
         sync: WeightSync,
         respawn: Callable[[int], Handle],
         version: Callable[[], int],
@@ -68,11 +68,10 @@ class RolloutPool:
             try:
                 return call.result(timeout=self.timeout_s)
             except Exception as e:  # noqa: BLE001 - sorted below: a death is handled, anything else re-raised
-                if not is_worker_death(e):
+                hung = isinstance(e, TimeoutError) and not call.done()
+                if not hung and not is_worker_death(e):
                     raise
-                cause = f"no answer within rollout.generate_timeout_s={self.timeout_s:g} s" if isinstance(
-                    e, TimeoutError
-                ) else error_text(e)  # fmt: skip
+                cause = f"no answer within rollout.generate_timeout_s={self.timeout_s:g} s" if hung else error_text(e)
                 call = again(self.replace(i, cause))
 
     def replace(self, i: int, cause: str) -> RolloutClient:
@@ -88,6 +87,7 @@ class RolloutPool:
         logger.warning("rollout worker %s failed (%s): replacing it (%d of %d)", old.name, cause,
                        len(self.restarts), self.max_restarts)  # fmt: skip
         old.handle.kill()
+        self.roles.handles = [h for h in self.roles.handles if h is not old.handle]
         new = RolloutClient(self.respawn(i))
         self.roles.rollouts[i] = new
         self.roles.handles.append(new.handle)

@@ -1,0 +1,201 @@
+"""Fault injection (``make test-faults``): parts of a run die while the rest lives, on a real local Ray cluster.
+
+- a rollout worker killed (SIGKILL) at a random moment is replaced and the run completes with every step once, every
+  prompt's samples trained once, and the schedule's staleness bound;
+- past ``trainer.max_worker_restarts`` the run stops with one error naming the worker, after a checkpoint, and
+  ``resume_mode=auto`` completes it;
+- the trainer killed: the run stops with one error (no hang) and resumes;
+- the driver killed at random moments (mid-checkpoint included): the resumed run logs each step once;
+- the driver killed alone: no Ray process of that run is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncrl.config import load_config
+from asyncrl.schedules import run_training
+from asyncrl.telemetry.metrics import read_metrics
+from asyncrl.workers.supervisor import WorkerLostError
+from tests.helpers import make_data, make_model, train_overrides
+
+pytestmark = [pytest.mark.ray, pytest.mark.faults]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    train, test = make_data(root, size=40, test_size=8)
+    return root, make_model(root, train), train, test
+
+
+def pids_of(title: str) -> list[int]:
+    """Processes whose command line contains ``title`` (Ray names an actor's process ``ray::<Class>...``)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if title in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    out.append(int(d.name))
+            except OSError:
+                pass
+    return out
+
+
+def kill_when(run_dir: Path, title: str, after_step: int, delay_s: float, killed: list[int]) -> threading.Thread:
+    """A thread that SIGKILLs one process named ``title`` ``delay_s`` after step ``after_step`` was logged."""
+
+    def go() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            m = run_dir / "metrics.jsonl"
+            if m.exists() and any(r["step"] >= after_step for r in read_metrics(m)):
+                break
+            time.sleep(0.05)
+        time.sleep(delay_s)
+        pids = pids_of(title)
+        if pids:
+            os.kill(pids[0], signal.SIGKILL)
+            killed.append(pids[0])
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def pool_overrides(model, train, test, run_dir, steps, schedule="one_step_off") -> list[str]:
+    over = train_overrides(model, train, test, run_dir, steps) + [f"trainer.schedule={schedule}"]
+    over += ["rollout.num_workers=2", "rollout.cpus_per_worker=1", "ray.num_cpus=3", "trainer.test_freq=0"]
+    return over + ["trainer.val_before_train=false", "rollout.response_length=24"]
+
+
+def check_complete(run_dir: Path, steps: int, bound: int) -> dict:
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))  # each step once
+    assert all(m["staleness/max"] <= bound for m in metrics)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["samples"] == steps * 4 * 4  # every drawn prompt's group trained, once
+    return summary
+
+
+@pytest.mark.parametrize("trial", range(3))
+@pytest.mark.parametrize("schedule,bound", [("one_step_off", 1), ("two_step_off", 2)])
+def test_a_rollout_worker_killed_at_a_random_moment_is_replaced(setup, schedule, bound, trial):
+    root, model, train, test = setup
+    run_dir = root / f"worker_{schedule}_{trial}"
+    killed: list[int] = []
+    rng = random.Random(trial)
+    t = kill_when(
+        run_dir, "ray::RolloutWorker", after_step=rng.randint(2, 6), delay_s=rng.uniform(0, 0.3), killed=killed
+    )
+    summary = run_training(load_config(None, pool_overrides(model, train, test, run_dir, 30, schedule)))
+    t.join(timeout=5)
+    assert killed, "the killer found no rollout worker"
+    summary = check_complete(run_dir, 30, bound)
+    assert len(summary["worker_restarts"]) == 1 and "rollout" in summary["worker_restarts"][0]
+
+
+def test_past_max_worker_restarts_the_run_stops_after_a_checkpoint_and_resumes(setup):
+    root, model, train, test = setup
+    run_dir = root / "no_restarts"
+    over = pool_overrides(model, train, test, run_dir, 30) + ["trainer.max_worker_restarts=0", "trainer.save_freq=100"]
+    killed: list[int] = []
+    kill_when(run_dir, "ray::RolloutWorker", after_step=2, delay_s=0.0, killed=killed)
+    with pytest.raises(WorkerLostError, match=r"rollout worker rollout\d failed: .*max_worker_restarts=0"):
+        run_training(load_config(None, over))
+    assert killed
+    ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
+    assert ckpts, "no checkpoint written before stopping"
+    run_training(load_config(None, over))  # resume_mode=auto, no fault this time
+    check_complete(run_dir, 30, 1)
+
+
+def test_a_killed_trainer_stops_the_run_with_one_error_and_resume_continues(setup):
+    root, model, train, test = setup
+    run_dir = root / "trainer_killed"
+    over = pool_overrides(model, train, test, run_dir, 30) + ["trainer.save_freq=2", "sync.timeout_s=20"]
+    killed: list[int] = []
+    kill_when(run_dir, "ray::ActorRolloutWorker", after_step=3, delay_s=0.2, killed=killed)
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="ActorRolloutWorker|trainer|died|rank 0") as e:
+        run_training(load_config(None, over))
+    assert killed and time.monotonic() - t0 < 200, e.value
+    run_training(load_config(None, over))
+    check_complete(run_dir, 30, 1)
+
+
+def _train_cmd(overrides: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "asyncrl.cli",
+        "train",
+        "--config",
+        str(ROOT / "configs" / "quickstart.yaml"),
+        *overrides,
+    ]
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_the_driver_killed_at_random_moments_resumes_with_each_step_once(setup, trial):
+    root, model, train, test = setup
+    run_dir = root / f"driver_{trial}"
+    over = pool_overrides(model, train, test, run_dir, 8) + ["trainer.save_freq=1", "trainer.logger=[jsonl]"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(_train_cmd(over), env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+    rng = random.Random(100 + trial)
+    wait_for = rng.randint(1, 5)  # steps logged before the kill (checkpoints are written every step)
+    deadline = time.monotonic() + 240
+    while proc.poll() is None and time.monotonic() < deadline:
+        m = run_dir / "metrics.jsonl"
+        if m.exists() and len(read_metrics(m)) >= wait_for:
+            break
+        time.sleep(0.02)
+    time.sleep(rng.uniform(0, 0.5))  # a random moment of the step after: generating, training or checkpointing
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = subprocess.run(_train_cmd(over), env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_complete(run_dir, 8, 1)
+
+
+def test_a_driver_killed_alone_leaves_no_process_of_its_run_behind(setup):
+    """Only the driver gets SIGKILL (not its process group): its watchdog (asyncrl.workers.reaper) kills the rest."""
+    from asyncrl.workers.reaper import descendants
+
+    root, model, train, test = setup
+    run_dir = root / "driver_alone"
+    over = pool_overrides(model, train, test, run_dir, 200) + ["trainer.logger=[jsonl]"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(_train_cmd(over), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    metrics = run_dir / "metrics.jsonl"
+    while proc.poll() is None and time.monotonic() < deadline and not (metrics.exists() and read_metrics(metrics)):
+        time.sleep(0.1)
+    started = descendants([proc.pid])
+    assert any("ray::RolloutWorker" in _cmdline(p) for p in started), [_cmdline(p) for p in started]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and [p for p in started if Path(f"/proc/{p}").exists()]:
+        time.sleep(0.2)
+    left = [(p, _cmdline(p)) for p in started if Path(f"/proc/{p}").exists()]
+    assert not left, f"processes of the killed run still alive 20 s later: {left}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
