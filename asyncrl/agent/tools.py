@@ -107,20 +107,25 @@ def evaluate_arithmetic(expression: str) -> str:
     return str(value)
 
 
+def string_parameter(key: str, description: str) -> dict[str, Any]:
+    """The JSON schema of an arguments object with one required string ``key``."""
+    return {"type": "object", "properties": {key: {"type": "string", "description": description}}, "required": [key]}
+
+
+def string_argument(tool: str, arguments: dict[str, Any], key: str) -> str:
+    value = arguments.get(key)
+    if not isinstance(value, str):
+        raise ToolError(f"{tool} needs a string argument {key!r}")
+    return value
+
+
 class CalcTool(Tool):
     name = "calc"
     description = "Evaluate an arithmetic expression exactly (+ - * / // % ** and parentheses)."
-    parameters = {
-        "type": "object",
-        "properties": {"expression": {"type": "string", "description": "e.g. 123456 + 789012"}},
-        "required": ["expression"],
-    }
+    parameters = string_parameter("expression", "e.g. 123456 + 789012")
 
     async def call(self, arguments: dict[str, Any]) -> str:
-        expression = arguments.get("expression")
-        if not isinstance(expression, str):
-            raise ToolError("calc needs a string argument 'expression'")
-        return evaluate_arithmetic(expression)
+        return evaluate_arithmetic(string_argument(self.name, arguments, "expression"))
 
 
 # ---- python -------------------------------------------------------------------------------------------------------
@@ -143,19 +148,13 @@ class PythonTool(Tool):
 
     name = "python"
     description = "Run a short Python program and return what it prints."
-    parameters = {
-        "type": "object",
-        "properties": {"code": {"type": "string", "description": "Python source; print the result"}},
-        "required": ["code"],
-    }
+    parameters = string_parameter("code", "Python source; print the result")
 
     def __init__(self, memory_mb: int = 256, cpu_s: int = 5, max_output_chars: int = 4000):
         self.memory_mb, self.cpu_s, self.max_output_chars = memory_mb, cpu_s, max_output_chars
 
     async def call(self, arguments: dict[str, Any]) -> str:
-        code = arguments.get("code")
-        if not isinstance(code, str):
-            raise ToolError("python needs a string argument 'code'")
+        code = string_argument(self.name, arguments, "code")
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-c", _SANDBOX, str(self.memory_mb), str(self.cpu_s),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

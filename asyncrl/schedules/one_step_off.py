@@ -39,15 +39,15 @@ def run_one_step_off(cfg: Config) -> dict[str, Any]:
         for step in range(run.start_step, total + 1):
             tm = StepTimer(step)
             with tm("step"):
-                with tm("wait_prev_gen"):
-                    try:
+                try:  # the pool replaces a rollout worker that died; past its budget, stop after a checkpoint
+                    with tm("wait_prev_gen"):
                         gen = pending.result()
-                    except WorkerLostError:
-                        run.save_before_failing(step - 1, roles, cursor)
-                        raise
-                    samples = gen.samples
-                with tm("sync_rollout_weights"):
-                    stats = sync.push(run.version)
+                        samples = gen.samples
+                    with tm("sync_rollout_weights"):
+                        stats = (roles.pool or sync).push(run.version)
+                except WorkerLostError:
+                    run.save_before_failing(step - 1, roles, cursor)
+                    raise
                 # the cursor after batch `step`, before batch step+1 is drawn: a checkpoint of this step resumes by
                 # drawing and generating the in-flight batch step+1 again, so it is neither lost nor repeated
                 cursor = run.sampler.state_dict()

@@ -57,14 +57,14 @@ def run_two_step_off(cfg: Config) -> dict[str, Any]:
                     prepared, gen = preparing.result()
                     samples = gen.samples
                 if pending is not None:  # batch step+1 is generated: prepare it while this step trains
-                    with tm("wait_prev_gen"):
-                        try:
+                    try:  # the pool replaces a rollout worker that died; past its budget, stop after a checkpoint
+                        with tm("wait_prev_gen"):
                             generated = pending.result()
-                        except WorkerLostError:
-                            run.save_before_failing(step - 1, roles, cursors.get(step - 1))
-                            raise
-                    with tm("sync_rollout_weights"):
-                        sync_metrics = sync.metrics(sync.push(run.version))
+                        with tm("sync_rollout_weights"):
+                            sync_metrics = sync.metrics((roles.pool or sync).push(run.version))
+                    except WorkerLostError:
+                        run.save_before_failing(step - 1, roles, cursors.get(step - 1))
+                        raise
                     pending = launch(step + 2) if step + 2 <= total else None
                     preparing = start_preparing(generated, step + 1)
                 staleness = staleness_metrics(samples, run.version)

@@ -74,6 +74,32 @@ class RolloutPool:
                 cause = f"no answer within rollout.generate_timeout_s={self.timeout_s:g} s" if hung else error_text(e)
                 call = again(self.replace(i, cause))
 
+    def push(self, version: int) -> Any:
+        """``WeightSync.push``; a receiver that died before or during it is replaced (which syncs the new group), and
+        the push is repeated. Any other sync failure is raised as it is."""
+        from asyncrl.sync.errors import WeightSyncError
+
+        while True:
+            try:
+                return self.sync.push(version)
+            except WeightSyncError as e:
+                dead = self.dead_workers()
+                if not dead:
+                    raise
+                for i, cause in dead:
+                    self.replace(i, f"{cause} (found at the weight sync of version {version}: {str(e)[:200]})")
+
+    def dead_workers(self, timeout_s: float = 10.0) -> list[tuple[int, str]]:
+        """The rollout workers whose process is gone (a ping answered by Ray's error for a dead actor)."""
+        dead = []
+        for i, r in enumerate(self.roles.rollouts):
+            try:
+                r.handle.call("weight_sync_ping").result(timeout=timeout_s)
+            except Exception as e:  # noqa: BLE001 - only a death counts; a slow answer is not one
+                if is_worker_death(e):
+                    dead.append((i, error_text(e)))
+        return dead
+
     def replace(self, i: int, cause: str) -> RolloutClient:
         from asyncrl.workers.clients import RolloutClient
 
