@@ -21,19 +21,19 @@ BACKENDS = ("ray", "in_process")
 @dataclass
 class DataConfig:
     train_files: list[str] = field(default_factory=list)  # parquet/jsonl in verl's schema
-    val_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)  # held-out rows for val/accuracy (empty: no evaluation)
     train_batch_size: int = 16  # prompts per training step (each gets rollout.n responses)
     val_batch_size: int = 512  # prompts per eval generation call
     val_max_samples: int = -1  # evaluate on at most this many held-out prompts (-1 = all)
     max_prompt_length: int = 256  # tokens
     overlong_prompts: str = "error"  # error | filter
-    shuffle: bool = True
+    shuffle: bool = True  # a new order of the training rows every epoch (seeded by trainer.seed)
 
 
 @dataclass
 class ModelConfig:
     path: str = MISSING  # a local Hugging Face causal-LM directory
-    dtype: str = "float32"
+    dtype: str = "float32"  # float32 | bfloat16 | float16: the trainer's and engines' weights
     lora_rank: int = 0  # > 0: the actor trains a LoRA adapter of this rank (peft); only it trains and syncs
     lora_alpha: float = 16.0  # LoRA scaling numerator (the adapter's output is scaled by alpha / rank)
     target_modules: Any = "all-linear"  # "all-linear" or a list of module names (q_proj, v_proj, ...)
@@ -89,8 +89,8 @@ class RolloutConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     n: int = 8  # responses per prompt (the GRPO group size)
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = 1.0  # sampling temperature of training rollouts (behaviour log-probs are of this)
+    top_p: float = 1.0  # nucleus sampling (1.0 = off)
     top_k: int = 0  # 0 = off
     response_length: int = 32  # max new tokens per response
     max_batch_size: int = 256  # sequences decoded at once
@@ -107,9 +107,9 @@ class RolloutConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr: float = 1e-5  # peak learning rate (after lr_warmup_steps)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2)
     lr_warmup_steps: int = 0  # linear warm-up, in optimizer steps
     grad_clip: float = 1.0  # max global grad norm (<= 0 disables)
 
@@ -119,15 +119,15 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 16  # prompts per optimizer step (x rollout.n samples), as in verl
     ppo_micro_batch_size: int = 64  # samples per forward/backward (gradient accumulation); memory only
-    ppo_epochs: int = 1
-    clip_ratio: float = 0.2
+    ppo_epochs: int = 1  # passes over each batch
+    clip_ratio: float = 0.2  # PPO ratio clip epsilon (both sides unless _low/_high are set)
     clip_ratio_low: float | None = None  # defaults to clip_ratio
     clip_ratio_high: float | None = None  # defaults to clip_ratio
     clip_ratio_c: float | None = None  # dual-clip bound for negative advantages (off when null)
-    entropy_coeff: float = 0.0
+    entropy_coeff: float = 0.0  # weight of the entropy bonus in the actor loss
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
+    use_kl_loss: bool = False  # a KL penalty to the reference policy in the actor loss (needs the ref pass)
+    kl_loss_coef: float = 0.001  # weight of that KL term
     kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl | kl | mse
     use_rollout_log_probs: bool = False  # true: the rollout's behaviour log-probs are the PPO old policy
     skip_zero_adv_rows: bool = True  # rows with all-zero advantages skip forward/backward (same gradient, less work)
@@ -139,14 +139,14 @@ class ActorConfig:
 @dataclass
 class RolloutCorrectionConfig:
     rollout_is: str | None = None  # null (off; token under rollout.quantization=fp8) | disabled | token | sequence
-    rollout_is_threshold: float = 2.0
+    rollout_is_threshold: float = 2.0  # importance weights are truncated at this
 
 
 @dataclass
 class AlgorithmConfig:
     name: str = "grpo"  # grpo | ppo (critic + GAE) | distill (on-policy distillation from a teacher) | dpo (online)
     adv_estimator: str | None = None  # verl's name; null = the algorithm's own (grpo: grpo, ppo: gae)
-    norm_adv_by_std_in_grpo: bool = True
+    norm_adv_by_std_in_grpo: bool = True  # GRPO: divide by the group's reward std (false: centre only, as Dr. GRPO)
     gamma: float = 1.0  # gae: discount per response token
     lam: float = 1.0  # gae: lambda (bias/variance trade-off of the advantage estimate)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
@@ -162,8 +162,8 @@ class GenRMConfig:
         "Question: {question}\nReference answer: {ground_truth}\nResponse: {solution_str}\n"
         "Is the response correct? Answer yes or no: "
     )
-    positive: str = "yes"
-    negative: str = "no"
+    positive: str = "yes"  # the verdict word whose probability is the reward
+    negative: str = "no"  # the other verdict word
     top_logprobs: int = 20  # candidates of the verdict token the server returns
 
 
@@ -176,7 +176,7 @@ class RewardConfig:
     timeout_s: float = 60.0  # per sample; a slower reward fails that sample
     remote_url: str | None = None  # a reward service (POST verl's fields as JSON, reply a score); implies the loop
     remote_max_retries: int = 3  # also the generative reward model's
-    remote_backoff_s: float = 0.5
+    remote_backoff_s: float = 0.5  # first retry's wait, seconds; doubles each retry
     genrm: GenRMConfig = field(default_factory=GenRMConfig)
 
 
@@ -184,16 +184,16 @@ class RewardConfig:
 class TrainerConfig:
     schedule: str = "sync"  # sync | one_step_off | two_step_off | fully_async (asyncrl/schedules/)
     backend: str = "ray"  # ray (roles are Ray actors) | in_process (the same workers in this process, no Ray)
-    total_training_steps: int = 10
-    default_local_dir: str = "runs/default"
+    total_training_steps: int = 10  # trainer steps (optimizer updates per step: ppo_epochs x mini-batches)
+    default_local_dir: str = "runs/default"  # the run directory: metrics, checkpoints, final model
     save_freq: int = 5  # steps between checkpoints (<= 0: only the final one)
     test_freq: int = 5  # steps between held-out evaluations (<= 0: only before and after)
-    val_before_train: bool = True
+    val_before_train: bool = True  # evaluate before the first step (logged as step 0)
     resume_mode: str = "auto"  # auto | disable | a checkpoint directory
-    max_checkpoints_to_keep: int = 2
-    seed: int = 1
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
-    prometheus_port: int | None = None
+    max_checkpoints_to_keep: int = 2  # older checkpoints are deleted
+    seed: int = 1  # data order, initialisation and every generation seed derive from it
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # + prometheus
+    prometheus_port: int | None = None  # /metrics port with logger prometheus (null or 0: a free port)
     cpus_per_worker: float = 2.0  # CPUs of each trainer worker (rank); torch threads = this, rounded down
     num_workers: int = 1  # data-parallel trainer ranks (verl's trainer.n_gpus_per_node): each a share of the batch
     critic_warmup: int = 0  # ppo: steps that update only the critic before the actor starts learning
@@ -280,12 +280,12 @@ class CriticConfig:
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     cliprange_value: float = 0.5  # reward units: a value prediction may move at most this far from its old one
-    ppo_epochs: int = 1
+    ppo_epochs: int = 1  # passes over each batch
     ppo_micro_batch_size: int = 64  # samples per forward/backward; memory only
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = "token-mean"  # as actor.loss_agg_mode
     shared_prefix: bool = True  # as actor.shared_prefix, for the value passes
-    use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 16384
+    use_dynamic_bsz: bool = False  # as actor.use_dynamic_bsz
+    ppo_max_token_len_per_gpu: int = 16384  # as actor.ppo_max_token_len_per_gpu
 
 
 @dataclass
@@ -293,8 +293,8 @@ class RewardModelConfig:
     enable: bool = False
     path: str | None = None  # a sequence-classification directory (e.g. from `asyncrl train-rm`)
     weight: float = 1.0  # reward = rule_weight * rule reward + weight * sigmoid(reward-model logit)
-    rule_weight: float = 1.0
-    micro_batch_size: int = 64
+    rule_weight: float = 1.0  # weight of the rule reward added to the reward model's score
+    micro_batch_size: int = 64  # samples per reward-model forward
 
 
 @dataclass
