@@ -45,15 +45,15 @@ def rows(agent_name: str | None = None) -> list[dict]:
     return out
 
 
-def make_tool_model(root: Path, steps: int = 250, seed: int = 0) -> Path:
-    """A micro model over a char tokenizer with the tool turn, fitted to call ``calc`` on ``EXPRESSIONS``."""
+def make_tool_model(root: Path, steps: int = 250, seed: int = 0, preset: str = "micro") -> Path:
+    """A ``preset`` model over a char tokenizer with the tool turn, fitted to call ``calc`` on ``EXPRESSIONS``."""
     texts = (
         [f"{e} =" for e in EXPRESSIONS]
         + [tool_call_text(e) for e in EXPRESSIONS]
         + ["0123456789+-= ", "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.,:'_()<>"]
     )
-    out = root / "tool_model"
-    init_model_dir("micro", build_char_tokenizer(texts), out, seed=seed)
+    out = root / f"tool_model_{preset}"
+    init_model_dir(preset, build_char_tokenizer(texts), out, seed=seed)
     model, tok = load_model(out)
     encoder = TurnEncoder(tok)
     examples = []

@@ -14,8 +14,8 @@ from asyncrl.models.tokenizer import build_char_tokenizer
 
 @pytest.fixture(scope="module")
 def tok():
-    tok = build_char_tokenizer([string.printable[:95]])
-    assert len(tok) == 100  # the vocabulary the preset sizes are quoted for
+    tok = build_char_tokenizer([string.printable[:94]])
+    assert len(tok) == 100  # the vocabulary the preset sizes are quoted for (6 special tokens + 94 characters)
     return tok
 
 

@@ -74,7 +74,7 @@ def test_wrong_shape_is_reported_with_both_shapes(tok):
     engine = RolloutEngine(make_model(tok, 0), tok)
     update = dict(engine.state_dict_for_sync())
     update[EMBED] = torch.zeros(3, 64)
-    expected = f"parameter '{EMBED}' has shape [3, 64], the rollout model expects [100, 64]"
+    expected = f"parameter '{EMBED}' has shape [3, 64], the rollout model expects [101, 64]"
     with pytest.raises(WeightUpdateError, match=re.escape(expected)):
         engine.update_weights(update, version=1)
     assert engine.version == 0

@@ -108,6 +108,9 @@ def round_seed(seed: int | None, turn_round: int) -> int | None:
     return None if seed is None or turn_round == 0 else (seed + 1_000_003 * turn_round) % (2**62)
 
 
+_OWN = frozenset({"engine", "multi_turn", "default_agent_loop", "_loops", "_tools", "last_prefill"})
+
+
 class AgentEngine:
     """A rollout engine whose samples may be several turns long; see the module docstring.
 
@@ -128,6 +131,14 @@ class AgentEngine:
         if name == "engine":
             raise AttributeError(name)
         return getattr(self.engine, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Own state and properties here; anything else (``eos_token_ids``, ...) is set on the wrapped engine, so
+        the wrapper never shadows what the engine reads."""
+        if name in _OWN or isinstance(getattr(type(self), name, None), property):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.engine, name, value)
 
     @property
     def version(self) -> int:
