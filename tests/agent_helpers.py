@@ -45,7 +45,7 @@ def rows(agent_name: str | None = None) -> list[dict]:
     return out
 
 
-def make_tool_model(root: Path, steps: int = 250, seed: int = 0, preset: str = "micro") -> Path:
+def make_tool_model(root: Path, steps: int = 250, seed: int = 0, preset: str = "micro", lr: float = 1e-2) -> Path:
     """A ``preset`` model over a char tokenizer with the tool turn, fitted to call ``calc`` on ``EXPRESSIONS``."""
     texts = (
         [f"{e} =" for e in EXPRESSIONS]
@@ -63,7 +63,7 @@ def make_tool_model(root: Path, steps: int = 250, seed: int = 0, preset: str = "
         text = tool_call_text(e) + tok.eos_token + encoder.text([answer]) + answer + tok.eos_token
         examples.append((list(prompt["input_ids"]), tok(text, add_special_tokens=False)["input_ids"]))
     torch.manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
     for _ in range(steps):
         loss = _sft_loss(model, examples, tok.pad_token_id)
         opt.zero_grad()

@@ -48,6 +48,15 @@ def engine(models):
     return VllmEngine(str(a), tok, OPTIONS)
 
 
+def length_reward(root) -> str:
+    """``reward.custom_function=...`` of a reward that grows with the response's length (1/1000 per character)."""
+    path = root / "length_reward.py"
+    path.write_text(
+        "def length_reward(data_source, solution_str, ground_truth, extra_info):\n    return len(solution_str) / 1000\n"
+    )
+    return f"reward.custom_function={path}:length_reward"
+
+
 def prompts(tok, n: int = 4) -> list[Prompt]:
     return [
         Prompt(i, tok.apply_chat_template([{"role": "user", "content": f"{i}+{i + 3} ="}], add_generation_prompt=True,
@@ -279,6 +288,7 @@ def test_lora_runs_with_the_vllm_engine(models, schedule):
         "rollout.gpu_memory_utilization=0.01",
         "model.lora_rank=4",
         "actor.optim.lr=5e-2",
+        length_reward(root),  # rewards that differ within every group: a gradient at step 1 whatever is sampled
     ]
     if schedule == "one_step_off":
         over += ["rollout.num_workers=1", "rollout.cpus_per_worker=1"]
@@ -347,6 +357,7 @@ def test_fp8_rollout_colocated_in_sync(models):
         "rollout.engine=vllm",
         "rollout.gpu_memory_utilization=0.01",
         "rollout.quantization=fp8",
+        length_reward(root),  # a reward that differs within groups, so every step trains (and logs its rollout gap)
     ]
     run_training(load_config(None, over))
     metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl") if m["step"] >= 1}

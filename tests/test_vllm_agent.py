@@ -30,7 +30,7 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm_agent")
-    return root, make_tool_model(root, steps=300, preset="mini")
+    return root, make_tool_model(root, steps=400, preset="mini", lr=3e-3)
 
 
 def test_vllm_runs_the_tool_loop_token_in_token_out(tool_model):
