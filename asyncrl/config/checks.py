@@ -254,6 +254,7 @@ def _validate_distill(cfg: Config) -> None:
     check(tc.server_max_batch >= 1, "teacher.server_max_batch", tc.server_max_batch, ">= 1")
     check(tc.server_threads >= 1, "teacher.server_threads", tc.server_threads, ">= 1")
     check(tc.startup_timeout_s > 0, "teacher.startup_timeout_s", tc.startup_timeout_s, "> 0")
+    check(tc.max_restarts >= 0, "teacher.max_restarts", tc.max_restarts, ">= 0")
     choice("teacher.check_tokenizer", tc.check_tokenizer, ("auto", "fingerprint", "probe"))
     choice("distill.loss", dc.loss, ("forward_kl", "jsd", "reverse_kl"))
     check(0.0 <= dc.beta <= 1.0, "distill.beta", dc.beta, "in [0, 1]")

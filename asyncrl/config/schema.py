@@ -240,6 +240,7 @@ class TeacherConfig:
     server_max_batch: int = 64  # sequences per teacher forward pass (the server started here)
     server_threads: int = 1  # torch threads of the server started here
     startup_timeout_s: float = 120.0  # how long to wait for the started server to answer /health
+    max_restarts: int = 3  # the server started here is restarted (same port) when it dies, this often; then stop
     check_tokenizer: str = "auto"  # auto | fingerprint | probe: how the shared vocabulary is checked at start
 
 

@@ -156,6 +156,7 @@ VERL_NAMES: dict[str, str] = {
     "teacher.server_max_batch": NONE + "the server started here (asyncrl serve-teacher)",
     "teacher.server_threads": NONE + "the server started here (asyncrl serve-teacher)",
     "teacher.startup_timeout_s": NONE + "the server started here (asyncrl serve-teacher)",
+    "teacher.max_restarts": NONE + "ours: the server started here is restarted when it dies",
     "teacher.check_tokenizer": NONE + "ours: how the start-up check of a shared vocabulary is done",
     "distill.loss": f"{_ARR}.actor.distill_loss",
     "distill.beta": "GKD's beta (TRL GKDConfig.beta)",
