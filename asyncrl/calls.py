@@ -37,6 +37,25 @@ class Handle(Protocol):
     def kill(self) -> None: ...
 
 
+class CallTimeoutError(TimeoutError):
+    """A call waited for without a timeout of its own found no answer within ``trainer.call_timeout_s``: the
+    worker is hung (a dead one raises at once). Names the worker and the method."""
+
+
+def wait_with_deadline(wait: Any, timeout: float | None, deadline_s: float | None, label: str) -> Any:
+    """``wait(timeout)``; a wait without a timeout of its own gets ``deadline_s`` (the handle's
+    ``trainer.call_timeout_s``) and, past it, a ``CallTimeoutError`` naming ``label`` (worker.method)."""
+    if timeout is not None or deadline_s is None:
+        return wait(timeout)
+    try:
+        return wait(deadline_s)
+    except TimeoutError:
+        raise CallTimeoutError(
+            f"{label}: no answer within trainer.call_timeout_s={deadline_s:g} s; the worker is hung (raise the "
+            f"deadline if such a call can legitimately take longer)"
+        ) from None
+
+
 def error_text(e: BaseException) -> str:
     """A worker's error as one line: the worker-side exception's own text (Ray wraps it), or what killed the worker."""
     cause = getattr(e, "cause", None)

@@ -1,7 +1,8 @@
 """Fault injection (``make test-faults``): parts of a run die while the rest lives, on a real local Ray cluster.
 
 - a rollout worker killed (SIGKILL) at a random moment is replaced and the run completes with every step once, every
-  prompt's samples trained once, and the schedule's staleness bound;
+  prompt's samples trained once, and the schedule's staleness bound; the same for the fully_async Rollouter, with
+  the prompt ledger as the evidence;
 - past ``trainer.max_worker_restarts`` the run stops with one error naming the worker, after a checkpoint, and
   ``resume_mode=auto`` completes it;
 - the trainer killed: the run stops with one error (no hang) and resumes;
@@ -53,8 +54,11 @@ def pids_of(title: str) -> list[int]:
     return out
 
 
-def kill_when(run_dir: Path, title: str, after_step: int, delay_s: float, killed: list[int]) -> threading.Thread:
-    """A thread that SIGKILLs one process named ``title`` ``delay_s`` after step ``after_step`` was logged."""
+def kill_when(
+    run_dir: Path, title: str, after_step: int, delay_s: float, killed: list[int], sig: int = signal.SIGKILL
+) -> threading.Thread:
+    """A thread that sends ``sig`` (SIGKILL: a death; SIGSTOP: a hang) to one process named ``title`` ``delay_s``
+    after step ``after_step`` was logged."""
 
     def go() -> None:
         deadline = time.monotonic() + 300
@@ -66,7 +70,7 @@ def kill_when(run_dir: Path, title: str, after_step: int, delay_s: float, killed
         time.sleep(delay_s)
         pids = pids_of(title)
         if pids:
-            os.kill(pids[0], signal.SIGKILL)
+            os.kill(pids[0], sig)
             killed.append(pids[0])
 
     t = threading.Thread(target=go, daemon=True)
@@ -106,6 +110,36 @@ def test_a_rollout_worker_killed_at_a_random_moment_is_replaced(setup, schedule,
     assert len(summary["worker_restarts"]) == 1 and "rollout" in summary["worker_restarts"][0]
 
 
+def stream_overrides(model, train, test, run_dir, steps) -> list[str]:
+    over = train_overrides(model, train, test, run_dir, steps) + ["trainer.schedule=fully_async", "trainer.test_freq=0"]
+    over += ["rollout.cpus_per_worker=1", "ray.num_cpus=2", "trainer.val_before_train=false", "sync.timeout_s=30"]
+    return over + ["async_training.staleness_threshold=1.0", "async_training.partial_rollout=true"]
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_the_fully_async_rollouter_killed_at_a_random_moment_is_replaced(setup, trial):
+    """The Rollouter holds the queue, the in-flight groups and the prompt ledger: its replacement takes over from its
+    last snapshot plus what the trainer consumed since, and the ledger at the end shows every prompt trained once."""
+    root, model, train, test = setup
+    run_dir = root / f"rollouter_{trial}"
+    killed: list[int] = []
+    rng = random.Random(200 + trial)
+    t = kill_when(run_dir, "ray::Rollouter", after_step=rng.randint(2, 8), delay_s=rng.uniform(0, 0.5), killed=killed)
+    run_training(load_config(None, stream_overrides(model, train, test, run_dir, 30)))
+    t.join(timeout=5)
+    assert killed, "the killer found no Rollouter"
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, 31))  # each step once
+    assert all(m["staleness/max"] <= 1 for m in metrics)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["samples"] == 30 * 2 * 4
+    assert len(summary["worker_restarts"]) == 1 and "rollouter" in summary["worker_restarts"][0]
+    epochs = json.loads((run_dir / "ledger.json").read_text())["epochs"]  # 30 steps x 2 groups = 1.5 epochs of 40
+    assert epochs["0"]["complete"] and epochs["0"]["consumed_once"] == 40
+    for e in epochs.values():
+        assert e["lost"] == [] and e["duplicated"] == [] and e["dropped"] == []
+
+
 def test_past_max_worker_restarts_the_run_stops_after_a_checkpoint_and_resumes(setup):
     root, model, train, test = setup
     run_dir = root / "no_restarts"
@@ -133,6 +167,37 @@ def test_a_killed_trainer_stops_the_run_with_one_error_and_resume_continues(setu
     assert killed and time.monotonic() - t0 < 200, e.value
     run_training(load_config(None, over))
     check_complete(run_dir, 30, 1)
+
+
+def test_a_hung_rollout_worker_is_replaced(setup):
+    """SIGSTOP: the worker's process lives but never answers; past rollout.generate_timeout_s (or at the weight sync,
+    when a ping finds no answer) it is killed and replaced."""
+    root, model, train, test = setup
+    run_dir = root / "worker_hung"
+    over = pool_overrides(model, train, test, run_dir, 12) + ["rollout.generate_timeout_s=15", "sync.timeout_s=15"]
+    stopped: list[int] = []
+    kill_when(run_dir, "ray::RolloutWorker", after_step=3, delay_s=0.1, killed=stopped, sig=signal.SIGSTOP)
+    run_training(load_config(None, over))
+    assert stopped
+    summary = check_complete(run_dir, 12, 1)
+    assert len(summary["worker_restarts"]) == 1
+    assert "no answer" in summary["worker_restarts"][0], summary["worker_restarts"]
+
+
+def test_a_hung_trainer_stops_the_run_with_an_error_naming_it_and_resume_continues(setup):
+    """SIGSTOP on the trainer: the next wait on it hits its deadline (trainer.call_timeout_s, or sync.timeout_s at a
+    weight sync) and the run stops with an error naming it, instead of hanging."""
+    root, model, train, test = setup
+    run_dir = root / "trainer_hung"
+    over = pool_overrides(model, train, test, run_dir, 12) + ["trainer.save_freq=2", "sync.timeout_s=15"]
+    stopped: list[int] = []
+    kill_when(run_dir, "ray::ActorRolloutWorker", after_step=3, delay_s=0.1, killed=stopped, sig=signal.SIGSTOP)
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match=r"trainer\.\w+: no answer within trainer\.call_timeout_s|rank 0") as e:
+        run_training(load_config(None, over + ["trainer.call_timeout_s=15"]))
+    assert stopped and time.monotonic() - t0 < 200, e.value
+    run_training(load_config(None, over))
+    check_complete(run_dir, 12, 1)
 
 
 def _train_cmd(overrides: list[str]) -> list[str]:

@@ -48,6 +48,7 @@ def validate(cfg: Config) -> None:
     check(r.val_temperature >= 0, "rollout.val_temperature", r.val_temperature, ">= 0")
     check(r.generate_timeout_s > 0, "rollout.generate_timeout_s", r.generate_timeout_s, "> 0")
     check(t.max_worker_restarts >= 0, "trainer.max_worker_restarts", t.max_worker_restarts, ">= 0")
+    check(t.call_timeout_s > 0, "trainer.call_timeout_s", t.call_timeout_s, "> 0")
     check(a.optim.lr > 0, "actor.optim.lr", a.optim.lr, "> 0")
     check(a.optim.weight_decay >= 0, "actor.optim.weight_decay", a.optim.weight_decay, ">= 0")
     check(

@@ -199,7 +199,8 @@ class TrainerConfig:
     critic_warmup: int = 0  # ppo: steps that update only the critic before the actor starts learning
     record_consumed: bool = False  # each step's consumed samples in RUN_DIR/consumed/ (asyncrl replay RUN_DIR)
     role_start_timeout_s: float = 600.0  # how long a role may take to start (load its model) before the run fails
-    max_worker_restarts: int = 3  # rollout workers replaced after dying or hanging (Ray, a rollout pool); then stop
+    call_timeout_s: float = 7200.0  # a call to a worker (update, log-probs, checkpoint...) past this: hung, an error
+    max_worker_restarts: int = 3  # rollout workers / the Rollouter replaced after dying or hanging (Ray); then stop
 
 
 @dataclass

@@ -28,6 +28,7 @@ from asyncrl.config import Config
 from asyncrl.schedules.run import StepTimer, open_run, staleness_metrics
 from asyncrl.streaming.report import partial_metrics, processing_metrics, write_ledger_report
 from asyncrl.workers.roles import RolloutSide
+from asyncrl.workers.stream_supervisor import StreamSupervisor
 
 ROLLOUTER_STATE = "rollouter_state.pt"
 STOP_TIMEOUT_S = 60.0  # how long the clean-up waits for the Rollouter to stop before its worker is killed
@@ -40,10 +41,12 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
         assert rollouter is not None
         try:
             sync = run.start_weight_sync(roles)
-            if run.resumed_from is not None:
-                rollouter.restore(torch.load(run.resumed_from / ROLLOUTER_STATE, weights_only=False)).result()
-            rollouter.take_metrics().result()  # start the idle window now
-            rollouter.start().result()
+            stream = roles.stream = StreamSupervisor(
+                roles, sync, roles.respawn, lambda: run.version, cfg.trainer.max_worker_restarts,
+                max(at.get_batch_timeout_s, at.pause_timeout_s),
+            )  # fmt: skip
+            resumed = run.resumed_from
+            stream.start(None if resumed is None else torch.load(resumed / ROLLOUTER_STATE, weights_only=False))
             groups_per_step = at.require_batches * cfg.actor.ppo_mini_batch_size
             step = run.start_step - 1
             for step in range(run.start_step, cfg.trainer.total_training_steps + 1):
@@ -53,7 +56,7 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
                 with tm("step"):
                     trained_at = run.version
                     with tm("wait_batch"):
-                        got = rollouter.get_batch(groups_per_step, trained_at).result()
+                        got = stream.get_batch(groups_per_step, trained_at)
                     with tm("prepare"):
                         prepared = algorithm.prepare(got.samples, step)()
                     with tm("train"):
@@ -63,12 +66,12 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
                         raise RuntimeError(f"step {step}: controller staleness {got.staleness} != recorded {staleness}")
                     if run.version != trained_at:  # a sync window ended: the rollout side gets the new weights
                         with tm("param_sync"):
-                            extra["timing_s/param_sync_pause"] = rollouter.pause(at.partial_rollout).result()
-                            extra.update(sync.metrics(sync.push(run.version)))
-                            if run.due(cfg.trainer.save_freq, step):
-                                snapshot = rollouter.snapshot().result()
-                            rollouter.resume_generation(run.version).result()
-                ro = rollouter.take_metrics().result()
+                            save = run.due(cfg.trainer.save_freq, step)
+                            paused, stats, snap = stream.sync(run.version, at.partial_rollout, save)
+                            extra["timing_s/param_sync_pause"] = paused
+                            extra.update(sync.metrics(stats) if stats is not None else {})
+                            snapshot = snap if save else None
+                ro = stream.call(lambda r: r.take_metrics())
                 metrics = run.step_metrics(
                     prepared.samples, prepared.batch, tm, prepared.metrics, trained.metrics, staleness, extra, ro
                 )
@@ -78,6 +81,7 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
                 metrics["timing_s/gen"] = ro["rollouter/busy_s"]  # decode seconds on the Rollouter during this step
                 metrics["fully_async/trainer_version"] = float(trained_at)  # the version this step's update ran at
                 run.end_step(step, metrics, roles, extra_files={ROLLOUTER_STATE: snapshot} if snapshot else None)
+            rollouter = stream.rollouter  # a replacement, if the first one died
             rollouter.stop().result()  # the books are final from here on
             counts = rollouter.take_metrics().result()
             run.summary["counts"] = {
@@ -86,7 +90,7 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
             run.summary["ledger"] = write_ledger_report(run.dir, len(run.train), rollouter.ledger_state().result())
             return run.finish(roles, step)
         finally:
-            _stop_quietly(rollouter)
+            _stop_quietly(roles.rollouter)
 
 
 def _stop_quietly(rollouter: Any) -> None:

@@ -136,7 +136,7 @@ class Run:
         ws.setup()
         self.summary.update(ws.summary())
         ws.push(self.version)
-        if roles.respawn is not None:
+        if roles.respawn is not None and roles.rollouter is None:  # fully_async: StreamSupervisor
             t = self.cfg.trainer
             roles.pool = RolloutPool(
                 roles,
@@ -319,8 +319,9 @@ class Run:
         self.summary.update(
             steps=step, samples=self.samples_trained, wall_s=round(self.wall_s(), 2), final_model=str(final)
         )
-        if roles.pool is not None:  # every rollout worker replaced in this run, and why
-            self.summary["worker_restarts"] = [f"{worker}: {cause}" for worker, cause in roles.pool.restarts]
+        supervisor = roles.pool or roles.stream
+        if supervisor is not None:  # every rollout worker replaced in this run, and why
+            self.summary["worker_restarts"] = [f"{worker}: {cause}" for worker, cause in supervisor.restarts]
         (self.dir / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
         events = get_timeline().drain() + extra_events
         trace = self.dir / "timeline.json"

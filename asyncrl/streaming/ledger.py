@@ -101,6 +101,18 @@ class PromptLedger:
             self._reissue.remove((epoch, index))
         return group_id
 
+    def replay_issue(self, group_id: str) -> None:
+        """Record an issue made elsewhere under its own id (a dead Rollouter's, replayed by its replacement:
+        ``asyncrl.streaming.recovery``), so the next attempt at that prompt gets a new id."""
+        epoch, index, attempt = parse_group_id(group_id)
+        rec = self._records.setdefault((epoch, index), PromptRecord())
+        if group_id in self._open:
+            raise ValueError(f"PromptLedger.replay_issue: group {group_id!r} is already open")
+        rec.issued = max(rec.issued + 1, attempt + 1)
+        self._open[group_id] = "issued"
+        if (epoch, index) in self._reissue:
+            self._reissue.remove((epoch, index))
+
     def generated(self, group_id: str) -> None:
         self._record(group_id).generated += 1
         if group_id in self._open:

@@ -192,6 +192,20 @@ class StalenessController:
             self._started += 1
             return self._version
 
+    def replay_start(self, group_id: str, start_version: int) -> None:
+        """Record a start another controller admitted (a dead Rollouter's, replayed by its replacement before it
+        starts: ``asyncrl.streaming.recovery``); no admission check, since the group already exists."""
+        with self._cond:
+            if group_id in self._in_flight or group_id in self._queued:
+                raise ValueError(f"StalenessController.replay_start: group {group_id!r} is already live")
+            if start_version > self._version:
+                raise ValueError(
+                    f"StalenessController.replay_start: group {group_id!r} started at version {start_version}, "
+                    f"after this controller's version {self._version}"
+                )
+            self._in_flight[group_id] = start_version
+            self._started += 1
+
     def try_start(self, group_id: str) -> int | None:
         """Atomic ``can_start`` + ``on_start``: the start version, or None when the Rollouter must pause."""
         with self._cond:

@@ -132,6 +132,7 @@ VERL_NAMES: dict[str, str] = {
     "trainer.critic_warmup": "trainer.critic_warmup",
     "trainer.record_consumed": NONE + "ours: what `asyncrl replay` needs",
     "trainer.role_start_timeout_s": NONE + "a deadline of ours on starting the roles",
+    "trainer.call_timeout_s": NONE + "ours: a call to a worker past it is an error naming the worker (no hang)",
     "trainer.max_worker_restarts": NONE + "ours: verl stops the run when a rollout worker dies",
     "sync.bucket_mb": f"{_ARR}.rollout.update_weights_bucket_megabytes",
     "sync.verify": NONE + "ours: a CRC32 per bucket of the weight sync",

@@ -14,13 +14,15 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from asyncrl.calls import wait_with_deadline
+
 
 class LocalPending:
-    def __init__(self, future: Future):
-        self.future = future
+    def __init__(self, future: Future, deadline_s: float | None = None, label: str = ""):
+        self.future, self.deadline_s, self.label = future, deadline_s, label
 
     def result(self, timeout: float | None = None) -> Any:
-        return self.future.result(timeout=timeout)
+        return wait_with_deadline(lambda t: self.future.result(timeout=t), timeout, self.deadline_s, self.label)
 
     def done(self) -> bool:
         return self.future.done()
@@ -29,12 +31,13 @@ class LocalPending:
 class LocalHandle:
     """A worker object in this process, called on its own thread(s)."""
 
-    def __init__(self, obj: Any, name: str, concurrency: int = 1):
-        self.obj, self.name = obj, name
+    def __init__(self, obj: Any, name: str, concurrency: int = 1, call_timeout_s: float | None = None):
+        self.obj, self.name, self.call_timeout_s = obj, name, call_timeout_s
         self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix=name)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> LocalPending:
-        return LocalPending(self.pool.submit(getattr(self.obj, method), *args, **kwargs))
+        future = self.pool.submit(getattr(self.obj, method), *args, **kwargs)
+        return LocalPending(future, self.call_timeout_s, f"{self.name}.{method}")
 
     def kill(self) -> None:
         """Stop taking calls; a call still running finishes on its thread (a thread cannot be killed)."""

@@ -16,7 +16,7 @@ from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Generation, Prompt, Sample, Scored, UpdateResult
 
 if TYPE_CHECKING:
-    from asyncrl.workers.rollouter import RollouterSnapshot, StreamBatch
+    from asyncrl.streaming.recovery import RollouterSnapshot, StreamBatch, Takeover
 
 
 class RoleClient:
@@ -125,7 +125,7 @@ class RollouterClient(RoleClient):
     def snapshot(self) -> Pending[RollouterSnapshot]:
         return self.handle.call("snapshot")
 
-    def restore(self, snapshot: RollouterSnapshot) -> Pending[None]:
+    def restore(self, snapshot: RollouterSnapshot | Takeover) -> Pending[None]:
         return self.handle.call("restore", snapshot)
 
     def stop(self) -> Pending[None]:

@@ -10,6 +10,7 @@ import ray._private.ray_constants as ray_constants
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from asyncrl.calls import wait_with_deadline
 from asyncrl.config import RayConfig
 from asyncrl.workers.data_parallel import rank_name
 from asyncrl.workers.placement import ROLLOUT_POOL, Placement, PlacementError
@@ -31,11 +32,11 @@ SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 class RayPending:
-    def __init__(self, ref: Any):
-        self.ref = ref
+    def __init__(self, ref: Any, deadline_s: float | None = None, label: str = ""):
+        self.ref, self.deadline_s, self.label = ref, deadline_s, label
 
     def result(self, timeout: float | None = None) -> Any:
-        return ray.get(self.ref, timeout=timeout)
+        return wait_with_deadline(lambda t: ray.get(self.ref, timeout=t), timeout, self.deadline_s, self.label)
 
     def done(self) -> bool:
         ready, _ = ray.wait([self.ref], timeout=0)
@@ -45,11 +46,12 @@ class RayPending:
 class RayHandle:
     """A Ray actor."""
 
-    def __init__(self, actor: Any, name: str):
-        self.actor, self.name = actor, name
+    def __init__(self, actor: Any, name: str, call_timeout_s: float | None = None):
+        self.actor, self.name, self.call_timeout_s = actor, name, call_timeout_s
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> RayPending:
-        return RayPending(getattr(self.actor, method).remote(*args, **kwargs))
+        ref = getattr(self.actor, method).remote(*args, **kwargs)
+        return RayPending(ref, self.call_timeout_s, f"{self.name}.{method}")
 
     def kill(self) -> None:
         ray.kill(self.actor)

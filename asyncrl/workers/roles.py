@@ -32,6 +32,7 @@ from asyncrl.workers.placement import Placement, resolve_placement
 from asyncrl.workers.reward_model_worker import RewardModelWorker
 from asyncrl.workers.rollout_worker import RolloutWorker
 from asyncrl.workers.rollouter import Rollouter
+from asyncrl.workers.stream_supervisor import StreamSupervisor
 from asyncrl.workers.supervisor import RolloutPool
 
 ROLLOUTER_CONCURRENCY = 4  # call threads of the Rollouter: get_batch / pause / metrics while its generation runs
@@ -56,6 +57,7 @@ class Roles:
     handles: list[Handle] = field(default_factory=list)  # every worker started, once
     respawn: Callable[[int], Handle] | None = None  # a new rollout worker i (Ray's rollout pool: a dead one's stand-in)
     pool: RolloutPool | None = None  # supervises the rollout pool once the weight sync exists (Run.start_weight_sync)
+    stream: StreamSupervisor | None = None  # supervises the fully_async Rollouter (run_fully_async)
 
     @property
     def receivers(self) -> list[Handle]:
@@ -102,6 +104,10 @@ def _spawn(cfg: Config, side: RolloutSide, backend: Any) -> Roles:
     elif side is RolloutSide.STREAM:
         h = backend.spawn("rollout:0", Rollouter, cfg, name="rollouter", concurrency=ROLLOUTER_CONCURRENCY)
         roles.rollouter, roles.rollouts = RollouterClient(h), []
+        if isinstance(backend, _RayBackend):
+            roles.respawn = lambda i: backend.spawn(
+                "rollout:0", Rollouter, cfg, name="rollouter", concurrency=ROLLOUTER_CONCURRENCY
+            )
     if "critic" in p.roles:
         roles.critic = CriticClient(backend.spawn("critic", CriticWorker, cfg, name="critic"))
     if "reward_model" in p.roles:
@@ -137,10 +143,12 @@ class _RayBackend:
         init_ray(cfg.ray)
         self.placement = resolve_placement(cfg, cluster_cpus())  # fails here, before any worker starts
         self.pools = RayPools(self.placement, ready_timeout_s=cfg.trainer.role_start_timeout_s)
+        self.call_timeout_s = cfg.trainer.call_timeout_s
         self.handles: list[Handle] = []
 
     def spawn(self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, **kwargs: Any) -> Handle:
         h = self.pools.spawn(role, cls, *args, name=name, concurrency=concurrency, **kwargs)
+        h.call_timeout_s = self.call_timeout_s
         self.handles.append(h)
         return h
 
@@ -155,12 +163,14 @@ class _LocalBackend:
 
     def __init__(self, cfg: Config):
         self.placement = resolve_placement(cfg, None)
+        self.call_timeout_s = cfg.trainer.call_timeout_s
         self.handles: list[Handle] = []
 
     def spawn(
         self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, ranks: int = 1, **kwargs: Any
     ) -> Handle:
-        h = LocalHandle(cls(*args, name=name, **kwargs), rank_name(name, kwargs.get("rank", 0)), concurrency)
+        worker = cls(*args, name=name, **kwargs)
+        h = LocalHandle(worker, rank_name(name, kwargs.get("rank", 0)), concurrency, self.call_timeout_s)
         self.handles.append(h)
         return h
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from asyncrl import seeds
@@ -37,6 +37,7 @@ from asyncrl.data.sampler import EpochSampler
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.streaming.ledger import PromptLedger
 from asyncrl.streaming.queue import Group, MessageQueue, QueueClosed
+from asyncrl.streaming.recovery import InFlightGroup, RollouterSnapshot, StreamBatch, Takeover, replay_consumed
 from asyncrl.streaming.staleness import StalenessBudget, StalenessController
 from asyncrl.types import PrefillStats, Prompt, Sample
 from asyncrl.workers.rollout_worker import RolloutWorker
@@ -57,52 +58,6 @@ COUNT_KEYS = (
 
 class RollouterError(RuntimeError):
     """The generation thread failed, or did not park in time; names what it was doing."""
-
-
-@dataclass
-class StreamBatch:
-    """One trainer step's groups (oldest first), the staleness of each as the controller counted it, and the
-    seconds each spent from admission to the queue."""
-
-    groups: list[Group]
-    staleness: list[int]
-    processing_s: list[float]
-
-    @property
-    def samples(self) -> list[Sample]:
-        return [s for g in self.groups for s in g.samples]
-
-
-@dataclass
-class InFlightGroup:
-    """A group being generated: its rows are blank (not started), interrupted (partial) or finished."""
-
-    group_id: str
-    epoch: int
-    index: int
-    start_version: int
-    started_at: float  # Unix seconds (comparable across a restart on the same machine)
-    samples: list[Sample]
-
-    @property
-    def finished(self) -> bool:
-        return all(s.stop_reason != "interrupted" for s in self.samples)
-
-
-@dataclass
-class RollouterSnapshot:
-    """Everything a resumed run needs, taken in one instant while parked: queue, in-flight rows (partial ones keep
-    their tokens, log-probs and versions), controller, ledger, prompt cursor and counters."""
-
-    queue: Any
-    inflight: list[InFlightGroup]
-    controller: dict[str, Any]
-    ledger: dict[str, Any]
-    sampler: dict[str, Any]
-    processing_s: dict[str, float]
-    counts: dict[str, int]
-    calls: int
-    engine_version: int
 
 
 def budget_of(cfg: Config) -> StalenessBudget:
@@ -136,6 +91,7 @@ class Rollouter(RolloutWorker):
         self.inflight: dict[str, InFlightGroup] = {}  # insertion order = start order
         self.processing_s: dict[str, float] = {}  # queued group -> seconds from admission to the queue
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNT_KEYS, 0))
+        self.skip: set[tuple[int, int]] = set()  # prompts a dead predecessor issued and the trainer consumed
         self._books = threading.Lock()  # ledger, counts, processing_s, inflight (shared with the driver's calls)
         self._cv = threading.Condition()
         self._want_park = self._parked = self._stop = False
@@ -187,13 +143,20 @@ class Rollouter(RolloutWorker):
         with self._books:
             while len(self.inflight) < self.max_groups and self.controller.can_start():
                 reissue = self.ledger.to_reissue()
-                epoch, index = reissue[0] if reissue else self.sampler.next_batch()[0]
+                epoch, index = reissue[0] if reissue else self._next_prompt()
                 gid = self.ledger.issue(epoch, index)
                 version = self.controller.on_start(gid)
                 prompt = replace(self.dataset[index], epoch=epoch)
                 blank = [_blank(prompt, version) for _ in range(self.params.n)]
                 self.inflight[gid] = InFlightGroup(gid, epoch, index, version, time.time(), blank)
                 self.counts["started_groups"] += 1
+
+    def _next_prompt(self) -> tuple[int, int]:
+        while True:
+            epoch, index = self.sampler.next_batch()[0]
+            if (epoch, index) not in self.skip:
+                return epoch, index
+            self.skip.discard((epoch, index))
 
     def _decode(self) -> None:
         """One batched decode over every unfinished row; returns early when the driver interrupts it."""
@@ -326,9 +289,10 @@ class Rollouter(RolloutWorker):
             self._cv.notify_all()
 
     def snapshot(self) -> RollouterSnapshot:
-        """Everything a resumed run needs, taken while parked: queue, in-flight rows, controller, ledger, cursor."""
+        """Everything a resumed run needs, taken while parked (or before ``start``): queue, in-flight rows,
+        controller, ledger, cursor."""
         with self._cv:
-            if not self._parked:
+            if self._thread is not None and not self._parked:
                 raise RollouterError("snapshot: call pause() first (a snapshot of a running loop is inconsistent)")
         with self._books:
             return RollouterSnapshot(
@@ -341,20 +305,28 @@ class Rollouter(RolloutWorker):
                 counts=dict(self.counts),
                 calls=self._calls,
                 engine_version=self.engine.version,
+                skip=tuple(sorted(self.skip)),
             )
 
-    def restore(self, state: RollouterSnapshot) -> None:
-        """Load a snapshot before ``start``; the engine must already hold the snapshot's weights version."""
+    def restore(self, state: RollouterSnapshot | Takeover) -> None:
+        """Load a snapshot before ``start``; the engine must already hold the snapshot's weights version. A
+        ``Takeover`` (a dead Rollouter's last snapshot and what the trainer consumed since) replays the consumption
+        on top (``asyncrl.streaming.recovery``); the engine then holds the takeover's, newer, version."""
         if self._thread is not None:
             raise RollouterError("restore: only before start()")
-        if self.engine.version != state.engine_version:
+        take = state if isinstance(state, Takeover) else Takeover(state, [], state.engine_version)
+        state = take.snapshot
+        if self.engine.version != take.version or take.version < state.engine_version:
             raise RollouterError(
-                f"restore: the snapshot was taken at version {state.engine_version} but the engine holds "
-                f"{self.engine.version}; sync the checkpoint's weights first"
+                f"restore: the snapshot was taken at version {state.engine_version} (to continue at "
+                f"{take.version}) but the engine holds {self.engine.version}; sync the checkpoint's weights first"
             )
         self.controller.load_state_dict(state.controller)
-        self.queue.restore(state.queue)
+        self.controller.on_sync(take.version)
         self.ledger.load_state_dict(state.ledger)
+        replayed = replay_consumed(state, take.consumed, self.controller, self.ledger)
+        state, self.skip = replayed.snapshot, replayed.skip
+        self.queue.restore(state.queue)
         self.sampler.load_state_dict(state.sampler)
         self.inflight = {g.group_id: g for g in state.inflight}
         self.processing_s = dict(state.processing_s)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # what Ray raises when the actor's process is gone (by class name: this module must not import Ray)
+PING_TIMEOUT_S = 10.0  # a live worker answers a ping at once (between its calls, as after a failed sync)
 DEATH_ERRORS = ("ActorDiedError", "RayActorError", "ActorUnavailableError", "WorkerCrashedError", "OwnerDiedError")
 
 
@@ -44,10 +45,26 @@ def is_worker_death(e: BaseException) -> bool:
     return type(e).__name__ in DEATH_ERRORS
 
 
-class RolloutPool:
+def ping_failure(handle: Handle, timeout_s: float = PING_TIMEOUT_S) -> str | None:
+    """Why ``handle``'s worker is dead or hung (after a failed weight sync), or None when it answers a ping."""
+    ping = handle.call("weight_sync_ping")
+    try:
+        ping.result(timeout=timeout_s)
+    except Exception as e:  # noqa: BLE001 - a death or no answer counts; an error of its code does not
+        if is_worker_death(e):
+            return error_text(e)
+        if isinstance(e, TimeoutError) and not ping.done():
+            return f"no answer to a ping within {timeout_s:g} s"
+    return None
+
+
+class Supervisor:
+    """What every supervisor of rollout workers shares: the restart budget, and joining a replacement to the
+    weight-sync group with the trainer's current weights."""
+
     def __init__(
         self,
-        roles: Any,  # asyncrl.workers.roles.Roles (which holds this pool)
+        roles: Any,  # asyncrl.workers.roles.Roles (which holds this supervisor)
         sync: WeightSync,
         respawn: Callable[[int], Handle],
         version: Callable[[], int],
@@ -57,6 +74,30 @@ class RolloutPool:
         self.roles, self.sync, self.respawn, self.version = roles, sync, respawn, version
         self.max_restarts, self.timeout_s = max_restarts, timeout_s
         self.restarts: list[tuple[str, str]] = []  # (worker, cause) of every replacement so far
+
+    def count_failure(self, name: str, cause: str) -> None:
+        """Record a failure of worker ``name``; past the budget, the run stops with ``WorkerLostError``."""
+        self.restarts.append((name, cause))
+        if len(self.restarts) > self.max_restarts:
+            raise WorkerLostError(
+                f"rollout worker {name} failed: {cause}; that is {len(self.restarts)} worker failures, more than "
+                f"trainer.max_worker_restarts={self.max_restarts} (earlier: {self.restarts[:-1]})"
+            )
+        logger.warning("rollout worker %s failed (%s): replacing it (%d of %d)", name, cause,
+                       len(self.restarts), self.max_restarts)  # fmt: skip
+
+    def swap(self, old: Handle, new: Handle) -> None:
+        """``new`` takes ``old``'s place (killed already: its bundle of CPUs is the one ``new`` gets) among the run's
+        workers and in a new sync group, which then gets the trainer's current weights."""
+        self.roles.handles = [h for h in self.roles.handles if h is not old]
+        self.roles.handles.append(new)
+        self.sync.receivers = self.roles.receivers
+        self.sync.setup()  # a new group: the old one lost a member
+        self.sync.push(self.version())
+
+
+class RolloutPool(Supervisor):
+    """The rollout pool of ``one_step_off`` / ``two_step_off`` (the module docstring)."""
 
     def client(self, i: int) -> RolloutClient:
         return self.roles.rollouts[i]
@@ -89,35 +130,19 @@ class RolloutPool:
                 for i, cause in dead:
                     self.replace(i, f"{cause} (found at the weight sync of version {version}: {str(e)[:200]})")
 
-    def dead_workers(self, timeout_s: float = 10.0) -> list[tuple[int, str]]:
-        """The rollout workers whose process is gone (a ping answered by Ray's error for a dead actor)."""
-        dead = []
-        for i, r in enumerate(self.roles.rollouts):
-            try:
-                r.handle.call("weight_sync_ping").result(timeout=timeout_s)
-            except Exception as e:  # noqa: BLE001 - only a death counts; a slow answer is not one
-                if is_worker_death(e):
-                    dead.append((i, error_text(e)))
-        return dead
+    def dead_workers(self, timeout_s: float = PING_TIMEOUT_S) -> list[tuple[int, str]]:
+        """The rollout workers whose process is gone or hung: a ping answered by Ray's error for a dead actor, or
+        not answered within ``timeout_s`` (a ping is instant on a live worker between its calls)."""
+        found = [(i, ping_failure(r.handle, timeout_s)) for i, r in enumerate(self.roles.rollouts)]
+        return [(i, cause) for i, cause in found if cause is not None]
 
     def replace(self, i: int, cause: str) -> RolloutClient:
         from asyncrl.workers.clients import RolloutClient
 
         old = self.roles.rollouts[i]
-        self.restarts.append((old.name, cause))
-        if len(self.restarts) > self.max_restarts:
-            raise WorkerLostError(
-                f"rollout worker {old.name} failed: {cause}; that is {len(self.restarts)} worker failures, more than "
-                f"trainer.max_worker_restarts={self.max_restarts} (earlier: {self.restarts[:-1]})"
-            )
-        logger.warning("rollout worker %s failed (%s): replacing it (%d of %d)", old.name, cause,
-                       len(self.restarts), self.max_restarts)  # fmt: skip
+        self.count_failure(old.name, cause)
         old.handle.kill()
-        self.roles.handles = [h for h in self.roles.handles if h is not old.handle]
         new = RolloutClient(self.respawn(i))
         self.roles.rollouts[i] = new
-        self.roles.handles.append(new.handle)
-        self.sync.receivers = self.roles.receivers
-        self.sync.setup()  # a new group: the old one lost a member
-        self.sync.push(self.version())
+        self.swap(old.handle, new.handle)
         return new

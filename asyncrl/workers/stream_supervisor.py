@@ -1,0 +1,140 @@
+"""Keeping the ``fully_async`` Rollouter alive: a Rollouter that dies (or hangs) is replaced without losing a prompt.
+
+The Rollouter holds the stream: the queue, the in-flight rows, the staleness controller, the prompt ledger and the
+prompt cursor. ``StreamSupervisor`` is the driver's way to it in a Ray run. It keeps the last snapshot of the
+Rollouter (taken at every weight sync, while it is parked, and once before it starts) and every batch the trainer
+consumed since. When a call finds the Rollouter's process gone (Ray's error for a dead actor), or a call does not
+answer within its deadline, it:
+
+1. kills what is left and starts a new Rollouter on the same bundle of the rollout placement group;
+2. rebuilds the weight-sync group and pushes the trainer's current weights and version;
+3. restores the last snapshot and replays the consumption since (``asyncrl.streaming.recovery``): the groups the
+   trainer took are consumed once and never generated again; the rest of what the dead Rollouter had issued is
+   generated again from the restored prompt cursor and in-flight rows (partial tokens newer than the snapshot died
+   with the process; the prompts did not);
+4. snapshots it (the new base) and starts it, then repeats the call that failed.
+
+The staleness bound holds: the controller replays every consumption with its version, and regenerated groups start
+at the trainer's current version. After ``trainer.max_worker_restarts`` failures the run stops with one
+``WorkerLostError`` naming the Rollouter and the cause (``resume_mode=auto`` continues from the last checkpoint).
+In-process (no ``respawn``) nothing is kept and a failure ends the run, as it always did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from asyncrl.calls import Handle, Pending, error_text
+from asyncrl.streaming.recovery import ConsumedBatch, RollouterSnapshot, StreamBatch, Takeover
+from asyncrl.sync.errors import WeightSyncError
+from asyncrl.workers.supervisor import Supervisor, is_worker_death, ping_failure
+
+if TYPE_CHECKING:
+    from asyncrl.sync.weight_sync import SyncStats, WeightSync
+    from asyncrl.workers.clients import RollouterClient
+
+T = TypeVar("T")
+GRACE_S = 60.0  # beyond the Rollouter's own deadline for a call: only then is a silent Rollouter hung
+
+
+class StreamSupervisor(Supervisor):
+    def __init__(
+        self,
+        roles: Any,  # asyncrl.workers.roles.Roles
+        sync: WeightSync,
+        respawn: Callable[[int], Handle] | None,
+        version: Callable[[], int],
+        max_restarts: int,
+        timeout_s: float,  # the longest a Rollouter call may take (its own deadlines), before the grace
+    ):
+        super().__init__(roles, sync, respawn or _no_respawn, version, max_restarts, timeout_s + GRACE_S)
+        self.replaceable = respawn is not None
+        self.base: RollouterSnapshot | None = None  # the last snapshot (kept only when replaceable)
+        self.consumed: list[ConsumedBatch] = []  # what the trainer took since ``base``
+
+    @property
+    def rollouter(self) -> RollouterClient:
+        assert self.roles.rollouter is not None
+        return self.roles.rollouter
+
+    def start(self, resumed: RollouterSnapshot | None) -> None:
+        """Restore a checkpoint's snapshot (if resuming), keep the base, open the metrics window and start."""
+        r = self.rollouter
+        if resumed is not None:
+            r.restore(resumed).result()
+        if self.replaceable:
+            self.base, self.consumed = r.snapshot().result(), []
+        r.take_metrics().result()  # start the idle window now
+        r.start().result()
+
+    def get_batch(self, n_groups: int, trainer_version: int) -> StreamBatch:
+        got = self.call(lambda r: r.get_batch(n_groups, trainer_version))
+        if self.replaceable:
+            self.consumed.append(ConsumedBatch(got.groups, trainer_version))
+        return got
+
+    def sync(self, version: int, interrupt: bool, snapshot: bool) -> tuple[float, SyncStats | None, Any]:
+        """Park the Rollouter, push ``version``, snapshot it (for a checkpoint, or as the new base), let it go on:
+        (seconds to park, the push's stats, the snapshot or None). A death on the way replaces the Rollouter,
+        which then already holds ``version`` (the stats are None)."""
+        r = self.rollouter
+        try:
+            paused = r.pause(interrupt).result(timeout=self.timeout_s)
+            stats = self.sync.push(version)
+            snap = r.snapshot().result(timeout=self.timeout_s) if snapshot or self.replaceable else None
+            r.resume_generation(version).result(timeout=self.timeout_s)
+        except Exception as e:  # noqa: BLE001 - a death is handled, anything else re-raised
+            cause = self._failure(e, r)
+            if cause is None:
+                raise
+            self.replace(cause)
+            return 0.0, None, self.base
+        if self.replaceable:
+            self.base, self.consumed = snap, []
+        return paused, stats, snap
+
+    def call(self, fn: Callable[[RollouterClient], Pending[T]]) -> T:
+        """``fn(rollouter)``'s result; if the Rollouter died or hung, replace it and call again (within budget)."""
+        while True:
+            r = self.rollouter
+            pending = fn(r)
+            try:
+                return pending.result(timeout=self.timeout_s)
+            except Exception as e:  # noqa: BLE001 - a death is handled, anything else re-raised
+                hung = isinstance(e, TimeoutError) and not pending.done()
+                cause = f"no answer within {self.timeout_s:g} s" if hung else self._failure(e, r)
+                if cause is None:
+                    raise
+                self.replace(cause)
+
+    def _failure(self, e: BaseException, r: RollouterClient) -> str | None:
+        """Why the Rollouter is to be replaced, or None when ``e`` is not its death (or it cannot be replaced)."""
+        if not self.replaceable:
+            return None
+        if is_worker_death(e):
+            return error_text(e)
+        if isinstance(e, WeightSyncError):  # a receiver that died mid-sync fails the group: was it the Rollouter?
+            cause = ping_failure(r.handle)
+            if cause is not None:
+                return f"{cause} (found at a weight sync: {str(e)[:200]})"
+        return None
+
+    def replace(self, cause: str) -> None:
+        from asyncrl.workers.clients import RollouterClient
+
+        old = self.rollouter
+        self.count_failure(old.name, cause)
+        assert self.base is not None
+        old.handle.kill()
+        new = RollouterClient(self.respawn(0))
+        self.roles.rollouter = new
+        self.swap(old.handle, new.handle)  # the new one holds the trainer's current version
+        new.restore(Takeover(self.base, self.consumed, self.version())).result()
+        self.base, self.consumed = new.snapshot().result(), []
+        new.take_metrics().result()
+        new.start().result()
+
+
+def _no_respawn(i: int) -> Handle:
+    raise AssertionError("StreamSupervisor: nothing to respawn with (in-process)")
