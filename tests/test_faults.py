@@ -112,7 +112,7 @@ def test_a_rollout_worker_killed_at_a_random_moment_is_replaced(setup, schedule,
 
 def stream_overrides(model, train, test, run_dir, steps) -> list[str]:
     over = train_overrides(model, train, test, run_dir, steps) + ["trainer.schedule=fully_async", "trainer.test_freq=0"]
-    over += ["rollout.cpus_per_worker=1", "ray.num_cpus=2", "trainer.val_before_train=false", "sync.timeout_s=30"]
+    over += ["rollout.cpus_per_worker=1", "ray.num_cpus=3", "trainer.val_before_train=false", "sync.timeout_s=30"]
     return over + ["async_training.staleness_threshold=1.0", "async_training.partial_rollout=true"]
 
 

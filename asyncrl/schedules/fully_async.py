@@ -67,7 +67,7 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
                     if run.version != trained_at:  # a sync window ended: the rollout side gets the new weights
                         with tm("param_sync"):
                             save = run.due(cfg.trainer.save_freq, step)
-                            paused, stats, snap = stream.sync(run.version, at.partial_rollout, save)
+                            paused, stats, snap = stream.push(run.version, at.partial_rollout, save)
                             extra["timing_s/param_sync_pause"] = paused
                             extra.update(sync.metrics(stats) if stats is not None else {})
                             snapshot = snap if save else None

@@ -74,7 +74,7 @@ class StreamSupervisor(Supervisor):
             self.consumed.append(ConsumedBatch(got.groups, trainer_version))
         return got
 
-    def sync(self, version: int, interrupt: bool, snapshot: bool) -> tuple[float, SyncStats | None, Any]:
+    def push(self, version: int, interrupt: bool, snapshot: bool) -> tuple[float, SyncStats | None, Any]:
         """Park the Rollouter, push ``version``, snapshot it (for a checkpoint, or as the new base), let it go on:
         (seconds to park, the push's stats, the snapshot or None). A death on the way replaces the Rollouter,
         which then already holds ``version`` (the stats are None)."""
