@@ -8,7 +8,7 @@ is an error that names the model directory and carries the tail of the server's 
 A server that dies while the run needs it (OOM-killed, ``kill -9``) is restarted on the same port by
 :class:`TeacherSupervisor`, a daemon thread that polls the process every 0.2 s, so the URL the client holds stays
 valid and the requests that failed meanwhile succeed on the client's retries (``teacher.max_retries`` and
-``teacher.backoff_s``, whose window must cover a restart: the tiny test model's server takes ~6 s on 2 busy cores,
+``teacher.backoff_s``, whose window must cover a restart: the tiny test model's server took 6-11 s on 2 busy cores;
 the default window sleeps 0.5 + 1 + 2 s). Each restart is logged with the exit code and recorded
 (:class:`TeacherRestart`); a restart that fails to start (port taken, crash at start-up) is a death too. After
 ``teacher.max_restarts`` restarts the next death is left alone: the supervisor logs why once (``gave_up``: the count
