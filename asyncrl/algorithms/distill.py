@@ -3,15 +3,17 @@ response position, and the student minimises ``distill.loss`` against them (``as
 
 Roles: the actor (the student) and the teacher, any server speaking vLLM's ``/v1/completions`` with
 ``prompt_logprobs``: ``teacher.url``, or an ``asyncrl serve-teacher`` process started here on ``teacher.model_path``
-for the run and stopped at its end. Rewards are scored for the metrics only (``reward/mean`` is the student's
-training accuracy); the loss is the teacher's. With ``distill.lmbda`` < 1 a batch trains on the dataset's answers
-instead of the student's responses with probability 1 - lmbda (one seeded draw per batch, in batch order).
+for the run, restarted on its port if it dies (``asyncrl.distill.launch``; ``teacher/restarts`` counts them) and
+stopped at its end. Rewards are scored for the metrics only (``reward/mean`` is the student's training accuracy); the
+loss is the teacher's. With ``distill.lmbda`` < 1 a batch trains on the dataset's answers instead of the student's
+responses with probability 1 - lmbda (one seeded draw per batch, in batch order).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 
 import torch
 
@@ -21,7 +23,8 @@ from asyncrl.algos.distill_loss import mix_on_policy
 from asyncrl.data.collate import collate
 from asyncrl.distill.client import TeacherClient
 from asyncrl.distill.knowledge import dataset_responses, get_teacher_knowledge
-from asyncrl.distill.launch import teacher_endpoint
+from asyncrl.distill.launch import TeacherEndpoint, teacher_endpoint
+from asyncrl.distill.protocol import TeacherUnavailableError
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Sample
 
@@ -33,6 +36,7 @@ class Distill(Algorithm):
         super().__init__(cfg, tokenizer)
         self.on_policy_gen = torch.Generator().manual_seed(cfg.trainer.seed)
         self.client: TeacherClient | None = None
+        self.endpoint: TeacherEndpoint | None = None
 
     @contextmanager
     def session(self, run_dir: str) -> Iterator[Distill]:
@@ -43,7 +47,7 @@ class Distill(Algorithm):
             try:
                 check = client.check_compatible(self.tokenizer, tc.check_tokenizer)
                 self.summary["teacher"] = {"url": endpoint.url, "pid": endpoint.pid, **check}
-                self.client = client
+                self.client, self.endpoint = client, endpoint
                 yield self
             finally:
                 client.close()
@@ -61,12 +65,20 @@ class Distill(Algorithm):
 
     def prepare(self, samples: list[Sample], step: int) -> Finish:
         samples, on_policy = self.mix(samples)  # drawn here, in batch order, so the mix is reproducible
-        client = self.client
-        assert client is not None, "Distill.prepare outside its session"
+        client, endpoint = self.client, self.endpoint
+        assert client is not None and endpoint is not None, "Distill.prepare outside its session"
 
         def finish() -> Prepared:
             with get_timeline().span("teacher", step=step, worker="teacher"):
-                knowledge = get_teacher_knowledge(client, samples)
+                try:
+                    knowledge = get_teacher_knowledge(client, samples)
+                except TeacherUnavailableError as e:
+                    if endpoint.gave_up is None:
+                        raise
+                    raise TeacherUnavailableError(f"{e}; {endpoint.gave_up}") from e
+            restarts = endpoint.restarts
+            if restarts:  # run.summary holds this same dict (open_run copies our entries), so summary.json has them
+                self.summary["teacher"]["restarts"] = [asdict(r) for r in restarts]
             batch = collate(samples, self.tokenizer.pad_token_id)
             batch.policy = knowledge.target()
             mask = batch.response_mask_BT
@@ -74,6 +86,7 @@ class Distill(Algorithm):
                 "timing_s/get_teacher_knowledge": knowledge.seconds,
                 "distill/on_policy": float(on_policy),
                 "distill/teacher_token_logp_mean": float(algos.masked_mean(knowledge.token_logp_BT, mask)),
+                "teacher/restarts": float(len(restarts)),
             }
             return Prepared(samples, batch, metrics)
 
