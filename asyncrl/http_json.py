@@ -14,6 +14,7 @@ import http.client
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,6 +46,7 @@ class JsonHttpClient:
         what: str,
         errors: ErrorKinds,
         strip_suffix: str = "",
+        before_retry: Callable[[], object] | None = None,
     ) -> None:
         if max_retries < 0 or timeout_s <= 0 or backoff_s < 0:
             raise ValueError(
@@ -61,6 +63,7 @@ class JsonHttpClient:
         self._host, self._port = parts.hostname, parts.port
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.what, self.errors = what, errors
+        self.before_retry = before_retry  # e.g. wait while a supervised server restarts (asyncrl.distill.launch)
         self._local = threading.local()
         self._conns: set[http.client.HTTPConnection] = set()  # every open connection, so close() reaches them all
         self._lock = threading.Lock()
@@ -79,6 +82,8 @@ class JsonHttpClient:
         last = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
+                if self.before_retry is not None:
+                    self.before_retry()
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
                 status, payload = self._once(method, path, data)

@@ -36,21 +36,16 @@ def setup(tmp_path_factory):
     return root, student, teacher, train, test
 
 
-def distill_overrides(setup, run_dir, schedule: str, steps: int, retries: int) -> list[str]:
+def distill_overrides(setup, run_dir, schedule: str, steps: int, retries: int | None = None) -> list[str]:
     root, student, teacher, train, test = setup
     over = train_overrides(student, train, test, run_dir, steps) + ["algorithm.name=distill"]
     over += [f"trainer.schedule={schedule}", "trainer.backend=in_process", "trainer.logger=[jsonl]"]
     over += ["trainer.val_before_train=false", "trainer.test_freq=0", "trainer.save_freq=0"]
     if schedule != "sync":
         over += ["rollout.num_workers=1"]
-    # the client's retries must outlast a restart: ~6-10 s for this server here, more than the default 0.5 + 1 + 2 s
-    over += [
-        f"teacher.model_path={teacher}",
-        "teacher.top_k=4",
-        f"teacher.max_retries={retries}",
-        "teacher.backoff_s=0.5",
-    ]
-    return over + ["teacher.server_max_batch=16"]
+    # the default retries (3, from 0.5 s): the client waits for a restart (~6-10 s here) before each retry
+    over += [f"teacher.model_path={teacher}", "teacher.top_k=4", "teacher.server_max_batch=16"]
+    return over + ([f"teacher.max_retries={retries}"] if retries is not None else [])
 
 
 def server_title(setup) -> str:
@@ -66,7 +61,7 @@ def test_a_teacher_server_killed_at_a_random_moment_is_restarted_and_the_run_com
     killed: list[int] = []
     after, delay = rng.randint(1, 3), rng.uniform(0, 0.3)
     t = kill_when(run_dir, server_title(setup), after_step=after, delay_s=delay, killed=killed)
-    run_training(load_config(None, distill_overrides(setup, run_dir, schedule, steps, retries=6)))
+    run_training(load_config(None, distill_overrides(setup, run_dir, schedule, steps)))
     t.join(timeout=5)
     assert killed, "the killer found no teacher server"
     metrics = read_metrics(run_dir / "metrics.jsonl")

@@ -21,9 +21,6 @@ from tests.helpers import make_data, make_model
 from tests.test_faults import pids_of
 
 TOKENS = [1, 2, 3, 4]
-# the client's retry window must cover a restart: the micro model's server took 6-11 s to start on 2 busy cores, more
-# than the default 0.5 + 1 + 2 s; 0.5 + 1 + 2 + 4 + 8 + 16 s covers it with room
-RETRIES = 6
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +52,9 @@ def wait_for(what: str, ok, timeout_s: float = 60.0):  # noqa: ANN001
 def test_a_killed_server_is_restarted_on_its_port_and_the_request_after_the_kill_succeeds(teacher, tmp_path):
     with teacher_endpoint(config(teacher, max_restarts=3), tmp_path) as endpoint:
         first = endpoint.pid
-        with TeacherClient(endpoint.url, top_k=4, max_retries=RETRIES, backoff_s=0.5) as client:
+        # the default retries (3, from 0.5 s) wait for the restart (6-11 s here) before each try, as a run's client does
+        wait = lambda: endpoint.wait_up(60)  # noqa: E731
+        with TeacherClient(endpoint.url, top_k=4, before_retry=wait) as client:
             before = client.score(TOKENS)
             os.kill(first, signal.SIGKILL)
             t0 = time.monotonic()
@@ -76,6 +75,7 @@ def test_a_killed_server_is_restarted_on_its_port_and_the_request_after_the_kill
     assert second not in servers_of(teacher)
 
 
+@pytest.mark.faults  # a server start each (~6 s): in make test-faults, to keep make test in budget
 def test_past_max_restarts_the_server_stays_dead_and_the_client_names_the_url(teacher, tmp_path):
     with teacher_endpoint(config(teacher, max_restarts=0), tmp_path) as endpoint:
         os.kill(endpoint.pid, signal.SIGKILL)
@@ -88,6 +88,7 @@ def test_past_max_restarts_the_server_stays_dead_and_the_client_names_the_url(te
         assert endpoint.restarts == [] and not servers_of(teacher)
 
 
+@pytest.mark.faults  # a server start each (~6 s): in make test-faults, to keep make test in budget
 def test_a_restart_that_cannot_start_counts_as_a_death_and_does_not_loop(teacher, tmp_path):
     """The port is taken the moment the server dies: the restart exits at start-up (a death too), and with
     max_restarts=1 the supervisor then gives up instead of trying again."""
@@ -116,6 +117,7 @@ def _bound(sock: socket.socket, port: int) -> bool:
     return True
 
 
+@pytest.mark.faults  # a server start each (~6 s): in make test-faults, to keep make test in budget
 def test_leaving_during_a_restart_stops_the_server_being_started(teacher, tmp_path):
     with teacher_endpoint(config(teacher, max_restarts=3), tmp_path) as endpoint:
         first = endpoint.pid

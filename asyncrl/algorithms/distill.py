@@ -43,7 +43,10 @@ class Distill(Algorithm):
         """The teacher: started (or reached) and checked against the student's tokenizer before any worker starts."""
         tc = self.cfg.teacher
         with teacher_endpoint(tc, run_dir) as endpoint:
-            client = TeacherClient(endpoint.url, tc.top_k, tc.max_in_flight, tc.timeout_s, tc.max_retries, tc.backoff_s)
+            client = TeacherClient(
+                endpoint.url, tc.top_k, tc.max_in_flight, tc.timeout_s, tc.max_retries, tc.backoff_s,
+                before_retry=lambda: endpoint.wait_up(tc.startup_timeout_s),
+            )  # fmt: skip
             try:
                 check = client.check_compatible(self.tokenizer, tc.check_tokenizer)
                 self.summary["teacher"] = {"url": endpoint.url, "pid": endpoint.pid, **check}

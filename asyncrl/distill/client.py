@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -55,13 +56,16 @@ class TeacherClient:
         max_retries: int = TeacherConfig.max_retries,
         backoff_s: float = TeacherConfig.backoff_s,
         model: str | None = None,
+        before_retry: Callable[[], object] | None = None,
     ) -> None:
         if top_k < 1:
             raise ValueError(f"TeacherClient: top_k must be >= 1 (got {top_k})")
         if max_in_flight < 1:
             raise ValueError(f"TeacherClient: max_in_flight must be >= 1 (got {max_in_flight})")
         try:
-            self._http = JsonHttpClient(url, timeout_s, max_retries, backoff_s, "teacher", ERRORS, strip_suffix="/v1")
+            self._http = JsonHttpClient(
+                url, timeout_s, max_retries, backoff_s, "teacher", ERRORS, strip_suffix="/v1", before_retry=before_retry
+            )
         except ValueError as e:
             raise ValueError(f"TeacherClient: {e}") from None
         self.url = self._http.url

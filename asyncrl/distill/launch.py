@@ -6,15 +6,15 @@ error and on SIGTERM/Ctrl-C (the context manager's ``finally``); a server that e
 is an error that names the model directory and carries the tail of the server's stderr.
 
 A server that dies while the run needs it (OOM-killed, ``kill -9``) is restarted on the same port by
-:class:`TeacherSupervisor`, a daemon thread that polls the process every 0.2 s, so the URL the client holds stays
-valid and the requests that failed meanwhile succeed on the client's retries (``teacher.max_retries`` and
-``teacher.backoff_s``, whose window must cover a restart: the tiny test model's server took 6-11 s on 2 busy cores;
-the default window sleeps 0.5 + 1 + 2 s). Each restart is logged with the exit code and recorded
-(:class:`TeacherRestart`); a restart that fails to start (port taken, crash at start-up) is a death too. After
-``teacher.max_restarts`` restarts the next death is left alone: the supervisor logs why once (``gave_up``: the count
-and the stderr log, ``teacher_server.log`` in the run directory, which every restart appends to) and the client's
-next failure ends the run. On exit the supervisor stops before the server does, so a server being stopped is never
-restarted.
+:class:`TeacherSupervisor`, a daemon thread that polls the process every 0.2 s, so the URL the client holds stays valid
+and the requests that failed meanwhile succeed on the client's retries: before each retry the client waits while a
+restart is under way (``TeacherSupervisor.wait_up``, up to ``teacher.startup_timeout_s``), so the default
+``teacher.max_retries`` are spent on a server that is up, not on the restart's start-up (the tiny test model's server
+took 5-11 s to restart here, far more than the back-off of 0.5 + 1 + 2 s). Each restart is logged with the exit code and
+recorded (:class:`TeacherRestart`); a restart that fails to start (port taken, crash at start-up) is a death too. After
+``teacher.max_restarts`` restarts the next death is left alone: the supervisor logs why once (``gave_up``: the count and
+the stderr log, ``teacher_server.log`` in the run directory, which every restart appends to) and the client's next
+failure ends the run. On exit the supervisor stops before the server does, so a server being stopped is never restarted.
 """
 
 from __future__ import annotations
@@ -108,6 +108,10 @@ class TeacherEndpoint:
         """Why the server is no longer restarted (died more than ``teacher.max_restarts`` times), or None."""
         return self.supervisor.gave_up if self.supervisor else None
 
+    def wait_up(self, timeout_s: float) -> bool:
+        """``TeacherSupervisor.wait_up``; a given ``teacher.url`` is not ours to wait for (True at once)."""
+        return self.supervisor.wait_up(timeout_s) if self.supervisor else True
+
 
 class TeacherSupervisor:
     """Restarts the server started here on its port when it exits while the run still needs it (module docstring).
@@ -130,6 +134,8 @@ class TeacherSupervisor:
         self._restarts: list[TeacherRestart] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._up = threading.Event()  # clear from a death seen until the restart listens (or none will come)
+        self._up.set()
         self._thread = threading.Thread(target=self._watch, name="teacher-supervisor", daemon=True)
 
     @property
@@ -146,9 +152,19 @@ class TeacherSupervisor:
         self._thread.start()
         return self
 
+    def wait_up(self, timeout_s: float) -> bool:
+        """Wait (up to ``timeout_s``) while the server is being restarted; True when one listens. The client calls
+        this before each retry, so its retries are spent on a server that is up, not on the restart's start-up."""
+        with self._lock:
+            dead_unseen = self._proc.poll() is not None and self._up.is_set()
+        if dead_unseen:  # the watcher sees the exit within one poll
+            self._stopping.wait(2 * self.poll_s)
+        return self._up.wait(timeout_s)
+
     def stop(self) -> None:
         """Stop watching, then stop the server (one still starting included); nothing is restarted after this."""
         with self._lock:
+            self._up.set()  # nobody waits for a restart any more
             self._stopping.set()
             proc = self._proc
         stop_process(proc)  # a restart waiting for this one's URL sees it exit and gives up at once
@@ -160,8 +176,14 @@ class TeacherSupervisor:
             with self._lock:
                 proc = self._proc
             code = proc.poll()
-            if code is not None and not self._restart(code):
+            if code is None:
+                continue
+            self._up.clear()
+            if not self._restart(code):
+                self._up.set()  # given up (or stopping): a waiting client fails on its next try
                 return
+            if self._restarts[-1].pid is not None:
+                self._up.set()
 
     def _restart(self, code: int) -> bool:
         """Start a server on the port after the last one exited with ``code``; False once no more are started."""
