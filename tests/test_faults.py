@@ -140,6 +140,31 @@ def test_the_fully_async_rollouter_killed_at_a_random_moment_is_replaced(setup, 
         assert e["lost"] == [] and e["duplicated"] == [] and e["dropped"] == []
 
 
+def test_a_rollouter_lost_past_max_worker_restarts_is_checkpointed_and_the_resume_loses_no_prompt(setup):
+    """No replacement may start: the run checkpoints the last finished step with the snapshot the dead Rollouter would
+    have given (its last one plus what the trainer consumed since) and stops; the resumed run's ledger is exact."""
+    root, model, train, test = setup
+    run_dir = root / "rollouter_lost"
+    over = stream_overrides(model, train, test, run_dir, 30) + [
+        "trainer.max_worker_restarts=0",
+        "trainer.save_freq=100",
+    ]
+    killed: list[int] = []
+    kill_when(run_dir, "ray::Rollouter", after_step=4, delay_s=0.1, killed=killed)
+    with pytest.raises(WorkerLostError, match=r"rollout worker rollouter failed: .*max_worker_restarts=0"):
+        run_training(load_config(None, over))
+    assert killed
+    (ckpt,) = sorted((run_dir / "checkpoints").glob("step_*"))
+    assert (ckpt / "rollouter_state.pt").exists()
+    run_training(load_config(None, over))  # resume_mode=auto, no fault this time
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, 31))
+    epochs = json.loads((run_dir / "ledger.json").read_text())["epochs"]
+    assert epochs["0"]["complete"] and epochs["0"]["consumed_once"] == 40
+    for e in epochs.values():
+        assert e["lost"] == [] and e["duplicated"] == [] and e["dropped"] == []
+
+
 def test_past_max_worker_restarts_the_run_stops_after_a_checkpoint_and_resumes(setup):
     root, model, train, test = setup
     run_dir = root / "no_restarts"

@@ -14,8 +14,8 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.streaming.ledger import parse_group_id
-from asyncrl.streaming.recovery import ConsumedBatch, Takeover
-from asyncrl.workers.rollouter import Rollouter
+from asyncrl.streaming.recovery import ConsumedBatch, Takeover, advance
+from asyncrl.workers.rollouter import Rollouter, budget_of
 from tests.helpers import make_data, make_model, train_overrides
 
 PROMPTS = 10
@@ -115,6 +115,35 @@ def test_a_takeover_right_after_a_snapshot_and_one_with_nothing_consumed_since(c
         ro.stop()
     assert report.exactly_once, report.summary()
     assert len({g for g, _, _ in d.taken}) == PROMPTS
+
+
+def test_the_advanced_snapshot_resumes_like_a_checkpoint_of_the_dead_rollouter(cfg):
+    """Past the restart budget no replacement starts: the driver checkpoints ``advance(...)`` instead, and a resumed
+    run restores it as a plain snapshot (at the checkpoint's version) and loses and repeats nothing."""
+    d = Driver(cfg)
+    ro = d.start()
+    try:
+        d.step(ro, snapshot=True)
+        for _ in range(3):
+            d.step(ro, snapshot=False)  # consumed since the base: queued, in flight and issued after it
+    finally:
+        ro.stop()  # dead; the restart budget is spent
+    checkpoint = advance(Takeover(d.base, d.since, d.version), budget_of(cfg))
+    assert checkpoint.engine_version == d.version and checkpoint.skip  # prompts issued after the base, consumed
+    d.base, d.since = None, []
+    resumed = Rollouter(cfg, num_threads=1)
+    resumed.engine.update_weights(d.weights, version=d.version)
+    resumed.restore(checkpoint)
+    resumed.start()
+    try:
+        while len(d.taken) < PROMPTS:
+            d.step(resumed, snapshot=False)
+        report = resumed.ledger.verify_epoch(0, PROMPTS)
+    finally:
+        resumed.stop()
+    assert report.exactly_once, report.summary()
+    prompts = Counter(parse_group_id(g)[:2] for g, _, _ in d.taken)
+    assert set(prompts.values()) == {1} and len(prompts) == PROMPTS
 
 
 def test_a_takeover_that_does_not_fit_the_books_is_refused(cfg):

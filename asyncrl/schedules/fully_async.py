@@ -16,6 +16,10 @@ Staleness is bounded by the controller's admission rule (proof in ``asyncrl/stre
 every consumption, for every algorithm. A checkpoint is taken while the Rollouter is parked for a sync, so it holds
 the queue (samples with their rewards), the in-flight partial rows, the controller, the prompt ledger and the prompt
 cursor of one instant: a resumed run loses and repeats no prompt (``ledger.json`` at the end is the evidence).
+
+On Ray a Rollouter that dies or hangs is replaced by ``StreamSupervisor`` (``asyncrl.workers.stream_supervisor``);
+once ``trainer.max_worker_restarts`` is spent, the run checkpoints its last finished step with the snapshot the dead
+Rollouter would have given and stops with ``WorkerLostError``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from asyncrl.config import Config
 from asyncrl.schedules.run import StepTimer, open_run, staleness_metrics
 from asyncrl.streaming.report import partial_metrics, processing_metrics, write_ledger_report
 from asyncrl.workers.roles import RolloutSide
+from asyncrl.workers.rollouter import budget_of
 from asyncrl.workers.stream_supervisor import StreamSupervisor
+from asyncrl.workers.supervisor import WorkerLostError
 
 ROLLOUTER_STATE = "rollouter_state.pt"
 STOP_TIMEOUT_S = 60.0  # how long the clean-up waits for the Rollouter to stop before its worker is killed
@@ -43,12 +49,12 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
             sync = run.start_weight_sync(roles)
             stream = roles.stream = StreamSupervisor(
                 roles, sync, roles.respawn, lambda: run.version, cfg.trainer.max_worker_restarts,
-                max(at.get_batch_timeout_s, at.pause_timeout_s),
+                max(at.get_batch_timeout_s, at.pause_timeout_s), budget_of(cfg),
             )  # fmt: skip
             resumed = run.resumed_from
             stream.start(None if resumed is None else torch.load(resumed / ROLLOUTER_STATE, weights_only=False))
             groups_per_step = at.require_batches * cfg.actor.ppo_mini_batch_size
-            step = run.start_step - 1
+            step = finished = run.start_step - 1
             for step in range(run.start_step, cfg.trainer.total_training_steps + 1):
                 tm = StepTimer(step)
                 extra: dict[str, float] = {}
@@ -71,16 +77,19 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
                             extra["timing_s/param_sync_pause"] = paused
                             extra.update(sync.metrics(stats) if stats is not None else {})
                             snapshot = snap if save else None
-                ro = stream.call(lambda r: r.take_metrics())
+                ro = stream.metrics()
                 metrics = run.step_metrics(
                     prepared.samples, prepared.batch, tm, prepared.metrics, trained.metrics, staleness, extra, ro
                 )
                 metrics.update(partial_metrics(got.samples))
                 metrics.update(processing_metrics(got.processing_s))
                 metrics["trainer/idle_ratio"] = tm.timings["timing_s/wait_batch"] / tm.timings["timing_s/step"]
-                metrics["timing_s/gen"] = ro["rollouter/busy_s"]  # decode seconds on the Rollouter during this step
+                metrics["timing_s/gen"] = ro.get("rollouter/busy_s", 0.0)  # the Rollouter's decode seconds this step
                 metrics["fully_async/trainer_version"] = float(trained_at)  # the version this step's update ran at
                 run.end_step(step, metrics, roles, extra_files={ROLLOUTER_STATE: snapshot} if snapshot else None)
+                finished = step
+            if stream.lost is not None:  # lost in the last step, which finished
+                raise stream.lost
             rollouter = stream.rollouter  # a replacement, if the first one died
             rollouter.stop().result()  # the books are final from here on
             counts = rollouter.take_metrics().result()
@@ -89,6 +98,9 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
             }
             run.summary["ledger"] = write_ledger_report(run.dir, len(run.train), rollouter.ledger_state().result())
             return run.finish(roles, step)
+        except WorkerLostError:  # no Rollouter may be started again: keep the last finished step, losing nothing
+            run.save_before_failing(finished, roles, None, extra_files={ROLLOUTER_STATE: stream.advanced()})
+            raise
         finally:
             _stop_quietly(roles.rollouter)
 

@@ -148,11 +148,13 @@ class Run:
             )
         return ws
 
-    def save_before_failing(self, step: int, roles: Roles, sampler_state: dict | None) -> None:
+    def save_before_failing(
+        self, step: int, roles: Roles, sampler_state: dict | None, extra_files: dict[str, Any] | None = None
+    ) -> None:
         """A checkpoint of the last finished ``step`` before the run stops on an error (none before the first step,
         none again for a step that has one), so ``resume_mode=auto`` loses nothing."""
         if step >= self.start_step and not (self.ckpt.root / f"step_{step}").exists():
-            self.save(step, roles.checkpointed, sampler_state)
+            self.save(step, roles.checkpointed, sampler_state, extra_files)
 
     def step_metrics(self, samples: list[Sample], batch: TrainBatch, tm: StepTimer, *parts: dict) -> dict[str, float]:
         """Everything logged for a step: sample statistics, the given parts, timings and throughput (the driver's

@@ -25,7 +25,7 @@ from typing import Any
 
 from asyncrl.streaming.ledger import PromptLedger, parse_group_id
 from asyncrl.streaming.queue import Group, QueueSnapshot
-from asyncrl.streaming.staleness import StalenessController
+from asyncrl.streaming.staleness import StalenessBudget, StalenessController
 from asyncrl.types import Sample
 
 
@@ -101,6 +101,27 @@ class Replayed:
 
     snapshot: RollouterSnapshot
     skip: set[tuple[int, int]]
+
+
+def advance(take: Takeover, budget: StalenessBudget) -> RollouterSnapshot:
+    """The snapshot the dead Rollouter would give now, at ``take.version``: its last one with the consumption since
+    replayed (``replay_consumed``). A replacement restores it; the driver checkpoints it when no replacement may be
+    started (``trainer.max_worker_restarts`` spent), so a resume loses nothing either."""
+    snap = take.snapshot
+    if take.version < snap.engine_version:
+        raise ValueError(f"advance: version {take.version} is older than the snapshot's {snap.engine_version}")
+    controller, ledger = StalenessController(budget), PromptLedger()
+    controller.load_state_dict(snap.controller)
+    controller.on_sync(take.version)
+    ledger.load_state_dict(snap.ledger)
+    rest = replay_consumed(snap, take.consumed, controller, ledger)
+    return replace(
+        rest.snapshot,
+        controller=controller.state_dict(),
+        ledger=ledger.state_dict(),
+        engine_version=take.version,
+        skip=tuple(sorted(rest.skip)),
+    )
 
 
 def replay_consumed(

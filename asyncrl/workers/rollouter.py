@@ -37,7 +37,7 @@ from asyncrl.data.sampler import EpochSampler
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.streaming.ledger import PromptLedger
 from asyncrl.streaming.queue import Group, MessageQueue, QueueClosed
-from asyncrl.streaming.recovery import InFlightGroup, RollouterSnapshot, StreamBatch, Takeover, replay_consumed
+from asyncrl.streaming.recovery import InFlightGroup, RollouterSnapshot, StreamBatch, Takeover, advance
 from asyncrl.streaming.staleness import StalenessBudget, StalenessController
 from asyncrl.types import PrefillStats, Prompt, Sample
 from asyncrl.workers.rollout_worker import RolloutWorker
@@ -315,17 +315,16 @@ class Rollouter(RolloutWorker):
         if self._thread is not None:
             raise RollouterError("restore: only before start()")
         take = state if isinstance(state, Takeover) else Takeover(state, [], state.engine_version)
-        state = take.snapshot
-        if self.engine.version != take.version or take.version < state.engine_version:
+        if self.engine.version != take.version or take.version < take.snapshot.engine_version:
             raise RollouterError(
-                f"restore: the snapshot was taken at version {state.engine_version} (to continue at "
+                f"restore: the snapshot was taken at version {take.snapshot.engine_version} (to continue at "
                 f"{take.version}) but the engine holds {self.engine.version}; sync the checkpoint's weights first"
             )
+        state = advance(take, self.budget) if take.consumed else take.snapshot
         self.controller.load_state_dict(state.controller)
         self.controller.on_sync(take.version)
         self.ledger.load_state_dict(state.ledger)
-        replayed = replay_consumed(state, take.consumed, self.controller, self.ledger)
-        state, self.skip = replayed.snapshot, replayed.skip
+        self.skip = set(state.skip)
         self.queue.restore(state.queue)
         self.sampler.load_state_dict(state.sampler)
         self.inflight = {g.group_id: g for g in state.inflight}

@@ -15,9 +15,11 @@ answer within its deadline, it:
 4. snapshots it (the new base) and starts it, then repeats the call that failed.
 
 The staleness bound holds: the controller replays every consumption with its version, and regenerated groups start
-at the trainer's current version. After ``trainer.max_worker_restarts`` failures the run stops with one
-``WorkerLostError`` naming the Rollouter and the cause (``resume_mode=auto`` continues from the last checkpoint).
-In-process (no ``respawn``) nothing is kept and a failure ends the run, as it always did.
+at the trainer's current version. After ``trainer.max_worker_restarts`` failures no Rollouter is started again: a
+failure inside a step (at its weight sync or its metrics) lets the step finish and be logged (``lost``), and the next
+``get_batch`` raises the ``WorkerLostError`` naming the Rollouter and the cause, so the schedule checkpoints the last
+finished step with ``advanced()``, the snapshot the dead Rollouter would have given (``resume_mode=auto`` then loses
+and repeats no prompt). In-process (no ``respawn``) nothing is kept and a failure ends the run, as it always did.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asyncrl.calls import Handle, Pending, error_text
-from asyncrl.streaming.recovery import ConsumedBatch, RollouterSnapshot, StreamBatch, Takeover
+from asyncrl.streaming.recovery import ConsumedBatch, RollouterSnapshot, StreamBatch, Takeover, advance
+from asyncrl.streaming.staleness import StalenessBudget
 from asyncrl.sync.errors import WeightSyncError
-from asyncrl.workers.supervisor import Supervisor, is_worker_death, ping_failure
+from asyncrl.workers.supervisor import Supervisor, WorkerLostError, is_worker_death, ping_failure
 
 if TYPE_CHECKING:
     from asyncrl.sync.weight_sync import SyncStats, WeightSync
@@ -47,11 +50,18 @@ class StreamSupervisor(Supervisor):
         version: Callable[[], int],
         max_restarts: int,
         timeout_s: float,  # the longest a Rollouter call may take (its own deadlines), before the grace
+        budget: StalenessBudget,
     ):
         super().__init__(roles, sync, respawn or _no_respawn, version, max_restarts, timeout_s + GRACE_S)
-        self.replaceable = respawn is not None
+        self.replaceable, self.budget = respawn is not None, budget
         self.base: RollouterSnapshot | None = None  # the last snapshot (kept only when replaceable)
         self.consumed: list[ConsumedBatch] = []  # what the trainer took since ``base``
+        self.lost: WorkerLostError | None = None  # the restart budget is spent: raised at the next ``get_batch``
+
+    def advanced(self) -> RollouterSnapshot:
+        """What the Rollouter's snapshot would be now, at the trainer's version (``asyncrl.streaming.recovery``)."""
+        assert self.base is not None
+        return advance(Takeover(self.base, self.consumed, self.version()), self.budget)
 
     @property
     def rollouter(self) -> RollouterClient:
@@ -69,6 +79,8 @@ class StreamSupervisor(Supervisor):
         r.start().result()
 
     def get_batch(self, n_groups: int, trainer_version: int) -> StreamBatch:
+        if self.lost is not None:
+            raise self.lost
         got = self.call(lambda r: r.get_batch(n_groups, trainer_version))
         if self.replaceable:
             self.consumed.append(ConsumedBatch(got.groups, trainer_version))
@@ -88,11 +100,25 @@ class StreamSupervisor(Supervisor):
             cause = self._failure(e, r)
             if cause is None:
                 raise
-            self.replace(cause)
+            try:
+                self.replace(cause)
+            except WorkerLostError as lost:  # the step trained: it finishes, and the next get_batch raises
+                self.lost = lost
+                return 0.0, None, self.advanced()
             return 0.0, None, self.base
         if self.replaceable:
             self.base, self.consumed = snap, []
         return paused, stats, snap
+
+    def metrics(self) -> dict[str, float]:
+        """The Rollouter's metrics since the last call; none once it is lost (the step still gets logged)."""
+        if self.lost is not None:
+            return {}
+        try:
+            return self.call(lambda r: r.take_metrics())
+        except WorkerLostError as lost:
+            self.lost = lost
+            return {}
 
     def call(self, fn: Callable[[RollouterClient], Pending[T]]) -> T:
         """``fn(rollouter)``'s result; if the Rollouter died or hung, replace it and call again (within budget)."""
