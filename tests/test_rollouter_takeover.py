@@ -71,6 +71,15 @@ class Driver:
             self.base, self.since = ro.snapshot(), []
         ro.resume_generation(self.version)
 
+    def finish_epoch(self, ro: Rollouter):  # noqa: ANN201 - an EpochReport
+        """Consume the rest of the epoch from ``ro``, stop it, and return its ledger's report of the epoch."""
+        try:
+            while len(self.taken) < PROMPTS:
+                self.step(ro, snapshot=False)
+            return ro.ledger.verify_epoch(0, PROMPTS)
+        finally:
+            ro.stop()
+
     def takeover(self, dead: Rollouter) -> Rollouter:
         dead.stop()  # its books die with it: nothing of it is read below
         return self.start(Takeover(self.base, self.since, self.version))
@@ -108,11 +117,10 @@ def test_a_takeover_right_after_a_snapshot_and_one_with_nothing_consumed_since(c
         d.step(ro, snapshot=False)
         d.step(ro, snapshot=False)
         ro = d.takeover(ro)  # two batches to replay, the prompts issued after the base included
-        while len(d.taken) < PROMPTS:
-            d.step(ro, snapshot=False)
-        report = ro.ledger.verify_epoch(0, PROMPTS)
-    finally:
+    except BaseException:
         ro.stop()
+        raise
+    report = d.finish_epoch(ro)
     assert report.exactly_once, report.summary()
     assert len({g for g, _, _ in d.taken}) == PROMPTS
 
@@ -135,12 +143,7 @@ def test_the_advanced_snapshot_resumes_like_a_checkpoint_of_the_dead_rollouter(c
     resumed.engine.update_weights(d.weights, version=d.version)
     resumed.restore(checkpoint)
     resumed.start()
-    try:
-        while len(d.taken) < PROMPTS:
-            d.step(resumed, snapshot=False)
-        report = resumed.ledger.verify_epoch(0, PROMPTS)
-    finally:
-        resumed.stop()
+    report = d.finish_epoch(resumed)
     assert report.exactly_once, report.summary()
     prompts = Counter(parse_group_id(g)[:2] for g, _, _ in d.taken)
     assert set(prompts.values()) == {1} and len(prompts) == PROMPTS
