@@ -9,7 +9,7 @@ handed out yet:
 - a group the trainer consumed since the snapshot is consumed once, never generated again: if it was queued or in
   flight at the snapshot it leaves the queue / the in-flight rows; if it was issued after the snapshot its issue,
   generation and queueing are recorded under its own group id and its prompt is skipped when the prompt cursor
-  reaches it (``Replayed.skip``);
+  reaches it (``RollouterSnapshot.skip``);
 - everything the dead Rollouter issued after the snapshot and had not handed out (in flight, or queued) is simply
   not in the replacement's books: its prompts are drawn again from the restored cursor, so none is lost;
 - the controller replays each consumption with the version it was trained at, so the consumption count, the
@@ -73,7 +73,7 @@ class RollouterSnapshot:
     counts: dict[str, int]
     calls: int
     engine_version: int
-    skip: tuple[tuple[int, int], ...] = ()  # prompts the cursor passes over (``Replayed.skip``; a tuple: old pickles)
+    skip: tuple[tuple[int, int], ...] = ()  # prompts the cursor passes over (``replay_consumed``; a tuple: old pickles)
 
 
 @dataclass
@@ -94,15 +94,6 @@ class Takeover:
     version: int = 0
 
 
-@dataclass
-class Replayed:
-    """The snapshot with the consumed groups taken out (queue, in-flight rows, their seconds, the counters), and
-    the prompts the cursor must pass over because they were issued after the snapshot and already consumed."""
-
-    snapshot: RollouterSnapshot
-    skip: set[tuple[int, int]]
-
-
 def advance(take: Takeover, budget: StalenessBudget) -> RollouterSnapshot:
     """The snapshot the dead Rollouter would give now, at ``take.version``: its last one with the consumption since
     replayed (``replay_consumed``). A replacement restores it; the driver checkpoints it when no replacement may be
@@ -115,20 +106,16 @@ def advance(take: Takeover, budget: StalenessBudget) -> RollouterSnapshot:
     controller.on_sync(take.version)
     ledger.load_state_dict(snap.ledger)
     rest = replay_consumed(snap, take.consumed, controller, ledger)
-    return replace(
-        rest.snapshot,
-        controller=controller.state_dict(),
-        ledger=ledger.state_dict(),
-        engine_version=take.version,
-        skip=tuple(sorted(rest.skip)),
-    )
+    return replace(rest, controller=controller.state_dict(), ledger=ledger.state_dict(), engine_version=take.version)
 
 
 def replay_consumed(
     snapshot: RollouterSnapshot, consumed: list[ConsumedBatch], controller: StalenessController, ledger: PromptLedger
-) -> Replayed:
-    """Apply ``consumed`` (in order) to ``controller`` and ``ledger``, already loaded from ``snapshot``; see the module
-    docstring. Raises if a batch does not fit the books (a group consumed twice, a version out of step)."""
+) -> RollouterSnapshot:
+    """Apply ``consumed`` (in order) to ``controller`` and ``ledger``, already loaded from ``snapshot``, and return the
+    snapshot with the consumed groups taken out (queue, in-flight rows, their seconds, the counters) and ``skip``
+    grown by the prompts issued after it and already consumed; see the module docstring. Raises if a batch does not
+    fit the books (a group consumed twice, a version out of step)."""
     queued_at = {g.group_id for g in snapshot.queue.groups}
     inflight = {g.group_id: g for g in snapshot.inflight}
     counts: Counter[str] = Counter(snapshot.counts)
@@ -158,11 +145,10 @@ def replay_consumed(
         ledger.consumed(ids)
         counts["consumed_groups"] += len(ids)
     queue = replace(snapshot.queue, groups=[g for g in snapshot.queue.groups if g.group_id not in gone])
-    rest = replace(
+    return replace(
         snapshot, queue=queue, inflight=list(inflight.values()), processing_s=processing, counts=dict(counts),
         skip=tuple(sorted(skip)),
     )  # fmt: skip
-    return Replayed(rest, skip)
 
 
 def _queue_in_books(

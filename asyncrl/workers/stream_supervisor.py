@@ -68,8 +68,8 @@ class StreamSupervisor(Supervisor):
         assert self.roles.rollouter is not None
         return self.roles.rollouter
 
-    def start(self, resumed: RollouterSnapshot | None) -> None:
-        """Restore a checkpoint's snapshot (if resuming), keep the base, open the metrics window and start."""
+    def start(self, resumed: RollouterSnapshot | Takeover | None) -> None:
+        """Restore a checkpoint's snapshot or a takeover (if any), keep the base, open the metrics window and start."""
         r = self.rollouter
         if resumed is not None:
             r.restore(resumed).result()
@@ -156,10 +156,7 @@ class StreamSupervisor(Supervisor):
         new = RollouterClient(self.respawn(0))
         self.roles.rollouter = new
         self.swap(old.handle, new.handle)  # the new one holds the trainer's current version
-        new.restore(Takeover(self.base, self.consumed, self.version())).result()
-        self.base, self.consumed = new.snapshot().result(), []
-        new.take_metrics().result()
-        new.start().result()
+        self.start(Takeover(self.base, self.consumed, self.version()))
 
 
 def _no_respawn(i: int) -> Handle:
