@@ -84,12 +84,12 @@ def pool_overrides(model, train, test, run_dir, steps, schedule="one_step_off") 
     return over + ["trainer.val_before_train=false", "rollout.response_length=24"]
 
 
-def check_complete(run_dir: Path, steps: int, bound: int) -> dict:
+def check_complete(run_dir: Path, steps: int, bound: int, groups_per_step: int = 4) -> dict:
     metrics = read_metrics(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))  # each step once
     assert all(m["staleness/max"] <= bound for m in metrics)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["samples"] == steps * 4 * 4  # every drawn prompt's group trained, once
+    assert summary["samples"] == steps * groups_per_step * 4  # every drawn prompt's group (of 4) trained, once
     return summary
 
 
@@ -116,6 +116,17 @@ def stream_overrides(model, train, test, run_dir, steps) -> list[str]:
     return over + ["async_training.staleness_threshold=1.0", "async_training.partial_rollout=true"]
 
 
+def check_stream_complete(run_dir: Path, steps: int) -> dict:
+    """``check_complete`` for fully_async, plus the prompt ledger: the first epoch consumed once, nothing lost,
+    duplicated or dropped in any epoch (30 steps x 2 groups = 1.5 epochs of 40 prompts)."""
+    summary = check_complete(run_dir, steps, 1, groups_per_step=2)
+    epochs = json.loads((run_dir / "ledger.json").read_text())["epochs"]
+    assert epochs["0"]["complete"] and epochs["0"]["consumed_once"] == 40
+    for e in epochs.values():
+        assert e["lost"] == [] and e["duplicated"] == [] and e["dropped"] == []
+    return summary
+
+
 @pytest.mark.parametrize("trial", range(3))
 def test_the_fully_async_rollouter_killed_at_a_random_moment_is_replaced(setup, trial):
     """The Rollouter holds the queue, the in-flight groups and the prompt ledger: its replacement takes over from its
@@ -128,16 +139,8 @@ def test_the_fully_async_rollouter_killed_at_a_random_moment_is_replaced(setup, 
     run_training(load_config(None, stream_overrides(model, train, test, run_dir, 30)))
     t.join(timeout=5)
     assert killed, "the killer found no Rollouter"
-    metrics = read_metrics(run_dir / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == list(range(1, 31))  # each step once
-    assert all(m["staleness/max"] <= 1 for m in metrics)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["samples"] == 30 * 2 * 4
+    summary = check_stream_complete(run_dir, 30)
     assert len(summary["worker_restarts"]) == 1 and "rollouter" in summary["worker_restarts"][0]
-    epochs = json.loads((run_dir / "ledger.json").read_text())["epochs"]  # 30 steps x 2 groups = 1.5 epochs of 40
-    assert epochs["0"]["complete"] and epochs["0"]["consumed_once"] == 40
-    for e in epochs.values():
-        assert e["lost"] == [] and e["duplicated"] == [] and e["dropped"] == []
 
 
 def test_a_rollouter_lost_past_max_worker_restarts_is_checkpointed_and_the_resume_loses_no_prompt(setup):
@@ -157,12 +160,7 @@ def test_a_rollouter_lost_past_max_worker_restarts_is_checkpointed_and_the_resum
     (ckpt,) = sorted((run_dir / "checkpoints").glob("step_*"))
     assert (ckpt / "rollouter_state.pt").exists()
     run_training(load_config(None, over))  # resume_mode=auto, no fault this time
-    metrics = read_metrics(run_dir / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == list(range(1, 31))
-    epochs = json.loads((run_dir / "ledger.json").read_text())["epochs"]
-    assert epochs["0"]["complete"] and epochs["0"]["consumed_once"] == 40
-    for e in epochs.values():
-        assert e["lost"] == [] and e["duplicated"] == [] and e["dropped"] == []
+    check_stream_complete(run_dir, 30)
 
 
 def test_past_max_worker_restarts_the_run_stops_after_a_checkpoint_and_resumes(setup):
