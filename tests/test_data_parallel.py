@@ -226,11 +226,11 @@ def _spans_by_worker(run_dir: Path, name: str) -> dict[str, list[tuple[int, int]
 
 def test_ray_ranks_are_processes_that_generate_and_update_at_once(setup, tmp_path):
     """On Ray each rank is an actor with its share of the pool (1 CPU each here): both generate a share of the
-    prompts and both take part in every update, at the same time."""
+    prompts and both take part in every update, at the same time. The ranks are sharded (FSDP2, which only Ray's
+    process ranks can run): each decodes from its full copy of the weights (tests/test_fsdp.py has the rest)."""
     d = tmp_path / "ray2"
-    run_training(
-        _cfg(setup, d, 2, "trainer.num_workers=2", "trainer.backend=ray", "trainer.save_freq=0", "ray.num_cpus=2")
-    )
+    over = ("trainer.num_workers=2", "trainer.backend=ray", "trainer.strategy=fsdp2", "trainer.save_freq=0")
+    run_training(_cfg(setup, d, 2, *over, "ray.num_cpus=2"))
     gens, ups = _spans_by_worker(d, "generate"), _spans_by_worker(d, "update_actor")
     assert len(gens["trainer.rank1"]) == 2 and len(gens["trainer"]) > 2  # rank 0 also evaluates
     assert len(ups["trainer"]) == len(ups["trainer.rank1"]) == 2

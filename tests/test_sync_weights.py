@@ -41,6 +41,7 @@ class Trainer(SyncSenderMixin):
     def __init__(self, seed: int) -> None:
         torch.set_num_threads(1)
         self.model = build_model("micro", _tokenizer(), seed=seed)
+        self.serving = self.model  # what the sync sends
 
     def perturb(self, seed: int) -> None:
         g = torch.Generator().manual_seed(seed)

@@ -114,6 +114,22 @@ def validate(cfg: Config) -> None:
         "own, which is not implemented; a separate rollout pool, trainer.schedule=one_step_off, works with any "
         "number of ranks)",
     )
+    choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
+    if t.strategy == "fsdp2" and t.num_workers > 1:
+        check(
+            t.backend == "ray",
+            "trainer.strategy",
+            t.strategy,
+            "ddp with trainer.backend=in_process: FSDP2 needs a default process group per rank, so its ranks must "
+            "be processes (trainer.backend=ray), not threads of the driver",
+        )
+        check(
+            not cfg.model.lora_rank,
+            "trainer.strategy",
+            t.strategy,
+            "ddp with LoRA (model.lora_rank > 0): sharding a LoRA model with FSDP2 is not implemented (DDP "
+            "replicates only the small adapter's gradients and optimizer state)",
+        )
     check(r.num_workers >= 1, "rollout.num_workers", r.num_workers, ">= 1")
     check(r.cpus_per_worker > 0, "rollout.cpus_per_worker", r.cpus_per_worker, "> 0")
     s = cfg.sync

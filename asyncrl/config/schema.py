@@ -196,6 +196,7 @@ class TrainerConfig:
     prometheus_port: int | None = None  # /metrics port with logger prometheus (null or 0: a free port)
     cpus_per_worker: float = 2.0  # CPUs of each trainer worker (rank); torch threads = this, rounded down
     num_workers: int = 1  # data-parallel trainer ranks (verl's trainer.n_gpus_per_node): each a share of the batch
+    strategy: str = "ddp"  # with num_workers > 1: ddp (weights replicated) | fsdp2 (sharded; trainer.backend=ray)
     critic_warmup: int = 0  # ppo: steps that update only the critic before the actor starts learning
     record_consumed: bool = False  # each step's consumed samples in RUN_DIR/consumed/ (asyncrl replay RUN_DIR)
     role_start_timeout_s: float = 600.0  # how long a role may take to start (load its model) before the run fails

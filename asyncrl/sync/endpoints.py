@@ -1,6 +1,6 @@
 """The worker side of the weight sync: mixins that give a worker class the calls the driver's ``WeightSync`` makes.
 
-A trainer worker class inherits :class:`SyncSenderMixin` (it must have ``self.model``), a rollout worker class
+A trainer worker class inherits :class:`SyncSenderMixin` (it must have ``self.serving``, the full weights), a rollout worker class
 :class:`SyncReceiverMixin` (it must have ``self.engine``, a ``RolloutEngine``). The tensors travel over the sync group
 (gloo/NCCL), never through the role backend (Ray's object store or the driver's memory); the backend only carries the
 calls, so a Ray actor and an in-process worker sync the same way.
@@ -76,15 +76,16 @@ class _WeightSyncMixin:
 
 
 class SyncSenderMixin(_WeightSyncMixin):
-    """For the trainer actor: sends ``self.model``'s parameters (override ``weight_sync_tensors`` to send others)."""
+    """For the trainer actor: sends ``self.serving``'s parameters, the full weights (the trained model itself, or a
+    sharded trainer's unsharded copy); override ``weight_sync_tensors`` to send others."""
 
-    model: torch.nn.Module
+    serving: torch.nn.Module
 
     def weight_sync_tensors(self) -> dict[str, torch.Tensor]:
         """Name -> tensor to send: the model's parameters, tied ones once (as ``RolloutEngine`` expects); for a LoRA
         model its adapter alone, and never a plan without one."""
-        tensors = synced_tensors(self.model)
-        if is_lora(self.model):
+        tensors = synced_tensors(self.serving)
+        if is_lora(self.serving):
             require_adapter(list(tensors), f"{type(self).__name__}: weight sync")
         if getattr(self, "sync_quantization", None) == "fp8":
             return quantize_for_sync(tensors)

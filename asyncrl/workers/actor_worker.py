@@ -43,7 +43,7 @@ from asyncrl.sync.endpoints import SyncSenderMixin
 from asyncrl.sync.transport import LOOPBACK, find_free_port
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Generation, Prompt, UpdateResult
-from asyncrl.workers import policy_ops, preference_ops
+from asyncrl.workers import fsdp, policy_ops, preference_ops
 from asyncrl.workers.data_parallel import DataParallel, rank_name
 from asyncrl.workers.rollout_worker import generate_scored
 
@@ -93,14 +93,10 @@ class ActorRolloutWorker(SyncSenderMixin):
         if cfg.trainer.schedule == "fully_async" and cfg.async_training.compute_prox_log_prob:
             self.old_policy = "prox"
         self.prox_model = _frozen_copy(self.model) if self.old_policy == "prox" else None
-        o = a.optim
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=o.lr,
-            betas=tuple(o.betas),
-            weight_decay=o.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _warmup_lambda(o.lr_warmup_steps))
+        # the full weights the engine decodes from, a sync sends and a checkpoint holds: the trained model itself,
+        # or under FSDP2 (whose model is sharded) an unsharded copy refreshed after every update
+        self.serving = self.model
+        self.optimizer, self.scheduler = self._build_optimizer()
         self.sync_quantization = cfg.rollout.quantization  # fp8: the weights a sync sends are quantized
         self.correction = effective_correction(cfg)
         self.updates_per_version = (
@@ -110,6 +106,16 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.version = 0  # weight version = updates // updates_per_version (a sync window's steps share one)
         self.timeline = get_timeline()
         self.timeline.worker = name
+
+    def _build_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        o = self.cfg.actor.optim
+        optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=o.lr,
+            betas=tuple(o.betas),
+            weight_decay=o.weight_decay,
+        )
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_lambda(o.lr_warmup_steps))
 
     # ---- data parallelism ----------------------------------------------------------------------------------------
     def data_parallel_endpoint(self) -> tuple[str, int]:
@@ -121,6 +127,12 @@ class ActorRolloutWorker(SyncSenderMixin):
         """Join the trainer's data-parallel group (every rank calls this at once) and check the replicas agree."""
         self.dp = DataParallel.create(self.rank, self.world_size, host, port, timeout_s)
         self.dp.check_replicas(self.model, f"{self.name}: start")
+        if self.cfg.trainer.strategy == "fsdp2":  # shard the trained model; keep a full copy to serve from
+            self.serving = copy.deepcopy(self.model)
+            self.dp.shard_with_fsdp2(self.model)
+            self.optimizer, self.scheduler = self._build_optimizer()  # over the shards
+            self.engine = colocated_engine(self.cfg, self.serving, self.tokenizer)
+            self.engine.version = self.version
 
     # ---- rollout -------------------------------------------------------------------------------------------------
     def generate(
@@ -137,7 +149,7 @@ class ActorRolloutWorker(SyncSenderMixin):
         if which == "ref" and self.lora is not None:  # LoRA's reference: the actor with its adapter switched off
             model, context = self.model, reference_policy(self.model)
         else:
-            model = {"actor": self.model, "ref": self.ref_model, "prox": self.prox_model}[which]
+            model = {"actor": self.serving, "ref": self.ref_model, "prox": self.prox_model}[which]
             context = contextlib.nullcontext()
         how = policy_ops.batching(self.cfg.actor)
         with self.timeline.span(f"{which}_logprobs", step=step, worker=self.name), context:
@@ -209,32 +221,47 @@ class ActorRolloutWorker(SyncSenderMixin):
         # the process's peak resident memory so far (Linux reports KiB): in-process runs count the driver's too
         timings["perf/trainer_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         timings["perf/trainer_threads"] = float(torch.get_num_threads())  # float sums depend on it (asyncrl replay)
-        fp = fingerprint(self.model.state_dict()) if self.cfg.trainer.record_consumed and self.rank == 0 else None
+        fp = fingerprint(self.serving.state_dict()) if self.cfg.trainer.record_consumed and self.rank == 0 else None
         return UpdateResult({**res.metrics, **timings}, self.version, fp)
 
     def _count_update(self) -> None:
         self.updates += 1
         version = self.updates // self.updates_per_version
+        copies = [self.serving] if self.serving is not self.model else []
         if version != self.version and self.prox_model is not None:
-            self.prox_model.load_state_dict(self.model.state_dict())  # a new sync window starts from here
+            copies.append(self.prox_model)  # a new sync window starts from here
         freq = self.cfg.dpo.ref_update_freq
         if self.dpo and freq > 0 and self.updates % freq == 0 and self.ref_model is not None:
-            self.ref_model.load_state_dict(self.model.state_dict())  # online DPO: the reference catches up
+            copies.append(self.ref_model)  # online DPO: the reference catches up
+        self._copy_weights(copies)
         self.version = version
         self.engine.version = self.version  # colocated: the engine generates with these very weights
 
+    def _copy_weights(self, targets: list[torch.nn.Module]) -> None:
+        """The trained weights into each of ``targets`` (FSDP2: gathered from the shards, on every rank at once)."""
+        if self.dp is not None and self.dp.sharded:
+            fsdp.gather_into(self.model, targets)
+        else:
+            for t in targets:
+                t.load_state_dict(self.model.state_dict())
+
     # ---- checkpoint ----------------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:
-        """Writes model (safetensors) + tokenizer, optimizer, scheduler and RNG states into ``directory``."""
+        """Writes model (safetensors) + tokenizer, optimizer, scheduler and RNG states into ``directory``. FSDP2:
+        every rank is called (the optimizer state is gathered whole), rank 0 writes the single-rank layout."""
+        sharded = self.dp is not None and self.dp.sharded
+        optimizer = fsdp.full_optimizer_state(self.optimizer) if sharded else self.optimizer.state_dict()
+        if self.rank != 0:
+            return
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         if self.lora is not None:  # the adapter alone: the base is model.path, never changed
             save_adapter(self.model, d / "adapter")
         else:
-            self.model.save_pretrained(d / "model", safe_serialization=True)
+            self.serving.save_pretrained(d / "model", safe_serialization=True)
             self.tokenizer.save_pretrained(d / "model")
         state = {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "updates": self.updates,
             "version": self.version,
@@ -251,6 +278,9 @@ class ActorRolloutWorker(SyncSenderMixin):
         else:
             self._load_full_weights(d)
         state = torch.load(d / self.state_file, weights_only=False)
+        sharded = self.dp is not None and self.dp.sharded
+        if sharded:  # this rank's slice of the whole state
+            state["optimizer"] = fsdp.sharded_optimizer_state(state["optimizer"], self.optimizer)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = int(state["updates"])
@@ -259,14 +289,18 @@ class ActorRolloutWorker(SyncSenderMixin):
         set_rng_state(state["rng"])
         if self.ref_model is not None:
             self.ref_model.load_state_dict(torch.load(d / "ref_model.pt", weights_only=True))
-        if self.prox_model is not None:  # checkpoints are taken at weight syncs: a sync window starts here
-            self.prox_model.load_state_dict(self.model.state_dict())
-        if self.dp is not None:  # every rank read the same files (whatever number of ranks wrote them)
+        # checkpoints are taken at weight syncs: a sync window starts here
+        self._copy_weights(([self.serving] if sharded else []) + ([self.prox_model] if self.prox_model is not None else []))
+        if self.dp is not None and not sharded:  # every rank read the same files (whatever number of ranks wrote them)
             self.dp.check_replicas(self.model, f"{self.name}: resume from {d}")
         return self.version
 
     def _load_full_weights(self, d: Path) -> None:
         tensors = load_tensors(d / "model")
+        if self.dp is not None and self.dp.sharded:
+            tensors = {k: v for k, v in tensors.items() if not _is_tied(self.serving, k)}
+            fsdp.load_full(self.model, tensors, str(d))
+            return
         missing, unexpected = self.model.load_state_dict(tensors, strict=False)
         missing = [m for m in missing if not _is_tied(self.model, m)]
         if missing or unexpected:
@@ -275,14 +309,14 @@ class ActorRolloutWorker(SyncSenderMixin):
     def export_model(self, directory: str) -> None:
         """The current policy as a plain HF directory (safetensors + config + tokenizer). A LoRA policy: base +
         adapter merged there, and the adapter alone (peft format) in ``directory/adapter``."""
-        model = merged_copy(self.model) if self.lora is not None else self.model
+        model = merged_copy(self.model) if self.lora is not None else self.serving
         model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
         if self.lora is not None:
             save_adapter(self.model, Path(directory) / "adapter")
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return {k: v.detach().clone() for k, v in self.serving.state_dict().items()}
 
     def pop_timeline(self) -> list[dict]:
         return self.timeline.drain()

@@ -77,12 +77,19 @@ class _AllRanks:
 
 class DataParallelTrainerClient(TrainerClient):
     """``trainer.num_workers`` data-parallel ranks as one trainer (``asyncrl.workers.data_parallel``): a training
-    step and a resume run on every rank; everything that reads the (replicated) weights or state, generation for
-    evaluation, a checkpoint, an export, the weight sync, goes to rank 0 (``handle``)."""
+    step and a resume run on every rank; everything that reads the full weights, generation for evaluation, an
+    export, the weight sync, goes to rank 0 (``handle``), and so does a checkpoint unless the optimizer state is
+    ``sharded`` (FSDP2: every rank takes part in gathering it)."""
 
-    def __init__(self, ranks: list[Handle]):
+    def __init__(self, ranks: list[Handle], sharded: bool = False):
         super().__init__(ranks[0])
         self.ranks = ranks
+        self.sharded = sharded
+
+    def save_checkpoint(self, directory: str) -> Pending[None]:
+        if not self.sharded:
+            return super().save_checkpoint(directory)
+        return _AllRanks([h.call("save_checkpoint", directory) for h in self.ranks])
 
     def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> Pending[UpdateResult]:
         return _AllRanks([h.call("update", batch, step, num_mini_batches) for h in self.ranks])

@@ -79,19 +79,42 @@ class DataParallelError(RuntimeError):
 class DataParallel:
     """One rank's view of the trainer's data-parallel group; build it with :meth:`create` on every rank at once."""
 
-    def __init__(self, pg: Any, store: Any, rank: int, world_size: int, timeout_s: float, backend: str):
-        self.pg, self._store = pg, store
+    def __init__(
+        self, pg: Any, store: Any, rank: int, world_size: int, timeout_s: float, backend: str, host: str
+    ):
+        self.pg, self._store, self.host = pg, store, host
         self.rank, self.world_size = rank, world_size
         self.timeout_s = timeout_s
+        self.backend = backend
         self.device = transport.backend_device(backend)
+        self.mesh: Any = None  # FSDP2's device mesh, once ``shard_with_fsdp2`` ran (``asyncrl.workers.fsdp``)
+
+    @property
+    def sharded(self) -> bool:
+        """FSDP2: parameters, gradients and optimizer state sharded; the gradients reduced inside ``backward``, so
+        every rank must run as many forwards and backwards as the others (``rounds``, ``idle_pass``)."""
+        return self.mesh is not None
+
+    def shard_with_fsdp2(self, model: torch.nn.Module) -> None:
+        """Shard ``model`` over the ranks (the process's default group: ranks must be processes)."""
+        from asyncrl.workers import fsdp
+
+        if self.mesh is None:
+            self.mesh = fsdp.init_mesh(self._store, self.rank, self.world_size, self.timeout_s, self.backend, self.host)
+        fsdp.shard(model, self.mesh)
 
     @classmethod
     def create(cls, rank: int, world_size: int, host: str, port: int, timeout_s: float) -> DataParallel:
         backend = transport.default_backend()
         pg, store = transport.create_process_group(backend, host, port, rank, world_size, timeout_s, "trainer_dp")
-        return cls(pg, store, rank, world_size, timeout_s, backend)
+        return cls(pg, store, rank, world_size, timeout_s, backend, host)
 
     def close(self) -> None:
+        if self.mesh is not None:
+            from asyncrl.workers import fsdp
+
+            fsdp.close_mesh()
+            self.mesh = None
         transport.close_process_group(self.pg, abort=False)
         self.pg = None
 
@@ -105,6 +128,18 @@ class DataParallel:
         rank, not once on every rank), balanced by tokens; see ``group_shares``."""
         groups = prompt_groups(batch)
         return group_shares(groups, row_costs(batch, groups), self.world_size)[self.rank]
+
+    # ---- lockstep (FSDP2) ----------------------------------------------------------------------------------------
+    def rounds(self, n: int) -> int:
+        """The most micro-batches any rank has (``n``: this rank's): every rank runs that many passes."""
+        return max(int(k) for k in self._all_gather(torch.tensor([n], dtype=torch.int64)))
+
+    @staticmethod
+    def idle_pass(model: torch.nn.Module) -> None:
+        """A forward and backward that change no gradient (one token, loss times zero): it takes part in the sharded
+        module's all-gathers and reduce-scatters for a rank that has no micro-batch left."""
+        logits = model(input_ids=torch.zeros((1, 1), dtype=torch.long)).logits
+        (logits.sum() * 0.0).backward()
 
     # ---- collectives ---------------------------------------------------------------------------------------------
     def _deadline(self) -> transport.Deadline:

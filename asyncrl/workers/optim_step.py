@@ -11,6 +11,7 @@ import torch
 
 from asyncrl.config import ActorConfig, CriticConfig
 from asyncrl.workers.data_parallel import DataParallel
+from asyncrl.workers.fsdp import to_float
 
 
 class Means:
@@ -57,16 +58,16 @@ def finish_mini_batch(
     ``weights``), clip, and step. Returns whether the optimizer stepped."""
     if dp is not None:
         finite, stats, weights = across_ranks(dp, finite, stats, weights)
-        if finite:
+        if finite and not dp.sharded:  # FSDP2 reduced the gradients inside backward
             dp.all_reduce_grads(params)
     for k, v in stats.items():  # weighted as the loss is: the same whatever the micro-batches
         means.add(k, v / weights if weights > 0 else v)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
-    if not finite or not math.isfinite(float(grad_norm)):
+    grad_norm = to_float(torch.nn.utils.clip_grad_norm_(params, clip))  # sharded: the whole gradient's norm
+    if not finite or not math.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
         return False
-    means.add(f"{prefix}/grad_norm", float(grad_norm))
+    means.add(f"{prefix}/grad_norm", grad_norm)
     optimizer.step()
     scheduler.step()
     return True

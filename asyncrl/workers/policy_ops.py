@@ -244,19 +244,28 @@ def optimize(
             finite = True
             mini_stats: dict[str, float] = {}
             weights = 0.0
-            for _, mb in micro_batches(mini, how, count):
+            mbs = micro_batches(mini, how, count)
+            passes = 0
+            rounds = dp.rounds(len(mbs)) if dp is not None and dp.sharded else 0  # agreed before any collective
+            for _, mb in mbs:
                 if actor.loss_agg_mode == "token-mean":
                     weight = float(mb.response_mask_BT.sum()) / mini_tokens
                 else:
                     weight = float((mb.response_mask_BT.sum(dim=1) > 0).sum()) / mini_seqs
                 loss, stats = micro_loss(mb)
+                passes += 1
                 if not torch.isfinite(loss):
                     finite = False
+                    if dp is not None and dp.sharded:  # a forward's backward is a collective: still run it
+                        (loss * 0.0).backward()
                     break
                 (loss * weight).backward()
                 weights += weight
                 for k, v in stats.items():
                     mini_stats[k] = mini_stats.get(k, 0.0) + weight * v
+            if dp is not None and dp.sharded:  # FSDP2: as many passes as the busiest rank
+                for _ in range(rounds - passes):
+                    dp.idle_pass(model)
             if finish_mini_batch(params, optimizer, scheduler, actor, dp, finite, mini_stats, weights, means, prefix):
                 steps += 1
             else:

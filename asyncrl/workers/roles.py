@@ -131,7 +131,7 @@ def _spawn_trainer(cfg: Config, backend: Any) -> TrainerClient:
     joins = [h.call("init_data_parallel", host, port, timeout) for h in ranks]
     for j in joins:
         j.result()
-    return DataParallelTrainerClient(ranks)
+    return DataParallelTrainerClient(ranks, sharded=cfg.trainer.strategy == "fsdp2")
 
 
 class _RayBackend:

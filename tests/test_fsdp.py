@@ -1,0 +1,162 @@
+"""FSDP2 data-parallel trainer (``trainer.strategy: fsdp2``): sharded ranks step as one rank on the whole batch; a
+whole run on two sharded Ray ranks checkpoints in the single-rank layout, resumes on one rank, and a one-rank
+checkpoint resumes on two sharded ranks.
+
+The ranks are real processes (FSDP2 needs each rank's default process group): spawned here with
+``torch.multiprocessing`` for the update, Ray actors for the runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from asyncrl.config import ActorConfig, ConfigError, RolloutCorrectionConfig, load_config
+from asyncrl.models.presets import build_model
+from asyncrl.models.tokenizer import build_char_tokenizer
+from asyncrl.schedules import run_training
+from asyncrl.sync.transport import LOOPBACK, find_free_port
+from asyncrl.workers import fsdp
+from asyncrl.workers.data_parallel import DataParallel
+from asyncrl.workers.policy_ops import ppo_update
+from tests.helpers import make_data, make_model, train_overrides
+from tests.test_data_parallel import _update
+from tests.test_policy_update import CHARS, _batch
+
+ADVS = [1.0, -1.0, 0.5, -0.5] + [0.0] * 4 + [1.5, -0.5, -0.5, -0.5] + [0.0] * 3 + [0.7, -0.7, 0.7, -0.7, 0.3]
+
+
+def _cases() -> list[ActorConfig]:
+    return [  # uneven shares: the ranks pack into different numbers of micro-batches (idle passes make them up)
+        ActorConfig(loss_agg_mode="token-mean", ppo_micro_batch_size=3, ppo_epochs=2, skip_zero_adv_rows=True),
+        ActorConfig(loss_agg_mode="seq-mean-token-mean", ppo_micro_batch_size=2, ppo_epochs=1),
+    ]
+
+
+def _sgd_update(model, batch, actor, dp):
+    """``tests.test_data_parallel._update``'s step on ``model`` itself (a sharded module cannot be deep-copied)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    return model, ppo_update(model, opt, sched, batch, actor, RolloutCorrectionConfig(), 1.0, 2, seed=3, dp=dp)
+
+
+def _rank_main(rank: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    tok = build_char_tokenizer([CHARS])
+    start = build_model("micro", tok, seed=0)
+    batch = _batch(tok, ADVS)
+    dp = DataParallel.create(rank, 2, LOOPBACK, port, timeout_s=120)
+    idle = [0]
+
+    def counted(model):
+        idle[0] += 1
+        DataParallel.idle_pass(model)
+
+    dp.idle_pass = counted  # type: ignore[method-assign]
+    results = []
+    try:
+        for actor in _cases():
+            model = copy.deepcopy(start)
+            dp.shard_with_fsdp2(model)
+            sharded, res = _sgd_update(model, batch, actor, dp)
+            full = copy.deepcopy(start)
+            fsdp.gather_into(sharded, [full])  # every rank gathers; each gets the whole weights
+            local = sum(p.to_local().numel() for p in sharded.parameters())
+            results.append((full.state_dict(), res.metrics, local, idle[0]))
+            idle[0] = 0
+    finally:
+        dp.close()
+    torch.save(results, Path(out) / f"rank{rank}.pt")
+
+
+def test_two_sharded_ranks_on_half_batches_step_as_one_rank_on_the_whole(tmp_path):
+    mp.start_processes(_rank_main, args=(find_free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    tok = build_char_tokenizer([CHARS])
+    start = build_model("micro", tok, seed=0)
+    batch = _batch(tok, ADVS)
+    total = sum(p.numel() for p in start.parameters())
+    for i, actor in enumerate(_cases()):
+        one, res_one = _update(start, batch, actor, num_mini=2)
+        moved = 0.0
+        for name, a in one.state_dict().items():
+            for r in range(2):
+                assert torch.allclose(a, ranks[r][i][0][name], atol=1e-6), (i, r, name)
+            moved = max(moved, float((a - start.state_dict()[name]).abs().max()))
+        assert moved > 1e-3  # the update moved the weights: the equality is not two no-ops
+        for r in range(2):
+            metrics, local = ranks[r][i][1], ranks[r][i][2]
+            assert metrics["actor/grad_norm"] == pytest.approx(res_one.metrics["actor/grad_norm"], rel=1e-5)
+            assert metrics["actor/pg_loss"] == pytest.approx(res_one.metrics["actor/pg_loss"], rel=1e-5)
+            assert local < 0.6 * total  # each rank holds about half of every parameter
+    # the ranks' shares packed into different numbers of micro-batches in the first case: idle passes ran
+    assert ranks[0][0][3] + ranks[1][0][3] > 0
+
+
+# ---- whole runs -----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fsdp")
+    train, test = make_data(root, size=32, test_size=8)
+    return root, make_model(root, train, seed=0), train, test
+
+
+def _cfg(setup, run_dir: Path, steps: int, *extra: str):
+    root, model, train, test = setup
+    over = train_overrides(model, train, test, run_dir, steps) + [
+        "trainer.schedule=one_step_off", "actor.optim.lr=1e-2", *extra
+    ]  # fmt: skip
+    return load_config(None, over)
+
+
+RAY2 = ("trainer.backend=ray", "trainer.num_workers=2", "trainer.strategy=fsdp2", "ray.num_cpus=3")
+
+
+def _weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "checkpoints" / f"step_{step}" / "model" / "model.safetensors"))
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in rows if "reward/mean" in m]
+
+
+def test_sharded_ray_ranks_checkpoint_and_resume_across_rank_counts(setup, tmp_path):
+    """Two FSDP2 ranks (Ray actors) train as two DDP ranks do (one_step_off: the rollout pool makes the samples, so
+    they are the same), write a checkpoint one in-process rank resumes, and resume a one-rank checkpoint."""
+    sharded, ddp = tmp_path / "fsdp2", tmp_path / "ddp"
+    run_training(_cfg(setup, sharded, 2, *RAY2))
+    run_training(_cfg(setup, ddp, 2, "trainer.backend=in_process", "trainer.num_workers=2"))
+    a, b = _weights(sharded, 2), _weights(ddp, 2)
+    for k in b:
+        assert torch.allclose(a[k], b[k], atol=1e-4), k
+    assert [m["reward/mean"] for m in _steps(sharded)] == [m["reward/mean"] for m in _steps(ddp)]
+    state = torch.load(sharded / "checkpoints" / "step_2" / "trainer_state.pt", weights_only=False)
+    assert state["optimizer"]["state"][0]["exp_avg"].shape == a["model.embed_tokens.weight"].shape  # whole, gathered
+
+    # N=2 sharded -> M=1, and M=1 -> N=2 sharded: both continue as the DDP run resumed on one rank does
+    run_training(_cfg(setup, sharded, 3, "trainer.backend=in_process"))
+    run_training(_cfg(setup, ddp, 3, *RAY2))
+    assert [m["step"] for m in _steps(sharded)] == [m["step"] for m in _steps(ddp)] == [1, 2, 3]
+    a, b = _weights(sharded, 3), _weights(ddp, 3)
+    for k in b:
+        assert torch.allclose(a[k], b[k], atol=1e-4), k
+    assert max(float((_weights(ddp, 2)[k] - b[k]).abs().max()) for k in b) > 1e-3  # step 3 did train
+
+
+def test_fsdp2_config_errors(setup, tmp_path):
+    with pytest.raises(ConfigError, match="trainer.strategy.*processes"):
+        _cfg(setup, tmp_path, 1, "trainer.backend=in_process", "trainer.num_workers=2", "trainer.strategy=fsdp2")
+    with pytest.raises(ConfigError, match="trainer.strategy.*LoRA"):
+        _cfg(setup, tmp_path, 1, *RAY2, "model.lora_rank=4")
+    with pytest.raises(ConfigError, match="trainer.strategy"):
+        _cfg(setup, tmp_path, 1, "trainer.strategy=fsdp")
