@@ -290,8 +290,10 @@ class ActorRolloutWorker(SyncSenderMixin):
         if self.ref_model is not None:
             self.ref_model.load_state_dict(torch.load(d / "ref_model.pt", weights_only=True))
         # checkpoints are taken at weight syncs: a sync window starts here
-        self._copy_weights(([self.serving] if sharded else []) + ([self.prox_model] if self.prox_model is not None else []))
-        if self.dp is not None and not sharded:  # every rank read the same files (whatever number of ranks wrote them)
+        self._copy_weights(
+            ([self.serving] if sharded else []) + ([self.prox_model] if self.prox_model is not None else [])
+        )
+        if self.dp is not None and not sharded:  # every rank read the same files (any number of ranks wrote them)
             self.dp.check_replicas(self.model, f"{self.name}: resume from {d}")
         return self.version
 

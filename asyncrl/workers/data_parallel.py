@@ -79,9 +79,7 @@ class DataParallelError(RuntimeError):
 class DataParallel:
     """One rank's view of the trainer's data-parallel group; build it with :meth:`create` on every rank at once."""
 
-    def __init__(
-        self, pg: Any, store: Any, rank: int, world_size: int, timeout_s: float, backend: str, host: str
-    ):
+    def __init__(self, pg: Any, store: Any, rank: int, world_size: int, timeout_s: float, backend: str, host: str):
         self.pg, self._store, self.host = pg, store, host
         self.rank, self.world_size = rank, world_size
         self.timeout_s = timeout_s
