@@ -67,7 +67,7 @@ BASE_CONFIG = "configs/quickstart.yaml"
 ENGINES = ("builtin", "vllm")
 
 
-MODIFIERS = ("split", "lora", "dp2")
+MODIFIERS = ("split", "lora", "dp2", "fsdp2")
 LORA_OVERRIDES = ["model.lora_rank=16", "model.lora_alpha=32"]  # +lora: the actor trains a rank-16 adapter
 
 
@@ -80,7 +80,8 @@ def schedule_overrides(mode: str, total_cpus: int) -> list[str]:
     and rollout threads never outnumber the cores. With the old, heavier update, halving the trainer lost more than
     the overlap won; since prefix sharing neither placement wins in every schedule (both measured in BENCHMARKS.md).
     ``+vllm`` (or ``+builtin``) sets ``rollout.engine``; ``+lora`` trains a LoRA adapter (``LORA_OVERRIDES``) instead of
-    every weight; ``+dp2`` trains on two data-parallel ranks that split the trainer's cores (``trainer.num_workers``).
+    every weight; ``+dp2`` trains on two data-parallel ranks that split the trainer's cores (``trainer.num_workers``),
+    ``+fsdp2`` the same two ranks sharded (``trainer.strategy=fsdp2``).
     """
     schedule, *mods = mode.split("+")
     for mod in mods:
@@ -95,8 +96,9 @@ def schedule_overrides(mode: str, total_cpus: int) -> list[str]:
                 raise ConfigError(f"bench: mode {mode!r}: +split needs an overlapping schedule (sync has one worker)")
             over += [f"trainer.cpus_per_worker={max(1, total_cpus - 1)}", f"ray.num_cpus={total_cpus}"]
         over += LORA_OVERRIDES if "lora" in mods else []
-        if "dp2" in mods:  # the same cores, as two ranks of half the threads each
+        if "dp2" in mods or "fsdp2" in mods:  # the same cores, as two ranks of half the threads each
             over += ["trainer.num_workers=2", f"trainer.cpus_per_worker={max(1, total_cpus // 2)}"]
+        over += ["trainer.strategy=fsdp2"] if "fsdp2" in mods else []
         return over + [f"rollout.engine={m}" for m in mods if m in ENGINES]
     if schedule in ("sync", UNSHARED):
         over = ["trainer.schedule=sync", f"trainer.cpus_per_worker={total_cpus}", f"ray.num_cpus={total_cpus}"]

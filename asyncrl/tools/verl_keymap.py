@@ -129,6 +129,7 @@ VERL_NAMES: dict[str, str] = {
     "trainer.prometheus_port": NONE + "the port of our Prometheus /metrics endpoint",
     "trainer.cpus_per_worker": NONE + "verl's trainer.n_gpus_per_node counts GPUs; here CPUs per trainer rank",
     "trainer.num_workers": "trainer.nnodes x trainer.n_gpus_per_node (the FSDP world size)",
+    "trainer.strategy": f"{_ARR}.actor.strategy (fsdp2; verl's fsdp is FSDP1, ddp is ours: replicated ranks)",
     "trainer.critic_warmup": "trainer.critic_warmup",
     "trainer.record_consumed": NONE + "ours: what `asyncrl replay` needs",
     "trainer.role_start_timeout_s": NONE + "a deadline of ours on starting the roles",

@@ -54,7 +54,8 @@ def _warmup_lambda(warmup_steps: int):
 
 class ActorRolloutWorker(SyncSenderMixin):
     """``rank``/``world_size``: one of ``trainer.num_workers`` data-parallel ranks (``init_data_parallel`` joins
-    them); every rank holds the same weights, rank 0 sends them at a sync and writes checkpoints."""
+    them, and shards ``model`` under ``trainer.strategy=fsdp2``); ``serving`` holds the full weights on every rank,
+    rank 0 sends them at a sync and writes checkpoints."""
 
     def __init__(
         self,

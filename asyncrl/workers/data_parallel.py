@@ -1,24 +1,22 @@
-"""Data-parallel trainer ranks (``trainer.num_workers``): replicated weights, a share of every mini-batch each, and
-gradients summed across ranks before each optimizer step (DDP's semantics).
+"""Data-parallel trainer ranks (``trainer.num_workers``): a share of every mini-batch each, and the gradients summed
+across ranks before each optimizer step.
 
-Each rank holds the whole model and optimizer. Every rank receives the whole batch and draws the same mini-batch
-permutation (same seed); rank ``r`` then forwards and backwards only its share of each mini-batch (``share``: whole
-prompt groups, balanced by tokens, so packing still shares each prompt), with the loss weights of the whole
-mini-batch (its token or sequence count), so that after ``all_reduce_grads`` every rank holds exactly the gradient
-one rank would have computed over the whole mini-batch, clips it by the same norm and takes the same optimizer step:
-the replicas stay equal, bit for bit, without broadcasting weights. The log-prob passes (reference, old policy) are
-split the same way and all-gathered.
+Every rank receives the whole batch and draws the same mini-batch permutation (same seed); rank ``r`` then forwards
+and backwards only its share of each mini-batch (``share``: whole prompt groups, balanced by tokens, so packing still
+shares each prompt), with the loss weights of the whole mini-batch (its token or sequence count), so that the
+gradients summed over the ranks are exactly the gradient one rank would have computed over the whole mini-batch. The
+log-prob passes (reference, old policy) are split the same way and all-gathered.
 
-Why not torch's ``DistributedDataParallel`` wrapper: it all-reduces inside ``backward`` and expects every rank to
-call it equally often, while here a rank's row share may pack into a different number of micro-batches (or none:
-every row of its share skipped as zero-advantage). Why not FSDP2 (``fully_shard``; it does run on CPU over gloo in
-torch 2.13, checked): a sharded module all-gathers its parameters in every forward, so every rank must run the same
-forwards, which the colocated engine's decoding (different prompts and lengths per rank) does not; see
-docs/trainer_backends.md.
+``trainer.strategy``: ``ddp`` replicates the model and optimizer and sums the gradients with ``all_reduce_grads``;
+every rank clips by the same norm and takes the same step, so the replicas stay equal, bit for bit, without
+broadcasting weights. ``fsdp2`` shards them (``shard_with_fsdp2``, ``asyncrl.workers.fsdp``), and the ranks run their
+passes in lockstep (``rounds``, ``idle_pass``). Torch's ``DistributedDataParallel`` wrapper is not used: it
+all-reduces inside ``backward`` and expects every rank to call it equally often, while here a rank's share may pack
+into a different number of micro-batches (or none: every row of its share skipped as zero-advantage).
 
 The group is a process group of its own (``asyncrl.sync.transport``: TCPStore + gloo, or NCCL on GPUs), not the
-default group, so ranks may also be threads of one process (the in-process backend), and the weight sync's group is
-separate.
+default group, so ``ddp`` ranks may also be threads of one process (the in-process backend), and the weight sync's
+group is separate. FSDP2 needs the default group as well, so its ranks are processes.
 """
 
 from __future__ import annotations
