@@ -1,6 +1,6 @@
 """FSDP2 data-parallel trainer (``trainer.strategy: fsdp2``): sharded ranks step as one rank on the whole batch; a
-whole run on two sharded Ray ranks checkpoints in the single-rank layout, resumes on one rank, and a one-rank
-checkpoint resumes on two sharded ranks.
+sharded optimizer state is saved whole (the single-rank layout) and cut back exactly; a whole run on two sharded Ray
+ranks matches two DDP ranks and its checkpoint resumes on one rank.
 
 The ranks are real processes (FSDP2 needs each rank's default process group): spawned here with
 ``torch.multiprocessing`` for the update, Ray actors for the runs.
@@ -69,14 +69,52 @@ def _rank_main(rank: int, port: int, out: str) -> None:
             local = sum(p.to_local().numel() for p in sharded.parameters())
             results.append((full.state_dict(), res.metrics, local, idle[0]))
             idle[0] = 0
+        results.append(_resume_round_trip(dp, start, batch))
     finally:
         dp.close()
     torch.save(results, Path(out) / f"rank{rank}.pt")
 
 
-def test_two_sharded_ranks_on_half_batches_step_as_one_rank_on_the_whole(tmp_path):
-    mp.start_processes(_rank_main, args=(find_free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+def _adamw_step(model, batch, dp=None):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    ppo_update(model, opt, sched, batch, _cases()[1], RolloutCorrectionConfig(), 1.0, 1, seed=5, dp=dp)
+    return opt, sched
+
+
+def _resume_round_trip(dp, start, batch):
+    """A sharded AdamW state gathered whole (the checkpoint's single-rank layout), then cut back into a fresh
+    sharded model and optimizer: both take the same next step."""
+    model = copy.deepcopy(start)
+    dp.shard_with_fsdp2(model)
+    opt, _ = _adamw_step(model, batch, dp)
+    saved_opt = fsdp.full_optimizer_state(opt)
+    saved = copy.deepcopy(start)
+    fsdp.gather_into(model, [saved])
+    fresh = copy.deepcopy(start)
+    dp.shard_with_fsdp2(fresh)
+    fsdp.load_full(fresh, dict(saved.named_parameters()), "the gathered weights")
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    fresh_opt.load_state_dict(fsdp.sharded_optimizer_state(saved_opt, fresh_opt))
+    after = []
+    for m, o in ((model, opt), (fresh, fresh_opt)):
+        sched = torch.optim.lr_scheduler.LambdaLR(o, lambda _: 1.0)
+        ppo_update(m, o, sched, batch, _cases()[1], RolloutCorrectionConfig(), 1.0, 1, seed=6, dp=dp)
+        full = copy.deepcopy(start)
+        fsdp.gather_into(m, [full])
+        after.append(full.state_dict())
+    return saved_opt, after
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """What each of two spawned FSDP2 ranks returned from ``_rank_main``, in rank order."""
+    out = tmp_path_factory.mktemp("fsdp_ranks")
+    mp.start_processes(_rank_main, args=(find_free_port(), str(out)), nprocs=2, start_method="spawn")
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def test_two_sharded_ranks_on_half_batches_step_as_one_rank_on_the_whole(ranks):
     tok = build_char_tokenizer([CHARS])
     start = build_model("micro", tok, seed=0)
     batch = _batch(tok, ADVS)
@@ -96,6 +134,22 @@ def test_two_sharded_ranks_on_half_batches_step_as_one_rank_on_the_whole(tmp_pat
             assert local < 0.6 * total  # each rank holds about half of every parameter
     # the ranks' shares packed into different numbers of micro-batches in the first case: idle passes ran
     assert ranks[0][0][3] + ranks[1][0][3] > 0
+
+
+def test_sharded_optimizer_state_saves_whole_and_resumes_on_any_rank_count(ranks):
+    """What a checkpoint holds under FSDP2 is one rank's AdamW state (gathered whole, so it resumes on M ranks of
+    either strategy), and cutting it back into a sharded optimizer resumes exactly (the N -> N and 1 -> N loads)."""
+    saved, after = ranks[0][-1]
+    tok = build_char_tokenizer([CHARS])
+    one = build_model("micro", tok, seed=0)
+    opt, _ = _adamw_step(one, _batch(tok, ADVS))
+    plain = opt.state_dict()
+    assert sorted(saved["state"]) == sorted(plain["state"]) and saved["param_groups"] == plain["param_groups"]
+    for idx, st in plain["state"].items():
+        for k, v in st.items():
+            assert saved["state"][idx][k].shape == v.shape and torch.allclose(saved["state"][idx][k], v, atol=1e-7)
+    for k in after[0]:  # the resumed shards step exactly as the ones that never stopped
+        assert torch.equal(after[0][k], after[1][k]), k
 
 
 # ---- whole runs -----------------------------------------------------------------------------------------------------
@@ -130,9 +184,9 @@ def _steps(run_dir: Path) -> list[dict]:
     return [m for m in rows if "reward/mean" in m]
 
 
-def test_sharded_ray_ranks_checkpoint_and_resume_across_rank_counts(setup, tmp_path):
+def test_sharded_ray_ranks_train_as_ddp_and_resume_on_one_rank(setup, tmp_path):
     """Two FSDP2 ranks (Ray actors) train as two DDP ranks do (one_step_off: the rollout pool makes the samples, so
-    they are the same), write a checkpoint one in-process rank resumes, and resume a one-rank checkpoint."""
+    they are the same) and write a checkpoint that one in-process rank resumes."""
     sharded, ddp = tmp_path / "fsdp2", tmp_path / "ddp"
     run_training(_cfg(setup, sharded, 2, *RAY2))
     run_training(_cfg(setup, ddp, 2, "trainer.backend=in_process", "trainer.num_workers=2"))
@@ -143,9 +197,9 @@ def test_sharded_ray_ranks_checkpoint_and_resume_across_rank_counts(setup, tmp_p
     state = torch.load(sharded / "checkpoints" / "step_2" / "trainer_state.pt", weights_only=False)
     assert state["optimizer"]["state"][0]["exp_avg"].shape == a["model.embed_tokens.weight"].shape  # whole, gathered
 
-    # N=2 sharded -> M=1, and M=1 -> N=2 sharded: both continue as the DDP run resumed on one rank does
+    # N=2 sharded -> M=1: continues as the DDP run resumed on one rank does (1 -> N sharded: the test above)
     run_training(_cfg(setup, sharded, 3, "trainer.backend=in_process"))
-    run_training(_cfg(setup, ddp, 3, *RAY2))
+    run_training(_cfg(setup, ddp, 3, "trainer.backend=in_process"))
     assert [m["step"] for m in _steps(sharded)] == [m["step"] for m in _steps(ddp)] == [1, 2, 3]
     a, b = _weights(sharded, 3), _weights(ddp, 3)
     for k in b:

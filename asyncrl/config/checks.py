@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from asyncrl.config.errors import ConfigError, check, choice
+from asyncrl.config.model_checks import check_lora, check_quantization, check_trainer_ranks
 from asyncrl.config.schema import (
     ALGORITHMS,
     BACKENDS,
@@ -33,8 +34,8 @@ def validate(cfg: Config) -> None:
     check(bool(d.train_files), "data.train_files", d.train_files, "a non-empty list of parquet/jsonl files")
     choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
     choice("rollout.engine", r.engine, ("builtin", "vllm"))
-    _check_lora(cfg)
-    _check_quantization(cfg)
+    check_lora(cfg)
+    check_quantization(cfg)
     _check_multi_turn(cfg)
     check(r.max_num_seqs >= 1, "rollout.max_num_seqs", r.max_num_seqs, ">= 1")
     check(r.max_model_len is None or r.max_model_len >= 2, "rollout.max_model_len", r.max_model_len, ">= 2 or null")
@@ -105,31 +106,7 @@ def validate(cfg: Config) -> None:
     for b in t.logger:
         choice("trainer.logger", b, ("console", "jsonl", "tensorboard", "prometheus"))
     check(t.cpus_per_worker >= 1, "trainer.cpus_per_worker", t.cpus_per_worker, ">= 1")
-    check(t.num_workers >= 1, "trainer.num_workers", t.num_workers, ">= 1")
-    check(
-        t.num_workers == 1 or t.schedule != "sync" or r.engine != "vllm",
-        "trainer.num_workers",
-        t.num_workers,
-        "1 with rollout.engine=vllm in the sync schedule (each data-parallel rank would start a vLLM engine of its "
-        "own, which is not implemented; a separate rollout pool, trainer.schedule=one_step_off, works with any "
-        "number of ranks)",
-    )
-    choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
-    if t.strategy == "fsdp2" and t.num_workers > 1:
-        check(
-            t.backend == "ray",
-            "trainer.strategy",
-            t.strategy,
-            "ddp with trainer.backend=in_process: FSDP2 needs a default process group per rank, so its ranks must "
-            "be processes (trainer.backend=ray), not threads of the driver",
-        )
-        check(
-            not cfg.model.lora_rank,
-            "trainer.strategy",
-            t.strategy,
-            "ddp with LoRA (model.lora_rank > 0): sharding a LoRA model with FSDP2 is not implemented (DDP "
-            "replicates only the small adapter's gradients and optimizer state)",
-        )
+    check_trainer_ranks(cfg)
     check(r.num_workers >= 1, "rollout.num_workers", r.num_workers, ">= 1")
     check(r.cpus_per_worker > 0, "rollout.cpus_per_worker", r.cpus_per_worker, "> 0")
     s = cfg.sync
@@ -372,17 +349,6 @@ def _validate_async_training(cfg: Config) -> None:
         )
 
 
-def _check_lora(cfg: Config) -> None:
-    m = cfg.model
-    check(m.lora_rank >= 0, "model.lora_rank", m.lora_rank, ">= 0 (0 = full fine-tuning)")
-    check(m.lora_alpha > 0, "model.lora_alpha", m.lora_alpha, "> 0")
-    t = m.target_modules
-    ok = t == "all-linear" or (isinstance(t, list) and bool(t) and all(isinstance(x, str) and x for x in t))
-    check(ok, "model.target_modules", t, '"all-linear" or a non-empty list of module names')
-    if m.lora_adapter_path is not None and not m.lora_rank:
-        raise ConfigError("model.lora_adapter_path is set but model.lora_rank is 0 (LoRA off): set the adapter's rank")
-
-
 def _check_multi_turn(cfg: Config) -> None:
     from asyncrl.agent.loop import AGENT_LOOPS
 
@@ -397,18 +363,3 @@ def _check_multi_turn(cfg: Config) -> None:
     check(mt.tool_timeout_s > 0, "rollout.multi_turn.tool_timeout_s", mt.tool_timeout_s, "> 0")
     if cfg.rollout.agent.default_agent_loop == "tool_agent":
         check(bool(mt.tools), "rollout.multi_turn.tools", mt.tools, "a non-empty list with the tool agent")
-
-
-def _check_quantization(cfg: Config) -> None:
-    q = cfg.rollout.quantization
-    choice("rollout.quantization", q, (None, "fp8"))
-    if q is None:
-        return
-    if cfg.model.lora_rank:
-        raise ConfigError("rollout.quantization=fp8 with model.lora_rank > 0 is not implemented (a LoRA sync carries "
-                          "only the adapter; quantizing the base for the rollout is not built)")  # fmt: skip
-    if cfg.trainer.schedule == "sync" and cfg.rollout.engine == "builtin":
-        raise ConfigError(
-            "rollout.quantization=fp8 with trainer.schedule=sync needs rollout.engine=vllm: the built-in engine "
-            "decodes with the trainer's own weights in sync (use a schedule with a rollout pool, or vLLM)"
-        )

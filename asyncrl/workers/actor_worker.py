@@ -241,7 +241,8 @@ class ActorRolloutWorker(SyncSenderMixin):
     def _copy_weights(self, targets: list[torch.nn.Module]) -> None:
         """The trained weights into each of ``targets`` (FSDP2: gathered from the shards, on every rank at once)."""
         if self.dp is not None and self.dp.sharded:
-            fsdp.gather_into(self.model, targets)
+            with self.timeline.span("gather_weights", worker=self.name):
+                fsdp.gather_into(self.model, targets)
         else:
             for t in targets:
                 t.load_state_dict(self.model.state_dict())

@@ -107,10 +107,18 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     collective: every rank calls it (in the same parameter order), only rank 0 need keep the result."""
     sd = optimizer.state_dict()
     state = {
-        idx: {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in sorted(per_param.items())}
+        idx: {k: _whole(v) for k, v in sorted(per_param.items())}
         for idx, per_param in sorted(sd["state"].items())
     }
     return {"state": state, "param_groups": sd["param_groups"]}
+
+
+def _whole(v: Any) -> Any:
+    """A state value gathered whole (a sharded tensor) or copied (a step count): never the optimizer's own tensor,
+    which its next step changes in place."""
+    if isinstance(v, DTensor):
+        return v.full_tensor()
+    return v.clone() if isinstance(v, torch.Tensor) else v
 
 
 def sharded_optimizer_state(full: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -122,7 +130,7 @@ def sharded_optimizer_state(full: dict[str, Any], optimizer: torch.optim.Optimiz
         p = params[int(idx)]
         state[idx] = {
             k: _local_slice(v, p) if isinstance(v, torch.Tensor) and isinstance(p, DTensor) and v.shape == p.shape
-            else v
+            else _whole(v)
             for k, v in per_param.items()
         }  # fmt: skip
     return {"state": state, "param_groups": full["param_groups"]}

@@ -1,0 +1,61 @@
+"""Checks of the model side of a config: LoRA, quantized rollout, and the trainer's data-parallel ranks."""
+
+from __future__ import annotations
+
+from asyncrl.config.errors import ConfigError, check, choice
+from asyncrl.config.schema import Config
+
+
+def check_trainer_ranks(cfg: Config) -> None:
+    t, r = cfg.trainer, cfg.rollout
+    check(t.num_workers >= 1, "trainer.num_workers", t.num_workers, ">= 1")
+    check(
+        t.num_workers == 1 or t.schedule != "sync" or r.engine != "vllm",
+        "trainer.num_workers",
+        t.num_workers,
+        "1 with rollout.engine=vllm in the sync schedule (each data-parallel rank would start a vLLM engine of its "
+        "own, which is not implemented; a separate rollout pool, trainer.schedule=one_step_off, works with any "
+        "number of ranks)",
+    )
+    choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
+    if t.strategy == "fsdp2" and t.num_workers > 1:
+        check(
+            t.backend == "ray",
+            "trainer.strategy",
+            t.strategy,
+            "ddp with trainer.backend=in_process: FSDP2 needs a default process group per rank, so its ranks must "
+            "be processes (trainer.backend=ray), not threads of the driver",
+        )
+        check(
+            not cfg.model.lora_rank,
+            "trainer.strategy",
+            t.strategy,
+            "ddp with LoRA (model.lora_rank > 0): sharding a LoRA model with FSDP2 is not implemented (DDP "
+            "replicates only the small adapter's gradients and optimizer state)",
+        )
+
+
+def check_lora(cfg: Config) -> None:
+    m = cfg.model
+    check(m.lora_rank >= 0, "model.lora_rank", m.lora_rank, ">= 0 (0 = full fine-tuning)")
+    check(m.lora_alpha > 0, "model.lora_alpha", m.lora_alpha, "> 0")
+    t = m.target_modules
+    ok = t == "all-linear" or (isinstance(t, list) and bool(t) and all(isinstance(x, str) and x for x in t))
+    check(ok, "model.target_modules", t, '"all-linear" or a non-empty list of module names')
+    if m.lora_adapter_path is not None and not m.lora_rank:
+        raise ConfigError("model.lora_adapter_path is set but model.lora_rank is 0 (LoRA off): set the adapter's rank")
+
+
+def check_quantization(cfg: Config) -> None:
+    q = cfg.rollout.quantization
+    choice("rollout.quantization", q, (None, "fp8"))
+    if q is None:
+        return
+    if cfg.model.lora_rank:
+        raise ConfigError("rollout.quantization=fp8 with model.lora_rank > 0 is not implemented (a LoRA sync carries "
+                          "only the adapter; quantizing the base for the rollout is not built)")  # fmt: skip
+    if cfg.trainer.schedule == "sync" and cfg.rollout.engine == "builtin":
+        raise ConfigError(
+            "rollout.quantization=fp8 with trainer.schedule=sync needs rollout.engine=vllm: the built-in engine "
+            "decodes with the trainer's own weights in sync (use a schedule with a rollout pool, or vLLM)"
+        )
