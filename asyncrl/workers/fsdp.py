@@ -107,8 +107,7 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     collective: every rank calls it (in the same parameter order), only rank 0 need keep the result."""
     sd = optimizer.state_dict()
     state = {
-        idx: {k: _whole(v) for k, v in sorted(per_param.items())}
-        for idx, per_param in sorted(sd["state"].items())
+        idx: {k: _whole(v) for k, v in sorted(per_param.items())} for idx, per_param in sorted(sd["state"].items())
     }
     return {"state": state, "param_groups": sd["param_groups"]}
 
