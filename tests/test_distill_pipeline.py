@@ -177,13 +177,11 @@ def test_a_teacher_that_cannot_start_is_a_clear_error(tmp_path):
         start_teacher_server(str(bad), tmp_path / "err.log", max_batch=2, threads=1, startup_timeout_s=60)
 
 
-@pytest.mark.ray
 def test_the_distill_command_runs_from_a_config_file(setup, tmp_path):
-    """``asyncrl distill --config``: the CLI path a user runs (a separate interpreter, as from a shell)."""
+    """``asyncrl distill --config``: the CLI path a user runs (a separate interpreter, as from a shell). In-process
+    roles: the Ray backend's distillation is the schedule test's (two_step_off on Ray)."""
     run_dir = tmp_path / "cli"
-    over = [
-        o for o in overrides(setup, run_dir, 1, "one_step_off", backend="ray") if not o.startswith("algorithm.name")
-    ]
+    over = [o for o in overrides(setup, run_dir, 1, "one_step_off") if not o.startswith("algorithm.name")]
     out = subprocess.run(
         [sys.executable, "-m", "asyncrl.cli", "distill", "--config", "configs/distill.yaml", *over],
         capture_output=True,

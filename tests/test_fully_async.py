@@ -181,6 +181,7 @@ def _train_cmd(overrides: list[str]) -> list[str]:
 
 
 @pytest.mark.ray
+@pytest.mark.faults  # two CLI runs on Ray (~55 s): in make test-faults; make test resumes fully_async in-process
 def test_kill_9_and_resume_loses_and_repeats_no_prompt(setup, tmp_path):
     root, model, train, test = setup
     run_dir = tmp_path / "killed"

@@ -33,6 +33,9 @@ def setup(tmp_path_factory):
     ray.shutdown()
 
 
+IN_PROCESS = "trainer.backend=in_process"
+
+
 def _run(setup, name: str, steps: int, *extra: str) -> tuple[dict, list[dict]]:
     root, model, train, test = setup
     run_dir = root / name
@@ -91,10 +94,11 @@ def test_kl_loss_and_recomputed_old_logprobs_run(setup):
 
 
 def test_resume_equals_unbroken_run(setup, capsys):
-    _, full = _run(setup, "full", 4)
-    _, part1 = _run(setup, "resumed", 2)
+    """In-process roles (three runs; the Ray backend's resume is the fault suite's and test_fsdp's)."""
+    _, full = _run(setup, "full", 4, IN_PROCESS)
+    _, part1 = _run(setup, "resumed", 2, IN_PROCESS)
     capsys.readouterr()
-    _, resumed = _run(setup, "resumed", 4, "trainer.resume_mode=auto")
+    _, resumed = _run(setup, "resumed", 4, "trainer.resume_mode=auto", IN_PROCESS)
     ckpt = setup[0] / "resumed" / "checkpoints" / "step_2"
     assert f"[resumed] resumed from {ckpt} (step 2, 32 samples trained); steps 3..4 to run" in capsys.readouterr().out
     assert [m["step"] for m in resumed] == [0, 1, 2, 3, 4]  # each step logged exactly once

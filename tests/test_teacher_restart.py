@@ -49,6 +49,7 @@ def wait_for(what: str, ok, timeout_s: float = 60.0):  # noqa: ANN001
     raise AssertionError(f"{what} not within {timeout_s:g} s")
 
 
+@pytest.mark.faults  # two server starts (~16 s): in make test-faults, to keep make test in budget
 def test_a_killed_server_is_restarted_on_its_port_and_the_request_after_the_kill_succeeds(teacher, tmp_path):
     with teacher_endpoint(config(teacher, max_restarts=3), tmp_path) as endpoint:
         first = endpoint.pid
