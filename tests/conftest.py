@@ -12,3 +12,21 @@ os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 import torch  # noqa: E402
 
 torch.set_num_threads(2)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_ray_cluster_per_session():
+    """The Ray tests share one local cluster (a start and stop costs ~5 s on 2 cores): a run reuses a running cluster
+    (``init_ray``), and it is stopped once, here, at the end. A module that needs a cluster of its own stops this one
+    first (test_sync_weights)."""
+    yield
+    import sys
+
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()

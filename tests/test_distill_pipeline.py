@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-import ray
 
 from asyncrl.checkpoint import load_driver_state
 from asyncrl.config import ConfigError, load_config
@@ -31,7 +30,17 @@ def setup(tmp_path_factory):
     student = make_model(root, train, seed=0)
     teacher = make_model(root / "t", train, seed=7)  # same data -> same char tokenizer, different weights
     yield root, student, teacher, train, test
-    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def shared_teacher(setup):
+    """One teacher server for the tests that are not about starting one (a start costs seconds of imports): a
+    server the user started, given as ``teacher.url``, which a run uses and leaves running."""
+    proc, url = start_teacher_server(
+        str(setup[2]), setup[0] / "shared_teacher.log", max_batch=8, threads=1, startup_timeout_s=60
+    )
+    yield proc, url
+    stop_process(proc)
 
 
 def overrides(
@@ -96,11 +105,11 @@ def test_each_schedule_distills_with_its_staleness(setup, schedule, staleness, b
     assert {"teacher", "update_actor"} <= names
 
 
-def test_distillation_moves_the_student_toward_the_teacher(setup):
+def test_distillation_moves_the_student_toward_the_teacher(setup, shared_teacher):
     """Many small steps of forward KL on one fixed prompt set: the student's loss against the teacher falls."""
     root = setup[0]
     run_dir = root / "run_learn"
-    over = overrides(setup, run_dir, 12, "sync") + [
+    over = overrides(setup, run_dir, 12, "sync", teacher_url=shared_teacher[1]) + [
         "trainer.test_freq=0",
         "trainer.save_freq=0",
         "data.train_batch_size=2",
@@ -116,10 +125,13 @@ def test_distillation_moves_the_student_toward_the_teacher(setup):
     assert sum(kl[-3:]) / 3 < sum(kl[:3]) / 3
 
 
-def test_resume_continues_the_schedule_without_losing_a_batch(setup):
+def test_resume_continues_the_schedule_without_losing_a_batch(setup, shared_teacher):
     root = setup[0]
     run_dir = root / "run_resume"
-    base = overrides(setup, run_dir, 2, "two_step_off") + ["trainer.val_before_train=false", "trainer.save_freq=1"]
+    base = overrides(setup, run_dir, 2, "two_step_off", teacher_url=shared_teacher[1]) + [
+        "trainer.val_before_train=false",
+        "trainer.save_freq=1",
+    ]
     run_training(load_config(None, base))
     # the checkpoint of step 2 was written with batches 3 and 4 not yet trained: its cursor is after batch 2
     state = load_driver_state(run_dir / "checkpoints" / "step_2")
@@ -130,16 +142,12 @@ def test_resume_continues_the_schedule_without_losing_a_batch(setup):
     assert json.loads((run_dir / "summary.json").read_text())["samples"] == 4 * 4 * 4
 
 
-def test_a_given_url_is_used_and_left_running(setup, tmp_path):
-    root, teacher = setup[0], setup[2]
-    proc, url = start_teacher_server(str(teacher), tmp_path / "err.log", max_batch=8, threads=1, startup_timeout_s=60)
-    try:
-        run_dir = root / "run_url"
-        summary = run_training(load_config(None, overrides(setup, run_dir, 1, "one_step_off", teacher_url=url)))
-        assert summary["teacher"]["url"] == url
-        assert proc.poll() is None, "a server the user started is theirs: the run does not stop it"
-    finally:
-        stop_process(proc)
+def test_a_given_url_is_used_and_left_running(setup, shared_teacher):
+    proc, url = shared_teacher
+    run_dir = setup[0] / "run_url"
+    summary = run_training(load_config(None, overrides(setup, run_dir, 1, "one_step_off", teacher_url=url)))
+    assert summary["teacher"]["url"] == url
+    assert proc.poll() is None, "a server the user started is theirs: the run does not stop it"
 
 
 def test_a_teacher_with_another_vocabulary_is_refused_before_training(setup, tmp_path):
@@ -177,11 +185,12 @@ def test_a_teacher_that_cannot_start_is_a_clear_error(tmp_path):
         start_teacher_server(str(bad), tmp_path / "err.log", max_batch=2, threads=1, startup_timeout_s=60)
 
 
-def test_the_distill_command_runs_from_a_config_file(setup, tmp_path):
+def test_the_distill_command_runs_from_a_config_file(setup, shared_teacher, tmp_path):
     """``asyncrl distill --config``: the CLI path a user runs (a separate interpreter, as from a shell). In-process
     roles: the Ray backend's distillation is the schedule test's (two_step_off on Ray)."""
     run_dir = tmp_path / "cli"
-    over = [o for o in overrides(setup, run_dir, 1, "one_step_off") if not o.startswith("algorithm.name")]
+    over = overrides(setup, run_dir, 1, "one_step_off", teacher_url=shared_teacher[1])
+    over = [o for o in over if not o.startswith("algorithm.name")]
     out = subprocess.run(
         [sys.executable, "-m", "asyncrl.cli", "distill", "--config", "configs/distill.yaml", *over],
         capture_output=True,

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 
 from asyncrl.config import load_config
@@ -42,7 +41,6 @@ def setup(tmp_path_factory):
     train, test = make_data(root, size=10, test_size=8)
     model = make_model(root, train)
     yield root, model, train, test
-    ray.shutdown()
 
 
 def _bound(cfg) -> int:

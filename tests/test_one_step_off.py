@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import ray
 
 from asyncrl.checkpoint import load_driver_state
 from asyncrl.config import load_config
@@ -37,7 +36,6 @@ def setup(tmp_path_factory):
     train, test = make_data(root)
     model = make_model(root, train)
     yield root, model, train, test
-    ray.shutdown()
 
 
 def test_three_one_step_off_steps_train_one_version_behind(setup):

@@ -6,7 +6,6 @@ import math
 import random
 
 import pytest
-import ray
 import torch
 
 from asyncrl.config import load_config
@@ -49,7 +48,6 @@ def rm_setup(tmp_path_factory):
     rm_dir = root / "rm"
     summary = train_reward_model([str(train)], [str(test)], str(model), str(rm_dir), steps=30, lr=1e-3, seed=0)
     yield root, model, train, test, rm_dir, summary
-    ray.shutdown()
 
 
 def test_train_rm_writes_a_model_that_scores_sequences(rm_setup):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import ray
 import torch
 from safetensors.torch import load_file
 
@@ -41,7 +40,6 @@ def setup(tmp_path_factory):
     train, test = make_data(root)
     model = make_model(root, train)
     yield root, model, train, test
-    ray.shutdown()
 
 
 def _run(setup, name: str, steps: int, *extra: str) -> tuple[dict, list[dict]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import ray
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -30,7 +29,6 @@ def setup(tmp_path_factory):
     train, test = make_data(root)
     model = make_model(root, train)
     yield root, model, train, test
-    ray.shutdown()
 
 
 IN_PROCESS = "trainer.backend=in_process"

@@ -78,13 +78,12 @@ def cluster():
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     # Ship this module's actor classes by value: Ray workers need not be able to import the tests package.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    started = not ray.is_initialized()
-    if started:
-        env = {"MASTER_ADDR": "127.0.0.1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, logging_level="WARNING")
+    # a cluster of its own: this module's actors take CPUs, and its failure tests leave workers stuck in a sync
+    ray.shutdown()
+    env = {"MASTER_ADDR": "127.0.0.1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, logging_level="WARNING")
     yield
-    if started:
-        ray.shutdown()
+    ray.shutdown()
 
 
 def _spawn(cls, *args, **kwargs):
