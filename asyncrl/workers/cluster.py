@@ -58,12 +58,22 @@ class RayHandle:
 
 
 _REAPER_STARTED = False
+_STARTED: tuple[str, int] | None = None  # (node id, CPUs) of the last local cluster init_ray started
 
 
 def init_ray(cfg: RayConfig) -> None:
-    """Start a local single-node cluster bound to 127.0.0.1, or connect to ``ray.address`` when the user gives one."""
+    """Start a local single-node cluster bound to 127.0.0.1, or connect to ``ray.address`` when the user gives one.
+
+    A second run in the same process reuses the cluster, unless this function started it with another
+    ``ray.num_cpus``: then it is restarted with the CPUs this run asks for. A cluster the caller started is theirs
+    and is used as it is."""
+    global _STARTED
+    want = int(cfg.num_cpus or os.cpu_count() or 1)
     if ray.is_initialized():
-        return
+        ours = _STARTED is not None and _STARTED[0] == ray.get_runtime_context().get_node_id()
+        if cfg.address or not ours or _STARTED[1] == want:  # type: ignore[index]
+            return
+        ray.shutdown()
     env = dict(WORKER_ENV)
     if cfg.address:
         ray.init(address=cfg.address, runtime_env={"env_vars": env}, log_to_driver=True)
@@ -80,7 +90,7 @@ def init_ray(cfg: RayConfig) -> None:
     for k, v in env.items():
         os.environ.setdefault(k, v)
     ray.init(
-        num_cpus=cfg.num_cpus or os.cpu_count(),
+        num_cpus=want,
         include_dashboard=False,
         runtime_env={"env_vars": env},
         configure_logging=True,
@@ -91,6 +101,7 @@ def init_ray(cfg: RayConfig) -> None:
     if ip != "127.0.0.1":
         ray.shutdown()
         raise RuntimeError(f"the local Ray cluster bound {ip}, not 127.0.0.1: this Ray ignores its loopback flag")
+    _STARTED = (ray.get_runtime_context().get_node_id(), want)
     global _REAPER_STARTED
     if not _REAPER_STARTED:  # kills this cluster's processes if the driver is killed (asyncrl.workers.reaper)
         start_reaper()
