@@ -108,6 +108,11 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.timeline = get_timeline()
         self.timeline.worker = name
 
+    @property
+    def sharded(self) -> bool:
+        """FSDP2: ``model`` holds this rank's shards, ``serving`` a full copy of the weights."""
+        return self.dp is not None and self.dp.sharded
+
     def _build_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
         o = self.cfg.actor.optim
         optimizer = torch.optim.AdamW(
@@ -228,7 +233,7 @@ class ActorRolloutWorker(SyncSenderMixin):
     def _count_update(self) -> None:
         self.updates += 1
         version = self.updates // self.updates_per_version
-        copies = [self.serving] if self.serving is not self.model else []
+        copies = [self.serving] if self.sharded else []
         if version != self.version and self.prox_model is not None:
             copies.append(self.prox_model)  # a new sync window starts from here
         freq = self.cfg.dpo.ref_update_freq
@@ -240,7 +245,7 @@ class ActorRolloutWorker(SyncSenderMixin):
 
     def _copy_weights(self, targets: list[torch.nn.Module]) -> None:
         """The trained weights into each of ``targets`` (FSDP2: gathered from the shards, on every rank at once)."""
-        if self.dp is not None and self.dp.sharded:
+        if self.sharded:
             with self.timeline.span("gather_weights", worker=self.name):
                 fsdp.gather_into(self.model, targets)
         else:
@@ -251,8 +256,7 @@ class ActorRolloutWorker(SyncSenderMixin):
     def save_checkpoint(self, directory: str) -> None:
         """Writes model (safetensors) + tokenizer, optimizer, scheduler and RNG states into ``directory``. FSDP2:
         every rank is called (the optimizer state is gathered whole), rank 0 writes the single-rank layout."""
-        sharded = self.dp is not None and self.dp.sharded
-        optimizer = fsdp.full_optimizer_state(self.optimizer) if sharded else self.optimizer.state_dict()
+        optimizer = fsdp.full_optimizer_state(self.optimizer) if self.sharded else self.optimizer.state_dict()
         if self.rank != 0:
             return
         d = Path(directory)
@@ -280,8 +284,7 @@ class ActorRolloutWorker(SyncSenderMixin):
         else:
             self._load_full_weights(d)
         state = torch.load(d / self.state_file, weights_only=False)
-        sharded = self.dp is not None and self.dp.sharded
-        if sharded:  # this rank's slice of the whole state
+        if self.sharded:  # this rank's slice of the whole state
             state["optimizer"] = fsdp.sharded_optimizer_state(state["optimizer"], self.optimizer)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -293,15 +296,15 @@ class ActorRolloutWorker(SyncSenderMixin):
             self.ref_model.load_state_dict(torch.load(d / "ref_model.pt", weights_only=True))
         # checkpoints are taken at weight syncs: a sync window starts here
         self._copy_weights(
-            ([self.serving] if sharded else []) + ([self.prox_model] if self.prox_model is not None else [])
+            ([self.serving] if self.sharded else []) + ([self.prox_model] if self.prox_model is not None else [])
         )
-        if self.dp is not None and not sharded:  # every rank read the same files (any number of ranks wrote them)
+        if self.dp is not None and not self.sharded:  # every rank read the same files (any number of ranks wrote them)
             self.dp.check_replicas(self.model, f"{self.name}: resume from {d}")
         return self.version
 
     def _load_full_weights(self, d: Path) -> None:
         tensors = load_tensors(d / "model")
-        if self.dp is not None and self.dp.sharded:
+        if self.sharded:
             tensors = {k: v for k, v in tensors.items() if not _is_tied(self.serving, k)}
             fsdp.load_full(self.model, tensors, str(d))
             return

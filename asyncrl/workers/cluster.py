@@ -70,8 +70,8 @@ def init_ray(cfg: RayConfig) -> None:
     global _STARTED
     want = int(cfg.num_cpus or os.cpu_count() or 1)
     if ray.is_initialized():
-        ours = _STARTED is not None and _STARTED[0] == ray.get_runtime_context().get_node_id()
-        if cfg.address or not ours or _STARTED[1] == want:  # type: ignore[index]
+        node = ray.get_runtime_context().get_node_id()
+        if cfg.address or _STARTED is None or _STARTED[0] != node or _STARTED[1] == want:  # not ours, or as wanted
             return
         ray.shutdown()
     env = dict(WORKER_ENV)

@@ -17,7 +17,7 @@ from asyncrl.config import ActorConfig, CriticConfig, DistillConfig, RolloutCorr
 from asyncrl.data.collate import Batching, TrainBatch, micro_batches
 from asyncrl.data.packing import TokenCount
 from asyncrl.data.targets import PolicyTarget, TeacherTarget
-from asyncrl.workers.data_parallel import DataParallel
+from asyncrl.workers.data_parallel import DataParallel, Lockstep
 from asyncrl.workers.optim_step import Means, finish_mini_batch
 
 
@@ -245,27 +245,23 @@ def optimize(
             mini_stats: dict[str, float] = {}
             weights = 0.0
             mbs = micro_batches(mini, how, count)
-            passes = 0
-            rounds = dp.rounds(len(mbs)) if dp is not None and dp.sharded else 0  # agreed before any collective
+            lockstep = Lockstep(dp, len(mbs))
             for _, mb in mbs:
                 if actor.loss_agg_mode == "token-mean":
                     weight = float(mb.response_mask_BT.sum()) / mini_tokens
                 else:
                     weight = float((mb.response_mask_BT.sum(dim=1) > 0).sum()) / mini_seqs
                 loss, stats = micro_loss(mb)
-                passes += 1
+                lockstep.passed()
                 if not torch.isfinite(loss):
                     finite = False
-                    if dp is not None and dp.sharded:  # a forward's backward is a collective: still run it
-                        (loss * 0.0).backward()
+                    lockstep.drop(loss)
                     break
                 (loss * weight).backward()
                 weights += weight
                 for k, v in stats.items():
                     mini_stats[k] = mini_stats.get(k, 0.0) + weight * v
-            if dp is not None and dp.sharded:  # FSDP2: as many passes as the busiest rank
-                for _ in range(rounds - passes):
-                    dp.idle_pass(model)
+            lockstep.finish(model)
             if finish_mini_batch(params, optimizer, scheduler, actor, dp, finite, mini_stats, weights, means, prefix):
                 steps += 1
             else:

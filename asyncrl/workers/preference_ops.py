@@ -14,7 +14,7 @@ from asyncrl.algos.dpo import dpo_loss, sequence_logratios
 from asyncrl.config import ActorConfig, DpoConfig
 from asyncrl.data.collate import TrainBatch
 from asyncrl.data.targets import PreferenceTarget
-from asyncrl.workers.data_parallel import DataParallel
+from asyncrl.workers.data_parallel import DataParallel, Lockstep
 from asyncrl.workers.optim_step import Means, finish_mini_batch
 from asyncrl.workers.policy_ops import UpdateResult, _forward_logits
 
@@ -60,8 +60,7 @@ def dpo_update(
                 p.grad = torch.zeros_like(p)
             finite, stats, weights = True, {}, 0.0
             micros = mini_pairs.split(per_micro) if len(mini_pairs) else ()
-            passes = 0
-            rounds = dp.rounds(len(micros)) if dp is not None and dp.sharded else 0  # agreed before any collective
+            lockstep = Lockstep(dp, len(micros))
             for micro in micros:
                 mb = batch.select(_pair_rows(micro)).trimmed()
                 t: PreferenceTarget = mb.policy  # type: ignore[assignment]
@@ -71,20 +70,17 @@ def dpo_update(
                 w_P = t.pair_weight_BT[0::2, 0]
                 loss, s = dpo_loss(lr[0::2], lr[1::2], dpo.beta, dpo.loss_type, weight_P=w_P)
                 share = float(w_P.sum()) / real if real > 0 else 0.0
-                passes += 1
+                lockstep.passed()
                 if not torch.isfinite(loss):
                     finite = False
-                    if dp is not None and dp.sharded:  # a forward's backward is a collective: still run it
-                        (loss * 0.0).backward()
+                    lockstep.drop(loss)
                     break
                 (loss * share).backward()
                 if s:
                     weights += share
                     for k, v in s.items():
                         stats[k] = stats.get(k, 0.0) + share * v
-            if dp is not None and dp.sharded:  # FSDP2: as many passes as the busiest rank
-                for _ in range(rounds - passes):
-                    dp.idle_pass(model)
+            lockstep.finish(model)
             if finish_mini_batch(params, optimizer, scheduler, actor, dp, finite, stats, weights, means, "actor"):
                 steps += 1
             else:
