@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from asyncrl.sync.transport import LOOPBACK, find_free_port
 from asyncrl.workers import fsdp
 from asyncrl.workers.data_parallel import DataParallel
 from asyncrl.workers.policy_ops import ppo_update
-from tests.helpers import make_data, make_model, train_overrides
+from tests.helpers import RAY_CPUS_KEY, make_data, make_model, train_overrides
 from tests.test_data_parallel import _update
 from tests.test_policy_update import CHARS, _batch
 
@@ -45,12 +46,29 @@ def _sgd_update(model, batch, actor, dp):
     return model, ppo_update(model, opt, sched, batch, actor, RolloutCorrectionConfig(), 1.0, 2, seed=3, dp=dp)
 
 
-def _rank_main(rank: int, port: int, out: str) -> None:
+def _store_port(rank: int, out: Path) -> int:
+    """Rank 0 picks the store's port just before it binds it and hands it to rank 1 through a file: a port picked in
+    the parent would stay unbound for the children's start-up (seconds), long enough for another process to take it."""
+    path = out / "port"
+    if rank == 0:
+        port = find_free_port()
+        (out / "port.tmp").write_text(str(port))
+        (out / "port.tmp").rename(path)
+        return port
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 wrote no port to {path} in 120 s")
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+def _rank_main(rank: int, out: str) -> None:
     torch.set_num_threads(1)
     tok = build_char_tokenizer([CHARS])
     start = build_model("micro", tok, seed=0)
     batch = _batch(tok, ADVS)
-    dp = DataParallel.create(rank, 2, LOOPBACK, port, timeout_s=120)
+    dp = DataParallel.create(rank, 2, LOOPBACK, _store_port(rank, Path(out)), timeout_s=120)
     idle = [0]
 
     def counted(model):
@@ -110,7 +128,7 @@ def _resume_round_trip(dp, start, batch):
 def ranks(tmp_path_factory):
     """What each of two spawned FSDP2 ranks returned from ``_rank_main``, in rank order."""
     out = tmp_path_factory.mktemp("fsdp_ranks")
-    mp.start_processes(_rank_main, args=(find_free_port(), str(out)), nprocs=2, start_method="spawn")
+    mp.start_processes(_rank_main, args=(str(out),), nprocs=2, start_method="spawn")
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
@@ -170,7 +188,7 @@ def _cfg(setup, run_dir: Path, steps: int, *extra: str):
     return load_config(None, over)
 
 
-RAY2 = ("trainer.backend=ray", "trainer.num_workers=2", "trainer.strategy=fsdp2", "ray.num_cpus=3")
+RAY2 = ("trainer.backend=ray", "trainer.num_workers=2", "trainer.strategy=fsdp2", RAY_CPUS_KEY)
 
 
 def _weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
