@@ -51,7 +51,7 @@ distill: setup $(TEACHER) $(STUDENT)
 	HF_HUB_OFFLINE=1 $(BIN)/asyncrl distill --config configs/distill.yaml
 
 # Two pytest workers (pytest-xdist), a test file each at a time: most of a test's time is waiting (actors and servers
-# starting, Ray round trips), so the suite runs ~1.3x faster on 2 cores than in one process (BENCHMARKS.md).
+# starting, Ray round trips), so the suite runs ~1.3x faster on 2 cores than in one process (docs/demo.md).
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not faults" -n 2 --dist loadfile tests
 
