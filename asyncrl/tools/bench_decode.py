@@ -4,8 +4,9 @@ The built-in engine (our decode loop with a KV cache), transformers' ``generate`
 when the extra is installed; otherwise its row says why it is missing) twice: eager (``rollout.enforce_eager=true``,
 the default) and compiled (``false``: torch.compile, whose start-up is in the note). Same model, prompts (chat-templated
 questions), batch, new-token count, sampling (temperature 1) and torch threads; every row runs the full
-``--new-tokens`` (eos ignored), so each engine does the same work. Each engine is warmed up once and timed
-``--repeats`` times; the best run counts. Writes ``decode.json`` and ``decode.md`` under ``--out``.
+``--new-tokens`` (eos ignored), so each engine does the same work. Each engine is warmed up once, then the engines
+take turns ``--repeats`` times (one run each per round); each engine's best run counts. Writes ``decode.json`` and
+``decode.md`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -40,15 +42,19 @@ def _prompts(tokenizer, batch: int) -> list[Prompt]:
     return out
 
 
-def _best(fn, repeats: int) -> tuple[float, int]:
-    """(best seconds, tokens) over ``repeats`` timed calls after one warm-up; ``fn()`` returns tokens generated."""
-    fn()
-    best, tokens = float("inf"), 0
+def _interleaved(engines: dict[str, Callable[[], int]], repeats: int) -> dict[str, tuple[float, int, list[float]]]:
+    """Name -> (best seconds, tokens, every timed run) after one warm-up each. The engines take turns within each of
+    ``repeats`` rounds, so a machine that slows down or speeds up during the bench shifts every engine alike and the
+    ratios stay fair (timing one engine's runs after another's put each in a different stretch of the machine's
+    noise: up to 12% between back-to-back runs here)."""
+    tokens = {name: fn() for name, fn in engines.items()}
+    runs: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(repeats):
-        start = time.perf_counter()
-        tokens = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, tokens
+        for name, fn in engines.items():
+            start = time.perf_counter()
+            tokens[name] = fn()
+            runs[name].append(time.perf_counter() - start)
+    return {name: (min(runs[name]), tokens[name], runs[name]) for name in engines}
 
 
 def run_decode_bench(model_dir: str, out: str, batch: int, new_tokens: int, threads: int, repeats: int) -> list[dict]:
@@ -56,16 +62,7 @@ def run_decode_bench(model_dir: str, out: str, batch: int, new_tokens: int, thre
     model, tokenizer = load_model(model_dir, for_training=False)
     prompts = _prompts(tokenizer, batch)
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new_tokens)
-    rows: list[dict] = []
-
-    def record(engine: str, seconds: float, tokens: int, note: str = "") -> None:
-        rows.append({"engine": engine, "tokens": tokens, "seconds": round(seconds, 3),
-                     "tokens_per_s": round(tokens / seconds, 1) if seconds else None, "note": note})  # fmt: skip
-        print(json.dumps(rows[-1]), flush=True)
-
     builtin = RolloutEngine(model, tokenizer, eos_token_ids=[-1], max_batch_size=batch)  # -1: no eos, full length
-    record("builtin", *_best(lambda: sum(len(s.response_ids) for s in builtin.generate(prompts, params, 0)), repeats))
-
     left = max(len(p.prompt_ids) for p in prompts)
     pad = tokenizer.pad_token_id
     ids = torch.tensor([[pad] * (left - len(p.prompt_ids)) + p.prompt_ids for p in prompts])
@@ -77,22 +74,30 @@ def run_decode_bench(model_dir: str, out: str, batch: int, new_tokens: int, thre
                                   max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad)  # fmt: skip
         return int(seqs[:, left:].numel())
 
-    record("hf_generate", *_best(hf_generate, repeats))
+    engines: dict[str, Callable[[], int]] = {
+        "builtin": lambda: sum(len(s.response_ids) for s in builtin.generate(prompts, params, 0)),
+        "hf_generate": hf_generate,
+    }
+    notes = dict.fromkeys(engines, "")
+    missing = None
     try:
         from asyncrl.rollout.vllm_engine import VllmEngine, VllmEngineError, VllmOptions
-
-        def vllm_tokens(engine: VllmEngine) -> int:
-            return sum(len(s.response_ids) for s in engine.generate(prompts, params, 0))
 
         for name, eager in (("vllm", True), ("vllm_compiled", False)):  # rollout.enforce_eager true / false
             options = VllmOptions(max_model_len=left + new_tokens + 8, max_num_seqs=batch, enforce_eager=eager)
             engine = VllmEngine(model_dir, tokenizer, options, ignore_eos=True)
-            torch.set_num_threads(threads)
-            timed = _best(lambda e=engine: vllm_tokens(e), repeats)
-            record(name, *timed, f"enforce_eager={eager}, engine start {engine.start_seconds:.1f} s")
-            del engine
+            engines[name] = lambda e=engine: sum(len(s.response_ids) for s in e.generate(prompts, params, 0))
+            notes[name] = f"enforce_eager={eager}, engine start {engine.start_seconds:.1f} s"
+        torch.set_num_threads(threads)
     except VllmEngineError as e:
-        rows.append({"engine": "vllm", "tokens": 0, "seconds": None, "tokens_per_s": None, "note": str(e)})
+        missing = str(e)
+    rows: list[dict] = []
+    for name, (seconds, tokens, runs) in _interleaved(engines, repeats).items():
+        rows.append({"engine": name, "tokens": tokens, "seconds": round(seconds, 3),
+                     "tokens_per_s": round(tokens / seconds, 1), "runs_s": [round(r, 2) for r in runs],
+                     "note": notes[name]})  # fmt: skip
+    if missing is not None:
+        rows.append({"engine": "vllm", "tokens": 0, "seconds": None, "tokens_per_s": None, "note": missing})
     base = {r["engine"]: r["tokens_per_s"] for r in rows}
     for r in rows:
         for ref in ("builtin", "hf_generate"):
@@ -101,9 +106,10 @@ def run_decode_bench(model_dir: str, out: str, batch: int, new_tokens: int, thre
     setting = {"model": model_dir, "batch": batch, "new_tokens": new_tokens, "threads": threads, "repeats": repeats,
                "prompt_tokens_max": left, "load_avg": os.getloadavg()}  # fmt: skip
     Path(out, "decode.json").write_text(json.dumps({"setting": setting, "rows": rows}, indent=2))
-    lines = ["| engine | tokens | seconds | tokens/s | x builtin | x hf_generate | note |", "|" + " --- |" * 7]
+    head = "| engine | tokens | best s | tokens/s | x builtin | x hf_generate | every run s | note |"
+    lines = [head, "|" + " --- |" * 8]
     lines += [f"| {r['engine']} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | {r['ratio_to_builtin']} | "
-              f"{r['ratio_to_hf_generate']} | {r['note']} |" for r in rows]  # fmt: skip
+              f"{r['ratio_to_hf_generate']} | {r.get('runs_s', '')} | {r['note']} |" for r in rows]  # fmt: skip
     Path(out, "decode.md").write_text(json.dumps(setting) + "\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
     return rows
