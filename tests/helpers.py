@@ -10,7 +10,6 @@ from asyncrl.schedules.sft import init_model_from_data
 # One size for every test's local Ray cluster: the session shares one cluster (tests/conftest.py), and init_ray
 # restarts it (~5 s) when a run asks for another size. 3 fits the largest test (2 trainer ranks + a rollout worker).
 RAY_CPUS = 3
-RAY_CPUS_KEY = f"ray.num_cpus={RAY_CPUS}"
 
 TASK_KWARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 
@@ -44,7 +43,7 @@ def train_overrides(model: Path, train: Path, test: Path, run_dir: Path, steps: 
         "trainer.save_freq=2",
         "trainer.test_freq=2",
         "trainer.cpus_per_worker=1",
-        RAY_CPUS_KEY,
+        f"ray.num_cpus={RAY_CPUS}",
     ]
 
 

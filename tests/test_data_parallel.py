@@ -22,7 +22,7 @@ from asyncrl.schedules import run_training
 from asyncrl.sync.transport import LOOPBACK, find_free_port
 from asyncrl.workers.data_parallel import DataParallel, DataParallelError, group_shares
 from asyncrl.workers.policy_ops import ppo_update
-from tests.helpers import RAY_CPUS_KEY, make_data, make_model, train_overrides
+from tests.helpers import make_data, make_model, train_overrides
 from tests.test_policy_update import CHARS, _batch
 
 
@@ -230,7 +230,7 @@ def test_ray_ranks_are_processes_that_generate_and_update_at_once(setup, tmp_pat
     process ranks can run): each decodes from its full copy of the weights (tests/test_fsdp.py has the rest)."""
     d = tmp_path / "ray2"
     over = ("trainer.num_workers=2", "trainer.backend=ray", "trainer.strategy=fsdp2", "trainer.save_freq=0")
-    run_training(_cfg(setup, d, 2, *over, RAY_CPUS_KEY))
+    run_training(_cfg(setup, d, 2, *over))
     gens, ups = _spans_by_worker(d, "generate"), _spans_by_worker(d, "update_actor")
     assert len(gens["trainer.rank1"]) == 2 and len(gens["trainer"]) > 2  # rank 0 also evaluates
     assert len(ups["trainer"]) == len(ups["trainer.rank1"]) == 2

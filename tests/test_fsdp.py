@@ -25,7 +25,7 @@ from asyncrl.sync.transport import LOOPBACK, find_free_port
 from asyncrl.workers import fsdp
 from asyncrl.workers.data_parallel import DataParallel
 from asyncrl.workers.policy_ops import ppo_update
-from tests.helpers import RAY_CPUS_KEY, make_data, make_model, train_overrides
+from tests.helpers import make_data, make_model, train_overrides
 from tests.test_data_parallel import _update
 from tests.test_policy_update import CHARS, _batch
 
@@ -188,7 +188,7 @@ def _cfg(setup, run_dir: Path, steps: int, *extra: str):
     return load_config(None, over)
 
 
-RAY2 = ("trainer.backend=ray", "trainer.num_workers=2", "trainer.strategy=fsdp2", RAY_CPUS_KEY)
+RAY2 = ("trainer.backend=ray", "trainer.num_workers=2", "trainer.strategy=fsdp2")
 
 
 def _weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:

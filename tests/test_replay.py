@@ -13,7 +13,7 @@ from asyncrl.cli import main
 from asyncrl.config import load_config, to_dict
 from asyncrl.schedules import run_training
 from asyncrl.schedules.replay import ReplayError, replay
-from tests.helpers import RAY_CPUS_KEY, make_data, make_model, train_overrides
+from tests.helpers import make_data, make_model, train_overrides
 
 
 def _recorded_run(model, train, test, d, *backend: str) -> None:
@@ -86,6 +86,6 @@ def test_a_ray_run_replays_in_one_process_bit_for_bit(recorded):
     """The run's trainer was a Ray actor with its own thread count; replay runs in this process with that count."""
     root, _, (model, train, test) = recorded
     d = root / "fa_ray"
-    _recorded_run(model, train, test, d, "trainer.backend=ray", RAY_CPUS_KEY)
+    _recorded_run(model, train, test, d, "trainer.backend=ray")
     result = replay(d)
     assert result["identical"] and result["steps_fingerprinted"] == [1, 2, 3, 4], result
