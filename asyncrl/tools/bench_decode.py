@@ -88,7 +88,6 @@ def run_decode_bench(model_dir: str, out: str, batch: int, new_tokens: int, thre
             engine = VllmEngine(model_dir, tokenizer, options, ignore_eos=True)
             engines[name] = lambda e=engine: sum(len(s.response_ids) for s in e.generate(prompts, params, 0))
             notes[name] = f"enforce_eager={eager}, engine start {engine.start_seconds:.1f} s"
-        torch.set_num_threads(threads)
     except VllmEngineError as e:
         missing = str(e)
     rows: list[dict] = []
