@@ -80,7 +80,7 @@ def kill_when(
 
 def pool_overrides(model, train, test, run_dir, steps, schedule="one_step_off") -> list[str]:
     over = train_overrides(model, train, test, run_dir, steps) + [f"trainer.schedule={schedule}"]
-    over += ["rollout.num_workers=2", "rollout.cpus_per_worker=1", "ray.num_cpus=3", "trainer.test_freq=0"]
+    over += ["rollout.num_workers=2", "rollout.cpus_per_worker=1", "trainer.test_freq=0"]
     return over + ["trainer.val_before_train=false", "rollout.response_length=24"]
 
 
@@ -112,7 +112,7 @@ def test_a_rollout_worker_killed_at_a_random_moment_is_replaced(setup, schedule,
 
 def stream_overrides(model, train, test, run_dir, steps) -> list[str]:
     over = train_overrides(model, train, test, run_dir, steps) + ["trainer.schedule=fully_async", "trainer.test_freq=0"]
-    over += ["rollout.cpus_per_worker=1", "ray.num_cpus=3", "trainer.val_before_train=false", "sync.timeout_s=30"]
+    over += ["rollout.cpus_per_worker=1", "trainer.val_before_train=false", "sync.timeout_s=30"]
     return over + ["async_training.staleness_threshold=1.0", "async_training.partial_rollout=true"]
 
 

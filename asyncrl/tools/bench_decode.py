@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -74,8 +75,12 @@ def run_decode_bench(model_dir: str, out: str, batch: int, new_tokens: int, thre
                                   max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad)  # fmt: skip
         return int(seqs[:, left:].numel())
 
+    def decoded(engine: Any) -> Callable[[], int]:
+        """A run of ``engine`` (the built-in or a vLLM one: the same ``generate``) on the bench's work: its tokens."""
+        return lambda: sum(len(s.response_ids) for s in engine.generate(prompts, params, 0))
+
     engines: dict[str, Callable[[], int]] = {
-        "builtin": lambda: sum(len(s.response_ids) for s in builtin.generate(prompts, params, 0)),
+        "builtin": decoded(builtin),
         "hf_generate": hf_generate,
     }
     notes = dict.fromkeys(engines, "")
@@ -86,7 +91,7 @@ def run_decode_bench(model_dir: str, out: str, batch: int, new_tokens: int, thre
         for name, eager in (("vllm", True), ("vllm_compiled", False)):  # rollout.enforce_eager true / false
             options = VllmOptions(max_model_len=left + new_tokens + 8, max_num_seqs=batch, enforce_eager=eager)
             engine = VllmEngine(model_dir, tokenizer, options, ignore_eos=True)
-            engines[name] = lambda e=engine: sum(len(s.response_ids) for s in e.generate(prompts, params, 0))
+            engines[name] = decoded(engine)
             notes[name] = f"enforce_eager={eager}, engine start {engine.start_seconds:.1f} s"
     except VllmEngineError as e:
         missing = str(e)
