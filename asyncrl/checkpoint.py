@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncrl.errors import UserInputError
+
 CKPT_DIR = "checkpoints"
 DRIVER_STATE = "driver_state.pt"
 
@@ -29,7 +31,7 @@ DRIVER_STATE = "driver_state.pt"
 logger = logging.getLogger(__name__)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserInputError, RuntimeError):
     pass
 
 
@@ -171,7 +173,10 @@ def load_driver_state(ckpt_dir: str | Path) -> dict[str, Any]:
     p = Path(ckpt_dir) / DRIVER_STATE
     if not p.is_file():
         raise CheckpointError(f"checkpoint {ckpt_dir}: no {DRIVER_STATE} (not a complete asyncrl checkpoint)")
-    return torch.load(p, weights_only=False)
+    try:
+        return torch.load(p, weights_only=False)
+    except Exception as e:  # a torn or foreign file: pickle, zip and torch raise a dozen different types
+        raise CheckpointError(f"checkpoint {ckpt_dir}: {DRIVER_STATE} cannot be read ({type(e).__name__}: {e})") from e
 
 
 def rng_state() -> dict[str, Any]:

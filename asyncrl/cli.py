@@ -3,7 +3,8 @@
 
 Every command that takes a config accepts dotted ``key=value`` overrides after its flags, e.g.
 ``asyncrl train --config configs/quickstart.yaml rollout.n=8 trainer.total_training_steps=20``.
-Errors a user can fix (bad config, bad data row, bad model dir) print one line and exit with status 2.
+Errors a user can fix (``asyncrl.errors.UserInputError``: bad config, data row, model dir, reward spec, a server of
+theirs...) print one line and exit with status 2; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -359,32 +360,13 @@ def main(argv: list[str] | None = None) -> None:
     # the local cluster shuts down, instead of leaving workers computing for a driver that is gone.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     args = build_parser().parse_args(argv)
-    from asyncrl.checkpoint import CheckpointError
-    from asyncrl.config import ConfigError
-    from asyncrl.data.rows import DatasetError
-    from asyncrl.distill.launch import TeacherStartError
-    from asyncrl.distill.protocol import TeacherError
-    from asyncrl.models.loading import ModelLoadError
-    from asyncrl.rewards.remote import RewardServiceError
-    from asyncrl.schedules.replay import ReplayError
-    from asyncrl.telemetry.trace import TraceNotFoundError
-    from asyncrl.workers.cluster import PlacementError
+    from asyncrl.errors import UserInputError, one_line, user_errors_unwrapped
 
     try:
-        args.fn(args)
-    except (
-        ConfigError,
-        DatasetError,
-        ModelLoadError,
-        CheckpointError,
-        PlacementError,
-        TeacherError,
-        TeacherStartError,
-        RewardServiceError,
-        TraceNotFoundError,
-        ReplayError,
-    ) as e:
-        print(f"asyncrl {args.command}: error: {e}", file=sys.stderr)
+        with user_errors_unwrapped():  # a worker's error that Ray wrapped is handled as the error itself
+            args.fn(args)
+    except UserInputError as e:  # the user can fix it, and the message says what and where: no traceback
+        print(f"asyncrl {args.command}: error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from asyncrl.errors import UserInputError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserInputError, ValueError):
     """A config problem, always naming the key (``rollout.n``), the value and what is allowed."""
 
 

@@ -20,10 +20,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from asyncrl.errors import UserInputError
+
 ALLOWED_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
-class DatasetError(ValueError):
+class DatasetError(UserInputError, ValueError):
     """A data file or row is unusable; the message starts with the file (and row) it concerns."""
 
 

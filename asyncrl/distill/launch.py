@@ -33,13 +33,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from asyncrl.config import TeacherConfig, check
+from asyncrl.errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how often the supervisor looks at the server process (seconds): the most a death goes unseen
 
 
-class TeacherStartError(RuntimeError):
+class TeacherStartError(UserInputError, RuntimeError):
     """The teacher server started here did not come up."""
 
 

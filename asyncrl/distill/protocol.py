@@ -30,10 +30,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from asyncrl.errors import UserInputError
+
 LOGPROB_FLOOR = -9999.0  # what vLLM sends instead of -inf
 
 
-class TeacherError(RuntimeError):
+class TeacherError(UserInputError, RuntimeError):
     """Base class of every teacher-client error; the message names the teacher URL."""
 
 

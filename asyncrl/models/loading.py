@@ -28,7 +28,15 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from asyncrl.models.errors import ModelLoadError
 from asyncrl.models.overrides import apply_config_overrides, split_overrides
 
-__all__ = ["ModelLoadError", "eos_token_ids", "eos_token_ids_of", "load_model", "load_tokenizer_from", "set_seed_all"]
+__all__ = [
+    "ModelLoadError",
+    "check_model_dir",
+    "eos_token_ids",
+    "eos_token_ids_of",
+    "load_model",
+    "load_tokenizer_from",
+    "set_seed_all",
+]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -78,6 +86,24 @@ def _check_model_dir(path: str) -> AutoConfig:
             "(AutoModelForCausalLM cannot load it)"
         )
     return config
+
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def check_model_dir(path: str) -> None:
+    """What the driver checks of ``model.path`` before any worker starts (the workers load the weights): a causal-LM
+    directory with a weights file, so a bad path is one error here rather than a worker dying in its constructor."""
+    _check_model_dir(path)
+    if not any(os.path.isfile(os.path.join(path, f)) for f in WEIGHT_FILES):
+        raise ModelLoadError(
+            f"model.path {path}: could not load the model weights (no {' or '.join(WEIGHT_FILES[::2])} in it)"
+        )
 
 
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")

@@ -22,12 +22,13 @@ from typing import Any
 
 import torch
 
+from asyncrl.errors import UserInputError
 from asyncrl.models.loading import ModelLoadError
 
 ADAPTER_MARKERS = (".lora_A.", ".lora_B.")
 
 
-class LoraError(RuntimeError):
+class LoraError(UserInputError, RuntimeError):
     """A LoRA setting, adapter directory or sync that cannot work; the message names which and why."""
 
 

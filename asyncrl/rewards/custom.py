@@ -18,12 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from asyncrl.errors import UserInputError
+
 DEFAULT_FUNCTION_NAME = "compute_score"
 
 ScoreFn = Callable[[str, str, str, dict[str, Any]], Any]
 
 
-class RewardSpecError(ValueError):
+class RewardSpecError(UserInputError, ValueError):
     """A custom reward function spec cannot be loaded; the message names the spec."""
 
 

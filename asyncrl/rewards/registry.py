@@ -11,6 +11,7 @@ Anything else raises ``UnknownDataSourceError``, whose message names the data so
 
 from __future__ import annotations
 
+from asyncrl.errors import UserInputError
 from asyncrl.rewards.custom import ScoreFn
 from asyncrl.rewards.scorers import math_verify_score, reasoning_gym_score
 
@@ -33,7 +34,7 @@ MATH_DATA_SOURCES: frozenset[str] = frozenset(
 _REGISTRY: dict[str, ScoreFn] = {}
 
 
-class UnknownDataSourceError(KeyError):
+class UnknownDataSourceError(UserInputError, KeyError):
     """No scorer handles a data source. ``str()`` gives the plain message (``KeyError`` would quote it)."""
 
     def __str__(self) -> str:

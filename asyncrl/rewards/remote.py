@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from asyncrl.errors import UserInputError
 from asyncrl.http_json import ErrorKinds, JsonHttpClient
 from asyncrl.rewards.reward_fn import normalize_result
 
 
-class RewardServiceError(RuntimeError):
+class RewardServiceError(UserInputError, RuntimeError):
     """Base class of the reward service's errors; the message names its URL."""
 
 

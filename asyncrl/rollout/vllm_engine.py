@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from asyncrl.errors import UserInputError
 from asyncrl.models.loading import eos_token_ids
 from asyncrl.models.lora import LoraSpec, require_adapter, synced_tensors
 from asyncrl.models.overrides import hf_overrides_for
@@ -48,7 +49,7 @@ FINISH = {"stop": "eos", "length": "length", "abort": "interrupted"}
 _PROCESS_LOCK = threading.RLock()
 
 
-class VllmEngineError(RuntimeError):
+class VllmEngineError(UserInputError, RuntimeError):
     """vLLM is missing, the wrong version, could not start on the model, or returned something unusable."""
 
 

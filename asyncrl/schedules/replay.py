@@ -25,13 +25,14 @@ from typing import Any
 import torch
 
 from asyncrl.checkpoint import atomic_write_bytes, fingerprint, load_tensors
+from asyncrl.errors import UserInputError
 from asyncrl.types import Sample
 
 CONSUMED_DIR = "consumed"
 REPLAYABLE = ("grpo", "dpo")
 
 
-class ReplayError(RuntimeError):
+class ReplayError(UserInputError, RuntimeError):
     """The run cannot be replayed (nothing recorded, a step missing, an algorithm with other roles)."""
 
 

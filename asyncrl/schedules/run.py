@@ -26,6 +26,7 @@ from asyncrl.data.collate import TrainBatch
 from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
 from asyncrl.evaluation import evaluate_prompts
+from asyncrl.models.loading import check_model_dir
 from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.engine import SamplingParams
@@ -71,6 +72,7 @@ class Run:
         self.cfg = cfg
         self.dir = Path(cfg.trainer.default_local_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        check_model_dir(cfg.model.path)  # before any worker starts: the workers load the weights
         self.tokenizer = load_tokenizer(cfg.model.path)
         d = cfg.data
         tools = tool_schemas(cfg.rollout.multi_turn.tools)  # rendered into prompts by templates that know them

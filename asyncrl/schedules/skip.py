@@ -25,6 +25,7 @@ from typing import Any
 
 from asyncrl.checkpoint import atomic_write_bytes
 from asyncrl.config import Config
+from asyncrl.errors import UserInputError
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.schedules.generation import Generated, Launched, launch_generation
 from asyncrl.types import Prompt, Sample
@@ -32,7 +33,7 @@ from asyncrl.workers.clients import RolloutClient
 from asyncrl.workers.supervisor import RolloutPool
 
 
-class RolloutSkipError(RuntimeError):
+class RolloutSkipError(UserInputError, RuntimeError):
     """The dump directory belongs to another generation setup, or its dump does not fit this run."""
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from asyncrl.calls import Handle, gather
 from asyncrl.config import SyncConfig
+from asyncrl.errors import raise_if_user_error
 from asyncrl.sync.errors import WeightSyncError
 from asyncrl.sync.group import rank_label
 from asyncrl.sync.handshake import PlanSummary
@@ -67,6 +68,12 @@ class WeightSync:
         world = len(workers)
         pings = [(rank_label(rank), w.call("weight_sync_ping")) for rank, w in enumerate(workers)]
         _, errors, unfinished = gather(pings, self.ready_timeout_s)
+        for _, pending in pings if errors else ():  # a worker that failed to start on the user's input says so
+            if pending.done():
+                try:
+                    pending.result(timeout=0)
+                except Exception as e:  # noqa: BLE001 - only a user's error is raised here; the rest below
+                    raise_if_user_error(e)
         _raise_if_failed(
             "weight-sync setup: waiting for the workers to start", errors, unfinished, self.ready_timeout_s
         )

@@ -15,12 +15,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncrl.errors import UserInputError
 from asyncrl.types import Sample
 
 TRACE_FILE = "rollout_trace.jsonl"
 
 
-class TraceNotFoundError(FileNotFoundError):
+class TraceNotFoundError(UserInputError, FileNotFoundError):
     """The run directory has no rollout trace."""
 
 

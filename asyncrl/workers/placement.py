@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asyncrl.config import Config, PlacementConfig, PoolConfig
+from asyncrl.errors import UserInputError
 
 TRAINING_ROLES = ("actor", "critic", "reward_model")
 ROLLOUT_POOL = "rollout"
@@ -27,7 +28,7 @@ NOT_PLACED = {
 }
 
 
-class PlacementError(RuntimeError):
+class PlacementError(UserInputError, RuntimeError):
     """The requested workers do not fit the cluster, or the placement config is inconsistent."""
 
 
