@@ -15,12 +15,14 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.agent.format import TurnEncoder
-from asyncrl.agent.tools import evaluate_arithmetic
+from asyncrl.agent.format import TurnEncoder, parse_hermes_tool_calls
+from asyncrl.agent.tools import CalcTool, call_tools, evaluate_arithmetic
 from asyncrl.data.rows import write_rows
 from asyncrl.models.loading import load_model
 from asyncrl.models.presets import init_model_dir
 from asyncrl.models.tokenizer import build_char_tokenizer
+from asyncrl.rollout.decode import DecodeResult
+from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.schedules.sft import _sft_loss
 
 EXPRESSIONS = ["12 + 34", "56 + 7", "8 + 90", "41 + 25"]
@@ -74,7 +76,79 @@ def make_tool_model(root: Path, steps: int = 250, seed: int = 0, preset: str = "
     return out
 
 
+def check_tool_turns(tok, samples) -> list[list[str | None]]:
+    """What holds for any conversation, whatever calls the model made: the response mask, log-probs and versions
+    line up; tool tokens carry log-prob 0; the tool turn is the tool's output for the call the model wrote (run
+    again here). Returns each sample's called expressions."""
+    made = []
+    for s in samples:
+        mask = s.loss_mask  # all ones for a first turn that never ended (no eos: the loop never ran)
+        assert len(mask) == len(s.response_ids) == len(s.logprobs) == len(s.versions)
+        assert all(lp == 0.0 for lp, m in zip(s.logprobs, mask) if m == 0)
+        first = mask.index(0) if 0 in mask else len(mask)
+        calls = parse_hermes_tool_calls(tok.decode(s.response_ids[:first], skip_special_tokens=False))
+        if 0 in mask:
+            [results] = call_tools({"calc": CalcTool()}, [calls], timeout_s=5)
+            tool_ids = [t for t, m in zip(s.response_ids, mask) if m == 0]
+            assert tool_ids == TurnEncoder(tok).encode([r.text for r in results])
+            assert s.tool_calls == len(calls) and s.turns == 2
+        else:  # no tool turn: no call was answered
+            assert s.tool_calls == 0 or s.stop_reason == "length"
+        made.append([c.arguments.get("expression") for c in calls])
+    return made
+
+
 def write_tool_data(root: Path, agent_name: str | None = None) -> Path:
     path = root / f"tool_rows_{agent_name or 'default'}.jsonl"
     write_rows(path, rows(agent_name))
     return path
+
+
+class ScriptedEngine(RolloutEngine):
+    """The built-in engine with its decode step scripted: every other part (generate/resume bookkeeping, versions,
+    the pause gate, weight updates) is the real ``RolloutEngine``'s, but each turn's tokens are what ``policy``
+    returns, whatever the model's weights would have chosen, so a test can assert exact tool calls on any CPU.
+
+    ``policy(prompt_ids, response_ids)`` gives the text of the row's current assistant turn (eos is appended); a
+    turn interrupted part-way continues where it stopped. ``pause_at_token``: a turn decoded while a pause is
+    requested (as a weight sync does mid-decode) stops after that many of its tokens, "interrupted". Every emitted
+    token has log-prob ``LOGPROB``."""
+
+    LOGPROB = -0.25
+
+    def __init__(self, model, tok, policy, prompts, pause_at_token: int = 0):
+        super().__init__(model, tok)
+        self.policy = policy
+        self.prompt_ids = [tuple(p.prompt_ids) for p in prompts]
+        self.pause_at_token = pause_at_token
+
+    def _turn(self, prefix: list[int]) -> list[int]:
+        for ids in self.prompt_ids:
+            if tuple(prefix[: len(ids)]) == ids:
+                response = prefix[len(ids) :]
+                turn = self.tokenizer.encode(self.policy(list(ids), response), add_special_tokens=False)
+                turn.append(self.eos_token_ids[0])
+                done = max(
+                    (k for k in range(len(turn)) if k <= len(response) and response[len(response) - k :] == turn[:k]),
+                    default=0,
+                )
+                return turn[done:]
+        raise AssertionError(f"ScriptedEngine: no prompt starts {self.tokenizer.decode(prefix)!r}")
+
+    def _decode_all(self, prefixes, budgets, params, seed, refill=None, on_row=None):
+        out = DecodeResult([], [], [])
+        for i, (prefix, budget) in enumerate(zip(prefixes, budgets)):
+            turn = self._turn(prefix)
+            if self._gate.pause_requested:
+                tokens, reason = turn[: self.pause_at_token], "interrupted"
+            elif len(turn) > budget:
+                tokens, reason = turn[:budget], "length"
+            else:
+                tokens, reason = turn, "eos"
+            out.tokens.append(tokens)
+            out.logprobs.append([self.LOGPROB] * len(tokens))
+            out.stop_reasons.append(reason)
+            if on_row is not None and reason != "interrupted":
+                on_row(i, tokens, out.logprobs[-1], reason)
+        self.last_prefill = out.prefill
+        return out

@@ -20,6 +20,16 @@ def make_data(root: Path, size: int = 64, test_size: int = 16) -> tuple[Path, Pa
     )
 
 
+def length_reward(root: Path) -> str:
+    """``reward.custom_function=...`` of a reward that grows with the response's length (1/1000 per character):
+    the samples of a group differ in reward whatever the model samples, so every GRPO step has a gradient."""
+    path = root / "length_reward.py"
+    path.write_text(
+        "def length_reward(data_source, solution_str, ground_truth, extra_info):\n    return len(solution_str) / 1000\n"
+    )
+    return f"reward.custom_function={path}:length_reward"
+
+
 def make_model(root: Path, train_file: Path, preset: str = "micro", seed: int = 0) -> Path:
     out = root / f"model_{preset}"
     init_model_from_data(preset, [str(train_file)], str(out), seed)
@@ -63,3 +73,21 @@ def sharpen_attention(model_dir: Path, out: Path | None = None, factor: float = 
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def policy_gap(a: Path, b: Path, seed: int = 0) -> float:
+    """The largest |log p_a - log p_b| of two model directories, over the vocabulary at every position of a fixed
+    random batch of token ids (teacher-forced): how far apart the two policies are as functions, which is what two
+    ways of training the same steps must agree on (their raw weights can differ more, in directions the outputs
+    barely feel, where Adam scales float round-off of near-zero gradients up to lr-sized steps)."""
+    import torch
+
+    from asyncrl.models.loading import load_model
+
+    ma, _ = load_model(a, for_training=False)
+    mb, _ = load_model(b, for_training=False)
+    ids = torch.randint(0, ma.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        la = torch.log_softmax(ma(input_ids=ids).logits.float(), -1)
+        lb = torch.log_softmax(mb(input_ids=ids).logits.float(), -1)
+    return float((la - lb).abs().max())

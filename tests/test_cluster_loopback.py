@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = """
 import json, ray
 from asyncrl.config import RayConfig
@@ -38,6 +40,7 @@ print(json.dumps(got))
 """
 
 
+@pytest.mark.ray
 def test_local_cluster_binds_loopback_even_when_ray_was_imported_first_and_is_reused_by_a_second_run():
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=240)

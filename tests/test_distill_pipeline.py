@@ -90,15 +90,16 @@ def test_each_schedule_distills_with_its_staleness(setup, schedule, staleness, b
         m = metrics[step]
         for key in TIMERS:
             assert m[key] > 0, (schedule, step, key)
-        assert m["actor/kl_loss"] >= 0 and m["actor/kl_loss"] == m["actor/kl_loss"]  # forward KL: >= 0, not NaN
         assert m["distill/on_policy"] == 1.0
     # staleness read from the versions the engine recorded: the pipeline fills up to its depth, then stays there
     assert metrics[3]["staleness/max"] == staleness
     assert metrics[1]["staleness/max"] == 0.0
-    if schedule == "two_step_off":
-        assert metrics[2]["timing_s/wait_prev_prepare"] >= 0 and metrics[2]["timing_s/wait_prev_gen"] >= 0
-    if schedule == "one_step_off":
-        assert metrics[2]["timing_s/wait_prev_gen"] >= 0 and metrics[2]["sync/seconds"] > 0
+    waits = {"sync": [], "one_step_off": ["wait_prev_gen"], "two_step_off": ["wait_prev_prepare", "wait_prev_gen"]}
+    # at step 2 the schedule's own waits were timed (a driver span each), and the weights were sent
+    assert {f"timing_s/{w}" for w in waits[schedule]} <= set(metrics[2])
+    assert (metrics[2].get("sync/seconds", 0) > 0) == (schedule != "sync")
+    spans = {(e["name"], e["step"]) for e in read_chrome_trace(run_dir / "timeline.json")}
+    assert {(w, 2) for w in waits[schedule]} <= spans
     assert summary["samples"] == 3 * 4 * 4
     assert summary["teacher"]["checked"] == ["fingerprint"]
     names = {e["name"] for e in read_chrome_trace(run_dir / "timeline.json")}
@@ -106,7 +107,8 @@ def test_each_schedule_distills_with_its_staleness(setup, schedule, staleness, b
 
 
 def test_distillation_moves_the_student_toward_the_teacher(setup, shared_teacher):
-    """Many small steps of forward KL on one fixed prompt set: the student's loss against the teacher falls."""
+    """Steps of forward KL on fixed sequences (the dataset's answers, ``distill.lmbda=0``, on one fixed pair of
+    prompts): a deterministic objective, so the student's loss against the teacher falls whatever the CPU."""
     root = setup[0]
     run_dir = root / "run_learn"
     over = overrides(setup, run_dir, 12, "sync", teacher_url=shared_teacher[1]) + [
@@ -114,7 +116,7 @@ def test_distillation_moves_the_student_toward_the_teacher(setup, shared_teacher
         "trainer.save_freq=0",
         "data.train_batch_size=2",
         "actor.ppo_mini_batch_size=1",
-        "rollout.temperature=0",  # the same responses every step, so the losses are comparable
+        "distill.lmbda=0",  # the dataset's answers every step: the same sequences, so the losses are comparable
         "data.shuffle=false",
         "data.train_files=[" + str(setup[3]) + "]",
         "actor.optim.lr=3e-3",

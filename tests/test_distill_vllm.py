@@ -22,7 +22,7 @@ from asyncrl.models.loading import load_model
 from tests.helpers import make_data, make_model
 
 pytestmark = [
-    pytest.mark.optional,
+    pytest.mark.vllm,
     pytest.mark.skipif(
         importlib.util.find_spec("vllm") is None, reason="vllm (the optional 'vllm' extra) is not installed"
     ),

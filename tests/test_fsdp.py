@@ -25,7 +25,7 @@ from asyncrl.sync.transport import LOOPBACK, find_free_port
 from asyncrl.workers import fsdp
 from asyncrl.workers.data_parallel import DataParallel
 from asyncrl.workers.policy_ops import ppo_update
-from tests.helpers import make_data, make_model, train_overrides
+from tests.helpers import make_data, make_model, policy_gap, train_overrides
 from tests.test_data_parallel import _update
 from tests.test_policy_update import CHARS, _batch
 
@@ -197,20 +197,24 @@ def _weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / "checkpoints" / f"step_{step}" / "model" / "model.safetensors"))
 
 
+def _ckpt(run_dir: Path, step: int) -> Path:
+    return run_dir / "checkpoints" / f"step_{step}" / "model"
+
+
 def _steps(run_dir: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [m for m in rows if "reward/mean" in m]
 
 
+@pytest.mark.ray
 def test_sharded_ray_ranks_train_as_ddp_and_resume_on_one_rank(setup, tmp_path):
     """Two FSDP2 ranks (Ray actors) train as two DDP ranks do (one_step_off: the rollout pool makes the samples, so
     they are the same) and write a checkpoint that one in-process rank resumes."""
     sharded, ddp = tmp_path / "fsdp2", tmp_path / "ddp"
     run_training(_cfg(setup, sharded, 2, *RAY2))
     run_training(_cfg(setup, ddp, 2, "trainer.backend=in_process", "trainer.num_workers=2"))
-    a, b = _weights(sharded, 2), _weights(ddp, 2)
-    for k in b:
-        assert torch.allclose(a[k], b[k], atol=1e-4), k
+    a = _weights(sharded, 2)
+    assert policy_gap(_ckpt(sharded, 2), _ckpt(ddp, 2)) < 1e-3  # the same policy, up to float round-off
     assert [m["reward/mean"] for m in _steps(sharded)] == [m["reward/mean"] for m in _steps(ddp)]
     state = torch.load(sharded / "checkpoints" / "step_2" / "trainer_state.pt", weights_only=False)
     assert state["optimizer"]["state"][0]["exp_avg"].shape == a["model.embed_tokens.weight"].shape  # whole, gathered
@@ -219,10 +223,8 @@ def test_sharded_ray_ranks_train_as_ddp_and_resume_on_one_rank(setup, tmp_path):
     run_training(_cfg(setup, sharded, 3, "trainer.backend=in_process"))
     run_training(_cfg(setup, ddp, 3, "trainer.backend=in_process"))
     assert [m["step"] for m in _steps(sharded)] == [m["step"] for m in _steps(ddp)] == [1, 2, 3]
-    a, b = _weights(sharded, 3), _weights(ddp, 3)
-    for k in b:
-        assert torch.allclose(a[k], b[k], atol=1e-4), k
-    assert max(float((_weights(ddp, 2)[k] - b[k]).abs().max()) for k in b) > 1e-3  # step 3 did train
+    gap, moved = policy_gap(_ckpt(sharded, 3), _ckpt(ddp, 3)), policy_gap(_ckpt(ddp, 2), _ckpt(ddp, 3))
+    assert gap < 1e-3 < moved / 10, (gap, moved)  # the same policy; step 3 did train
 
 
 def test_fsdp2_config_errors(setup, tmp_path):

@@ -17,7 +17,6 @@ from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.workers.cluster import PlacementError
 from tests.helpers import make_data, make_model, train_overrides
 
-pytestmark = pytest.mark.ray
 IN_PROCESS = "trainer.backend=in_process"  # checkpoint logic, not Ray, is under test there: no cluster start-up
 
 POOLS = [
@@ -38,6 +37,7 @@ def setup(tmp_path_factory):
     yield root, model, train, test
 
 
+@pytest.mark.ray
 def test_three_one_step_off_steps_train_one_version_behind(setup):
     root, model, train, test = setup
     run_dir = root / "osp"
@@ -51,8 +51,10 @@ def test_three_one_step_off_steps_train_one_version_behind(setup):
         assert metrics[step]["staleness/mean"] == 1.0
         assert metrics[step]["staleness/max"] == 1.0
         assert metrics[step]["sync/bytes_per_s"] > 0 and metrics[step]["sync/seconds"] > 0
-        for key in ("timing_s/wait_prev_gen", "timing_s/sync_rollout_weights", "timing_s/update_actor", "timing_s/gen"):
-            assert 0 <= metrics[step][key] < 60, key
+        for key in ("timing_s/sync_rollout_weights", "timing_s/update_actor", "timing_s/gen"):
+            assert 0 < metrics[step][key] < metrics[step]["timing_s/step"] + metrics[step]["timing_s/gen"], key
+        # the driver waited for batch t (timed, possibly ~0 when it was ready) inside the step
+        assert metrics[step]["timing_s/wait_prev_gen"] < metrics[step]["timing_s/step"]
     assert summary["samples"] == 3 * 4 * 4
     trace = json.loads((run_dir / "timeline.json").read_text())
     workers = {e["args"]["name"] for e in trace["traceEvents"] if e.get("ph") == "M" and e["name"] == "process_name"}
@@ -83,6 +85,7 @@ def test_mid_run_checkpoint_records_the_cursor_after_the_trained_batch(setup):
         assert (state["sampler"]["epoch"], state["sampler"]["position"]) == (0, step * 4), step
 
 
+@pytest.mark.ray
 def test_pools_larger_than_the_cluster_fail_at_start(setup):
     root, model, train, test = setup
     cfg = load_config(None, train_overrides(model, train, test, root / "big", 1) + POOLS + ["rollout.num_workers=8"])

@@ -18,8 +18,6 @@ from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.telemetry.timeline import read_chrome_trace
 from tests.helpers import make_data, make_model, train_overrides
 
-pytestmark = pytest.mark.ray
-
 PPO = [
     "algorithm.name=ppo",
     "algorithm.adv_estimator=gae",
@@ -61,6 +59,7 @@ def _update_spans(run_dir) -> dict[tuple[str, int], tuple[float, float]]:
     }
 
 
+@pytest.mark.ray
 def test_two_split_steps_overlap_actor_and_critic_updates(setup):
     summary, metrics = _run(setup, "split", 2, "actor.ppo_mini_batch_size=4")
     run_dir = setup[0] / "split"
@@ -70,7 +69,9 @@ def test_two_split_steps_overlap_actor_and_critic_updates(setup):
             assert math.isfinite(m[key]), (m["step"], key)
         for key in ("timing_s/values", "timing_s/update_critic", "timing_s/update_actor"):
             assert 0 < m[key] < m["timing_s/train"] + m["timing_s/prepare"], (m["step"], key)
-        assert m["perf/update_overlap_s"] >= 0  # micro models: call overhead can exceed what the overlap hides
+        # the seconds hidden by running at once: at most the shorter update (micro models: call overhead can exceed
+        # what the overlap hides, so it may be 0; the spans below show that the updates did overlap)
+        assert m["perf/update_overlap_s"] <= min(m["timing_s/update_critic"], m["timing_s/update_actor"]) + 1e-9
     assert summary["placement"]["roles"]["critic"] == "critic_pool"
     assert (run_dir / "checkpoints" / "step_2" / "critic_state.pt").is_file()
     assert (run_dir / "checkpoints" / "step_2" / "model" / "config.json").is_file()
@@ -82,6 +83,7 @@ def test_two_split_steps_overlap_actor_and_critic_updates(setup):
         assert min(a1, c1) > max(a0, c0), f"step {step}: update_actor {a0}-{a1} and update_critic {c0}-{c1}"
 
 
+@pytest.mark.ray
 def test_colocated_placement_runs_updates_one_after_another(setup):
     _, metrics = _run(
         setup,
@@ -103,7 +105,7 @@ def test_critic_warmup_leaves_the_policy_untouched(setup):
     _, metrics = _run(
         setup, "warmup", 1, "trainer.critic_warmup=1", "trainer.val_before_train=false", "trainer.backend=in_process"
     )
-    assert metrics[-1]["critic/vf_loss"] >= 0 and "actor/pg_loss" not in metrics[-1]
+    assert math.isfinite(metrics[-1]["critic/vf_loss"]) and "actor/pg_loss" not in metrics[-1]
     assert metrics[-1]["staleness/mean"] == 0.0
     init = load_file(str(setup[1] / "model.safetensors"))
     final = load_file(str(setup[0] / "warmup" / "final" / "model.safetensors"))

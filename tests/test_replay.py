@@ -5,12 +5,14 @@ changed record is caught at its own step, named with the first tensor that diffe
 from __future__ import annotations
 
 import pickle
+import re
 
 import pytest
 import yaml
 
 from asyncrl.cli import main
 from asyncrl.config import load_config, to_dict
+from asyncrl.models.loading import load_model
 from asyncrl.schedules import run_training
 from asyncrl.schedules.replay import ReplayError, replay
 from tests.helpers import make_data, make_model, train_overrides
@@ -57,11 +59,14 @@ def test_a_changed_record_is_named_by_step_and_tensor(recorded, tmp_path):
     shutil.copytree(d, copy)
     path = copy / "consumed" / "step_3.pkl"
     samples = pickle.loads(path.read_bytes())
-    for s in samples:  # another reward for every sample: the update of step 3 changes
-        s.reward = 1.0 - s.reward
+    for i, s in enumerate(samples):  # other rewards, differing within every group: the update of step 3 changes
+        s.reward = float(i % 2) + 0.5 * s.reward
     path.write_bytes(pickle.dumps(samples))
     result = replay(copy)
-    assert not result["identical"] and "first difference at step 3: lm_head.weight" in result["line"], result
+    named = re.search(r"first difference at step 3: (\S+)", result["line"])
+    assert not result["identical"] and named, result
+    model, _, _ = recorded[2]
+    assert named.group(1) in load_model(model)[0].state_dict(), named.group(1)  # a tensor of the model
     with pytest.raises(SystemExit) as e:
         main(["replay", str(copy)])
     assert e.value.code == 1

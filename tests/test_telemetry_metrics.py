@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 import asyncrl.telemetry.jsonl as jsonl_module
 from asyncrl.telemetry import GRAFANA_DASHBOARD, sanitize_metric_name
@@ -152,11 +153,16 @@ def test_prometheus_serves_sanitised_gauges_on_a_free_local_port(tmp_path: Path)
         text = _scrape(port)
     finally:
         logger.close()
-    lines = text.splitlines()
-    assert "asyncrl_reward_mean 0.5" in lines
-    assert "asyncrl_timing_s_generate 2.0" in lines
-    assert "asyncrl_step 8.0" in lines
-    assert 'asyncrl_run_info{run="demo"} 1.0' in lines
+    # parsed by prometheus_client's own parser: the values, not one version's way of printing them
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    assert samples[("asyncrl_reward_mean", ())] == 0.5
+    assert samples[("asyncrl_timing_s_generate", ())] == 2.0
+    assert samples[("asyncrl_step", ())] == 8.0
+    assert samples[("asyncrl_run_info", (("run", "demo"),))] == 1.0
     with pytest.raises(urllib.error.URLError):
         _scrape(port)  # close() released the port
 

@@ -26,7 +26,7 @@ from asyncrl.rollout.vllm_engine import VllmEngine, VllmEngineError, VllmOptions
 from asyncrl.schedules import run_training  # noqa: E402
 from asyncrl.telemetry.metrics import read_metrics  # noqa: E402
 from asyncrl.types import Prompt  # noqa: E402
-from tests.helpers import make_data, make_model, sharpen_attention, train_overrides  # noqa: E402
+from tests.helpers import length_reward, make_data, make_model, sharpen_attention, train_overrides  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 OPTIONS = VllmOptions(max_model_len=128, max_num_seqs=64, gpu_memory_utilization=0.01)
@@ -46,15 +46,6 @@ def engine(models):
     _, a, _, _, _ = models
     _, tok = load_model(a, for_training=False)
     return VllmEngine(str(a), tok, OPTIONS)
-
-
-def length_reward(root) -> str:
-    """``reward.custom_function=...`` of a reward that grows with the response's length (1/1000 per character)."""
-    path = root / "length_reward.py"
-    path.write_text(
-        "def length_reward(data_source, solution_str, ground_truth, extra_info):\n    return len(solution_str) / 1000\n"
-    )
-    return f"reward.custom_function={path}:length_reward"
 
 
 def prompts(tok, n: int = 4) -> list[Prompt]:
