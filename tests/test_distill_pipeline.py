@@ -13,6 +13,7 @@ import pytest
 
 from asyncrl.checkpoint import load_driver_state
 from asyncrl.config import ConfigError, load_config
+from asyncrl.data.rows import load_rows, write_rows
 from asyncrl.distill.launch import TeacherStartError, start_teacher_server, stop_process
 from asyncrl.distill.protocol import TokenizerMismatchError
 from asyncrl.schedules import run_training
@@ -107,18 +108,20 @@ def test_each_schedule_distills_with_its_staleness(setup, schedule, staleness, b
 
 
 def test_distillation_moves_the_student_toward_the_teacher(setup, shared_teacher):
-    """Steps of forward KL on fixed sequences (the dataset's answers, ``distill.lmbda=0``, on one fixed pair of
-    prompts): a deterministic objective, so the student's loss against the teacher falls whatever the CPU."""
+    """Full-batch steps of forward KL on fixed sequences (a two-row dataset and its answers, ``distill.lmbda=0``):
+    one deterministic objective, so the student's loss against the teacher falls whatever the CPU's kernels."""
     root = setup[0]
     run_dir = root / "run_learn"
+    two_rows = root / "two_rows.jsonl"
+    write_rows(two_rows, load_rows([str(setup[3])])[:2])
     over = overrides(setup, run_dir, 12, "sync", teacher_url=shared_teacher[1]) + [
         "trainer.test_freq=0",
         "trainer.save_freq=0",
         "data.train_batch_size=2",
-        "actor.ppo_mini_batch_size=1",
+        "actor.ppo_mini_batch_size=2",  # one optimizer step per training step, on the whole batch
         "distill.lmbda=0",  # the dataset's answers every step: the same sequences, so the losses are comparable
         "data.shuffle=false",
-        "data.train_files=[" + str(setup[3]) + "]",
+        f"data.train_files=[{two_rows}]",
         "actor.optim.lr=3e-3",
     ]
     run_training(load_config(None, over))
