@@ -33,7 +33,7 @@ demo: setup
 
 # The tool agent's task (docs/agent_loop.md): sums of two 4-5 digit numbers, with the calc tool and without.
 demo-tool: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m asyncrl.tools.demo_tool --out runs/demo_tool
+	HF_HUB_OFFLINE=1 $(BIN)/python -m asyncrl_lab.demo_tool --out runs/demo_tool
 
 # The distillation example (README, "distill"): a teacher (tiny preset, 4.2M) SFT-trained long with a cosine lr, a
 # student (mini preset, 0.7M) after a short SFT, then on-policy distillation with the teacher served on loopback.
@@ -102,11 +102,11 @@ test-prometheus: setup
 
 # docs/from-verl.md's key map, regenerated from the config tree (tests/test_docs.py checks that it is current).
 verl-keymap: $(STAMP)
-	$(BIN)/python -m asyncrl.tools.verl_keymap --write docs/from-verl.md
+	$(BIN)/python -m asyncrl_lab.verl_keymap --write docs/from-verl.md
 
 lint: setup
-	$(BIN)/ruff check asyncrl tests
-	$(BIN)/ruff format --check asyncrl tests
+	$(BIN)/ruff check asyncrl asyncrl_lab tests
+	$(BIN)/ruff format --check asyncrl asyncrl_lab tests
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs data

@@ -93,7 +93,7 @@ def cmd_eval(a: argparse.Namespace) -> None:
 
 
 def cmd_serve_teacher(a: argparse.Namespace) -> None:
-    from asyncrl.distill.server import run_from_args
+    from asyncrl.teacher.server import run_from_args
 
     run_from_args(a)
 
@@ -147,24 +147,24 @@ def cmd_report(a: argparse.Namespace) -> None:
 
 def cmd_bench(a: argparse.Namespace) -> None:
     if a.decode:
-        from asyncrl.tools.bench_decode import run_decode_bench
+        from asyncrl_lab.bench_decode import run_decode_bench
 
         run_decode_bench(a.model, a.out, a.batch, a.new_tokens, a.cpus, a.repeats)
         return
     if a.distill:
-        from asyncrl.tools.bench_distill import run_distill_bench
+        from asyncrl_lab.bench_distill import run_distill_bench
 
         schedules = [m.strip() for m in (a.schedules or "sync,one_step_off,two_step_off").split(",") if m.strip()]
         run_distill_bench(schedules, a.out, a.steps, a.cpus, a.overrides)
         return
-    from asyncrl.tools.bench import run_bench
+    from asyncrl_lab.bench import run_bench
 
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     run_bench(modes, a.workload, a.out, a.steps, a.work_dir, a.cpus, a.sft_seconds, a.overrides)
 
 
 def cmd_demo(a: argparse.Namespace) -> None:
-    from asyncrl.tools.demo import run_demo
+    from asyncrl_lab.demo import run_demo
 
     run_demo(a.out, sft_steps=a.sft_steps, rl_config=a.config, overrides=a.overrides, seed=a.seed)
 
@@ -180,7 +180,7 @@ def cmd_train_rm(a: argparse.Namespace) -> None:
 
 
 def cmd_demo_real(a: argparse.Namespace) -> None:
-    from asyncrl.tools.demo_real import run_demo_real
+    from asyncrl_lab.demo_real import run_demo_real
 
     run_demo_real(a.out, a.overrides)
 

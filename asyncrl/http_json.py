@@ -1,5 +1,5 @@
 """JSON over HTTP with kept-alive connections (one per calling thread) and one retry policy, for every remote service
-a run talks to: the teacher server (``asyncrl.distill.client``) and a reward service (``asyncrl.rewards.remote``).
+a run talks to: the teacher server (``asyncrl.teacher.client``) and a reward service (``asyncrl.rewards.remote``).
 
 Failure policy, per request: connection errors, timeouts and HTTP 5xx/408/429 are retried up to ``max_retries`` times
 with exponential back-off (``backoff_s``, then x2 each retry), then raise the ``unavailable`` error naming the URL;
@@ -63,7 +63,7 @@ class JsonHttpClient:
         self._host, self._port = parts.hostname, parts.port
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.what, self.errors = what, errors
-        self.before_retry = before_retry  # e.g. wait while a supervised server restarts (asyncrl.distill.launch)
+        self.before_retry = before_retry  # e.g. wait while a supervised server restarts (asyncrl.teacher.launch)
         self._local = threading.local()
         self._conns: set[http.client.HTTPConnection] = set()  # every open connection, so close() reaches them all
         self._lock = threading.Lock()

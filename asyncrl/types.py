@@ -48,8 +48,8 @@ class Sample:
     reward: float = 0.0
     reward_failed: bool = False
     reward_extra: dict[str, float] = field(default_factory=dict)
-    # Multi-turn (asyncrl.agent): 1 per response token the model generated, 0 per token appended between turns (a
-    # tool's output): those carry log-prob 0 and no gradient. None = every token is the model's (a single turn).
+    # Multi-turn (asyncrl.rollout.agent): 1 per response token the model generated, 0 per token appended between
+    # turns (a tool's output): those carry log-prob 0 and no gradient. None = every token is the model's (one turn).
     response_mask: list[int] | None = None
     turns: int = 1  # assistant turns begun
     tool_calls: int = 0

@@ -21,7 +21,7 @@ import pytest  # noqa: E402
 def _one_ray_cluster_per_session():
     """The Ray tests share one local cluster (a start and stop costs ~5 s on 2 cores): a run reuses a running cluster
     (``init_ray``), and it is stopped once, here, at the end. A module that needs a cluster of its own stops this one
-    first (test_sync_weights)."""
+    first (test_weights_sync)."""
     yield
     import sys
 

@@ -15,18 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.agent.format import TurnEncoder, parse_hermes_tool_calls, truncate
-from asyncrl.agent.loop import AgentEngine, agent_metrics
-from asyncrl.agent.tools import CalcTool, PythonTool, Tool, ToolCall, ToolError, call_tools, evaluate_arithmetic
 from asyncrl.config import SCHEDULES, load_config
 from asyncrl.config.schema import MultiTurnConfig
 from asyncrl.data.collate import collate
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.models.loading import load_model
+from asyncrl.rollout.agent.format import TurnEncoder, parse_hermes_tool_calls, truncate
+from asyncrl.rollout.agent.loop import AgentEngine
+from asyncrl.rollout.agent.tools import CalcTool, PythonTool, Tool, ToolCall, ToolError, call_tools, evaluate_arithmetic
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.schedules import run_training
 from asyncrl.telemetry.metrics import read_metrics
+from asyncrl.telemetry.samples import agent_metrics
 from tests.agent_helpers import (
     EXPRESSIONS,
     ScriptedEngine,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from asyncrl.tools.bench_decode import _interleaved, run_decode_bench
+from asyncrl_lab.bench_decode import _interleaved, run_decode_bench
 from tests.helpers import make_data, make_model
 
 

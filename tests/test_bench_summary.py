@@ -8,8 +8,8 @@ import os
 import pytest
 
 from asyncrl.telemetry.timeline import write_chrome_trace
-from asyncrl.tools.bench import COLUMNS, summarize
-from asyncrl.tools.bench_common import markdown_table
+from asyncrl_lab.bench import COLUMNS, summarize
+from asyncrl_lab.bench_common import markdown_table
 
 
 def _write_run(run_dir, step_s, gen_s, spans, samples=10, tokens=1000, sync=None):
@@ -101,8 +101,8 @@ def _write_distill_run(run_dir, step_s, staleness):
 
 
 def test_distill_bench_limits_by_hand(tmp_path):
-    from asyncrl.tools.bench_distill import COLUMNS as DISTILL_COLUMNS
-    from asyncrl.tools.bench_distill import summarize_distill
+    from asyncrl_lab.bench_distill import COLUMNS as DISTILL_COLUMNS
+    from asyncrl_lab.bench_distill import summarize_distill
 
     # sync: generate 1 s + teacher 1 s + update 2 s = 4 s per step
     _write_distill_run(tmp_path / "sync", 4.0, 0.0)
@@ -169,7 +169,7 @@ def test_cpu_utilization_core_limit_and_the_work_columns_by_hand(tmp_path, monke
 
 def test_bench_modes_name_a_schedule_an_engine_and_a_core_split():
     from asyncrl.config import ConfigError, load_config
-    from asyncrl.tools.bench import BASE_CONFIG, schedule_overrides
+    from asyncrl_lab.bench import BASE_CONFIG, schedule_overrides
 
     cfg = load_config(BASE_CONFIG, schedule_overrides("one_step_off+vllm+split", 2))
     assert (cfg.trainer.schedule, cfg.rollout.engine) == ("one_step_off", "vllm")

@@ -31,13 +31,6 @@ from asyncrl.checkpoint import CheckpointError
 from asyncrl.cli import main
 from asyncrl.config import ConfigError
 from asyncrl.data.rows import DatasetError
-from asyncrl.distill.launch import TeacherStartError
-from asyncrl.distill.protocol import (
-    TeacherRequestError,
-    TeacherResponseError,
-    TeacherUnavailableError,
-    TokenizerMismatchError,
-)
 from asyncrl.errors import UserInputError, one_line, user_error_of
 from asyncrl.models.errors import ModelLoadError
 from asyncrl.models.gguf import GGUFConvertError
@@ -48,6 +41,13 @@ from asyncrl.rewards.remote import RewardServiceRejectedError, RewardServiceResp
 from asyncrl.rollout.vllm_engine import VllmEngineError
 from asyncrl.schedules.replay import ReplayError
 from asyncrl.schedules.skip import RolloutSkipError
+from asyncrl.teacher.launch import TeacherStartError
+from asyncrl.teacher.protocol import (
+    TeacherRequestError,
+    TeacherResponseError,
+    TeacherUnavailableError,
+    TokenizerMismatchError,
+)
 from asyncrl.telemetry.trace import TraceNotFoundError
 from asyncrl.workers.placement import PlacementError
 from tests.helpers import RAY_CPUS, make_data, make_model, train_overrides

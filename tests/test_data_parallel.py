@@ -19,7 +19,7 @@ from asyncrl.config import ActorConfig, ConfigError, RolloutCorrectionConfig, lo
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.schedules import run_training
-from asyncrl.sync.transport import LOOPBACK, find_free_port
+from asyncrl.weights.transport import LOOPBACK, find_free_port
 from asyncrl.workers.data_parallel import DataParallel, DataParallelError, group_shares
 from asyncrl.workers.policy_ops import ppo_update
 from tests.helpers import make_data, make_model, policy_gap, train_overrides

@@ -14,9 +14,9 @@ import pytest
 from asyncrl.checkpoint import load_driver_state
 from asyncrl.config import ConfigError, load_config
 from asyncrl.data.rows import load_rows, write_rows
-from asyncrl.distill.launch import TeacherStartError, start_teacher_server, stop_process
-from asyncrl.distill.protocol import TokenizerMismatchError
 from asyncrl.schedules import run_training
+from asyncrl.teacher.launch import TeacherStartError, start_teacher_server, stop_process
+from asyncrl.teacher.protocol import TokenizerMismatchError
 from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.telemetry.timeline import read_chrome_trace
 from tests.helpers import make_data, make_model, train_overrides

@@ -16,9 +16,9 @@ import urllib.request
 import pytest
 import torch
 
-from asyncrl.distill.client import TeacherClient
-from asyncrl.distill.launch import stop_process
 from asyncrl.models.loading import load_model
+from asyncrl.teacher.client import TeacherClient
+from asyncrl.teacher.launch import stop_process
 from tests.helpers import make_data, make_model
 
 pytestmark = [

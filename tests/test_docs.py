@@ -19,14 +19,14 @@ def test_every_quoted_error_message_still_exists_in_the_code():
 
 # ---- the verl key map (docs/from-verl.md) is generated from the config tree ---------------------------------------
 def test_every_config_key_has_a_verl_entry_and_no_entry_is_stale():
-    from asyncrl.tools import verl_keymap
+    from asyncrl_lab import verl_keymap
 
     assert not verl_keymap.unmapped(), f"config keys missing from verl_keymap.VERL_NAMES: {verl_keymap.unmapped()}"
     assert not verl_keymap.stale(), f"verl_keymap.VERL_NAMES names keys the config no longer has: {verl_keymap.stale()}"
 
 
 def test_from_verl_embeds_the_generated_key_map():
-    from asyncrl.tools import verl_keymap
+    from asyncrl_lab import verl_keymap
 
     page = (ROOT / "docs" / "from-verl.md").read_text()
     assert verl_keymap.embedded(page) == verl_keymap.render(), "docs/from-verl.md's key map is stale: make verl-keymap"

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from asyncrl.algorithms.dpo import make_pairs
-from asyncrl.algos.dpo import dpo_loss, sequence_logratios
 from asyncrl.config import ActorConfig, DpoConfig
 from asyncrl.data.collate import collate
 from asyncrl.data.targets import PreferenceTarget
+from asyncrl.losses.dpo import dpo_loss, sequence_logratios
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.types import Prompt, Sample

@@ -18,8 +18,8 @@ import random
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.distill.protocol import TeacherUnavailableError
 from asyncrl.schedules import run_training
+from asyncrl.teacher.protocol import TeacherUnavailableError
 from asyncrl.telemetry.metrics import read_metrics
 from tests.helpers import make_data, make_model, train_overrides
 from tests.test_faults import kill_when
@@ -49,7 +49,7 @@ def distill_overrides(setup, run_dir, schedule: str, steps: int, retries: int | 
 
 
 def server_title(setup) -> str:
-    return f"asyncrl.distill.server --model {setup[2]} "
+    return f"asyncrl.teacher.server --model {setup[2]} "
 
 
 # steps: enough that the run still asks the teacher after a kill at step 3 + 0.3 s (an async step here is ~0.15 s, a

@@ -7,9 +7,7 @@ import pytest
 import torch
 
 from asyncrl.config import ConfigError, load_config
-from asyncrl.models.loading import load_model
-from asyncrl.rollout.engine import RolloutEngine
-from asyncrl.rollout.fp8 import (
+from asyncrl.models.fp8 import (
     FP8,
     SCALE_SUFFIX,
     dequantize_blockwise,
@@ -17,12 +15,14 @@ from asyncrl.rollout.fp8 import (
     quantize_blockwise,
     quantize_for_sync,
 )
+from asyncrl.models.loading import load_model
+from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.gate import WeightUpdateError
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.schedules import run_training
-from asyncrl.sync.buckets import metas_of
 from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.types import Prompt
+from asyncrl.weights.buckets import metas_of
 from asyncrl.workers.actor_worker import effective_correction
 from tests.helpers import make_data, make_model, train_overrides
 

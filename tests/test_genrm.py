@@ -7,13 +7,13 @@ import torch
 
 from asyncrl.config import ConfigError, load_config
 from asyncrl.config.schema import GenRMConfig
-from asyncrl.distill.launch import start_teacher_server, stop_process
 from asyncrl.models.loading import load_model
 from asyncrl.models.presets import init_model_dir
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rewards.genrm import GenerativeReward, verdict_probability
 from asyncrl.rewards.remote import RewardServiceUnavailableError
 from asyncrl.schedules import run_training
+from asyncrl.teacher.launch import start_teacher_server, stop_process
 from asyncrl.telemetry.metrics import read_metrics
 from tests.helpers import make_data, train_overrides
 

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from asyncrl import algos
+from asyncrl import losses
 from asyncrl.config import ActorConfig, Config, RolloutCorrectionConfig
 from asyncrl.data.collate import Batching, collate, micro_batches
 from asyncrl.data.packing import TokenCount
@@ -66,8 +66,8 @@ def _per_token(model, batch, how: Batching):
         for idx, mb in micro_batches(batch, how):
             logits = _forward_logits(model, mb, 0.7)
             T = mb.response_ids_BT.shape[1]
-            logp[idx, :T] = algos.logprobs_from_logits(logits, mb.response_ids_BT) * mb.response_mask_BT
-            ent[idx, :T] = algos.entropy_from_logits(logits) * mb.response_mask_BT
+            logp[idx, :T] = losses.logprobs_from_logits(logits, mb.response_ids_BT) * mb.response_mask_BT
+            ent[idx, :T] = losses.entropy_from_logits(logits) * mb.response_mask_BT
     return logp, ent
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.schedules import run_training
-from asyncrl.sync.transport import find_free_port
+from asyncrl.weights.transport import find_free_port
 from tests.helpers import make_data, make_model, train_overrides
 
 PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)

@@ -20,9 +20,9 @@ from asyncrl.rewards.reward_fn import RewardFn
 from asyncrl.rollout.decode import decode_batch
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.schedules import run_training
-from asyncrl.sync.transport import find_free_port
 from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.types import Prompt, Sample
+from asyncrl.weights.transport import find_free_port
 from tests.helpers import make_data, make_model, train_overrides
 
 REWARDS_PY = """

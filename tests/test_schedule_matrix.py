@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import ALGORITHMS, SCHEDULES, load_config
-from asyncrl.distill.launch import start_teacher_server, stop_process
 from asyncrl.schedules import run_training
+from asyncrl.teacher.launch import start_teacher_server, stop_process
 from asyncrl.telemetry.metrics import read_metrics
 from tests.helpers import make_data, make_model, train_overrides
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import TeacherConfig
-from asyncrl.distill.client import TeacherClient
-from asyncrl.distill.launch import POLL_S, TeacherEndpoint, teacher_endpoint
-from asyncrl.distill.protocol import TeacherUnavailableError
+from asyncrl.teacher.client import TeacherClient
+from asyncrl.teacher.launch import POLL_S, TeacherEndpoint, teacher_endpoint
+from asyncrl.teacher.protocol import TeacherUnavailableError
 from tests.helpers import make_data, make_model
 from tests.test_faults import pids_of
 
@@ -36,7 +36,7 @@ def config(teacher: Path, max_restarts: int) -> TeacherConfig:
 
 def servers_of(model_dir: Path) -> list[int]:
     """Live teacher server processes on ``model_dir`` (a reaped process has no /proc entry; a zombie no cmdline)."""
-    return pids_of(f"asyncrl.distill.server --model {model_dir} ")
+    return pids_of(f"asyncrl.teacher.server --model {model_dir} ")
 
 
 def wait_for(what: str, ok, timeout_s: float = 60.0):  # noqa: ANN001
@@ -137,6 +137,6 @@ def test_a_given_url_has_no_supervisor():
 def test_the_server_socket_can_rebind_a_port_right_after_its_owner_died():
     """A restart binds the port its killed predecessor held, whose connections may sit in TIME_WAIT: SO_REUSEADDR
     (http.server sets it for every HTTPServer) lets it."""
-    from asyncrl.distill.transport import TeacherHTTPServer
+    from asyncrl.teacher.transport import TeacherHTTPServer
 
     assert TeacherHTTPServer.allow_reuse_address

@@ -318,7 +318,7 @@ def test_rope_scaling_reaches_vllm_past_the_trained_context(models):
 def test_fp8_rollout_on_vllm_runs_the_quantized_weights(models):
     """rollout.quantization=fp8 with vLLM: the sync carries fp8 values + 128x128 scales, and vLLM's log-probs are
     those of the dequantized weights (checked against a transformers model holding them), not the fp32 ones."""
-    from asyncrl.rollout.fp8 import dequantize_sync, quantize_for_sync
+    from asyncrl.models.fp8 import dequantize_sync, quantize_for_sync
 
     _, a, b, _, _ = models
     fp32, tok = load_model(b, for_training=False)

@@ -10,15 +10,16 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vllm extra is not installed (pip install -e '.[vllm]', or make test-vllm)")
 
-from asyncrl.agent.loop import AgentEngine, agent_metrics  # noqa: E402
 from asyncrl.config import load_config  # noqa: E402
 from asyncrl.config.schema import MultiTurnConfig  # noqa: E402
 from asyncrl.data.dataset import PromptDataset  # noqa: E402
 from asyncrl.models.loading import load_model  # noqa: E402
+from asyncrl.rollout.agent.loop import AgentEngine  # noqa: E402
 from asyncrl.rollout.sampling import SamplingParams  # noqa: E402
 from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions  # noqa: E402
 from asyncrl.schedules import run_training  # noqa: E402
 from asyncrl.telemetry.metrics import read_metrics  # noqa: E402
+from asyncrl.telemetry.samples import agent_metrics  # noqa: E402
 from tests.agent_helpers import check_tool_turns, make_tool_model, rows, write_tool_data  # noqa: E402
 from tests.helpers import train_overrides  # noqa: E402
 

@@ -1,5 +1,5 @@
 """One module per algorithm (``algorithm.name``): the roles it needs, how finished samples become a typed training
-batch, and which pure losses from ``asyncrl.algos`` update which role. Every algorithm runs on every schedule."""
+batch, and which pure losses from ``asyncrl.losses`` update which role. Every algorithm runs on every schedule."""
 
 from __future__ import annotations
 

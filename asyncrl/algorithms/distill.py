@@ -1,9 +1,9 @@
 """On-policy distillation (GKD): the student generates, a teacher server returns its top-k log-probs at every
-response position, and the student minimises ``distill.loss`` against them (``asyncrl.algos.distill_loss``).
+response position, and the student minimises ``distill.loss`` against them (``asyncrl.losses.distill_loss``).
 
 Roles: the actor (the student) and the teacher, any server speaking vLLM's ``/v1/completions`` with
 ``prompt_logprobs``: ``teacher.url``, or an ``asyncrl serve-teacher`` process started here on ``teacher.model_path``
-for the run, restarted on its port if it dies (``asyncrl.distill.launch``; ``teacher/restarts`` counts them) and
+for the run, restarted on its port if it dies (``asyncrl.teacher.launch``; ``teacher/restarts`` counts them) and
 stopped at its end. Rewards are scored for the metrics only (``reward/mean`` is the student's training accuracy); the
 loss is the teacher's. With ``distill.lmbda`` < 1 a batch trains on the dataset's answers instead of the student's
 responses with probability 1 - lmbda (one seeded draw per batch, in batch order).
@@ -17,14 +17,14 @@ from dataclasses import asdict
 
 import torch
 
-from asyncrl import algos
+from asyncrl import losses
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
-from asyncrl.algos.distill_loss import mix_on_policy
 from asyncrl.data.collate import collate
-from asyncrl.distill.client import TeacherClient
-from asyncrl.distill.knowledge import dataset_responses, get_teacher_knowledge
-from asyncrl.distill.launch import TeacherEndpoint, teacher_endpoint
-from asyncrl.distill.protocol import TeacherUnavailableError
+from asyncrl.losses.distill_loss import mix_on_policy
+from asyncrl.teacher.client import TeacherClient
+from asyncrl.teacher.knowledge import dataset_responses, get_teacher_knowledge
+from asyncrl.teacher.launch import TeacherEndpoint, teacher_endpoint
+from asyncrl.teacher.protocol import TeacherUnavailableError
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Sample
 
@@ -88,7 +88,7 @@ class Distill(Algorithm):
             metrics = {
                 "timing_s/get_teacher_knowledge": knowledge.seconds,
                 "distill/on_policy": float(on_policy),
-                "distill/teacher_token_logp_mean": float(algos.masked_mean(knowledge.token_logp_BT, mask)),
+                "distill/teacher_token_logp_mean": float(losses.masked_mean(knowledge.token_logp_BT, mask)),
                 "teacher/restarts": float(len(restarts)),
             }
             return Prepared(samples, batch, metrics)

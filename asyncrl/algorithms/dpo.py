@@ -1,5 +1,5 @@
 """Online DPO: each prompt's ``rollout.n`` samples, ranked by their reward, give one (chosen, rejected) pair, and the
-actor is fitted to the preferences against a frozen reference policy (``algos.dpo``).
+actor is fitted to the preferences against a frozen reference policy (``losses.dpo``).
 
 Roles: the actor, with its reference copy inside it (refreshed to the actor's weights every
 ``algorithm.dpo.ref_update_freq`` steps; 0 = frozen for the run). Per batch: the rule rewards (scored on the rollout

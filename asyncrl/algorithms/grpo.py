@@ -7,7 +7,7 @@ per response, broadcast over its tokens -> the trainer's update (which computes 
 
 from __future__ import annotations
 
-from asyncrl import algos
+from asyncrl import losses
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
 from asyncrl.data.collate import collate, group_ids, rewards_of
 from asyncrl.data.targets import PolicyTarget
@@ -19,10 +19,10 @@ class GRPO(Algorithm):
 
     def prepare(self, samples: list[Sample], step: int) -> Finish:
         batch = collate(samples, self.tokenizer.pad_token_id)
-        adv_B = algos.compute_grpo_advantages(
+        adv_B = losses.compute_grpo_advantages(
             rewards_of(samples), group_ids(samples), norm_by_std=self.cfg.algorithm.norm_adv_by_std_in_grpo
         )
-        batch.policy = PolicyTarget(algos.broadcast_advantages(adv_B, batch.response_mask_BT))
+        batch.policy = PolicyTarget(losses.broadcast_advantages(adv_B, batch.response_mask_BT))
         prepared = Prepared(samples, batch)
         return lambda: prepared
 

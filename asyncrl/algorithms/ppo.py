@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from asyncrl import algos
+from asyncrl import losses
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
 from asyncrl.data.collate import collate, rewards_of
 from asyncrl.data.targets import PolicyTarget, ValueTarget
@@ -56,13 +56,13 @@ class PPO(Algorithm):
                     s.reward = r  # reward/mean logs what the policy is trained on
             mask = batch.response_mask_BT
             al = self.cfg.algorithm
-            adv_BT, returns_BT = algos.compute_gae(
+            adv_BT, returns_BT = losses.compute_gae(
                 token_level_rewards(reward_B, mask), values_BT, mask, al.gamma, al.lam
             )
-            batch.policy = PolicyTarget(algos.whiten(adv_BT, mask))
+            batch.policy = PolicyTarget(losses.whiten(adv_BT, mask))
             batch.value = ValueTarget(values_BT, returns_BT)
-            metrics["critic/vf_explained_var"] = algos.explained_variance(values_BT, returns_BT, mask)
-            metrics["critic/returns_mean"] = float(algos.masked_mean(returns_BT, mask))
+            metrics["critic/vf_explained_var"] = losses.explained_variance(values_BT, returns_BT, mask)
+            metrics["critic/returns_mean"] = float(losses.masked_mean(returns_BT, mask))
             return Prepared(samples, batch, metrics)
 
         return finish

@@ -350,10 +350,9 @@ def _validate_async_training(cfg: Config) -> None:
 
 
 def _check_multi_turn(cfg: Config) -> None:
-    from asyncrl.agent.loop import AGENT_LOOPS
-
+    """(``rollout.agent.default_agent_loop`` is checked against the registered loops when a run starts, where the
+    loops a user registered are known: ``asyncrl.rollout.agent.loop.check_agent_loop``.)"""
     mt = cfg.rollout.multi_turn
-    choice("rollout.agent.default_agent_loop", cfg.rollout.agent.default_agent_loop, tuple(AGENT_LOOPS))
     t = mt.max_assistant_turns
     check(t is None or t >= 1, "rollout.multi_turn.max_assistant_turns", t, ">= 1 or null")
     choice(

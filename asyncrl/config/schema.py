@@ -64,7 +64,7 @@ class SkipConfig:
 class AgentConfig:
     """``rollout.agent``: which agent loop rolls out a row whose ``agent_name`` column is empty or absent."""
 
-    default_agent_loop: str = "single_turn_agent"  # single_turn_agent | tool_agent (asyncrl.agent.loop)
+    default_agent_loop: str = "single_turn_agent"  # single_turn_agent | tool_agent (asyncrl.rollout.agent.loop)
 
 
 @dataclass

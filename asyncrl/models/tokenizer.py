@@ -28,7 +28,7 @@ UNK_TOKEN = "<|unk|>"
 USER_TOKEN = "<|user|>"
 ASSISTANT_TOKEN = "<|assistant|>"
 END_TOKEN = "<|end|>"
-TOOL_TOKEN = "<|tool|>"  # opens a tool's output in a multi-turn conversation (asyncrl.agent)
+TOOL_TOKEN = "<|tool|>"  # opens a tool's output in a multi-turn conversation (asyncrl.rollout.agent)
 SPECIAL_TOKENS: list[str] = [PAD_TOKEN, UNK_TOKEN, USER_TOKEN, ASSISTANT_TOKEN, END_TOKEN, TOOL_TOKEN]
 
 # System messages have no role token of their own: their text is prepended, closed by <|end|>, so a system prompt is

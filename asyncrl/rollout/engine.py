@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from asyncrl.models.fp8 import dequantize_sync, sync_layout
 from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
 from asyncrl.models.lora import is_lora, merged_update, require_adapter, synced_tensors
 from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_to_keep
-from asyncrl.rollout.fp8 import dequantize_sync, sync_layout
 from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, WeightUpdateError, validate_update
 from asyncrl.rollout.sampling import SamplingParams, make_generator
 from asyncrl.types import PrefillStats, Prompt, Sample
@@ -66,7 +66,7 @@ class RolloutEngine(GatedEngine):
         self.max_batch_size = max_batch_size
         self.version = version
         self.share_prefixes = share_prefixes
-        self.quantization = quantization  # "fp8": syncs arrive quantized (asyncrl.rollout.fp8) and are dequantized
+        self.quantization = quantization  # "fp8": syncs arrive quantized (asyncrl.models.fp8) and are dequantized
         self.last_prefill = PrefillStats()
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.pad_id: int = int(pad_id)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from transformers import PreTrainedModel
 
-from asyncrl.agent.loop import AgentEngine
 from asyncrl.config import Config
 from asyncrl.models.loading import load_model, load_tokenizer_from
 from asyncrl.models.lora import LoraSpec, apply_lora
+from asyncrl.rollout.agent.loop import AgentEngine
 from asyncrl.rollout.engine import RolloutEngine
 
 
@@ -20,8 +20,8 @@ def builtin_engine(cfg: Config, model: PreTrainedModel, tokenizer, quantization:
 
 
 def with_agent_loops(cfg: Config, engine):
-    """``engine`` behind the agent loops (``asyncrl.agent``): single-turn rows decode as before, a row whose agent
-    (``agent_name``, else ``rollout.agent.default_agent_loop``) is the tool agent runs several turns."""
+    """``engine`` behind the agent loops (``asyncrl.rollout.agent``): single-turn rows decode as before, a row whose
+    agent (``agent_name``, else ``rollout.agent.default_agent_loop``) is the tool agent runs several turns."""
     return AgentEngine(engine, cfg.rollout.multi_turn, cfg.rollout.agent.default_agent_loop)
 
 

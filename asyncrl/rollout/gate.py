@@ -14,13 +14,11 @@ from contextlib import contextmanager
 
 import torch
 
+from asyncrl.models.errors import WeightUpdateError
+
 
 class EngineBusyError(RuntimeError):
     """An operation that needs the engine idle (weight update, a second generate) was called during a generate."""
-
-
-class WeightUpdateError(ValueError):
-    """``update_weights`` got a tensor the rollout model has no parameter for, or one of the wrong shape."""
 
 
 class EngineGate:

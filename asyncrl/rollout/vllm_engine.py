@@ -30,11 +30,11 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.errors import UserInputError
+from asyncrl.models.fp8 import dequantize_sync, quantize_for_sync, sync_layout
 from asyncrl.models.loading import eos_token_ids
 from asyncrl.models.lora import LoraSpec, require_adapter, synced_tensors
 from asyncrl.models.overrides import hf_overrides_for
 from asyncrl.rollout.engine import check_prompts, extend_sample, resumable
-from asyncrl.rollout.fp8 import dequantize_sync, quantize_for_sync, sync_layout
 from asyncrl.rollout.gate import EngineGate, GatedEngine, validate_update
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank

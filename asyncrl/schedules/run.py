@@ -18,7 +18,6 @@ import torch
 import yaml
 
 from asyncrl import seeds
-from asyncrl.agent.tools import tool_schemas
 from asyncrl.algorithms import Algorithm, Prepared, Trained, make_algorithm
 from asyncrl.checkpoint import CheckpointManager, load_driver_state, set_rng_state
 from asyncrl.config import Config, to_dict
@@ -29,14 +28,16 @@ from asyncrl.evaluation import evaluate_prompts
 from asyncrl.models.loading import check_model_dir
 from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
 from asyncrl.rewards.reward_fn import build_reward_fn
+from asyncrl.rollout.agent.loop import check_agent_loop
+from asyncrl.rollout.agent.tools import tool_schemas
 from asyncrl.rollout.engine import SamplingParams
 from asyncrl.schedules import replay
-from asyncrl.sync.weight_sync import WeightSync
 from asyncrl.telemetry import trace
 from asyncrl.telemetry.metrics import MetricsLogger, machine_cpu, read_metrics
 from asyncrl.telemetry.samples import sample_metrics
 from asyncrl.telemetry.timeline import get_timeline, read_chrome_trace, write_chrome_trace
 from asyncrl.types import Prompt, Sample
+from asyncrl.weights.weight_sync import WeightSync
 from asyncrl.workers.clients import RoleClient, TrainerClient
 from asyncrl.workers.roles import Roles, RolloutSide, start_roles
 from asyncrl.workers.supervisor import RolloutPool
@@ -73,6 +74,7 @@ class Run:
         self.dir = Path(cfg.trainer.default_local_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         check_model_dir(cfg.model.path)  # before any worker starts: the workers load the weights
+        check_agent_loop(cfg.rollout.agent.default_agent_loop)
         self.tokenizer = load_tokenizer(cfg.model.path)
         d = cfg.data
         tools = tool_schemas(cfg.rollout.multi_turn.tools)  # rendered into prompts by templates that know them

@@ -39,10 +39,10 @@ from asyncrl.rewards.loop import build_reward_loop
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.factory import colocated_engine
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.sync.endpoints import SyncSenderMixin
-from asyncrl.sync.transport import LOOPBACK, find_free_port
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Generation, Prompt, UpdateResult
+from asyncrl.weights.endpoints import SyncSenderMixin
+from asyncrl.weights.transport import LOOPBACK, find_free_port
 from asyncrl.workers import fsdp, policy_ops, preference_ops
 from asyncrl.workers.data_parallel import DataParallel, rank_name
 from asyncrl.workers.rollout_worker import generate_scored

@@ -2,7 +2,7 @@
 
 A client wraps a ``Handle`` (Ray actor or in-process worker, ``asyncrl.workers.backends``) and returns ``Pending``
 results of the dataclasses in ``asyncrl.types``; nothing above this module names a worker method by string. The
-teacher's client is ``asyncrl.distill.client.TeacherClient`` (an HTTP server is a role of its own).
+teacher's client is ``asyncrl.teacher.client.TeacherClient`` (an HTTP server is a role of its own).
 """
 
 from __future__ import annotations

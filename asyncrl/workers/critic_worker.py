@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from asyncrl import algos, seeds
+from asyncrl import losses, seeds
 from asyncrl.checkpoint import rng_state, set_rng_state
 from asyncrl.config import Config
 from asyncrl.data.collate import TrainBatch, micro_batches
@@ -83,14 +83,14 @@ class CriticWorker:
         def micro_loss(mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
             mask = mb.response_mask_BT
             vpred = self.model(mb)
-            loss, stats = algos.value_loss_clipped(
+            loss, stats = losses.value_loss_clipped(
                 vpred, mb.value.values_BT, mb.value.returns_BT, mask, c.cliprange_value,
                 loss_agg_mode=c.loss_agg_mode,
             )  # fmt: skip
             return loss, {
                 "critic/vf_loss": float(loss.detach()),
                 "critic/vf_clipfrac": float(stats["vf_clipfrac"]),
-                "critic/vpred_mean": float(algos.masked_mean(vpred.detach(), mask)),
+                "critic/vpred_mean": float(losses.masked_mean(vpred.detach(), mask)),
             }
 
         seed = seeds.critic_update(self.cfg.trainer.seed, step)

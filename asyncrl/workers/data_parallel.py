@@ -14,7 +14,7 @@ passes in lockstep (``Lockstep``). Torch's ``DistributedDataParallel`` wrapper i
 all-reduces inside ``backward`` and expects every rank to call it equally often, while here a rank's share may pack
 into a different number of micro-batches (or none: every row of its share skipped as zero-advantage).
 
-The group is a process group of its own (``asyncrl.sync.transport``: TCPStore + gloo, or NCCL on GPUs), not the
+The group is a process group of its own (``asyncrl.weights.transport``: TCPStore + gloo, or NCCL on GPUs), not the
 default group, so ``ddp`` ranks may also be threads of one process (the in-process backend), and the weight sync's
 group is separate. FSDP2 needs the default group as well, so its ranks are processes.
 """
@@ -28,7 +28,7 @@ import torch
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
 from asyncrl.data.collate import TrainBatch
-from asyncrl.sync import transport
+from asyncrl.weights import transport
 
 GRAD_BUCKET_BYTES = 32 * 2**20  # gradients are summed in flat buckets of about this size
 

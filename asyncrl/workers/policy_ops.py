@@ -2,7 +2,7 @@
 
 These functions hold no role or schedule logic: a worker calls them with a model, an optimizer and a ``TrainBatch``
 whose ``policy`` target says what to fit (``PolicyTarget``: advantages and old/ref log-probs; ``TeacherTarget``: the
-teacher's top-k). The losses themselves are the pure functions of ``asyncrl.algos``.
+teacher's top-k). The losses themselves are the pure functions of ``asyncrl.losses``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asyncrl import algos
+from asyncrl import losses
 from asyncrl.config import ActorConfig, CriticConfig, DistillConfig, RolloutCorrectionConfig
 from asyncrl.data.collate import Batching, TrainBatch, micro_batches
 from asyncrl.data.packing import TokenCount
@@ -67,7 +67,7 @@ def response_logprobs(
         for idx, mb in micro_batches(batch, how):
             logits = _forward_logits(model, mb, temperature)
             out[idx, : mb.response_mask_BT.shape[1]] = (
-                algos.logprobs_from_logits(logits, mb.response_ids_BT) * mb.response_mask_BT
+                losses.logprobs_from_logits(logits, mb.response_ids_BT) * mb.response_mask_BT
             )
     model.train(was_training)
     return out
@@ -228,7 +228,7 @@ def optimize(
         for mini_idx in perm.chunk(num_mini_batches):
             mini = batch.select(mini_idx)
             mini_tokens = float(mini.response_mask_BT.sum().clamp(min=1))
-            # seq-mean modes average over sequences with at least one token (algos.agg_loss): count those
+            # seq-mean modes average over sequences with at least one token (losses.agg_loss): count those
             mini_seqs = float((mini.response_mask_BT.sum(dim=1) > 0).sum().clamp(min=1))
             if dp is not None:
                 mini = mini.select(dp.share(mini))
@@ -291,19 +291,19 @@ def _distill_micro_loss(
         raise TypeError(f"distillation update: the batch's policy target is {type(target).__name__}, not TeacherTarget")
     ids, teacher_logp = target.topk_ids_BTK, target.topk_logp_BTK
     if distill.loss == "forward_kl":
-        loss, _ = algos.topk_forward_kl(logits, ids, teacher_logp, mask, tail=distill.tail, loss_agg_mode=agg)
+        loss, _ = losses.topk_forward_kl(logits, ids, teacher_logp, mask, tail=distill.tail, loss_agg_mode=agg)
     elif distill.loss == "jsd":
-        loss, _ = algos.generalized_jsd_topk(
+        loss, _ = losses.generalized_jsd_topk(
             logits, ids, teacher_logp, mask, beta=distill.beta, tail=distill.tail, loss_agg_mode=agg
         )
     else:
-        student_logp = algos.logprobs_from_logits(logits, mb.response_ids_BT)
-        loss, _ = algos.reverse_kl_sampled(
+        student_logp = losses.logprobs_from_logits(logits, mb.response_ids_BT)
+        loss, _ = losses.reverse_kl_sampled(
             student_logp, target.token_logp_BT, mask, estimator=distill.reverse_kl_estimator, loss_agg_mode=agg
         )
     stats = {"actor/kl_loss": float(loss.detach())}
     with torch.no_grad():
-        stats["actor/entropy"] = float(algos.agg_loss(algos.entropy_from_logits(logits), mask, agg))
+        stats["actor/entropy"] = float(losses.agg_loss(losses.entropy_from_logits(logits), mask, agg))
     return loss, stats
 
 
@@ -320,7 +320,7 @@ def _micro_loss(
     """One micro-batch's policy loss; ``gap`` (when given) records its log-probs against the rollout's."""
     mask = mb.response_mask_BT
     logits = _forward_logits(model, mb, temperature)
-    logp = algos.logprobs_from_logits(logits, mb.response_ids_BT)
+    logp = losses.logprobs_from_logits(logits, mb.response_ids_BT)
     if gap is not None:
         gap.add(logp, mb.behav_logp_BT, mask)
     target = _policy(mb)
@@ -328,11 +328,11 @@ def _micro_loss(
     is_weights = None
     stats: dict[str, float] = {}
     if correction.rollout_is is not None:
-        is_weights, is_stats = algos.truncated_importance_weights(
+        is_weights, is_stats = losses.truncated_importance_weights(
             mb.behav_logp_BT, old_logp, mask, level=correction.rollout_is, threshold=correction.rollout_is_threshold
         )
         stats.update(is_stats)
-    pg_loss, pg_stats = algos.policy_loss_ppo_clip(
+    pg_loss, pg_stats = losses.policy_loss_ppo_clip(
         logp,
         old_logp,
         target.advantages_BT,
@@ -348,14 +348,14 @@ def _micro_loss(
     for k, v in pg_stats.items():
         stats[f"actor/{k}"] = float(v)
     with torch.set_grad_enabled(actor.entropy_coeff != 0):
-        entropy_BT = algos.entropy_from_logits(logits if actor.entropy_coeff != 0 else logits.detach())
-        entropy = algos.agg_loss(entropy_BT, mask, actor.loss_agg_mode)
+        entropy_BT = losses.entropy_from_logits(logits if actor.entropy_coeff != 0 else logits.detach())
+        entropy = losses.agg_loss(entropy_BT, mask, actor.loss_agg_mode)
     stats["actor/entropy"] = float(entropy.detach())
     if actor.entropy_coeff != 0:
         loss = loss - actor.entropy_coeff * entropy
     if actor.use_kl_loss:
-        kl_BT = algos.kl_penalty(logp, target.ref_logp_BT, actor.kl_loss_type)
-        kl = algos.agg_loss(kl_BT, mask, actor.loss_agg_mode)
+        kl_BT = losses.kl_penalty(logp, target.ref_logp_BT, actor.kl_loss_type)
+        kl = losses.agg_loss(kl_BT, mask, actor.loss_agg_mode)
         loss = loss + actor.kl_loss_coef * kl
         stats["actor/kl_loss"] = float(kl.detach())
         stats["actor/kl_coef"] = actor.kl_loss_coef

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl import algos
-from asyncrl.algos.dpo import dpo_loss, sequence_logratios
+from asyncrl import losses
 from asyncrl.config import ActorConfig, DpoConfig
 from asyncrl.data.collate import TrainBatch
 from asyncrl.data.targets import PreferenceTarget
+from asyncrl.losses.dpo import dpo_loss, sequence_logratios
 from asyncrl.workers.data_parallel import DataParallel, Lockstep
 from asyncrl.workers.optim_step import Means, finish_mini_batch
 from asyncrl.workers.policy_ops import UpdateResult, _forward_logits
@@ -65,7 +65,7 @@ def dpo_update(
                 mb = batch.select(_pair_rows(micro)).trimmed()
                 t: PreferenceTarget = mb.policy  # type: ignore[assignment]
                 logits = _forward_logits(model, mb, temperature)
-                logp = algos.logprobs_from_logits(logits, mb.response_ids_BT)
+                logp = losses.logprobs_from_logits(logits, mb.response_ids_BT)
                 lr = sequence_logratios(logp, t.ref_logp_BT, mb.response_mask_BT, mean=dpo.loss_type == "ipo")
                 w_P = t.pair_weight_BT[0::2, 0]
                 loss, s = dpo_loss(lr[0::2], lr[1::2], dpo.beta, dpo.loss_type, weight_P=w_P)

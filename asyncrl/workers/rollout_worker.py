@@ -20,9 +20,9 @@ from asyncrl.rewards.reward_fn import RewardFn, build_reward_fn
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.factory import rollout_engine
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.sync.endpoints import SyncReceiverMixin
 from asyncrl.telemetry.timeline import Timeline, get_timeline
 from asyncrl.types import Generation, Prompt
+from asyncrl.weights.endpoints import SyncReceiverMixin
 
 
 def generate_scored(

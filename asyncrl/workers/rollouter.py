@@ -30,10 +30,10 @@ from dataclasses import replace
 from typing import Any
 
 from asyncrl import seeds
-from asyncrl.agent.tools import tool_schemas
 from asyncrl.config import Config
 from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
+from asyncrl.rollout.agent.tools import tool_schemas
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.streaming.ledger import PromptLedger
 from asyncrl.streaming.queue import Group, MessageQueue, QueueClosed

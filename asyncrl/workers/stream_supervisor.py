@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from asyncrl.calls import Handle, Pending, error_text
 from asyncrl.streaming.recovery import ConsumedBatch, RollouterSnapshot, StreamBatch, Takeover, advance
 from asyncrl.streaming.staleness import StalenessBudget
-from asyncrl.sync.errors import WeightSyncError
+from asyncrl.weights.errors import WeightSyncError
 from asyncrl.workers.supervisor import Supervisor, WorkerLostError, is_worker_death, ping_failure
 
 if TYPE_CHECKING:
-    from asyncrl.sync.weight_sync import SyncStats, WeightSync
+    from asyncrl.weights.weight_sync import SyncStats, WeightSync
     from asyncrl.workers.clients import RollouterClient
 
 T = TypeVar("T")

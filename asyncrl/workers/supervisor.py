@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.calls import Handle, error_text
 
 if TYPE_CHECKING:
-    from asyncrl.sync.weight_sync import WeightSync
+    from asyncrl.weights.weight_sync import WeightSync
     from asyncrl.workers.clients import RolloutClient
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class RolloutPool(Supervisor):
     def push(self, version: int) -> Any:
         """``WeightSync.push``; a receiver that died before or during it is replaced (which syncs the new group), and
         the push is repeated. Any other sync failure is raised as it is."""
-        from asyncrl.sync.errors import WeightSyncError
+        from asyncrl.weights.errors import WeightSyncError
 
         while True:
             try:

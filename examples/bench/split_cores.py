@@ -8,7 +8,7 @@ unchanged. Frozen policy (lr 1e-12), demo workload, 20 steps. From the repo root
 
 from __future__ import annotations
 
-from asyncrl.tools.bench import run_bench
+from asyncrl_lab.bench import run_bench
 
 if __name__ == "__main__":
     modes = ["sync", "one_step_off+split", "two_step_off+split", "fully_async+split"]

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from asyncrl import algos
+from asyncrl import losses
 from asyncrl.config import ActorConfig, RolloutCorrectionConfig
 from asyncrl.data.collate import collate, group_ids, rewards_of
 from asyncrl.data.dataset import PromptDataset

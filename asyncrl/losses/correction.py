@@ -1,0 +1,92 @@
+"""Off-policy correction for rollouts that did not come from the policy being corrected to.
+
+In asynchronous RL the behaviour policy that sampled a response (the inference engine: possibly several weight
+versions stale, and numerically different from the trainer even at the same weights) differs from the policy the
+PPO ratio is anchored at. Truncated importance sampling (TIS; Espeholt et al. 2018 "IMPALA", Yao et al. 2025 "Your
+efficient RL framework secretly brings you off-policy RL training") reweights each token's loss by
+pi_cur / pi_behav, truncated from above at ``threshold`` to bound the variance (at the price of some bias).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from asyncrl.losses.utils import _float_mask, masked_mean
+
+IS_LEVELS: tuple[str, ...] = ("token", "sequence")
+# Log-ratio clamp for the *diagnostics* (raw weights, k3): e^20 ~ 4.9e8 is already "hopelessly off-policy".
+_STATS_LOG_RATIO_CLAMP = 20.0
+
+
+def truncated_importance_weights(
+    behav_logp_BT: Tensor,
+    cur_logp_BT: Tensor,
+    mask_BT: Tensor,
+    level: str = "token",
+    threshold: float = 2.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """Truncated importance weights ``[B, T]`` (detached) for the per-token policy loss, and diagnostics.
+
+    - ``level="token"``: w_t = min(pi_cur(x_t) / pi_behav(x_t), threshold).
+    - ``level="sequence"``: w = min(prod_t pi_cur(x_t) / pi_behav(x_t), threshold), one weight per response,
+      broadcast to all its tokens. Unbiased for sequence-level objectives but far higher variance; truncation does
+      most of the work on long responses.
+
+    ``cur_logp_BT`` is the policy being corrected *to* (usually the trainer's old/proximal log-probs, so that the
+    PPO ratio and the IS weight together form decoupled PPO); ``behav_logp_BT`` is what the engine reported at
+    sampling time. Weights are computed in log space and the truncation is applied *before* exp
+    (w = exp(min(log w, log threshold))), so even a sequence whose summed log-ratio is 1000 gives ``threshold``,
+    never inf. Weights are 0 on padding.
+
+    Stats (python floats; one ``.item()`` sync each, this is meant to be called once per micro-batch):
+      - ``rollout_corr/is_mean``, ``rollout_corr/is_max``: mean / max of the *untruncated* weights (log-ratio
+        clamped at +-20 so they stay finite), over real tokens (token level) or over non-empty responses (sequence
+        level) -- the raw mismatch, before truncation hides it;
+      - ``rollout_corr/truncated_frac``: fraction of those tokens / responses whose weight was truncated;
+      - ``rollout_corr/kl``: mean over real tokens of behav_logp - cur_logp, a k1 estimate of KL(behav || cur) in nats
+        per token (samples come from behav, so this is unbiased for it);
+      - ``rollout_corr/k3_kl``: the k3 estimate r - 1 - log r with r = pi_cur / pi_behav, same KL, always >= 0.
+    """
+    if level not in IS_LEVELS:
+        raise ValueError(f"level must be one of {', '.join(IS_LEVELS)} (got {level!r})")
+    if not threshold > 0:
+        raise ValueError(f"threshold must be > 0 (got {threshold})")
+    if not (behav_logp_BT.shape == cur_logp_BT.shape == mask_BT.shape):
+        raise ValueError(
+            f"behav_logp_BT, cur_logp_BT and mask_BT must have the same [B, T] shape (got "
+            f"{tuple(behav_logp_BT.shape)}, {tuple(cur_logp_BT.shape)}, {tuple(mask_BT.shape)})"
+        )
+    with torch.no_grad():
+        cur = cur_logp_BT.detach()
+        dtype = torch.promote_types(cur.dtype, torch.float32)
+        m = _float_mask(mask_BT, cur.to(dtype))
+        valid = m != 0
+        log_ratio_BT = torch.where(valid, cur.to(dtype) - behav_logp_BT.detach().to(dtype), 0.0)
+        log_threshold = math.log(threshold)
+
+        if level == "token":
+            log_w_BT = log_ratio_BT
+            unit_log_w, unit_mask = log_ratio_BT, m
+        else:
+            log_w_B = log_ratio_BT.sum(dim=-1)
+            log_w_BT = log_w_B[:, None].expand_as(log_ratio_BT)
+            unit_log_w, unit_mask = log_w_B, (m.sum(dim=-1) > 0).to(dtype)
+
+        weights_BT = torch.where(valid, torch.exp(torch.clamp(log_w_BT, max=log_threshold)), 0.0)
+
+        raw_w = torch.exp(torch.clamp(unit_log_w, -_STATS_LOG_RATIO_CLAMP, _STATS_LOG_RATIO_CLAMP))
+        any_unit = bool((unit_mask > 0).any())
+        is_max = float(raw_w[unit_mask > 0].max()) if any_unit else 0.0
+        clamped_lr = torch.clamp(log_ratio_BT, -_STATS_LOG_RATIO_CLAMP, _STATS_LOG_RATIO_CLAMP)
+        k3_BT = torch.expm1(clamped_lr) - clamped_lr
+        stats = {
+            "rollout_corr/is_mean": float(masked_mean(raw_w, unit_mask)),
+            "rollout_corr/is_max": is_max,
+            "rollout_corr/truncated_frac": float(masked_mean((unit_log_w > log_threshold).to(dtype), unit_mask)),
+            "rollout_corr/kl": float(masked_mean(-log_ratio_BT, m)),
+            "rollout_corr/k3_kl": float(masked_mean(k3_BT, m)),
+        }
+    return weights_BT, stats

@@ -1,0 +1,108 @@
+"""Masked reductions shared by every loss in ``asyncrl.losses``.
+
+All token-level tensors in this package are ``[B, T]`` over response tokens, paired with ``mask_BT`` (bool or float,
+1 = real response token). Padded positions may hold garbage -- even NaN or inf, e.g. the log-prob of a pad id -- so
+these helpers select with ``torch.where`` instead of multiplying by the mask (``nan * 0`` is ``nan``).
+
+Every reduction is safe for an all-zero mask: it returns 0, not NaN, so an empty micro-batch contributes nothing
+instead of poisoning the whole step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+
+
+def _float_mask(mask: Tensor, like: Tensor) -> Tensor:
+    """The mask as float weights (bool -> 0./1.), in at least float32.
+
+    Never bf16/fp16, even for a bf16 ``like``: token counts above 256 are not exact in bf16, so a bf16 denominator
+    would silently mis-scale a token-mean. Reductions over bf16 values therefore come out in float32.
+    """
+    dtype = torch.promote_types(like.dtype, torch.float32) if like.is_floating_point() else torch.float32
+    return mask.to(dtype)
+
+
+def zero_padding(x: Tensor, mask: Tensor) -> Tensor:
+    """``x`` with every position where ``mask == 0`` set to 0 (whatever it held, NaN included).
+
+    Use on inputs *before* non-linear ops: a NaN on padding that is only masked out at the end still turns the
+    gradient of the real tokens' inputs into NaN through 0 * NaN in backward.
+    """
+    return torch.where(mask != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """Sum of ``x * mask``, ignoring whatever (even NaN/inf) sits where ``mask == 0``."""
+    m = _float_mask(mask, x)
+    xm = torch.where(m != 0, x * m, torch.zeros((), dtype=m.dtype, device=x.device))
+    if dim is None:
+        return xm.sum()
+    return xm.sum(dim=dim, keepdim=keepdim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """Mean of ``x`` over positions where ``mask`` is non-zero (a float mask acts as weights).
+
+    Returns 0 (not NaN) wherever the mask sums to 0, over the whole tensor (``dim=None``) or along ``dim``.
+    """
+    m = _float_mask(mask, x)
+    num = masked_sum(x, m, dim=dim, keepdim=keepdim)
+    den = m.sum() if dim is None else m.sum(dim=dim, keepdim=keepdim)
+    has = den > 0
+    return torch.where(has, num / torch.where(has, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
+def masked_var(x: Tensor, mask: Tensor, dim: int | None = None, keepdim: bool = False, unbiased: bool = True) -> Tensor:
+    """Variance of ``x`` over masked positions.
+
+    ``unbiased=True`` applies Bessel's correction n/(n-1) with n = mask sum, as verl's ``masked_var`` does. Where the
+    correction is undefined (n <= 1) this returns 0 instead of raising (verl raises): a lone token has no spread.
+    An all-zero mask also gives 0.
+    """
+    m = _float_mask(mask, x)
+    mean = masked_mean(x, m, dim=dim, keepdim=True)
+    centered_sq = (x - mean) ** 2
+    var = masked_mean(centered_sq, m, dim=dim, keepdim=keepdim)
+    if not unbiased:
+        return var
+    n = m.sum() if dim is None else m.sum(dim=dim, keepdim=keepdim)
+    ok = n > 1
+    bessel = n / torch.where(ok, n - 1, torch.ones_like(n))
+    return torch.where(ok, var * bessel, torch.zeros_like(var))
+
+
+def check_loss_agg_mode(loss_agg_mode: str) -> None:
+    """Raise a ValueError naming the allowed values if ``loss_agg_mode`` is unknown."""
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)} (got {loss_agg_mode!r})")
+
+
+def agg_loss(loss_BT: Tensor, mask_BT: Tensor, loss_agg_mode: str = "token-mean") -> Tensor:
+    """Reduce a per-token loss ``[B, T]`` to a scalar, as verl's ``agg_loss`` does.
+
+    - ``token-mean``: sum(loss * mask) / sum(mask). Every token weighs the same, so long responses weigh more
+      (DAPO's recommendation).
+    - ``seq-mean-token-sum``: per-sequence sum, then mean over sequences. Scales with response length (Dr. GRPO-like
+      without the constant normaliser).
+    - ``seq-mean-token-mean``: per-sequence mean, then mean over sequences (the original GRPO paper). Every sequence
+      weighs the same regardless of length.
+
+    Departure from verl: in both ``seq-mean-*`` modes, sequences with no valid token are *excluded* from the mean over
+    sequences (verl divides 0/0 = NaN for seq-mean-token-mean and counts them as 0 for seq-mean-token-sum). An
+    all-empty batch gives 0. Units: whatever ``loss_BT`` is in (per token).
+    """
+    check_loss_agg_mode(loss_agg_mode)
+    if loss_agg_mode == "token-mean":
+        return masked_mean(loss_BT, mask_BT)
+    m = _float_mask(mask_BT, loss_BT)
+    tokens_B = m.sum(dim=-1)
+    seq_valid_B = (tokens_B > 0).to(m.dtype)
+    if loss_agg_mode == "seq-mean-token-sum":
+        seq_loss_B = masked_sum(loss_BT, m, dim=-1)
+    else:
+        seq_loss_B = masked_mean(loss_BT, m, dim=-1)
+    return masked_mean(seq_loss_B, seq_valid_B)

@@ -1,0 +1,69 @@
+"""Critic (value-function) loss for PPO, and explained variance as its health metric.
+
+Values and returns are in reward units per response token, ``[B, T]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from asyncrl.losses.utils import agg_loss, check_loss_agg_mode, masked_mean, masked_var, zero_padding
+
+
+def value_loss_clipped(
+    vpreds_BT: Tensor,
+    old_values_BT: Tensor,
+    returns_BT: Tensor,
+    mask_BT: Tensor,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's clipped value loss: 0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2), aggregated.
+
+    ``vpreds_BT`` are the critic's current predictions, ``old_values_BT`` its predictions at rollout time (detached),
+    ``returns_BT`` the GAE returns (targets, detached), ``cliprange_value`` = c in reward units. Taking the max makes
+    the loss pessimistic: a prediction may not profit from moving more than c away from the old one (as in verl's
+    ``compute_value_loss`` and the OpenAI baselines). The 0.5 factor is applied after aggregation (as verl); it is the
+    usual 1/2 of a squared error, so the gradient per token is (v - R).
+
+    Returns ``(loss, stats)`` with ``stats["vf_clipfrac"]`` (detached 0-d tensor): fraction of real tokens where the
+    clipped branch was strictly larger, i.e. the clip changed the loss.
+    """
+    check_loss_agg_mode(loss_agg_mode)
+    if not (vpreds_BT.shape == old_values_BT.shape == returns_BT.shape == mask_BT.shape):
+        raise ValueError(
+            f"vpreds_BT, old_values_BT, returns_BT and mask_BT must have the same [B, T] shape (got "
+            f"{tuple(vpreds_BT.shape)}, {tuple(old_values_BT.shape)}, {tuple(returns_BT.shape)}, "
+            f"{tuple(mask_BT.shape)})"
+        )
+    if cliprange_value < 0:
+        raise ValueError(f"cliprange_value must be >= 0 (got {cliprange_value})")
+    old_values_BT = zero_padding(old_values_BT.detach(), mask_BT)
+    returns_BT = zero_padding(returns_BT.detach(), mask_BT)
+    vpreds_BT = zero_padding(vpreds_BT, mask_BT)
+    vpred_clipped_BT = torch.clamp(vpreds_BT, old_values_BT - cliprange_value, old_values_BT + cliprange_value)
+    loss_unclipped_BT = (vpreds_BT - returns_BT) ** 2
+    loss_clipped_BT = (vpred_clipped_BT - returns_BT) ** 2
+    loss_BT = torch.maximum(loss_unclipped_BT, loss_clipped_BT)
+    loss = 0.5 * agg_loss(loss_BT, mask_BT, loss_agg_mode)
+    with torch.no_grad():
+        stats = {"vf_clipfrac": masked_mean((loss_clipped_BT > loss_unclipped_BT).float(), mask_BT)}
+    return loss, stats
+
+
+def explained_variance(values_BT: Tensor, returns_BT: Tensor, mask_BT: Tensor) -> float:
+    """1 - Var[R - V] / Var[R] over real tokens: 1 = perfect critic, 0 = no better than a constant, < 0 = worse.
+
+    Both variances are the population (biased) estimate; the Bessel factor would cancel in the ratio anyway. When the
+    returns have no spread (Var[R] = 0, e.g. a batch of identical rewards or no real token) the ratio is undefined and
+    this returns 0.0 rather than NaN or inf, so the metric stays plottable.
+    """
+    with torch.no_grad():
+        v = values_BT.detach().float()
+        r = returns_BT.detach().float()
+        var_r = masked_var(r, mask_BT, unbiased=False)
+        if not float(var_r) > 0:
+            return 0.0
+        var_resid = masked_var(r - v, mask_BT, unbiased=False)
+        return float(1.0 - var_resid / var_r)

@@ -1,0 +1,96 @@
+"""FP8 rollout (``rollout.quantization: fp8``): the weights cross a sync as float8 e4m3 with per-block scales, and the
+rollout engine runs on them.
+
+At every sync the trainer quantizes each linear weight of the transformer blocks blockwise, with one fp32 scale per
+128 x 128 block (the recipe of DeepSeek-V3 and of verl's FP8 rollout). The fp8 values travel under the weight's
+name and the scales under ``name + "_scale_inv"`` (vLLM's name for them). Embeddings, norms, biases and the output
+head stay in the trainer's precision, as vLLM's FP8 keeps them. The receiving engine multiplies values by scales
+and runs on the result. On a CPU that emulates the quantized weights' numerics; activations stay unquantized. A GPU's
+W8A8 kernels would also quantize activations per token group; they are the GPU path behind the same switch and are
+not run here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from asyncrl.models.errors import WeightUpdateError
+
+BLOCK = 128
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)  # 448
+SCALE_SUFFIX = "_scale_inv"
+
+
+def quantizable(name: str, shape: Iterable[int]) -> bool:
+    """A linear weight of a transformer block (``model.layers.N....weight``, 2-D)."""
+    return len(tuple(shape)) == 2 and name.endswith(".weight") and ".layers." in name
+
+
+def _blocks(rows: int, cols: int) -> tuple[int, int]:
+    return -(-rows // BLOCK), -(-cols // BLOCK)
+
+
+def quantize_blockwise(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 values with ``weight``'s shape, fp32 scales [ceil(rows/128), ceil(cols/128)]): value x scale ~ weight,
+    each block scaled so that its largest magnitude maps to fp8's largest (448)."""
+    rows, cols = weight.shape
+    rb, cb = _blocks(rows, cols)
+    padded = F.pad(weight.detach().float(), (0, cb * BLOCK - cols, 0, rb * BLOCK - rows))
+    blocks = padded.view(rb, BLOCK, cb, BLOCK)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX
+    values = (blocks / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return values.view(rb * BLOCK, cb * BLOCK)[:rows, :cols].contiguous(), scale
+
+
+def dequantize_blockwise(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp32 ``values x scale`` (each scale spread over its 128 x 128 block)."""
+    rows, cols = values.shape
+    spread = scale.repeat_interleave(BLOCK, 0)[:rows].repeat_interleave(BLOCK, 1)[:, :cols]
+    return values.float() * spread
+
+
+def quantize_for_sync(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What a sync carries in FP8 mode: quantizable weights as (fp8 values, scales), the rest unchanged."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        if quantizable(name, tensor.shape):
+            out[name], out[name + SCALE_SUFFIX] = quantize_blockwise(tensor)
+        else:
+            out[name] = tensor
+    return out
+
+
+def sync_layout(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The names, shapes and dtypes (meta tensors) an FP8 sync of ``tensors`` carries: what a receiver checks the
+    trainer's plan against."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        if quantizable(name, tensor.shape):
+            out[name] = torch.empty(tensor.shape, dtype=FP8, device="meta")
+            out[name + SCALE_SUFFIX] = torch.empty(_blocks(*tensor.shape), dtype=torch.float32, device="meta")
+        else:
+            out[name] = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+    return out
+
+
+def dequantize_sync(items: list[tuple[str, torch.Tensor]], where: str) -> list[tuple[str, torch.Tensor]]:
+    """An FP8 sync back to full-precision (name, tensor) pairs. Raises WeightUpdateError naming a quantized weight
+    that came without its scales (or scales without their weight)."""
+    tensors = dict(items)
+    scales = {name[: -len(SCALE_SUFFIX)]: t for name, t in tensors.items() if name.endswith(SCALE_SUFFIX)}
+    out = []
+    for name, tensor in tensors.items():
+        if name.endswith(SCALE_SUFFIX):
+            if name[: -len(SCALE_SUFFIX)] not in tensors:
+                raise WeightUpdateError(f"{where}: fp8 scales {name!r} came without their weight")
+            continue
+        if tensor.dtype == FP8:
+            if name not in scales:
+                raise WeightUpdateError(f"{where}: fp8 weight {name!r} came without its scales {name + SCALE_SUFFIX!r}")
+            tensor = dequantize_blockwise(tensor, scales[name])
+        out.append((name, tensor))
+    return out

@@ -1,0 +1,92 @@
+"""Token-in, token-out multi-turn text: tool calls parsed out of a model turn, tool outputs turned into tokens.
+
+The model's tokens are never re-tokenized. What goes between two assistant turns (a tool message and the next
+generation prompt) is rendered by the tokenizer's own chat template and tokenized on its own, then appended after the
+model's eos token: so decoding the final ids gives the chat template's rendering of the conversation, except inside
+the assistant's text (which stays exactly as sampled).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from asyncrl.rollout.agent.tools import ToolCall, parse_arguments
+
+TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+TRUNCATE_SIDES = ("left", "middle", "right")
+
+
+def parse_hermes_tool_calls(text: str) -> list[ToolCall]:
+    """The ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks in ``text`` (verl's ``hermes`` format).
+
+    A block that is not such JSON, or an opening tag left unclosed, becomes a call with ``error`` set, so the model
+    is told what was wrong rather than the rollout silently ending."""
+    calls: list[ToolCall] = []
+    for body in TOOL_CALL_RE.findall(text):
+        try:
+            obj = json.loads(body)
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                raise ValueError('expected {"name": ..., "arguments": {...}}')
+            calls.append(ToolCall(obj["name"], parse_arguments(obj.get("arguments", {}))))
+        except (ValueError, TypeError) as e:
+            calls.append(ToolCall("", {}, f"could not parse the tool call {body.strip()[:200]!r}: {e}"))
+    if text.count("<tool_call>") > text.count("</tool_call>"):
+        calls.append(ToolCall("", {}, "a <tool_call> tag was not closed"))
+    return calls
+
+
+def truncate(text: str, limit: int, side: str) -> str:
+    """``text`` cut to ``limit`` characters as verl does: ``left`` keeps the start, ``right`` the end, ``middle``
+    both ends; the cut is marked. ``limit`` <= 0: no limit."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    if side == "left":
+        return text[:limit] + "...(truncated)"
+    if side == "right":
+        return "(truncated)..." + text[-limit:]
+    half = limit // 2
+    return text[:half] + "...(truncated)..." + text[len(text) - (limit - half) :]
+
+
+class TurnEncoder:
+    """The tokens that follow the model's eos to hand it tool results and start its next turn.
+
+    Found once from the chat template: render a reference conversation ending in an assistant message, render it
+    again with tool messages and the generation prompt, and keep what comes after the assistant's end-of-turn token.
+    """
+
+    _BASE = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("the tool agent needs a tokenizer with a chat_template (it renders the tool messages)")
+        self.tokenizer = tokenizer
+        self.tools = tools
+        eos = tokenizer.eos_token
+        if not eos:
+            raise ValueError("the tool agent needs a tokenizer with an eos_token (the end of an assistant turn)")
+        before = self._render(self._BASE, add_generation_prompt=False)
+        if eos not in before:
+            raise ValueError(f"the chat template does not end an assistant turn with the eos token {eos!r}")
+        self._cut = before.rindex(eos) + len(eos)
+        self._head = before[: self._cut]
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+
+    def text(self, results: list[str]) -> str:
+        """What follows the eos: the tool messages (one per result) and the next generation prompt, as text."""
+        full = self._render(self._BASE + [{"role": "tool", "content": r} for r in results], add_generation_prompt=True)
+        if not full.startswith(self._head):
+            raise ValueError(
+                "the chat template renders the earlier turns differently once a tool message follows; "
+                "token-in/token-out appending cannot use it"
+            )
+        return full[self._cut :]
+
+    def encode(self, results: list[str]) -> list[int]:
+        return list(self.tokenizer(self.text(results), add_special_tokens=False)["input_ids"])

@@ -1,0 +1,347 @@
+"""``asyncrl serve-teacher``: a teacher that scores token sequences over HTTP, speaking vLLM's completions API.
+
+On-policy distillation needs the teacher's top-k log-probs at every position of each student rollout. The contract is
+vLLM's OpenAI-compatible ``POST /v1/completions`` with ``prompt_logprobs`` (format: :mod:`asyncrl.teacher.protocol`),
+so a real ``vllm serve`` can stand in for this server on GPU boxes; this one runs the built-in transformers model for
+tiny teachers and tests, on the standard library only (``ThreadingHTTPServer``: one thread per connection).
+
+Concurrent requests are batched: connection threads put one job per prompt on a queue; a single batcher thread takes
+the first job, waits up to ``max_wait_ms`` for more (up to ``max_batch`` sequences), runs one right-padded forward
+pass, and resolves each job's future. Right padding keeps every real token at the position it has unbatched, so
+batched and unbatched scores agree to float rounding.
+
+Endpoints: ``GET /health``, ``GET /v1/models`` (vLLM's list plus ``vocab_size`` and ``tokenizer_fingerprint``, which
+the client uses to check the student shares the vocabulary), ``POST /v1/completions``, ``POST /tokenize`` and
+``POST /detokenize`` (vLLM's shapes). There is no authentication: it binds 127.0.0.1 unless told otherwise.
+
+This module is the engine (model, batcher, endpoint logic) and the command line; the HTTP plumbing (routing, body
+limits, status codes, connection tracking) is :mod:`asyncrl.teacher.transport`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from asyncrl.config import TeacherConfig
+from asyncrl.models.loading import ModelLoadError, eos_token_ids, load_model
+from asyncrl.teacher.protocol import (
+    RequestError,
+    SequenceScores,
+    completion_response,
+    parse_completion_request,
+    parse_prompts,
+    tokenizer_fingerprint,
+)
+from asyncrl.teacher.transport import ServerStoppingError, TeacherHTTPServer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    """One sequence to score. ``prompt_k`` None = no prompt log-probs wanted; ``gen_k`` is used only if generating."""
+
+    tokens: list[int]
+    prompt_k: int | None
+    generate: bool
+    gen_k: int
+    temperature: float
+    seed: int | None
+    future: Future = field(default_factory=Future)
+
+
+def _score(logp_LV: torch.Tensor, job: _Job) -> SequenceScores:
+    """Actual-token log-prob and rank, and the top k, at every position of one sequence (``logp_LV``: [L, V])."""
+    rows = logp_LV[:-1]
+    n = rows.shape[0]
+    actual_logp, actual_rank, top_ids, top_logp = [], [], [[]] * n, [[]] * n
+    if job.prompt_k is not None and n > 0:
+        targets = torch.tensor(job.tokens[1:], dtype=torch.long).unsqueeze(1)
+        actual = rows.gather(1, targets)
+        actual_logp = actual.squeeze(1).tolist()
+        actual_rank = (rows >= actual).sum(dim=1).tolist()  # 1-based: ids at least as likely, itself included
+        if job.prompt_k > 0:
+            values, indices = rows.topk(job.prompt_k, dim=-1)
+            top_ids, top_logp = indices.tolist(), values.tolist()
+    gen = None
+    if job.generate:
+        last = logp_LV[-1]
+        if job.temperature == 0:
+            tok = int(last.argmax())
+        else:
+            gen_rng = torch.Generator().manual_seed(job.seed) if job.seed is not None else None
+            tok = int(torch.multinomial(torch.softmax(last / job.temperature, -1), 1, generator=gen_rng))
+        values, indices = last.topk(job.gen_k) if job.gen_k > 0 else (last[:0], last[:0].long())
+        gen = (tok, float(last[tok]), int((last >= last[tok]).sum()), indices.tolist(), values.tolist())
+    return SequenceScores(actual_logp, actual_rank, top_ids, top_logp, gen)
+
+
+class TeacherServer:
+    """A batching HTTP teacher over a local Hugging Face causal-LM directory.
+
+    ``max_batch`` caps sequences per forward pass; ``max_wait_ms`` is how long (milliseconds) the batcher waits after
+    the first queued sequence for others to join. ``port=0`` picks a free port (read it from ``.port``/``.url`` after
+    :meth:`start`). The model id in replies is ``model_name`` or, as in vLLM, the directory as given.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike[str],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_batch: int = TeacherConfig.server_max_batch,
+        max_wait_ms: float = 5.0,
+        model_name: str | None = None,
+        dtype: str = "float32",
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"serve-teacher: max_batch must be >= 1 (got {max_batch})")
+        if max_wait_ms < 0:
+            raise ValueError(f"serve-teacher: max_wait_ms must be >= 0 (got {max_wait_ms})")
+        self.model_dir = os.fspath(model_dir)
+        self.model, self.tokenizer = load_model(self.model_dir, dtype=dtype, for_training=False)
+        self.model_id = model_name or self.model_dir
+        self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
+        self.max_model_len = int(getattr(self.model.config, "max_position_embeddings", 0) or 2**31 - 1)
+        self.fingerprint = tokenizer_fingerprint(self.tokenizer)
+        self.eos_ids = set(eos_token_ids(self.model, self.tokenizer))
+        self.pad_id = int(self.tokenizer.pad_token_id)
+        self.host, self.max_batch, self.max_wait_s = host, max_batch, max_wait_ms / 1000.0
+        self.created = int(time.time())
+        self.stats = {"batches": 0, "sequences": 0, "max_batch_size": 0}
+        self._requested_port = port
+        self._httpd: TeacherHTTPServer | None = None
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._decoded: dict[int, str] = {}
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("TeacherServer.port: the server is not started (call start() first)")
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> TeacherServer:
+        try:
+            self._httpd = TeacherHTTPServer((self.host, self._requested_port), self)
+        except OSError as e:
+            raise OSError(f"serve-teacher: cannot listen on {self.host}:{self._requested_port} ({e})") from e
+        if self.host not in ("127.0.0.1", "localhost", "::1"):
+            logger.warning("teacher server listens on %s without authentication", self.host)
+        self._threads = [
+            threading.Thread(target=self._batch_loop, name="teacher-batcher", daemon=True),
+            threading.Thread(target=self._httpd.serve_forever, args=(0.1,), name="teacher-http", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        logger.info("teacher %s serving at %s", self.model_id, self.url)
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting, answer what is queued, close open connections. Safe to call twice."""
+        with self._lock:
+            if self._stopping or self._httpd is None:
+                return
+            self._stopping = True
+            self._queue.put(None)
+        self._httpd.shutdown()
+        self._httpd.close_connections()
+        self._httpd.server_close()
+        for t in self._threads:
+            t.join(timeout=30)
+        self._stopped.set()
+
+    def wait(self) -> None:
+        """Block until :meth:`stop` (signals such as Ctrl-C still interrupt the wait)."""
+        while not self._stopped.wait(0.5):
+            pass
+
+    def __enter__(self) -> TeacherServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- batching --------------------------------------------------------------------------------------------
+    def _submit(self, job: _Job) -> Future:
+        with self._lock:
+            if self._stopping:
+                raise ServerStoppingError("teacher server is shutting down")
+            self._queue.put(job)
+        return job.future
+
+    def _batch_loop(self) -> None:
+        stop = False
+        while not stop:
+            job = self._queue.get()
+            if job is None:
+                break
+            batch, deadline = [job], time.monotonic() + self.max_wait_s
+            while len(batch) < self.max_batch:
+                remaining = deadline - time.monotonic()
+                try:  # past the deadline, still take what is already queued, without waiting
+                    nxt = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self._run_batch(batch)
+
+    def _run_batch(self, batch: list[_Job]) -> None:
+        try:
+            lengths = [len(j.tokens) for j in batch]
+            ids_BL = torch.full((len(batch), max(lengths)), self.pad_id, dtype=torch.long)
+            mask_BL = torch.zeros_like(ids_BL)
+            for b, job in enumerate(batch):
+                ids_BL[b, : lengths[b]] = torch.tensor(job.tokens, dtype=torch.long)
+                mask_BL[b, : lengths[b]] = 1
+            with torch.inference_mode():
+                logits_BLV = self.model(input_ids=ids_BL, attention_mask=mask_BL, use_cache=False).logits
+                results = [
+                    _score(torch.log_softmax(logits_BLV[b, : lengths[b]].float(), dim=-1), job)
+                    for b, job in enumerate(batch)
+                ]
+        except Exception as e:  # answer every waiting request rather than leave it hanging
+            logger.exception("teacher forward pass failed")
+            for job in batch:
+                job.future.set_exception(e)
+            return
+        self.stats["batches"] += 1
+        self.stats["sequences"] += len(batch)
+        self.stats["max_batch_size"] = max(self.stats["max_batch_size"], len(batch))
+        for job, res in zip(batch, results):
+            job.future.set_result(res)
+
+    # ---- endpoints (each takes the decoded JSON body and returns the JSON reply) ------------------------------
+    def _decode_one(self, tid: int) -> str:
+        text = self._decoded.get(tid)
+        if text is None:
+            text = self._decoded[tid] = self.tokenizer.decode([tid])
+        return text
+
+    def _tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def models_payload(self) -> dict[str, Any]:
+        entry = {
+            "id": self.model_id,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "asyncrl",
+            "root": self.model_dir,
+            "parent": None,
+            "max_model_len": self.max_model_len,
+            "vocab_size": self.vocab_size,
+            "tokenizer_len": len(self.tokenizer),
+            "tokenizer_fingerprint": self.fingerprint,
+        }
+        return {"object": "list", "data": [entry]}
+
+    def complete(self, body: Any) -> dict[str, Any]:
+        add_special = body.get("add_special_tokens", True) if isinstance(body, dict) else True
+        req = parse_completion_request(
+            body, self.vocab_size, self.max_model_len, lambda text: self._tokenize(text, bool(add_special))
+        )
+        gen_k = req.logprobs or 0
+        jobs = [
+            _Job(p, req.prompt_logprobs, req.max_tokens == 1, gen_k, req.temperature, req.seed) for p in req.prompts
+        ]
+        futures = [self._submit(job) for job in jobs]
+        scores = [fut.result() for fut in futures]
+        return completion_response(
+            req, scores, req.model or self.model_id, self.tokenizer, self.eos_ids, self._decode_one
+        )
+
+    def tokenize(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
+            raise RequestError("prompt", "prompt must be a string")
+        tokens = self._tokenize(body["prompt"], bool(body.get("add_special_tokens", True)))
+        return {"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens}
+
+    def detokenize(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise RequestError("body", f"request body must be a JSON object (got {type(body).__name__})")
+        try:
+            (tokens,) = parse_prompts(body.get("tokens"), self.vocab_size, self._tokenize)
+        except RequestError as e:
+            raise RequestError("tokens", e.message.replace("prompt", "tokens")) from None
+        return {"prompt": self.tokenizer.decode(tokens)}
+
+
+# ---- command line ------------------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``asyncrl serve-teacher`` flags (shared by ``asyncrl.cli`` and ``python -m asyncrl.teacher.server``)."""
+    p.add_argument("--model", required=True, help="local Hugging Face causal-LM directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it loopback)")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=TeacherConfig().server_max_batch,
+        help="sequences per forward pass (default: teacher.server_max_batch's)",
+    )
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more sequences")
+    p.add_argument("--served-model-name", default=None, help="model id in replies (default: the --model path)")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def serve(server: TeacherServer) -> None:
+    """Start ``server``, print one JSON line with its URL, and serve until Ctrl-C / SIGTERM."""
+    server.start()
+    print(json.dumps({"teacher": server.url, "model": server.model_id}), flush=True)
+    try:
+        server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+def run_from_args(a: argparse.Namespace) -> None:
+    """Build and serve from parsed flags; a bad model dir or a busy port prints one line and exits with status 2."""
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    try:
+        server = TeacherServer(a.model, a.host, a.port, a.max_batch, a.max_wait_ms, a.served_model_name, a.dtype)
+        serve(server)
+    except (ModelLoadError, OSError, ValueError) as e:
+        print(f"asyncrl serve-teacher: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    p = argparse.ArgumentParser(prog="asyncrl serve-teacher", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    run_from_args(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""The worker side of the weight sync: mixins that give a worker class the calls the driver's ``WeightSync`` makes.
+
+A trainer worker class inherits :class:`SyncSenderMixin` (it must have ``self.serving``, the full weights), a rollout
+worker class :class:`SyncReceiverMixin` (it must have ``self.engine``, a ``RolloutEngine``). The tensors travel over
+the sync group (gloo/NCCL), never through the role backend (Ray's object store or the driver's memory); the backend
+only carries the calls, so a Ray actor and an in-process worker sync the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any
+
+import torch
+
+from asyncrl.models.fp8 import quantize_for_sync
+from asyncrl.models.lora import is_lora, require_adapter, synced_tensors
+from asyncrl.weights.errors import WeightSyncError
+from asyncrl.weights.group import WeightSyncGroup
+from asyncrl.weights.handshake import PlanSummary
+from asyncrl.weights.stats import SyncStats
+from asyncrl.weights.transport import LOOPBACK, find_free_port
+
+__all__ = ["SyncReceiverMixin", "SyncSenderMixin"]
+
+
+class _WeightSyncMixin:
+    """What sender and receiver share: the group object and its (re-)creation."""
+
+    _weight_sync: WeightSyncGroup | None = None
+
+    def weight_sync_tensors(self) -> dict[str, torch.Tensor]:
+        raise TypeError(f"{type(self).__name__}: use SyncSenderMixin or SyncReceiverMixin, which say what is synced")
+
+    def init_weight_sync(
+        self,
+        rank: int,
+        world_size: int,
+        host: str,
+        port: int,
+        bucket_mb: float,
+        timeout_s: float,
+        backend: str | None = None,
+    ) -> PlanSummary:
+        """Join a new sync group (closing any previous one); returns the plan summary (params, bytes, buckets)."""
+        self.close_weight_sync()
+        self._weight_sync = WeightSyncGroup.create(
+            rank=rank,
+            world_size=world_size,
+            port=port,
+            params=self.weight_sync_tensors(),
+            host=host,
+            bucket_mb=bucket_mb,
+            timeout_s=timeout_s,
+            backend=backend,
+        )
+        return self._weight_sync.plan.summary()
+
+    def weight_sync_ping(self) -> bool:
+        """Answers once the actor is constructed and idle: the driver waits for this before the rendezvous."""
+        return True
+
+    def close_weight_sync(self) -> None:
+        if self._weight_sync is not None:
+            self._weight_sync.close()
+            self._weight_sync = None
+
+    def _group(self, version: int | None) -> WeightSyncGroup:
+        if self._weight_sync is None:
+            raise WeightSyncError(
+                f"weight sync version {version}: {type(self).__name__} has no sync group (call WeightSync.setup)"
+            )
+        return self._weight_sync
+
+
+class SyncSenderMixin(_WeightSyncMixin):
+    """For the trainer actor: sends ``self.serving``'s parameters, the full weights (the trained model itself, or a
+    sharded trainer's unsharded copy); override ``weight_sync_tensors`` to send others."""
+
+    serving: torch.nn.Module
+
+    def weight_sync_tensors(self) -> dict[str, torch.Tensor]:
+        """Name -> tensor to send: the model's parameters, tied ones once (as ``RolloutEngine`` expects); for a LoRA
+        model its adapter alone, and never a plan without one."""
+        tensors = synced_tensors(self.serving)
+        if is_lora(self.serving):
+            require_adapter(list(tensors), f"{type(self).__name__}: weight sync")
+        if getattr(self, "sync_quantization", None) == "fp8":
+            return quantize_for_sync(tensors)
+        return tensors
+
+    def weight_sync_endpoint(self) -> tuple[str, int]:
+        """(host, port) for the group's store, chosen on the trainer's own node (``MASTER_ADDR`` or loopback)."""
+        host = os.environ.get("MASTER_ADDR", LOOPBACK)
+        return host, find_free_port(host)
+
+    def send_weights(
+        self,
+        version: int,
+        verify: bool = False,
+        timeout_s: float | None = None,
+        _corrupt_bucket: int | None = None,
+    ) -> SyncStats:
+        """Send the current weights as ``version`` (collective: every rollout actor must call ``receive_weights``).
+
+        ``timeout_s`` defaults to the one given at set-up; ``_corrupt_bucket`` is the test hook of ``send``.
+        """
+        timeline = getattr(self, "timeline", None)
+        span = timeline.span("send_weights", version=version) if timeline is not None else contextlib.nullcontext()
+        with span:  # the trainer is busy while it sends: its timeline says so
+            return self._group(version).send(self.weight_sync_tensors(), version, verify, timeout_s, _corrupt_bucket)
+
+
+class SyncReceiverMixin(_WeightSyncMixin):
+    """For rollout actors: receives weights and hands them to ``self.engine.update_weights``."""
+
+    engine: Any  # asyncrl.rollout.engine.RolloutEngine
+
+    def weight_sync_tensors(self) -> dict[str, torch.Tensor]:
+        """What the handshake checks the trainer's plan against."""
+        return self.engine.state_dict_for_sync()
+
+    def receive_weights(
+        self, verify: bool = False, version: int | None = None, timeout_s: float | None = None
+    ) -> SyncStats:
+        """Receive one sync and apply it; ``version`` (when given) must match the one sent.
+
+        The weights are applied only when the whole sync arrived intact, so a failed sync leaves the model and its
+        version untouched.
+        """
+        named, got, stats = self._group(version).receive(verify, timeout_s, expected_version=version)
+        start = time.perf_counter()
+        self.engine.update_weights(named, version=got)
+        return SyncStats.measured(stats.seconds, stats.bytes, stats.buckets, time.perf_counter() - start)
