@@ -173,9 +173,17 @@ def cmd_train_rm(a: argparse.Namespace) -> None:
     from asyncrl.schedules.reward_model import train_reward_model
 
     summary = train_reward_model(
-        a.data, a.val or [], a.init, a.out, steps=a.steps, max_time_s=a.max_time_s, batch_size=a.batch_size, lr=a.lr,
-        seed=a.seed, num_threads=a.threads,
-    )  # fmt: skip
+        a.data,
+        a.val or [],
+        a.init,
+        a.out,
+        steps=a.steps,
+        max_time_s=a.max_time_s,
+        batch_size=a.batch_size,
+        lr=a.lr,
+        seed=a.seed,
+        num_threads=a.threads,
+    )
     print(json.dumps(summary))
 
 

@@ -35,9 +35,17 @@ class Workload:
 def _chain_sum(out: Path, size: int, seed: int, test_size: int, terms: tuple[int, int]) -> tuple[Path, Path]:
     """chain_sum problems of ``terms`` (min, max) terms of 1-2 digits each, phrased as the demo's are."""
     return write_task_dataset(
-        "chain_sum", size, seed, out, test_size=test_size, prompt_template="{expression} =",
-        min_terms=terms[0], max_terms=terms[1], min_digits=1, max_digits=2,
-    )  # fmt: skip
+        "chain_sum",
+        size,
+        seed,
+        out,
+        test_size=test_size,
+        prompt_template="{expression} =",
+        min_terms=terms[0],
+        max_terms=terms[1],
+        min_digits=1,
+        max_digits=2,
+    )
 
 
 def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Workload:
@@ -110,13 +118,16 @@ def _real_workload(wdir: Path) -> Workload:
     train, test = d.prepare(wdir / "data")
     c = load_config(d.CONFIG, [])  # the demo's own batch, lengths, reward and lr, read from its config
     train_over = [
-        f"model.path={d.MODEL_DIR}", f"data.train_batch_size={c.data.train_batch_size}",
+        f"model.path={d.MODEL_DIR}",
+        f"data.train_batch_size={c.data.train_batch_size}",
         f"actor.ppo_mini_batch_size={c.actor.ppo_mini_batch_size}",
         f"rollout.response_length={c.rollout.response_length}",
-        f"reward.custom_function={c.reward.custom_function}", f"actor.optim.lr={c.actor.optim.lr}",
-        f"data.max_prompt_length={c.data.max_prompt_length}", f"rollout.max_num_seqs={c.rollout.max_num_seqs}",
+        f"reward.custom_function={c.reward.custom_function}",
+        f"actor.optim.lr={c.actor.optim.lr}",
+        f"data.max_prompt_length={c.data.max_prompt_length}",
+        f"rollout.max_num_seqs={c.rollout.max_num_seqs}",
         "sync.timeout_s=120",
-    ]  # fmt: skip
+    ]
     return Workload("real", 0.0, [], train_over, {"train": [str(train)], "val": [str(test)]})
 
 

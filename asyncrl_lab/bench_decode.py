@@ -71,8 +71,16 @@ def run_decode_bench(model_dir: str, out: str, batch: int, new_tokens: int, thre
 
     def hf_generate() -> int:
         with torch.inference_mode():
-            seqs = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                                  max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad)  # fmt: skip
+            seqs = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=pad,
+            )
         return int(seqs[:, left:].numel())
 
     def decoded(engine: Any) -> Callable[[], int]:
@@ -97,9 +105,16 @@ def run_decode_bench(model_dir: str, out: str, batch: int, new_tokens: int, thre
         missing = str(e)
     rows: list[dict] = []
     for name, (seconds, tokens, runs) in _interleaved(engines, repeats).items():
-        rows.append({"engine": name, "tokens": tokens, "seconds": round(seconds, 3),
-                     "tokens_per_s": round(tokens / seconds, 1), "runs_s": [round(r, 2) for r in runs],
-                     "note": notes[name]})  # fmt: skip
+        rows.append(
+            {
+                "engine": name,
+                "tokens": tokens,
+                "seconds": round(seconds, 3),
+                "tokens_per_s": round(tokens / seconds, 1),
+                "runs_s": [round(r, 2) for r in runs],
+                "note": notes[name],
+            }
+        )
     if missing is not None:
         rows.append({"engine": "vllm", "tokens": 0, "seconds": None, "tokens_per_s": None, "note": missing})
     base = {r["engine"]: r["tokens_per_s"] for r in rows}
@@ -107,13 +122,23 @@ def run_decode_bench(model_dir: str, out: str, batch: int, new_tokens: int, thre
         for ref in ("builtin", "hf_generate"):
             r[f"ratio_to_{ref}"] = round(r["tokens_per_s"] / base[ref], 2) if r["tokens_per_s"] else None
     Path(out).mkdir(parents=True, exist_ok=True)
-    setting = {"model": model_dir, "batch": batch, "new_tokens": new_tokens, "threads": threads, "repeats": repeats,
-               "prompt_tokens_max": left, "load_avg": os.getloadavg()}  # fmt: skip
+    setting = {
+        "model": model_dir,
+        "batch": batch,
+        "new_tokens": new_tokens,
+        "threads": threads,
+        "repeats": repeats,
+        "prompt_tokens_max": left,
+        "load_avg": os.getloadavg(),
+    }
     Path(out, "decode.json").write_text(json.dumps({"setting": setting, "rows": rows}, indent=2))
     head = "| engine | tokens | best s | tokens/s | x builtin | x hf_generate | every run s | note |"
     lines = [head, "|" + " --- |" * 8]
-    lines += [f"| {r['engine']} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | {r['ratio_to_builtin']} | "
-              f"{r['ratio_to_hf_generate']} | {r.get('runs_s', '')} | {r['note']} |" for r in rows]  # fmt: skip
+    lines += [
+        f"| {r['engine']} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | {r['ratio_to_builtin']} | "
+        f"{r['ratio_to_hf_generate']} | {r.get('runs_s', '')} | {r['note']} |"
+        for r in rows
+    ]
     Path(out, "decode.md").write_text(json.dumps(setting) + "\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
     return rows

@@ -49,8 +49,10 @@ def run_demo_real(out: str, overrides: list[str] | None = None) -> dict:
         *(overrides or []),
     ]
     cfg = load_config(CONFIG, over)
-    print(f"[demo-real] GRPO ({cfg.trainer.schedule}, rollout.engine={cfg.rollout.engine}) for "
-          f"{cfg.trainer.total_training_steps} steps ...")  # fmt: skip
+    print(
+        f"[demo-real] GRPO ({cfg.trainer.schedule}, rollout.engine={cfg.rollout.engine}) for "
+        f"{cfg.trainer.total_training_steps} steps ..."
+    )
     rl = run_training(cfg)
     shutdown()
 
@@ -108,5 +110,7 @@ def _print(r: dict) -> None:
     t.add_row("after RL", f"{r['accuracy_after']:.1%}", f"{r['reward_last_steps']:.3f}")
     Console(width=max(100, Console().width)).print(t)
     sync = "in-process, colocated" if r["sync_s"] is None else f"{r['sync_s']:.2f} s"
-    print(f"step {r['step_s']:.1f} s (weight sync {sync}); vLLM vs trainer log-prob |diff| "
-          f"{r['logprob_diff_mean'] or 0:.2e}; RL {r['rl_wall_s']:.0f} s; total {r['total_wall_s']:.0f} s")  # fmt: skip
+    print(
+        f"step {r['step_s']:.1f} s (weight sync {sync}); vLLM vs trainer log-prob |diff| "
+        f"{r['logprob_diff_mean'] or 0:.2e}; RL {r['rl_wall_s']:.0f} s; total {r['total_wall_s']:.0f} s"
+    )

@@ -147,8 +147,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r = report[arm]
         print(f"[demo-tool] {arm:11s} held-out accuracy: SFT {r['accuracy_sft']:.1%} -> RL {r['accuracy_rl']:.1%}")
     t = report["tool"]
-    print(f"[demo-tool] tool arm: held-out tool-call rate {t['held_out_tool_call_rate']:.1%}, "
-          f"turns per sample {t['held_out_turns_mean']:.2f}")  # fmt: skip
+    print(
+        f"[demo-tool] tool arm: held-out tool-call rate {t['held_out_tool_call_rate']:.1%}, "
+        f"turns per sample {t['held_out_turns_mean']:.2f}"
+    )
     return report
 
 

@@ -91,3 +91,23 @@ def policy_gap(a: Path, b: Path, seed: int = 0) -> float:
         la = torch.log_softmax(ma(input_ids=ids).logits.float(), -1)
         lb = torch.log_softmax(mb(input_ids=ids).logits.float(), -1)
     return float((la - lb).abs().max())
+
+
+def ppo_update(model, optimizer, scheduler, batch, actor, correction, temperature, num_mini_batches, seed, dp=None):
+    """The trainer's update on a batch of advantages (``batch.policy``: a ``PolicyTarget``; ``batch.old_logp_BT``
+    and, for a KL loss, ``ref_logp_BT`` filled), with the PPO-clip loss ``actor`` configures."""
+    from dataclasses import replace
+
+    from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
+    from asyncrl.trainer.update import fit
+
+    target = PolicyTarget(batch.policy.advantages_BT, PPOClip.of(actor, correction, temperature))
+    return fit(model, optimizer, scheduler, replace(batch, policy=target), actor, num_mini_batches, seed, dp=dp)
+
+
+def advantages(advantages_BT):
+    """A ``PolicyTarget`` of ``advantages_BT`` with default knobs (``ppo_update`` puts the actor's in)."""
+    from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
+    from asyncrl.config import ActorConfig, RolloutCorrectionConfig
+
+    return PolicyTarget(advantages_BT, PPOClip.of(ActorConfig(), RolloutCorrectionConfig()))

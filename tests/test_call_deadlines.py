@@ -11,7 +11,7 @@ import pytest
 from asyncrl.calls import CallTimeoutError
 from asyncrl.config import load_config
 from asyncrl.schedules import run_training
-from asyncrl.workers.actor_worker import ActorRolloutWorker
+from asyncrl.trainer.actor import ActorRolloutWorker
 from asyncrl.workers.backends import LocalHandle
 from tests.helpers import make_data, make_model, train_overrides
 

@@ -38,6 +38,7 @@ from asyncrl.models.lora import LoraError
 from asyncrl.rewards.custom import RewardSpecError
 from asyncrl.rewards.registry import UnknownDataSourceError
 from asyncrl.rewards.remote import RewardServiceRejectedError, RewardServiceResponseError, RewardServiceUnavailableError
+from asyncrl.roles.placement import PlacementError
 from asyncrl.rollout.vllm_engine import VllmEngineError
 from asyncrl.schedules.replay import ReplayError
 from asyncrl.schedules.skip import RolloutSkipError
@@ -49,7 +50,6 @@ from asyncrl.teacher.protocol import (
     TokenizerMismatchError,
 )
 from asyncrl.telemetry.trace import TraceNotFoundError
-from asyncrl.workers.placement import PlacementError
 from tests.helpers import RAY_CPUS, make_data, make_model, train_overrides
 
 ROOT = Path(__file__).resolve().parents[1]

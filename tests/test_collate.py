@@ -7,8 +7,8 @@ import torch
 from asyncrl.data.collate import collate, micro_batches
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
+from asyncrl.trainer.forward import response_logprobs
 from asyncrl.types import Prompt, Sample
-from asyncrl.workers.policy_ops import response_logprobs
 
 
 def _samples(tok) -> list[Sample]:

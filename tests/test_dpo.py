@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from asyncrl.algorithms.dpo import make_pairs
+from asyncrl.algorithms.dpo import PreferenceTarget, make_pairs
 from asyncrl.config import ActorConfig, DpoConfig
 from asyncrl.data.collate import collate
-from asyncrl.data.targets import PreferenceTarget
 from asyncrl.losses.dpo import dpo_loss, sequence_logratios
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
+from asyncrl.trainer.forward import response_logprobs
+from asyncrl.trainer.update import fit
 from asyncrl.types import Prompt, Sample
-from asyncrl.workers.policy_ops import response_logprobs
-from asyncrl.workers.preference_ops import dpo_update
 from tests.test_data_parallel import on_ranks
 from tests.test_policy_update import CHARS
 
@@ -85,8 +85,8 @@ def _pair_batch(tok, model, n_pairs: int = 5):
             rows.append(Sample(Prompt(i, pid, "chain_sum", "0"), rid, [-1.0] * len(rid), [0] * len(rid)))
     b = collate(rows, tok.pad_token_id)
     is_chosen = torch.tensor([1.0, 0.0] * n_pairs)[:, None].expand_as(b.response_mask_BT).clone()
-    b.policy = PreferenceTarget(is_chosen, torch.ones_like(b.response_mask_BT))
-    b.policy.ref_logp_BT = response_logprobs(model, b, 1.0, 64)
+    b.policy = PreferenceTarget(is_chosen, torch.ones_like(b.response_mask_BT), DpoConfig(), 1.0)
+    b.ref_logp_BT = response_logprobs(model, b, 1.0, 64)
     return b
 
 
@@ -94,7 +94,8 @@ def _update(model, batch, dpo: DpoConfig, dp=None, lr: float = 0.05):
     model = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    res = dpo_update(model, opt, sched, batch, ActorConfig(ppo_micro_batch_size=4), dpo, 1.0, 2, seed=1, dp=dp)
+    batch = replace(batch, policy=replace(batch.policy, dpo=dpo))
+    res = fit(model, opt, sched, batch, ActorConfig(ppo_micro_batch_size=4), 2, seed=1, dp=dp)
     return model, res
 
 
@@ -105,9 +106,7 @@ def test_an_update_raises_the_margin_of_the_chosen_responses(loss_type):
     batch = _pair_batch(tok, model)
     trained, res = _update(model, batch, DpoConfig(beta=0.5, loss_type=loss_type), lr=0.5)
     assert res.optimizer_steps == 2 and res.metrics["dpo/loss"] > 0
-    lr = sequence_logratios(
-        response_logprobs(trained, batch, 1.0, 64), batch.policy.ref_logp_BT, batch.response_mask_BT
-    )
+    lr = sequence_logratios(response_logprobs(trained, batch, 1.0, 64), batch.ref_logp_BT, batch.response_mask_BT)
     assert float((lr[0::2] - lr[1::2]).mean()) > 0.05  # the chosen responses gained on the rejected ones
 
 

@@ -26,8 +26,8 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.schedules import run_training
+from asyncrl.supervision.supervisor import WorkerLostError
 from asyncrl.telemetry.metrics import read_metrics
-from asyncrl.workers.supervisor import WorkerLostError
 from tests.helpers import make_data, make_model, train_overrides
 
 pytestmark = [pytest.mark.ray, pytest.mark.faults]
@@ -259,8 +259,9 @@ def test_the_driver_killed_at_random_moments_resumes_with_each_step_once(setup, 
 
 
 def test_a_driver_killed_alone_leaves_no_process_of_its_run_behind(setup):
-    """Only the driver gets SIGKILL (not its process group): its watchdog (asyncrl.workers.reaper) kills the rest."""
-    from asyncrl.workers.reaper import descendants
+    """Only the driver gets SIGKILL (not its process group): its watchdog (asyncrl.supervision.reaper) kills the
+    rest."""
+    from asyncrl.supervision.reaper import descendants
 
     root, model, train, test = setup
     run_dir = root / "driver_alone"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from asyncrl.algorithms.ppo_clip import effective_correction
 from asyncrl.config import ConfigError, load_config
 from asyncrl.models.fp8 import (
     FP8,
@@ -23,7 +24,6 @@ from asyncrl.schedules import run_training
 from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.types import Prompt
 from asyncrl.weights.buckets import metas_of
-from asyncrl.workers.actor_worker import effective_correction
 from tests.helpers import make_data, make_model, train_overrides
 
 

@@ -19,11 +19,11 @@ import torch
 
 from asyncrl.config import load_config
 from asyncrl.data.collate import collate
-from asyncrl.schedules import run_training
-from asyncrl.streaming.report import partial_metrics, processing_metrics
-from asyncrl.streaming.staleness import StalenessBudget
+from asyncrl.schedules import run_training, specs_for
+from asyncrl.schedules.fully_async.report import partial_metrics, processing_metrics
+from asyncrl.schedules.fully_async.rollouter import Rollouter
+from asyncrl.schedules.fully_async.staleness import StalenessBudget
 from asyncrl.telemetry.metrics import read_metrics
-from asyncrl.workers.rollouter import Rollouter
 from tests.helpers import length_reward, make_data, make_model, train_overrides
 
 FULLY_ASYNC = [
@@ -122,7 +122,7 @@ def test_partial_rollout_keeps_tokens_from_both_versions(setup, tmp_path):
         length_reward(tmp_path),
     ]
     cfg = load_config(None, over + ["data.train_batch_size=2"])
-    ro = Rollouter(cfg, num_threads=1)
+    ro = Rollouter(specs_for(cfg).rollouter, num_threads=1)
     # An untrained micro model emits eos within a few tokens; with no eos every row runs all 400 tokens, so the
     # pause below lands mid-decode.
     ro.engine.eos_token_ids = [10**9]
@@ -136,9 +136,9 @@ def test_partial_rollout_keeps_tokens_from_both_versions(setup, tmp_path):
             time.sleep(0.005)
         time.sleep(0.05)
         ro.pause(interrupt=True)
-        interrupted = [s for g in ro.inflight.values() for s in g.samples if s.stop_reason == "interrupted"]
+        interrupted = [s for g in ro.books.inflight.values() for s in g.samples if s.stop_reason == "interrupted"]
         assert interrupted and all(0 < len(s.response_ids) < 400 for s in interrupted)
-        before = {gid: [len(s.response_ids) for s in g.samples] for gid, g in ro.inflight.items()}
+        before = {gid: [len(s.response_ids) for s in g.samples] for gid, g in ro.books.inflight.items()}
         new = {k: v + 0.01 for k, v in ro.engine.state_dict_for_sync().items()}
         ro.engine.update_weights(new, version=1)
         ro.resume_generation(1)

@@ -18,6 +18,11 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "asyncrl"
 MAX_LINES = 400
+MAX_FLOORS = 7
+# The rooms that implement roles, and what they must never know: the algorithm or the schedule a run uses. A worker
+# gets its role's spec (asyncrl.config.specs); the trainer fits whatever Objective a batch carries.
+WORKER_ROOMS = ("asyncrl.trainer", "asyncrl.workers", "asyncrl.rollout", "asyncrl.weights", "asyncrl.roles")
+ALGORITHM_AND_SCHEDULE_NAMES = ("grpo", "ppo", "dpo", "distill", "sync", "one_step_off", "two_step_off", "fully_async")
 
 
 def module_name(path: Path) -> str:
@@ -116,7 +121,66 @@ def test_imports_of_sees_lazy_relative_and_submodule_imports():
     assert imports_of("from .a import x\n", "asyncrl.p", is_package=True, known=known) == {"asyncrl.p.a"}
 
 
+def room_of(module: str) -> str:
+    """A module's room: its top-level package under asyncrl (``asyncrl.trainer``), or itself (``asyncrl.cli``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each room's floor: 1 for a room that imports no other room, else one above the highest room it imports."""
+    edges: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        if name == "asyncrl":
+            continue
+        edges.setdefault(room_of(name), set()).update(room_of(t) for t in targets if t != "asyncrl")
+    out: dict[str, int] = {}
+
+    def floor(room: str) -> int:
+        if room not in out:
+            out[room] = 0  # on the path (the graph has no circle: test_no_import_circle_in_the_package)
+            out[room] = 1 + max((floor(r) for r in edges.get(room, ()) if r != room), default=0)
+        return out[room]
+
+    for room in edges:
+        floor(room)
+    return out
+
+
+def test_floors_are_counted_by_the_longest_chain_of_rooms():
+    graph = {"asyncrl.a.x": {"asyncrl.b.y"}, "asyncrl.b.y": {"asyncrl.c"}, "asyncrl.c": set(), "asyncrl.a.z": set()}
+    assert floors(graph) == {"asyncrl.a": 3, "asyncrl.b": 2, "asyncrl.c": 1}
+
+
 # ---- the rules ---------------------------------------------------------------------------------------------------
+def test_the_package_has_at_most_seven_floors_and_the_command_line_on_top():
+    got = floors(import_graph())
+    top = max(got.values())
+    by_floor = "\n".join(f"{f}: {', '.join(sorted(r for r, k in got.items() if k == f))}" for f in range(top, 0, -1))
+    assert top <= MAX_FLOORS, f"{top} floors (at most {MAX_FLOORS}):\n{by_floor}"
+    assert got["asyncrl.cli"] == top and [r for r, k in got.items() if k == top] == ["asyncrl.cli"], by_floor
+
+
+def test_workers_never_import_or_name_an_algorithm_or_a_schedule():
+    """A worker gets its role's spec, not the config: it never imports asyncrl.algorithms or asyncrl.schedules,
+    reads cfg.algorithm / trainer.schedule, or compares with an algorithm's or a schedule's name."""
+    bad = []
+    modules = package_modules()
+    for name, targets in sorted(all_imports().items()):
+        if not any(is_under(name, room) for room in WORKER_ROOMS):
+            continue
+        bad += [f"{name} imports {t}" for t in sorted(targets) if is_under(t, "asyncrl.algorithms")]
+        bad += [f"{name} imports {t}" for t in sorted(targets) if is_under(t, "asyncrl.schedules")]
+        tree = ast.parse(modules[name].read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("algorithm", "schedule"):
+                bad.append(f"{name}:{node.lineno} reads .{node.attr}")
+            if isinstance(node, ast.Compare):
+                for const in [c for c in ast.walk(node) if isinstance(c, ast.Constant)]:
+                    if const.value in ALGORITHM_AND_SCHEDULE_NAMES:
+                        bad.append(f"{name}:{node.lineno} compares with {const.value!r}")
+    assert not bad, "workers know neither the algorithm nor the schedule:\n" + "\n".join(bad)
+
+
 def test_no_import_circle_in_the_package():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])

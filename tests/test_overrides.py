@@ -12,7 +12,7 @@ from asyncrl.config import load_config
 from asyncrl.models.loading import ModelLoadError, load_model
 from asyncrl.rollout.factory import rollout_engine
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.schedules import run_training
+from asyncrl.schedules import run_training, specs_for
 from asyncrl.types import Prompt
 from tests.helpers import make_data, make_model, sharpen_attention, train_overrides
 
@@ -44,7 +44,7 @@ def test_rope_scaling_reaches_the_engine_past_the_trained_context(setup, tmp_pat
     cfg = cfg_with(setup, tmp_path, "model.override_config=" + json.dumps(LONG_CONTEXT).replace(" ", ""))
     trainer, tok = load_model(model_dir, overrides=cfg.model.override_config)  # what the trainer loads
     plain, _ = load_model(model_dir)
-    engine = rollout_engine(cfg)  # what a rollout worker builds
+    engine = rollout_engine(specs_for(cfg).rollout.engine)  # what a rollout worker builds
     assert engine.model.config.rope_parameters["factor"] == 2.0 and engine.model.config.max_position_embeddings == 1024
     text = "12+34+56=102 " * 45  # 585 characters: past the 512 positions the model was built for
     prompt = Prompt(0, tok(text)["input_ids"], "chain_sum", "")
@@ -65,7 +65,7 @@ def test_rope_scaling_reaches_the_engine_past_the_trained_context(setup, tmp_pat
 def test_attention_implementations_agree_between_trainer_and_engine(setup, tmp_path, attn):
     _, model_dir, _, _ = setup
     cfg = cfg_with(setup, tmp_path, f"model.override_config.attn_implementation={attn}")
-    engine = rollout_engine(cfg)
+    engine = rollout_engine(specs_for(cfg).rollout.engine)
     assert engine.model.config._attn_implementation == attn
     other = "sdpa" if attn == "eager" else "eager"
     trainer, tok = load_model(model_dir, overrides={"attn_implementation": other})  # the other kernel

@@ -14,12 +14,13 @@ from asyncrl import losses
 from asyncrl.config import ActorConfig, Config, RolloutCorrectionConfig
 from asyncrl.data.collate import Batching, collate, micro_batches
 from asyncrl.data.packing import TokenCount
-from asyncrl.data.targets import PolicyTarget, ValueTarget
+from asyncrl.data.targets import ValueTarget
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
+from asyncrl.trainer.critic import ValueModel
+from asyncrl.trainer.forward import forward_logits
 from asyncrl.types import Prompt, Sample
-from asyncrl.workers.critic_worker import ValueModel
-from asyncrl.workers.policy_ops import _forward_logits, ppo_update
+from tests.helpers import advantages, ppo_update
 
 CHARS = "0123456789 +-="
 PADDED = Batching(64)
@@ -47,7 +48,8 @@ def _batch(tok, groups: int = 5, n: int = 4):
     gen = torch.Generator().manual_seed(1)
     adv = torch.randn(b.size, 1, generator=gen) * b.response_mask_BT
     ref = b.behav_logp_BT + 0.3 * torch.randn(b.response_mask_BT.shape, generator=gen) * b.response_mask_BT
-    b.policy = PolicyTarget(adv, old_logp_BT=b.behav_logp_BT - 0.1 * b.response_mask_BT, ref_logp_BT=ref)
+    b.policy = advantages(adv)
+    b.old_logp_BT, b.ref_logp_BT = b.behav_logp_BT - 0.1 * b.response_mask_BT, ref
     values = torch.randn(b.response_mask_BT.shape, generator=gen) * b.response_mask_BT
     b.value = ValueTarget(values, values + 0.5 * b.response_mask_BT)
     return b
@@ -64,7 +66,7 @@ def _per_token(model, batch, how: Batching):
     ent = torch.zeros_like(batch.response_mask_BT)
     with torch.no_grad():
         for idx, mb in micro_batches(batch, how):
-            logits = _forward_logits(model, mb, 0.7)
+            logits = forward_logits(model, mb, 0.7)
             T = mb.response_ids_BT.shape[1]
             logp[idx, :T] = losses.logprobs_from_logits(logits, mb.response_ids_BT) * mb.response_mask_BT
             ent[idx, :T] = losses.entropy_from_logits(logits) * mb.response_mask_BT

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl.algorithms import algorithm_class
 from asyncrl.config import load_config
-from asyncrl.workers.placement import PlacementError, resolve_placement
+from asyncrl.roles.placement import PlacementError, resolve_placement
 
 BASE = ["model.path=m", "data.train_files=[t.parquet]", "algorithm.name=ppo", "algorithm.adv_estimator=gae"]
 SPLIT = [
@@ -17,7 +18,10 @@ SPLIT = [
 
 
 def _resolve(*over: str, cpus: float = 2.0):
-    return resolve_placement(load_config(None, BASE + list(over)), total_cpus=cpus)
+    """As a run of that config places its roles: the algorithm's roles, a rollout pool for any schedule but sync."""
+    cfg = load_config(None, BASE + list(over))
+    needed = algorithm_class(cfg).roles_needed(cfg)
+    return resolve_placement(cfg, needed, cfg.trainer.schedule != "sync", total_cpus=cpus)
 
 
 def test_empty_placement_puts_every_role_on_the_trainer_pool():

@@ -11,11 +11,10 @@ import torch
 
 from asyncrl.config import ActorConfig, RolloutCorrectionConfig
 from asyncrl.data.collate import collate
-from asyncrl.data.targets import PolicyTarget
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.types import Prompt, Sample
-from asyncrl.workers.policy_ops import ppo_update
+from tests.helpers import advantages, ppo_update
 
 CHARS = "0123456789 +-="
 
@@ -32,7 +31,8 @@ def _batch(tok, adv_per_row: list[float]):
         samples.append(Sample(Prompt(i // 4, pid, "chain_sum", "0"), rid, logp, [0] * len(rid)))
     b = collate(samples, tok.pad_token_id)
     advantages_BT = torch.tensor(adv_per_row).unsqueeze(1) * b.response_mask_BT
-    b.policy = PolicyTarget(advantages_BT, old_logp_BT=b.behav_logp_BT.clone())
+    b.policy = advantages(advantages_BT)
+    b.old_logp_BT = b.behav_logp_BT.clone()
     return b
 
 

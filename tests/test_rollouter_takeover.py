@@ -1,5 +1,6 @@
-"""A replacement Rollouter takes over from a dead one (``asyncrl.streaming.recovery``): real Rollouters with a real
-model, driven as the fully_async driver drives them, the first one dropped mid-stream as if its process died.
+"""A replacement Rollouter takes over from a dead one (``asyncrl.schedules.fully_async.recovery``): real Rollouters
+with a real model, driven as the fully_async driver drives them, the first one dropped mid-stream as if its process
+died.
 
 The evidence is the driver's own record of what it consumed (each prompt of the epoch exactly once, every group
 within the staleness bound) and the replacement's ledger, which must agree with it.
@@ -13,9 +14,11 @@ from collections import Counter
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.streaming.ledger import parse_group_id
-from asyncrl.streaming.recovery import ConsumedBatch, Takeover, advance
-from asyncrl.workers.rollouter import Rollouter, budget_of
+from asyncrl.schedules import specs_for
+from asyncrl.schedules.fully_async.ledger import parse_group_id
+from asyncrl.schedules.fully_async.producer import budget_of
+from asyncrl.schedules.fully_async.recovery import ConsumedBatch, Takeover, advance
+from asyncrl.schedules.fully_async.rollouter import Rollouter
 from tests.helpers import make_data, make_model, train_overrides
 
 PROMPTS = 10
@@ -50,7 +53,7 @@ class Driver:
         self.weights = None
 
     def start(self, takeover: Takeover | None = None) -> Rollouter:
-        ro = Rollouter(self.cfg, num_threads=1)
+        ro = Rollouter(specs_for(self.cfg).rollouter, num_threads=1)
         if self.weights is None:
             self.weights = ro.engine.state_dict_for_sync()
         ro.engine.update_weights(self.weights, version=self.version)
@@ -76,7 +79,7 @@ class Driver:
         try:
             while len(self.taken) < PROMPTS:
                 self.step(ro, snapshot=False)
-            return ro.ledger.verify_epoch(0, PROMPTS)
+            return ro.books.ledger.verify_epoch(0, PROMPTS)
         finally:
             ro.stop()
 
@@ -97,7 +100,7 @@ def test_a_replacement_rollouter_loses_and_repeats_no_prompt(cfg, seed):
                 ro = d.takeover(ro)
             d.step(ro, snapshot=rng.random() < 0.4)
         ledger = ro.ledger_state()
-        report = ro.ledger.verify_epoch(0, PROMPTS)
+        report = ro.books.ledger.verify_epoch(0, PROMPTS)
     finally:
         ro.stop()
     prompts = Counter(parse_group_id(g)[:2] for g, _, _ in d.taken)
@@ -136,10 +139,11 @@ def test_the_advanced_snapshot_resumes_like_a_checkpoint_of_the_dead_rollouter(c
             d.step(ro, snapshot=False)  # consumed since the base: queued, in flight and issued after it
     finally:
         ro.stop()  # dead; the restart budget is spent
-    checkpoint = advance(Takeover(d.base, d.since, d.version), budget_of(cfg))
+    budget = budget_of(cfg.async_training, cfg.actor.ppo_mini_batch_size)
+    checkpoint = advance(Takeover(d.base, d.since, d.version), budget)
     assert checkpoint.engine_version == d.version and checkpoint.skip  # prompts issued after the base, consumed
     d.base, d.since = None, []
-    resumed = Rollouter(cfg, num_threads=1)
+    resumed = Rollouter(specs_for(cfg).rollouter, num_threads=1)
     resumed.engine.update_weights(d.weights, version=d.version)
     resumed.restore(checkpoint)
     resumed.start()
@@ -156,11 +160,11 @@ def test_a_takeover_that_does_not_fit_the_books_is_refused(cfg):
         d.step(ro, snapshot=False)
         twice = d.since + d.since  # the same batch consumed twice
         ro.stop()
-        new = Rollouter(cfg, num_threads=1)
+        new = Rollouter(specs_for(cfg).rollouter, num_threads=1)
         new.engine.update_weights(d.weights, version=d.version + 1)
         with pytest.raises(ValueError, match="not live|version"):
             new.restore(Takeover(d.base, twice, d.version + 1))
-        older = Rollouter(cfg, num_threads=1)
+        older = Rollouter(specs_for(cfg).rollouter, num_threads=1)
         older.engine.update_weights(d.weights, version=d.version)
         with pytest.raises(Exception, match="engine holds"):
             older.restore(Takeover(d.base, d.since, d.version + 1))

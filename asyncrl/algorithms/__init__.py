@@ -3,29 +3,22 @@ batch, and which pure losses from ``asyncrl.losses`` update which role. Every al
 
 from __future__ import annotations
 
+import importlib
+
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
 from asyncrl.config import Config
 
 
-def make_algorithm(cfg: Config, tokenizer: object) -> Algorithm:
+def algorithm_class(cfg: Config) -> type[Algorithm]:
+    """The class of ``algorithm.name``: module ``asyncrl.algorithms.<name>`` names it ``ALGORITHM`` (imported on
+    demand: distillation's teacher client is not loaded otherwise). A new algorithm is a module here, its loss, and
+    its name in ``asyncrl.config.schema.ALGORITHMS``."""
     name = cfg.algorithm.name
-    if name == "grpo":
-        from asyncrl.algorithms.grpo import GRPO
-
-        return GRPO(cfg, tokenizer)
-    if name == "ppo":
-        from asyncrl.algorithms.ppo import PPO
-
-        return PPO(cfg, tokenizer)
-    if name == "distill":
-        from asyncrl.algorithms.distill import Distill
-
-        return Distill(cfg, tokenizer)
-    if name == "dpo":
-        from asyncrl.algorithms.dpo import OnlineDPO
-
-        return OnlineDPO(cfg, tokenizer)
-    raise ValueError(f"algorithm.name={name!r}: no such algorithm (the config check should have caught this)")
+    try:
+        module = importlib.import_module(f"asyncrl.algorithms.{name}")
+    except ModuleNotFoundError as e:
+        raise ValueError(f"algorithm.name={name!r}: no module asyncrl.algorithms.{name}") from e
+    return module.ALGORITHM
 
 
-__all__ = ["Algorithm", "Finish", "Prepared", "Trained", "make_algorithm"]
+__all__ = ["Algorithm", "Finish", "Prepared", "Trained", "algorithm_class"]

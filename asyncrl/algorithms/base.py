@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from asyncrl.config import Config
+from asyncrl.config.specs import TrainerNeeds
 from asyncrl.data.collate import TrainBatch
+from asyncrl.roles.team import Roles
 from asyncrl.types import Sample, UpdateResult
-from asyncrl.workers.roles import Roles
 
 
 @dataclass
@@ -44,18 +45,35 @@ class Trained:
 
 
 class Algorithm(ABC):
+    """What a run's algorithm declares before any worker starts (class methods: its training roles, what it needs
+    of the trainer, the resources it holds for the run), and, bound to the started roles, how it prepares and
+    trains each batch."""
+
     name: ClassVar[str]
 
-    def __init__(self, cfg: Config, tokenizer: object):
+    def __init__(self, cfg: Config, tokenizer: object, roles: Roles, resources: object = None):
         self.cfg = cfg
         self.tokenizer = tokenizer
-        self.roles: Roles | None = None
+        self.roles = roles
         self.summary: dict[str, object] = {}  # what the run's summary.json records about this algorithm's parts
 
+    @classmethod
+    def roles_needed(cls, cfg: Config) -> list[str]:
+        """The training roles it runs on (placed by ``placement``): the actor, unless it says more."""
+        return ["actor"]
+
+    @classmethod
+    def trainer_needs(cls, cfg: Config) -> TrainerNeeds:
+        """What it needs of the trainer beyond its objective: a reference model (kept for a KL loss by default) and
+        how often that catches up with the actor."""
+        return TrainerNeeds(reference=cfg.actor.use_kl_loss)
+
+    @classmethod
     @contextmanager
-    def session(self, run_dir: str) -> Iterator[Algorithm]:
-        """Resources the algorithm holds for the whole run besides the roles (a teacher server); none by default."""
-        yield self
+    def resources(cls, cfg: Config, tokenizer: object, run_dir: str) -> Iterator[object]:
+        """What it holds for the whole run besides the roles (a teacher server), acquired before any worker
+        starts and handed to the constructor; none by default."""
+        yield None
 
     def on_resume(self, start_step: int) -> None:
         """Catch up anything drawn once per batch, so a resumed run continues the unbroken run's sequence (nothing,
@@ -71,12 +89,6 @@ class Algorithm(ABC):
         """Update the roles that learn from ``prepared``; the actor's result carries the new weight version."""
 
     # ---- shared parts ----------------------------------------------------------------------------------------------
-    @property
-    def bound(self) -> Roles:
-        if self.roles is None:
-            raise RuntimeError(f"{self.name}: roles are not attached (the schedule attaches them after start_roles)")
-        return self.roles
-
     def num_mini_batches(self, samples: list[Sample]) -> int:
         """Optimizer steps for a batch: its groups / actor.ppo_mini_batch_size (data.train_batch_size's worth in the
         batch schedules, async_training.require_batches in fully_async)."""
@@ -84,5 +96,5 @@ class Algorithm(ABC):
         return max(1, groups // self.cfg.actor.ppo_mini_batch_size)
 
     def update_actor(self, prepared: Prepared, step: int) -> Trained:
-        res = self.bound.trainer.update(prepared.batch, step, self.num_mini_batches(prepared.samples)).result()
+        res = self.roles.trainer.update(prepared.batch, step, self.num_mini_batches(prepared.samples)).result()
         return Trained(res, res.metrics)

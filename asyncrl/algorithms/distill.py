@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
+from torch import Tensor
 
 from asyncrl import losses
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
-from asyncrl.data.collate import collate
+from asyncrl.config import DistillConfig
+from asyncrl.data.collate import Objective, TrainBatch, collate
 from asyncrl.losses.distill_loss import mix_on_policy
 from asyncrl.teacher.client import TeacherClient
 from asyncrl.teacher.knowledge import dataset_responses, get_teacher_knowledge
@@ -29,29 +31,85 @@ from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Sample
 
 
+@dataclass
+class TeacherTarget(Objective):
+    """The teacher's top-k log-probs at every response position (and its log-prob of the response token itself);
+    the student's logits are taken at temperature 1, the scale the teacher's log-probs come in."""
+
+    topk_ids_BTK: Tensor  # long [B, T, K]
+    topk_logp_BTK: Tensor  # float [B, T, K], over the teacher's full vocabulary
+    token_logp_BT: Tensor  # float [B, T]
+    distill: DistillConfig
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.topk_ids_BTK.shape != self.topk_logp_BTK.shape:
+            raise ValueError(
+                f"TeacherTarget: topk_ids_BTK {list(self.topk_ids_BTK.shape)} and topk_logp_BTK "
+                f"{list(self.topk_logp_BTK.shape)} differ"
+            )
+        if self.topk_ids_BTK.dtype != torch.long:
+            raise ValueError(f"TeacherTarget: topk_ids_BTK must be long (got {self.topk_ids_BTK.dtype})")
+
+    @property
+    def temperature(self) -> float:
+        return 1.0
+
+    def loss(self, logits_BTV: Tensor, logp_BT: Tensor, batch: TrainBatch, agg: str) -> tuple[Tensor, dict]:
+        d, mask = self.distill, batch.response_mask_BT
+        ids, teacher = self.topk_ids_BTK, self.topk_logp_BTK
+        if d.loss == "forward_kl":
+            loss, _ = losses.topk_forward_kl(logits_BTV, ids, teacher, mask, tail=d.tail, loss_agg_mode=agg)
+        elif d.loss == "jsd":
+            loss, _ = losses.generalized_jsd_topk(
+                logits_BTV, ids, teacher, mask, beta=d.beta, tail=d.tail, loss_agg_mode=agg
+            )
+        else:
+            loss, _ = losses.reverse_kl_sampled(
+                logp_BT, self.token_logp_BT, mask, estimator=d.reverse_kl_estimator, loss_agg_mode=agg
+            )
+        stats = {"actor/kl_loss": float(loss.detach())}
+        with torch.no_grad():
+            stats["actor/entropy"] = float(losses.agg_loss(losses.entropy_from_logits(logits_BTV), mask, agg))
+        return loss, stats
+
+
+@dataclass
+class Teacher:
+    """The run's teacher: its server (started here or the user's) and the client that asks it."""
+
+    endpoint: TeacherEndpoint
+    client: TeacherClient
+    check: dict[str, object]  # what checking it against the student's tokenizer found (summary.json)
+
+
 class Distill(Algorithm):
     name = "distill"
 
-    def __init__(self, cfg, tokenizer):  # noqa: ANN001 - as Algorithm's
-        super().__init__(cfg, tokenizer)
+    def __init__(self, cfg, tokenizer, roles, resources):  # noqa: ANN001 - as Algorithm's
+        super().__init__(cfg, tokenizer, roles, resources)
+        self.teacher: Teacher = resources
         self.on_policy_gen = torch.Generator().manual_seed(cfg.trainer.seed)
-        self.client: TeacherClient | None = None
-        self.endpoint: TeacherEndpoint | None = None
+        t = self.teacher
+        self.summary["teacher"] = {"url": t.endpoint.url, "pid": t.endpoint.pid, **t.check}
 
+    @classmethod
     @contextmanager
-    def session(self, run_dir: str) -> Iterator[Distill]:
+    def resources(cls, cfg, tokenizer, run_dir: str) -> Iterator[Teacher]:  # noqa: ANN001 - as Algorithm's
         """The teacher: started (or reached) and checked against the student's tokenizer before any worker starts."""
-        tc = self.cfg.teacher
+        tc = cfg.teacher
         with teacher_endpoint(tc, run_dir) as endpoint:
             client = TeacherClient(
-                endpoint.url, tc.top_k, tc.max_in_flight, tc.timeout_s, tc.max_retries, tc.backoff_s,
+                endpoint.url,
+                tc.top_k,
+                tc.max_in_flight,
+                tc.timeout_s,
+                tc.max_retries,
+                tc.backoff_s,
                 before_retry=lambda: endpoint.wait_up(tc.startup_timeout_s),
-            )  # fmt: skip
+            )
             try:
-                check = client.check_compatible(self.tokenizer, tc.check_tokenizer)
-                self.summary["teacher"] = {"url": endpoint.url, "pid": endpoint.pid, **check}
-                self.client, self.endpoint = client, endpoint
-                yield self
+                yield Teacher(endpoint, client, client.check_compatible(tokenizer, tc.check_tokenizer))
             finally:
                 client.close()
 
@@ -68,8 +126,7 @@ class Distill(Algorithm):
 
     def prepare(self, samples: list[Sample], step: int) -> Finish:
         samples, on_policy = self.mix(samples)  # drawn here, in batch order, so the mix is reproducible
-        client, endpoint = self.client, self.endpoint
-        assert client is not None and endpoint is not None, "Distill.prepare outside its session"
+        client, endpoint = self.teacher.client, self.teacher.endpoint
 
         def finish() -> Prepared:
             with get_timeline().span("teacher", step=step, worker="teacher"):
@@ -83,7 +140,9 @@ class Distill(Algorithm):
             if restarts:  # run.summary holds this same dict (open_run copies our entries), so summary.json has them
                 self.summary["teacher"]["restarts"] = [asdict(r) for r in restarts]
             batch = collate(samples, self.tokenizer.pad_token_id)
-            batch.policy = knowledge.target()
+            batch.policy = TeacherTarget(
+                knowledge.topk_ids_BTK, knowledge.topk_logp_BTK, knowledge.token_logp_BT, self.cfg.distill
+            )
             mask = batch.response_mask_BT
             metrics = {
                 "timing_s/get_teacher_knowledge": knowledge.seconds,
@@ -97,3 +156,6 @@ class Distill(Algorithm):
 
     def train(self, prepared: Prepared, step: int) -> Trained:
         return self.update_actor(prepared, step)
+
+
+ALGORITHM = Distill

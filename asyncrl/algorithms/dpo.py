@@ -14,11 +14,43 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
-from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
-from asyncrl.data.collate import collate
-from asyncrl.data.targets import PreferenceTarget
+from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained, TrainerNeeds
+from asyncrl.config import Config, DpoConfig
+from asyncrl.data.collate import Objective, TrainBatch, collate
+from asyncrl.losses.dpo import dpo_loss, sequence_logratios
 from asyncrl.types import Sample
+
+
+@dataclass
+class PreferenceTarget(Objective):
+    """The batch's rows are pairs, row ``2i`` the chosen and row ``2i + 1`` the rejected response of the same prompt;
+    ``pair_weight_BT`` is 1 on a real pair's rows and 0 on a placeholder pair (a batch without any pair still makes
+    one optimizer step, with a zero gradient). The trainer fills the reference log-probs; a pair's two rows stay in
+    one micro-batch, and a micro-batch weighs its real pairs."""
+
+    chosen_BT: Tensor  # float [B, T]: 1 on the chosen rows, 0 on the rejected
+    pair_weight_BT: Tensor  # float [B, T]
+    dpo: DpoConfig
+    sampling_temperature: float  # rollout.temperature: the logits are the sampling distribution's
+
+    rows_per_unit = 2  # any rows may be taken for a log-prob pass; the update cuts by pairs
+
+    @property
+    def temperature(self) -> float:
+        return self.sampling_temperature
+
+    @property
+    def needs_ref(self) -> bool:
+        return True
+
+    def weight(self, batch: TrainBatch, loss_agg_mode: str) -> float:
+        return float(self.pair_weight_BT[0::2, 0].sum())  # the real pairs: the loss is their mean
+
+    def loss(self, logits_BTV: Tensor, logp_BT: Tensor, batch: TrainBatch, agg: str) -> tuple[Tensor, dict]:
+        lr = sequence_logratios(logp_BT, batch.ref_logp_BT, batch.response_mask_BT, mean=self.dpo.loss_type == "ipo")
+        return dpo_loss(lr[0::2], lr[1::2], self.dpo.beta, self.dpo.loss_type, weight_P=self.pair_weight_BT[0::2, 0])
 
 
 @dataclass
@@ -64,6 +96,10 @@ def make_pairs(samples: list[Sample]) -> Pairs:
 class OnlineDPO(Algorithm):
     name = "dpo"
 
+    @classmethod
+    def trainer_needs(cls, cfg: Config) -> TrainerNeeds:
+        return TrainerNeeds(reference=True, ref_refresh_every=cfg.dpo.ref_update_freq)
+
     def prepare(self, samples: list[Sample], step: int) -> Finish:
         pairs = make_pairs(samples)
         weight = 1.0
@@ -73,12 +109,16 @@ class OnlineDPO(Algorithm):
         rows = [s for pair in zip(chosen, rejected) for s in pair]
         batch = collate(rows, self.tokenizer.pad_token_id)
         is_chosen = torch.tensor([1.0, 0.0] * len(chosen))[:, None].expand_as(batch.response_mask_BT)
-        batch.policy = PreferenceTarget(is_chosen.clone(), torch.full_like(batch.response_mask_BT, weight))
+        weights = torch.full_like(batch.response_mask_BT, weight)
+        batch.policy = PreferenceTarget(is_chosen.clone(), weights, self.cfg.dpo, self.cfg.rollout.temperature)
         prepared = Prepared(samples, batch, pairs.metrics())
         return lambda: prepared
 
     def train(self, prepared: Prepared, step: int) -> Trained:
         n_pairs = prepared.batch.size // 2
         num_mini = max(1, min(self.num_mini_batches(prepared.samples), n_pairs))
-        res = self.bound.trainer.update(prepared.batch, step, num_mini).result()
+        res = self.roles.trainer.update(prepared.batch, step, num_mini).result()
         return Trained(res, res.metrics)
+
+
+ALGORITHM = OnlineDPO

@@ -9,22 +9,29 @@ from __future__ import annotations
 
 from asyncrl import losses
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
+from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
 from asyncrl.data.collate import collate, group_ids, rewards_of
-from asyncrl.data.targets import PolicyTarget
 from asyncrl.types import Sample
 
 
 class GRPO(Algorithm):
     name = "grpo"
 
+    def __init__(self, cfg, tokenizer, roles, resources=None):  # noqa: ANN001 - as Algorithm's
+        super().__init__(cfg, tokenizer, roles, resources)
+        self.loss = PPOClip.from_config(cfg)
+
     def prepare(self, samples: list[Sample], step: int) -> Finish:
         batch = collate(samples, self.tokenizer.pad_token_id)
         adv_B = losses.compute_grpo_advantages(
             rewards_of(samples), group_ids(samples), norm_by_std=self.cfg.algorithm.norm_adv_by_std_in_grpo
         )
-        batch.policy = PolicyTarget(losses.broadcast_advantages(adv_B, batch.response_mask_BT))
+        batch.policy = PolicyTarget(losses.broadcast_advantages(adv_B, batch.response_mask_BT), self.loss)
         prepared = Prepared(samples, batch)
         return lambda: prepared
 
     def train(self, prepared: Prepared, step: int) -> Trained:
         return self.update_actor(prepared, step)
+
+
+ALGORITHM = GRPO

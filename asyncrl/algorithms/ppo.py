@@ -21,18 +21,28 @@ import torch
 
 from asyncrl import losses
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
+from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
 from asyncrl.data.collate import collate, rewards_of
-from asyncrl.data.targets import PolicyTarget, ValueTarget
+from asyncrl.data.targets import ValueTarget
 from asyncrl.rewards.combine import combine_rewards, token_level_rewards
+from asyncrl.roles.team import PoolTurns
 from asyncrl.types import Sample
-from asyncrl.workers.roles import PoolTurns
 
 
 class PPO(Algorithm):
     name = "ppo"
 
+    @classmethod
+    def roles_needed(cls, cfg):  # noqa: ANN001, ANN206 - as Algorithm's
+        """The actor, the critic, and the reward model when ``reward_model.enable``."""
+        return ["actor", "critic"] + (["reward_model"] if cfg.reward_model.enable else [])
+
+    def __init__(self, cfg, tokenizer, roles, resources=None):  # noqa: ANN001 - as Algorithm's
+        super().__init__(cfg, tokenizer, roles, resources)
+        self.loss = PPOClip.from_config(cfg)
+
     def prepare(self, samples: list[Sample], step: int) -> Finish:
-        roles = self.bound
+        roles = self.roles
         batch = collate(samples, self.tokenizer.pad_token_id)
         calls = PoolTurns(roles.placement)
         calls.issue("values", "critic", lambda: roles.critic.values(batch, step))  # type: ignore[union-attr]
@@ -59,7 +69,7 @@ class PPO(Algorithm):
             adv_BT, returns_BT = losses.compute_gae(
                 token_level_rewards(reward_B, mask), values_BT, mask, al.gamma, al.lam
             )
-            batch.policy = PolicyTarget(losses.whiten(adv_BT, mask))
+            batch.policy = PolicyTarget(losses.whiten(adv_BT, mask), self.loss)
             batch.value = ValueTarget(values_BT, returns_BT)
             metrics["critic/vf_explained_var"] = losses.explained_variance(values_BT, returns_BT, mask)
             metrics["critic/returns_mean"] = float(losses.masked_mean(returns_BT, mask))
@@ -68,7 +78,7 @@ class PPO(Algorithm):
         return finish
 
     def train(self, prepared: Prepared, step: int) -> Trained:
-        roles = self.bound
+        roles = self.roles
         critic = roles.critic
         assert critic is not None
         num_mini = self.num_mini_batches(prepared.samples)
@@ -84,3 +94,6 @@ class PPO(Algorithm):
         busy = metrics["timing_s/update_critic"] + metrics.get("timing_s/update_actor", 0.0)
         metrics["perf/update_overlap_s"] = max(0.0, busy - wall)  # worker-seconds hidden by running at once
         return Trained(actor, metrics)
+
+
+ALGORITHM = PPO

@@ -10,22 +10,73 @@ engine numbers them, so trainer and engine see identical inputs.
 from __future__ import annotations
 
 import itertools
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from asyncrl.data.packing import PackedInputs, TokenCount, pack, plan
-from asyncrl.data.targets import (
-    PolicyTarget,
-    PreferenceTarget,
-    TeacherTarget,
-    ValueTarget,
-    check_shapes,
-    cols,
-    rows,
-)
+from asyncrl.data.targets import ValueTarget, check_shapes, cols, rows
 from asyncrl.types import Sample
+
+
+def count_weight(batch: TrainBatch, loss_agg_mode: str) -> float:
+    """A batch's tokens (token-mean) or its sequences with at least one token (the seq-mean modes, as
+    ``losses.agg_loss`` averages them): how much of a mini-batch's loss it carries."""
+    mask = batch.response_mask_BT
+    return float(mask.sum()) if loss_agg_mode == "token-mean" else float((mask.sum(dim=1) > 0).sum())
+
+
+class Objective(ABC):
+    """What the policy is fitted to on one batch, as its algorithm defines it: per-token target tensors (the
+    subclass's dataclass fields, ``[B, T, ...]``, sliced with the batch) and the pure loss of one micro-batch.
+
+    The trainer knows no algorithm. It asks the objective what to fill into the batch before the update
+    (``needs_ref``: the reference policy's log-probs, ``needs_old``: the PPO ratio's denominator; both at
+    ``temperature``), how rows belong together (``rows_per_unit``: online DPO's pairs stay in one micro-batch and
+    are never packed), how much each micro-batch weighs in its mini-batch's loss (``weight``), which rows cannot
+    change the gradient (``keep_rows``), and for the loss itself. Everything else (mini-batches, accumulation,
+    data parallelism, non-finite steps, the optimizer) is the trainer's one loop (``asyncrl.trainer.update``).
+    """
+
+    rows_per_unit: ClassVar[int] = 1
+    compares_behaviour: ClassVar[bool] = False  # log |trainer - rollout| log-probs (rollout_corr/logprob_diff_*)
+
+    def __post_init__(self) -> None:
+        check_shapes(self)
+
+    @property
+    @abstractmethod
+    def temperature(self) -> float:
+        """The temperature the loss's logits (and the filled log-probs) are taken at."""
+
+    @property
+    def needs_ref(self) -> bool:
+        return False
+
+    @property
+    def needs_old(self) -> bool:
+        return False
+
+    def weight(self, batch: TrainBatch, loss_agg_mode: str) -> float:
+        """What ``batch`` counts for in the loss of a mini-batch it is part of (the mini-batch's own weight is the
+        denominator); by default ``count_weight``."""
+        return count_weight(batch, loss_agg_mode)
+
+    def keep_rows(self, batch: TrainBatch) -> Tensor | None:
+        """A bool per row of ``batch``: False where the row's loss gradient is known to be zero (the trainer skips
+        its passes; its weight still counts). None: every row is trained."""
+        return None
+
+    @abstractmethod
+    def loss(
+        self, logits_BTV: Tensor, logp_BT: Tensor, batch: TrainBatch, loss_agg_mode: str
+    ) -> tuple[Tensor, dict[str, float]]:
+        """The micro-batch's loss (aggregated over its own rows by ``loss_agg_mode``) and its statistics, from the
+        policy's logits at ``temperature`` and the response tokens' log-probs under them."""
 
 
 @dataclass
@@ -37,8 +88,12 @@ class TrainBatch:
     response_mask_BT: torch.Tensor  # float [B, T], 1 = a response token the model generated (the loss mask)
     prompt_width: int  # P
     behav_logp_BT: torch.Tensor  # float [B, T] the rollout's log-probs (0 on padding)
-    policy: PolicyTarget | TeacherTarget | PreferenceTarget | None = None  # what the actor fits (the algorithm's)
+    policy: Objective | None = None  # what the actor fits (the algorithm's)
     value: ValueTarget | None = None  # what the critic fits (PPO)
+    # filled by the trainer inside its update, as the objective asks: the reference policy's and the old policy's
+    # (the PPO ratio's denominator) log-probs of the responses, float [B, T]
+    ref_logp_BT: torch.Tensor | None = None
+    old_logp_BT: torch.Tensor | None = None
     packed: PackedInputs | None = None  # set on a packed micro-batch: the model runs on these rows instead
 
     def __post_init__(self) -> None:
@@ -63,6 +118,8 @@ class TrainBatch:
             behav_logp_BT=self.behav_logp_BT[idx],
             policy=None if self.policy is None else rows(self.policy, idx),
             value=None if self.value is None else rows(self.value, idx),
+            ref_logp_BT=None if self.ref_logp_BT is None else self.ref_logp_BT[idx],
+            old_logp_BT=None if self.old_logp_BT is None else self.old_logp_BT[idx],
         )
 
     def response_lengths(self) -> torch.Tensor:
@@ -86,6 +143,8 @@ class TrainBatch:
             behav_logp_BT=self.behav_logp_BT[:, :T],
             policy=None if self.policy is None else cols(self.policy, T),
             value=None if self.value is None else cols(self.value, T),
+            ref_logp_BT=None if self.ref_logp_BT is None else self.ref_logp_BT[:, :T],
+            old_logp_BT=None if self.old_logp_BT is None else self.old_logp_BT[:, :T],
         )
 
 

@@ -44,7 +44,11 @@ class LoraSpec:
     @classmethod
     def from_config(cls, cfg: Any) -> LoraSpec | None:
         """None when LoRA is off (``model.lora_rank: 0``)."""
-        m = cfg.model
+        return cls.of(cfg.model)
+
+    @classmethod
+    def of(cls, m: Any) -> LoraSpec | None:
+        """From the ``model`` section; None when LoRA is off (``model.lora_rank: 0``)."""
         if not m.lora_rank:
             return None
         targets = m.target_modules if isinstance(m.target_modules, str) else tuple(m.target_modules)

@@ -9,43 +9,11 @@ decoding (temperature 0) records ``log_softmax(logits)``, i.e. temperature 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 
+from asyncrl.types import SamplingParams
 
-@dataclass
-class SamplingParams:
-    """How to sample responses. ``max_new_tokens`` is the response length limit in tokens (eos included)."""
-
-    n: int = 1  # responses per prompt (a GRPO group); ignored by RolloutEngine.resume
-    temperature: float = 1.0  # 0.0 means greedy
-    top_p: float = 1.0  # nucleus mass kept, in (0, 1]; 1.0 = off
-    top_k: int = 0  # tokens kept; 0 = off
-    max_new_tokens: int = 64  # response length limit, tokens
-
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k must be >= 0 (0 = off), got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-
-    @classmethod
-    def from_config(cls, rollout: Any) -> SamplingParams:
-        """The training-time sampling of a run's ``rollout`` config section (one place, every schedule)."""
-        r = rollout
-        return cls(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.response_length)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+__all__ = ["SamplingParams", "filter_top_k", "filter_top_p", "make_generator", "sample_tokens"]
 
 
 def make_generator(seed: int | None) -> torch.Generator:

@@ -68,18 +68,19 @@ class VllmOptions:
     quantization: str | None = None  # rollout.quantization: "fp8" syncs arrive quantized and are dequantized
 
     @classmethod
-    def from_config(cls, cfg: Any) -> VllmOptions:
-        r = cfg.rollout
-        max_len = r.max_model_len or cfg.data.max_prompt_length + r.response_length
+    def from_spec(cls, spec: Any) -> VllmOptions:
+        """From an ``EngineSpec`` (``asyncrl.config.specs``)."""
+        r, m = spec.rollout, spec.model
+        max_len = r.max_model_len or spec.max_prompt_length + r.response_length
         return cls(
-            dtype=cfg.model.dtype,
+            dtype=m.dtype,
             max_num_seqs=r.max_num_seqs,
             max_model_len=max_len,
             enforce_eager=r.enforce_eager,
             enable_prefix_caching=r.enable_prefix_caching,
             gpu_memory_utilization=r.gpu_memory_utilization,
-            seed=cfg.trainer.seed,
-            hf_overrides=hf_overrides_for(cfg.model.path, cfg.model.override_config),
+            seed=spec.seed,
+            hf_overrides=hf_overrides_for(m.path, m.override_config),
             quantization=r.quantization,
         )
 
@@ -110,8 +111,11 @@ def import_vllm() -> Any:
 def _expected_reload_warnings(record: logging.LogRecord) -> bool:
     """Drop vLLM's "Failed to load weights" for the layers a sync never carries: the rotary cache (no weights) and a
     tied lm_head (its weight is the embedding's; ``refresh_tied_cpu_layers`` re-packs it after every reload)."""
-    return not (record.getMessage().endswith("Failed to load weights") and record.args
-                and record.args[0] in ("RotaryEmbedding", "ParallelLMHead"))  # fmt: skip
+    return not (
+        record.getMessage().endswith("Failed to load weights")
+        and record.args
+        and record.args[0] in ("RotaryEmbedding", "ParallelLMHead")
+    )
 
 
 class VllmEngine(GatedEngine):
@@ -222,9 +226,12 @@ class VllmEngine(GatedEngine):
             for j, (rid, row) in enumerate(zip(ids, rows)):
                 prefix = row.prompt.prompt_ids + row.response_ids
                 with _PROCESS_LOCK:
-                    self._engine.add_request(rid, self._tokens_prompt(prompt_token_ids=prefix), self._params_for(
-                    params, budgets[j], None if seed is None else (seed * 1_000_003 + j) % 2**63
-                ), lora_request=self.adapters and self.adapters.request)  # fmt: skip
+                    self._engine.add_request(
+                        rid,
+                        self._tokens_prompt(prompt_token_ids=prefix),
+                        self._params_for(params, budgets[j], None if seed is None else (seed * 1_000_003 + j) % 2**63),
+                        lora_request=self.adapters and self.adapters.request,
+                    )
             open_ids = set(ids)
             while open_ids:
                 if self._gate.pause_requested or (refill is not None and refill(len(open_ids))):

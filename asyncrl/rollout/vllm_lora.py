@@ -71,8 +71,10 @@ class VllmAdapters:
 
         path = self._dir / f"v{version}"
         path.mkdir(parents=True, exist_ok=True)
-        save_file({_saved_name(n): t.detach().to("cpu").contiguous() for n, t in tensors.items()},
-                  str(path / "adapter_model.safetensors"))  # fmt: skip
+        save_file(
+            {_saved_name(n): t.detach().to("cpu").contiguous() for n, t in tensors.items()},
+            str(path / "adapter_model.safetensors"),
+        )
         self._config.save_pretrained(str(path))
         request = self._new_request(f"v{version}", str(path))
         if not engine.add_lora(request):

@@ -4,22 +4,38 @@ reward-model training), which have one role and no schedule to choose. ``run.py`
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any
 
 from asyncrl.config import Config
+from asyncrl.config.specs import RoleSpecs, role_specs
+
+MODULES = {
+    "sync": "asyncrl.schedules.sync",
+    "one_step_off": "asyncrl.schedules.one_step_off",
+    "two_step_off": "asyncrl.schedules.two_step_off",
+    "fully_async": "asyncrl.schedules.fully_async",
+}
+
+
+def schedule_module(cfg: Config) -> ModuleType:
+    """The module of ``trainer.schedule``: its ``run_<name>`` loop and its ``trainer_plan``."""
+    name = cfg.trainer.schedule
+    if name not in MODULES:
+        raise ValueError(f"trainer.schedule={name!r}: no such schedule (the config check should have caught it)")
+    return importlib.import_module(MODULES[name])
+
+
+def specs_for(cfg: Config) -> RoleSpecs:
+    """Every role's spec as a run of ``cfg`` builds them: the algorithm's needs, the schedule's plan."""
+    from asyncrl.algorithms import algorithm_class
+
+    cls = algorithm_class(cfg)
+    return role_specs(cfg, cls.trainer_needs(cfg), schedule_module(cfg).trainer_plan(cfg))
 
 
 def run_training(cfg: Config) -> dict[str, Any]:
     """Run ``cfg``'s algorithm on its schedule; returns the run's summary (also written to summary.json)."""
-    schedule = cfg.trainer.schedule
-    if schedule == "sync":
-        from asyncrl.schedules.sync import run_sync as run
-    elif schedule == "one_step_off":
-        from asyncrl.schedules.one_step_off import run_one_step_off as run
-    elif schedule == "two_step_off":
-        from asyncrl.schedules.two_step_off import run_two_step_off as run
-    elif schedule == "fully_async":
-        from asyncrl.schedules.fully_async import run_fully_async as run
-    else:
-        raise ValueError(f"trainer.schedule={schedule!r}: no such schedule (the config check should have caught it)")
-    return run(cfg)
+    module = schedule_module(cfg)
+    return getattr(module, f"run_{cfg.trainer.schedule}")(cfg)

@@ -1,7 +1,8 @@
 """Generation on a rollout pool: a batch's prompts split over the workers, waited for together.
 
-With a ``RolloutPool`` (``asyncrl.workers.supervisor``; Ray runs of the schedules with a pool), a worker that dies or
-hangs while generating its share is replaced and the share generated again on the new worker, same prompts and seed.
+With a ``RolloutPool`` (``asyncrl.supervision.supervisor``; Ray runs of the schedules with a pool), a worker that dies
+or hangs while generating its share is replaced and the share generated again on the new worker, same prompts and
+seed.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from dataclasses import dataclass, field
 from asyncrl import seeds
 from asyncrl.calls import Pending
 from asyncrl.rewards.loop import merge_metrics
+from asyncrl.roles.clients import RolloutClient
 from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.supervision.supervisor import RolloutPool
 from asyncrl.types import Generation, PrefillStats, Prompt, Sample
-from asyncrl.workers.clients import RolloutClient
-from asyncrl.workers.supervisor import RolloutPool
 
 
 @dataclass

@@ -19,20 +19,26 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.config import Config
-from asyncrl.schedules.run import StepTimer, open_run, staleness_metrics
+from asyncrl.config.specs import TrainerPlan
+from asyncrl.roles.team import RolloutSide
+from asyncrl.schedules.run import StepTimer, old_policy, open_run, staleness_metrics
 from asyncrl.schedules.skip import RolloutSkip
-from asyncrl.workers.roles import RolloutSide
-from asyncrl.workers.supervisor import WorkerLostError
+from asyncrl.supervision.supervisor import WorkerLostError
+
+
+def trainer_plan(cfg: Config) -> TrainerPlan:
+    """The rollout pool generates; the trainer only evaluates with its engine: one update per version."""
+    return TrainerPlan(old_policy=old_policy(cfg))
 
 
 def run_one_step_off(cfg: Config) -> dict[str, Any]:
-    with open_run(cfg, RolloutSide.POOL) as (run, algorithm, roles):
+    with open_run(cfg, RolloutSide.POOL, trainer_plan(cfg)) as (run, algorithm, roles):
         sync = run.start_weight_sync(roles)
         skip = RolloutSkip(cfg)
         params, total = run.sampling(), cfg.trainer.total_training_steps
 
         def launch(b: int):
-            return skip.launch(roles.rollouts, run.next_prompts(), params, run.gen_seed(b), b, roles.pool)
+            return skip.launch(roles.rollouts, run.next_prompts(), params, run.gen_seed(b), b, run.pool)
 
         pending = launch(run.start_step)
         step, cursor = run.start_step - 1, None
@@ -44,7 +50,7 @@ def run_one_step_off(cfg: Config) -> dict[str, Any]:
                         gen = pending.result()
                         samples = gen.samples
                     with tm("sync_rollout_weights"):
-                        stats = (roles.pool or sync).push(run.version)
+                        stats = (run.pool or sync).push(run.version)
                 except WorkerLostError:
                     run.save_before_failing(step - 1, roles, cursor)
                     raise

@@ -69,11 +69,13 @@ def _first_difference(mine: dict[str, torch.Tensor], theirs: dict[str, torch.Ten
 
 def replay(run_dir: str | Path) -> dict[str, Any]:
     """Re-run the trainer side of ``run_dir`` on its recorded samples; returns what matched (see module docstring)."""
-    from asyncrl.algorithms import make_algorithm
+    from asyncrl.algorithms import algorithm_class
     from asyncrl.config import load_config
     from asyncrl.models.loading import load_tokenizer_from
+    from asyncrl.roles.team import RolloutSide
+    from asyncrl.schedules import specs_for
     from asyncrl.telemetry.metrics import read_metrics
-    from asyncrl.workers.roles import RolloutSide, start_roles
+    from asyncrl.workers.start import start_roles
 
     run = Path(run_dir)
     if not (run / "config.yaml").is_file():
@@ -99,9 +101,9 @@ def replay(run_dir: str | Path) -> dict[str, Any]:
     compared: list[int] = []
     fingerprinted: list[int] = []
     first_diff: tuple[int, str] | None = None
-    algorithm = make_algorithm(cfg, load_tokenizer_from(cfg.model.path))
-    with start_roles(cfg, RolloutSide.ACTOR) as roles:
-        algorithm.roles = roles
+    cls = algorithm_class(cfg)
+    with start_roles(cfg, RolloutSide.ACTOR, specs_for(cfg), cls.roles_needed(cfg)) as roles:  # the run's trainer
+        algorithm = cls(cfg, load_tokenizer_from(cfg.model.path), roles)
         for step, path in zip(steps, recorded):
             samples = pickle.loads(path.read_bytes())
             algorithm.train(algorithm.prepare(samples, step)(), step)

@@ -18,9 +18,10 @@ import torch
 import yaml
 
 from asyncrl import seeds
-from asyncrl.algorithms import Algorithm, Prepared, Trained, make_algorithm
+from asyncrl.algorithms import Algorithm, Prepared, Trained, algorithm_class
 from asyncrl.checkpoint import CheckpointManager, load_driver_state, set_rng_state
 from asyncrl.config import Config, to_dict
+from asyncrl.config.specs import TrainerPlan, role_specs
 from asyncrl.data.collate import TrainBatch
 from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
@@ -28,19 +29,26 @@ from asyncrl.evaluation import evaluate_prompts
 from asyncrl.models.loading import check_model_dir
 from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
 from asyncrl.rewards.reward_fn import build_reward_fn
+from asyncrl.roles.clients import RoleClient, TrainerClient
+from asyncrl.roles.team import Roles, RolloutSide
 from asyncrl.rollout.agent.loop import check_agent_loop
 from asyncrl.rollout.agent.tools import tool_schemas
 from asyncrl.rollout.engine import SamplingParams
 from asyncrl.schedules import replay
+from asyncrl.supervision.supervisor import RolloutPool
 from asyncrl.telemetry import trace
 from asyncrl.telemetry.metrics import MetricsLogger, machine_cpu, read_metrics
 from asyncrl.telemetry.samples import sample_metrics
 from asyncrl.telemetry.timeline import get_timeline, read_chrome_trace, write_chrome_trace
 from asyncrl.types import Prompt, Sample
 from asyncrl.weights.weight_sync import WeightSync
-from asyncrl.workers.clients import RoleClient, TrainerClient
-from asyncrl.workers.roles import Roles, RolloutSide, start_roles
-from asyncrl.workers.supervisor import RolloutPool
+from asyncrl.workers.start import start_roles
+
+
+def old_policy(cfg: Config) -> str:
+    """The PPO ratio's denominator a schedule uses unless it decides otherwise: the behaviour log-probs
+    (``actor.use_rollout_log_probs``, bypass mode) or the trainer's current weights."""
+    return "behaviour" if cfg.actor.use_rollout_log_probs else "actor"
 
 
 def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, float]:
@@ -101,6 +109,10 @@ class Run:
         self.t0 = time.time()
         self.summary: dict[str, Any] = {}
         self.logger: MetricsLogger | None = None
+        # who replaces a dead rollout worker: the rollout pool's supervisor (Ray runs with a pool, from the weight
+        # sync's start) or fully_async's stream supervisor
+        self.pool: RolloutPool | None = None
+        self.stream: Any = None
         (self.dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
     # ---- data ----------------------------------------------------------------------------------------------------
@@ -142,7 +154,7 @@ class Run:
         ws.push(self.version)
         if roles.respawn is not None and roles.rollouter is None:  # fully_async: StreamSupervisor
             t = self.cfg.trainer
-            roles.pool = RolloutPool(
+            self.pool = RolloutPool(
                 roles,
                 ws,
                 roles.respawn,
@@ -325,7 +337,7 @@ class Run:
         self.summary.update(
             steps=step, samples=self.samples_trained, wall_s=round(self.wall_s(), 2), final_model=str(final)
         )
-        supervisor = roles.pool or roles.stream
+        supervisor = self.pool or self.stream
         if supervisor is not None:  # every rollout worker replaced in this run, and why
             self.summary["worker_restarts"] = [f"{worker}: {cause}" for worker, cause in supervisor.restarts]
         (self.dir / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
@@ -355,14 +367,22 @@ def _driver_threads(cfg: Config) -> Iterator[None]:
 
 
 @contextmanager
-def open_run(cfg: Config, side: RolloutSide) -> Iterator[tuple[Run, Algorithm, Roles]]:
+def open_run(
+    cfg: Config, side: RolloutSide, plan: TrainerPlan, producer: type | None = None
+) -> Iterator[tuple[Run, Algorithm, Roles]]:
     """What comes before every schedule's first step: the run directory and data, the algorithm's own resources (a
-    teacher), every role started on its pool, a resume from the latest checkpoint, the logger, and the held-out
-    accuracy before training. Everything started here is stopped at exit."""
+    teacher), every role started on its pool with its spec (``plan``: what the schedule decided for the trainer;
+    ``producer``: the worker class of a streaming schedule's producer), a resume from the latest checkpoint, the
+    logger, and the held-out accuracy before training. Everything started here is stopped at exit."""
     run = Run(cfg)
-    algorithm = make_algorithm(cfg, run.tokenizer)
-    with _driver_threads(cfg), algorithm.session(str(run.dir)), start_roles(cfg, side) as roles:
-        algorithm.roles = roles
+    cls = algorithm_class(cfg)
+    specs = role_specs(cfg, cls.trainer_needs(cfg), plan)
+    with (
+        _driver_threads(cfg),
+        cls.resources(cfg, run.tokenizer, str(run.dir)) as resources,
+        start_roles(cfg, side, specs, cls.roles_needed(cfg), producer) as roles,
+    ):
+        algorithm = cls(cfg, run.tokenizer, roles, resources)
         start = run.maybe_resume(roles.checkpointed)
         algorithm.on_resume(start)
         run.summary.update(algorithm.summary)

@@ -26,11 +26,11 @@ from typing import Any
 from asyncrl.checkpoint import atomic_write_bytes
 from asyncrl.config import Config
 from asyncrl.errors import UserInputError
+from asyncrl.roles.clients import RolloutClient
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.schedules.generation import Generated, Launched, launch_generation
+from asyncrl.supervision.supervisor import RolloutPool
 from asyncrl.types import Prompt, Sample
-from asyncrl.workers.clients import RolloutClient
-from asyncrl.workers.supervisor import RolloutPool
 
 
 class RolloutSkipError(UserInputError, RuntimeError):

@@ -16,13 +16,19 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.config import Config
-from asyncrl.schedules.run import StepTimer, open_run, staleness_metrics
+from asyncrl.config.specs import TrainerPlan
+from asyncrl.roles.team import RolloutSide
+from asyncrl.schedules.run import StepTimer, old_policy, open_run, staleness_metrics
 from asyncrl.schedules.skip import RolloutSkip
-from asyncrl.workers.roles import RolloutSide
+
+
+def trainer_plan(cfg: Config) -> TrainerPlan:
+    """The trainer's own engine generates every batch, with the weights it trains: one update per version."""
+    return TrainerPlan(old_policy=old_policy(cfg), engine_is_rollout=True)
 
 
 def run_sync(cfg: Config) -> dict[str, Any]:
-    with open_run(cfg, RolloutSide.ACTOR) as (run, algorithm, roles):
+    with open_run(cfg, RolloutSide.ACTOR, trainer_plan(cfg)) as (run, algorithm, roles):
         params, skip = run.sampling(), RolloutSkip(cfg)
         step = run.start_step - 1
         for step in range(run.start_step, cfg.trainer.total_training_steps + 1):

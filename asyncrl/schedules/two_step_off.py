@@ -23,15 +23,24 @@ from typing import Any
 
 from asyncrl.algorithms import Prepared
 from asyncrl.config import Config
+from asyncrl.config.specs import TrainerPlan
+from asyncrl.roles.team import RolloutSide
 from asyncrl.schedules.generation import Generated, Launched
-from asyncrl.schedules.run import StepTimer, open_run, staleness_metrics
+from asyncrl.schedules.run import StepTimer, old_policy, open_run, staleness_metrics
 from asyncrl.schedules.skip import Replayed, RolloutSkip
-from asyncrl.workers.roles import RolloutSide
-from asyncrl.workers.supervisor import WorkerLostError
+from asyncrl.supervision.supervisor import WorkerLostError
+
+
+def trainer_plan(cfg: Config) -> TrainerPlan:
+    """The rollout pool generates; the trainer only evaluates with its engine: one update per version."""
+    return TrainerPlan(old_policy=old_policy(cfg))
 
 
 def run_two_step_off(cfg: Config) -> dict[str, Any]:
-    with open_run(cfg, RolloutSide.POOL) as (run, algorithm, roles), ThreadPoolExecutor(1, "prepare") as pool:
+    with (
+        open_run(cfg, RolloutSide.POOL, trainer_plan(cfg)) as (run, algorithm, roles),
+        ThreadPoolExecutor(1, "prepare") as pool,
+    ):
         sync = run.start_weight_sync(roles)
         skip = RolloutSkip(cfg)
         params, total = run.sampling(), cfg.trainer.total_training_steps
@@ -40,7 +49,7 @@ def run_two_step_off(cfg: Config) -> dict[str, Any]:
         def launch(b: int) -> Launched | Replayed:
             prompts = run.next_prompts()
             cursors[b] = run.sampler.state_dict()
-            return skip.launch(roles.rollouts, prompts, params, run.gen_seed(b), b, roles.pool)
+            return skip.launch(roles.rollouts, prompts, params, run.gen_seed(b), b, run.pool)
 
         def start_preparing(generated: Generated, b: int) -> Future[tuple[Prepared, Generated]]:
             finish = algorithm.prepare(generated.samples, b)  # issued here, in batch order; finished on the thread
@@ -61,7 +70,7 @@ def run_two_step_off(cfg: Config) -> dict[str, Any]:
                         with tm("wait_prev_gen"):
                             generated = pending.result()
                         with tm("sync_rollout_weights"):
-                            sync_metrics = sync.metrics((roles.pool or sync).push(run.version))
+                            sync_metrics = sync.metrics((run.pool or sync).push(run.version))
                     except WorkerLostError:
                         run.save_before_failing(step - 1, roles, cursors.get(step - 1))
                         raise

@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from asyncrl.data.targets import TeacherTarget
 from asyncrl.teacher.client import TeacherClient
 from asyncrl.types import Sample
 
@@ -28,10 +27,6 @@ class TeacherKnowledge:
     topk_logp_BTK: Tensor  # float32: their log-probs (over the full vocabulary)
     token_logp_BT: Tensor  # float32: the teacher's log-prob of the response token itself
     seconds: float  # wall time of the teacher calls
-
-    def target(self) -> TeacherTarget:
-        """The trainer's input: what the student is fitted to."""
-        return TeacherTarget(self.topk_ids_BTK, self.topk_logp_BTK, self.token_logp_BT)
 
 
 def get_teacher_knowledge(client: TeacherClient, samples: list[Sample]) -> TeacherKnowledge:

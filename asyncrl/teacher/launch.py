@@ -201,8 +201,13 @@ class TeacherSupervisor:
             return False
         logger.warning(
             "teacher server at %s exited with code %d; restarting it on port %d (restart %d of at most %d; stderr: %s)",
-            self.url, code, self.port, deaths, self.max_restarts, self.spec.stderr_path,
-        )  # fmt: skip
+            self.url,
+            code,
+            self.port,
+            deaths,
+            self.max_restarts,
+            self.spec.stderr_path,
+        )
         with self._lock:
             if self._stopping.is_set():
                 return False

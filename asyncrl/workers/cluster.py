@@ -12,9 +12,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.calls import wait_with_deadline
 from asyncrl.config import RayConfig
-from asyncrl.workers.data_parallel import rank_name
-from asyncrl.workers.placement import ROLLOUT_POOL, Placement, PlacementError
-from asyncrl.workers.reaper import start_reaper
+from asyncrl.roles.placement import ROLLOUT_POOL, Placement, PlacementError
+from asyncrl.supervision.reaper import start_reaper
+from asyncrl.trainer.data_parallel import rank_name
 
 __all__ = ["PlacementError", "RayHandle", "RayPending", "RayPools", "cluster_cpus", "init_ray", "shutdown"]
 
@@ -103,7 +103,7 @@ def init_ray(cfg: RayConfig) -> None:
         raise RuntimeError(f"the local Ray cluster bound {ip}, not 127.0.0.1: this Ray ignores its loopback flag")
     _STARTED = (ray.get_runtime_context().get_node_id(), want)
     global _REAPER_STARTED
-    if not _REAPER_STARTED:  # kills this cluster's processes if the driver is killed (asyncrl.workers.reaper)
+    if not _REAPER_STARTED:  # kills this cluster's processes if the driver is killed (asyncrl.supervision.reaper)
         start_reaper()
         _REAPER_STARTED = True
 

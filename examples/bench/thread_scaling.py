@@ -15,16 +15,16 @@ import time
 import torch
 
 from asyncrl import losses
+from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
 from asyncrl.config import ActorConfig, RolloutCorrectionConfig
 from asyncrl.data.collate import collate, group_ids, rewards_of
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.data.rows import load_rows
-from asyncrl.data.targets import PolicyTarget
 from asyncrl.models.loading import load_model
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.workers.policy_ops import ppo_update
+from asyncrl.trainer.update import fit
 
 WORK = "runs/bench_work/short"
 
@@ -47,22 +47,18 @@ def main() -> None:
     samples = engine.generate(prompts, params, seed=0)
     build_reward_fn(None).score(samples)
     batch = collate(samples, tok.pad_token_id)
-    adv = algos.compute_grpo_advantages(rewards_of(samples), group_ids(samples), norm_by_std=True)
-    batch.policy = PolicyTarget(
-        algos.broadcast_advantages(adv, batch.response_mask_BT), old_logp_BT=batch.behav_logp_BT.clone()
-    )
+    adv = losses.compute_grpo_advantages(rewards_of(samples), group_ids(samples), norm_by_std=True)
     actor = ActorConfig(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=4096, ppo_mini_batch_size=32)
+    spec = PPOClip.of(actor, RolloutCorrectionConfig())
+    batch.policy = PolicyTarget(losses.broadcast_advantages(adv, batch.response_mask_BT), spec)
+    batch.old_logp_BT = batch.behav_logp_BT.clone()
     for threads in (1, 2):
         torch.set_num_threads(threads)
         gen = median_seconds(lambda i: engine.generate(prompts, params, seed=i))
         m = copy.deepcopy(model)
         opt = torch.optim.AdamW(m.parameters(), lr=1e-12)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-        upd = median_seconds(
-            lambda _, m=m, opt=opt, sched=sched: ppo_update(
-                m, opt, sched, batch, actor, RolloutCorrectionConfig(), 1.0, 1, 0
-            )
-        )
+        upd = median_seconds(lambda _, m=m, opt=opt, sched=sched: fit(m, opt, sched, batch, actor, 1, 0))
         print(f"threads={threads} generate median {gen:.3f} s  update median {upd:.3f} s", flush=True)
 
 

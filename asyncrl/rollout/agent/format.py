@@ -15,7 +15,6 @@ from typing import Any
 from asyncrl.rollout.agent.tools import ToolCall, parse_arguments
 
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-TRUNCATE_SIDES = ("left", "middle", "right")
 
 
 def parse_hermes_tool_calls(text: str) -> list[ToolCall]:

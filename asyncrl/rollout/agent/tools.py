@@ -156,9 +156,16 @@ class PythonTool(Tool):
     async def call(self, arguments: dict[str, Any]) -> str:
         code = string_argument(self.name, arguments, "code")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-c", _SANDBOX, str(self.memory_mb), str(self.cpu_s),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-I",
+            "-c",
+            _SANDBOX,
+            str(self.memory_mb),
+            str(self.cpu_s),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
             out, err = await proc.communicate(code.encode())
         except BaseException:  # the deadline (CancelledError) or anything else: never leave the child running

@@ -1,0 +1,170 @@
+"""The config sections of the rollout side: ``rollout`` (with its ``trace``, ``skip``, ``agent`` and ``multi_turn``)
+and ``reward`` (with its ``genrm``). Each checks its own fields (``asyncrl.config.rules``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from asyncrl.config.errors import check
+from asyncrl.config.rules import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Checked, at_least, one_of, or_null, rule
+
+ENGINES = ("builtin", "vllm")
+QUANTIZATIONS = (None, "fp8")
+SKIP_ACTIONS = ("cache", "repeat")
+TRUNCATE_SIDES = ("left", "middle", "right")  # what of a long tool output is kept (rollout.multi_turn)
+TOOL_CALL_FORMATS = ("hermes",)
+
+
+@dataclass
+class TraceConfig(Checked):
+    """``rollout.trace``: a few samples of every step in the run directory (``asyncrl trace RUN_DIR --step N``)."""
+
+    enable: bool = False
+    max_samples_per_step: int = 8  # verl's max_samples_per_step_per_worker, per step of the trainer here
+    token2text: bool = False  # also each response token's own text
+
+    RULES = {"max_samples_per_step": POSITIVE_INT}
+
+
+@dataclass
+class SkipConfig(Checked):
+    """``rollout.skip``: dump each step's generated batch; a later run with the same generation setup reuses it."""
+
+    enable: bool = False
+    dump_dir: str = "runs/rollout_dump"
+    action: str = "cache"  # cache (reuse a step's own dump, else generate and dump) | repeat (else the latest dump)
+
+    RULES = {"action": one_of(SKIP_ACTIONS)}
+
+
+@dataclass
+class AgentConfig(Checked):
+    """``rollout.agent``: which agent loop rolls out a row whose ``agent_name`` column is empty or absent (checked
+    against the registered loops when a run starts: ``asyncrl.rollout.agent.loop.check_agent_loop``)."""
+
+    default_agent_loop: str = "single_turn_agent"  # single_turn_agent | tool_agent (asyncrl.rollout.agent.loop)
+
+
+@dataclass
+class MultiTurnConfig(Checked):
+    """``rollout.multi_turn``: the tool agent's limits and tools (verl's names). The whole response, tool outputs
+    included, stays within ``rollout.response_length`` tokens."""
+
+    max_assistant_turns: int | None = None  # null: bounded only by rollout.response_length
+    max_tool_response_length: int = 256  # characters of one tool output kept (cut per tool_response_truncate_side)
+    tool_response_truncate_side: str = "middle"  # left (keep the start) | middle (both ends) | right (the end)
+    tools: list[str] = field(default_factory=list)  # calc | python | package.module:ClassName (a Tool subclass)
+    tool_timeout_s: float = 10.0  # wall-clock deadline of one tool call; past it the model gets an error message
+    format: str = "hermes"  # tool calls as <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+
+    RULES = {
+        "max_assistant_turns": or_null(POSITIVE_INT),
+        "tool_response_truncate_side": one_of(TRUNCATE_SIDES),
+        "format": one_of(TOOL_CALL_FORMATS),
+        "tool_timeout_s": POSITIVE,
+    }
+
+
+@dataclass
+class RolloutConfig(Checked):
+    engine: str = "builtin"  # builtin (our decode loop) | vllm (vLLM in the rollout worker; the `vllm` extra)
+    quantization: str | None = None  # null | fp8: weights synced as float8 e4m3 with 128x128 block scales
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    skip: SkipConfig = field(default_factory=SkipConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    n: int = 8  # responses per prompt (the GRPO group size)
+    temperature: float = 1.0  # sampling temperature of training rollouts (behaviour log-probs are of this)
+    top_p: float = 1.0  # nucleus sampling (1.0 = off)
+    top_k: int = 0  # 0 = off
+    response_length: int = 32  # max new tokens per response
+    max_batch_size: int = 256  # sequences decoded at once
+    enable_prefix_caching: bool = True  # identical prompts (a group) prefilled once; vLLM: its prefix cache
+    max_num_seqs: int = 256  # vllm: sequences scheduled at once
+    max_model_len: int | None = None  # vllm: prompt + response tokens; null = data.max_prompt_length + response_length
+    enforce_eager: bool = True  # vllm: no graph capture / compilation
+    gpu_memory_utilization: float = 0.05  # vllm: the KV cache's share of device memory (on CPU: of the machine's RAM)
+    val_temperature: float = 0.0  # 0 = greedy held-out evaluation
+    num_workers: int = 1  # rollout workers in the rollout pool (modes with a separate rollout pool)
+    cpus_per_worker: float = 1.0  # CPUs per rollout worker; its torch threads = this, rounded down
+    generate_timeout_s: float = 1800.0  # a rollout worker's generate call past this is hung: replaced (Ray, a pool)
+
+    RULES = {
+        "engine": one_of(ENGINES),
+        "quantization": one_of(QUANTIZATIONS),
+        "n": POSITIVE_INT,
+        "temperature": NON_NEGATIVE,
+        "top_p": rule(lambda v: 0 < v <= 1, "in (0, 1]"),
+        "top_k": at_least(0, " (0 = off)"),
+        "response_length": POSITIVE_INT,
+        "max_batch_size": POSITIVE_INT,
+        "max_num_seqs": POSITIVE_INT,
+        "max_model_len": or_null(at_least(2)),
+        "gpu_memory_utilization": rule(lambda v: 0 < v < 1, "in (0, 1)"),
+        "val_temperature": NON_NEGATIVE,
+        "num_workers": POSITIVE_INT,
+        "cpus_per_worker": POSITIVE,
+        "generate_timeout_s": POSITIVE,
+    }
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        if self.agent.default_agent_loop == "tool_agent":
+            mt = self.multi_turn
+            check(bool(mt.tools), f"{key}.multi_turn.tools", mt.tools, "a non-empty list with the tool agent")
+
+
+def _url(v: str | None) -> bool:
+    return v is None or str(v).startswith(("http://", "https://"))
+
+
+@dataclass
+class GenRMConfig(Checked):
+    """``reward.genrm``: a judge LLM on an OpenAI-compatible completions server (asyncrl serve-teacher, vllm serve);
+    the reward is its probability of ``positive`` over ``negative`` as the next token (asyncrl.rewards.genrm)."""
+
+    url: str | None = None  # e.g. http://127.0.0.1:8000; implies the reward loop
+    prompt_template: str = (
+        "Question: {question}\nReference answer: {ground_truth}\nResponse: {solution_str}\n"
+        "Is the response correct? Answer yes or no: "
+    )
+    positive: str = "yes"  # the verdict word whose probability is the reward
+    negative: str = "no"  # the other verdict word
+    top_logprobs: int = 20  # candidates of the verdict token the server returns
+
+    RULES = {"url": rule(_url, "an http(s):// URL"), "top_logprobs": POSITIVE_INT}
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        ok = self.positive.strip() not in ("", self.negative.strip())
+        check(ok, f"{key}.positive", self.positive, "not '' or negative")
+
+
+@dataclass
+class RewardConfig(Checked):
+    custom_function: str | None = None  # "path/to/file.py:fn" with verl's signature; null = built-in registry
+    binarize: bool = False  # reward 1.0 only for a full score (reasoning-gym scorers give partial credit), else 0.0
+    async_loop: bool = False  # score each sample on a background loop as it finishes, while generation goes on
+    max_concurrency: int = 8  # samples scored at once by the loop
+    timeout_s: float = 60.0  # per sample; a slower reward fails that sample
+    remote_url: str | None = None  # a reward service (POST verl's fields as JSON, reply a score); implies the loop
+    remote_max_retries: int = 3  # also the generative reward model's
+    remote_backoff_s: float = 0.5  # first retry's wait, seconds; doubles each retry
+    genrm: GenRMConfig = field(default_factory=GenRMConfig)
+
+    RULES = {
+        "max_concurrency": POSITIVE_INT,
+        "timeout_s": POSITIVE,
+        "remote_max_retries": NON_NEGATIVE,
+        "remote_backoff_s": NON_NEGATIVE,
+        "remote_url": rule(_url, "an http(s):// URL"),
+    }
+
+    def check(self, key: str) -> None:
+        """One reward source: a custom function, a reward service or a judge model."""
+        super().check(key)
+        one = "null when reward.custom_function is set (one reward source)"
+        check(self.remote_url is None or not self.custom_function, f"{key}.remote_url", self.remote_url, one)
+        for other, value in [(f"{key}.remote_url", self.remote_url), (f"{key}.custom_function", self.custom_function)]:
+            g = self.genrm.url
+            check(g is None or not value, f"{key}.genrm.url", g, f"null when {other} is set (one reward source)")

@@ -1,0 +1,142 @@
+"""What each role is given instead of the whole config: the sections it reads and the decisions others made for it.
+
+A worker never sees ``algorithm.name`` or ``trainer.schedule``. The algorithm says what it needs of the trainer
+(``TrainerNeeds``: a reference model, how often it catches up); the schedule says which model is the PPO ratio's
+old policy, how many updates make one weight version, and whether the trainer's own engine is the rollout
+(``TrainerPlan``); the sections come from the config. A spec is the one place a role's placement (its device) is
+added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from asyncrl.config.schema import (
+    ActorConfig,
+    AsyncTrainingConfig,
+    Config,
+    CriticConfig,
+    DataConfig,
+    ModelConfig,
+    RewardConfig,
+    RewardModelConfig,
+    RolloutConfig,
+)
+
+OLD_POLICIES = ("behaviour", "actor", "prox")
+
+
+@dataclass(frozen=True)
+class TrainerNeeds:
+    """What an algorithm needs of the trainer beyond its objective (``Algorithm.trainer_needs``)."""
+
+    reference: bool = False  # keep a frozen reference policy (a KL loss, online DPO)
+    ref_refresh_every: int = 0  # copy the actor into the reference every N updates (0: frozen for the run)
+
+
+@dataclass(frozen=True)
+class TrainerPlan:
+    """What a schedule decides for the trainer."""
+
+    old_policy: str = "actor"  # the PPO ratio's denominator: behaviour log-probs | current weights | window start
+    updates_per_version: int = 1  # updates per weight version (fully_async: trigger_parameter_sync_step)
+    engine_is_rollout: bool = False  # the trainer's engine generates the batches (sync), not only evaluates
+
+    def __post_init__(self) -> None:
+        if self.old_policy not in OLD_POLICIES:
+            raise ValueError(f"TrainerPlan.old_policy: one of {', '.join(OLD_POLICIES)} (got {self.old_policy!r})")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What builds a rollout engine over ``model``: the engine's knobs and what sizes its context."""
+
+    model: ModelConfig
+    rollout: RolloutConfig
+    max_prompt_length: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """A rollout worker: its engine, and the rule reward it scores each sample with where it was made."""
+
+    engine: EngineSpec
+    reward: RewardConfig
+
+
+@dataclass(frozen=True)
+class RollouterSpec(RolloutSpec):
+    """The fully_async producer: a rollout worker that also draws the prompts and keeps the stream's books."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    ppo_mini_batch_size: int = 1  # groups per optimizer step: the unit of the staleness budget
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """The trainer (actor) role: its model, optimiser and micro-batching, the engine it evaluates (or, in sync,
+    generates) with, and what the algorithm and the schedule decided for it."""
+
+    engine: EngineSpec
+    reward: RewardConfig
+    actor: ActorConfig
+    strategy: str  # ddp | fsdp2, with several ranks
+    record_consumed: bool  # fingerprint the weights after every update (asyncrl replay)
+    default_mini_batches: int  # optimizer steps per update when the caller does not say
+    needs: TrainerNeeds
+    plan: TrainerPlan
+
+    @property
+    def model(self) -> ModelConfig:
+        return self.engine.model
+
+    @property
+    def seed(self) -> int:
+        return self.engine.seed
+
+
+@dataclass(frozen=True)
+class CriticSpec:
+    critic: CriticConfig
+    model: ModelConfig  # the policy's: the critic's body starts from it unless critic.model.path is set
+    seed: int
+
+
+@dataclass(frozen=True)
+class RewardModelSpec:
+    reward_model: RewardModelConfig
+    policy_path: str  # its tokenizer must be the policy's
+
+
+@dataclass(frozen=True)
+class RoleSpecs:
+    """Every role's spec for one run."""
+
+    trainer: TrainerSpec
+    rollout: RolloutSpec
+    rollouter: RollouterSpec
+    critic: CriticSpec
+    reward_model: RewardModelSpec
+
+
+def role_specs(cfg: Config, needs: TrainerNeeds, plan: TrainerPlan) -> RoleSpecs:
+    t = cfg.trainer
+    engine = EngineSpec(cfg.model, cfg.rollout, cfg.data.max_prompt_length, t.seed)
+    return RoleSpecs(
+        trainer=TrainerSpec(
+            engine=engine,
+            reward=cfg.reward,
+            actor=cfg.actor,
+            strategy=t.strategy,
+            record_consumed=t.record_consumed,
+            default_mini_batches=max(1, cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size),
+            needs=needs,
+            plan=plan,
+        ),
+        rollout=RolloutSpec(engine, cfg.reward),
+        rollouter=RollouterSpec(engine, cfg.reward, cfg.data, cfg.async_training, cfg.actor.ppo_mini_batch_size),
+        critic=CriticSpec(cfg.critic, cfg.model, t.seed),
+        reward_model=RewardModelSpec(cfg.reward_model, cfg.model.path),
+    )

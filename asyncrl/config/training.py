@@ -1,0 +1,230 @@
+"""The config sections of the learning side: the optimiser, the actor, the algorithm and its corrections, and what
+only one algorithm or schedule reads (``async_training``, ``teacher``, ``distill``, ``dpo``, ``critic``,
+``reward_model``). Each checks its own fields (``asyncrl.config.rules``); the lists of choices are the losses' own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from asyncrl.config.errors import check
+from asyncrl.config.rules import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Checked, between, one_of, or_null, rule
+from asyncrl.losses.correction import IS_LEVELS
+from asyncrl.losses.distill_loss import REVERSE_KL_ESTIMATORS, TAIL_MODES
+from asyncrl.losses.dpo import DPO_LOSSES
+from asyncrl.losses.kl import KL_KINDS
+from asyncrl.losses.utils import LOSS_AGG_MODES
+
+DISTILL_LOSSES = ("forward_kl", "jsd", "reverse_kl")
+DROP_POLICIES = ("backpressure", "oldest")  # a full fully_async queue: the producer waits | the oldest is dropped
+TOKENIZER_CHECKS = ("auto", "fingerprint", "probe")
+
+
+@dataclass
+class OptimConfig(Checked):
+    lr: float = 1e-5  # peak learning rate (after lr_warmup_steps)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2)
+    lr_warmup_steps: int = 0  # linear warm-up, in optimizer steps
+    grad_clip: float = 1.0  # max global grad norm (<= 0 disables)
+
+    RULES = {
+        "lr": POSITIVE,
+        "weight_decay": NON_NEGATIVE,
+        "betas": rule(lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
+        "lr_warmup_steps": NON_NEGATIVE,
+    }
+
+
+@dataclass
+class ActorConfig(Checked):
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int = 16  # prompts per optimizer step (x rollout.n samples), as in verl
+    ppo_micro_batch_size: int = 64  # samples per forward/backward (gradient accumulation); memory only
+    ppo_epochs: int = 1  # passes over each batch
+    clip_ratio: float = 0.2  # PPO ratio clip epsilon (both sides unless _low/_high are set)
+    clip_ratio_low: float | None = None  # defaults to clip_ratio
+    clip_ratio_high: float | None = None  # defaults to clip_ratio
+    clip_ratio_c: float | None = None  # dual-clip bound for negative advantages (off when null)
+    entropy_coeff: float = 0.0  # weight of the entropy bonus in the actor loss
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean
+    use_kl_loss: bool = False  # a KL penalty to the reference policy in the actor loss (needs the ref pass)
+    kl_loss_coef: float = 0.001  # weight of that KL term
+    kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl | kl | mse
+    use_rollout_log_probs: bool = False  # true: the rollout's behaviour log-probs are the PPO old policy
+    skip_zero_adv_rows: bool = True  # rows with all-zero advantages skip forward/backward (same gradient, less work)
+    shared_prefix: bool = True  # a group's responses packed behind one copy of its prompt (same gradient, less work)
+    use_dynamic_bsz: bool = False  # micro-batches by token budget (packed, no padding) instead of by sample count
+    ppo_max_token_len_per_gpu: int = 16384  # use_dynamic_bsz: real tokens per forward/backward (and log-prob pass)
+
+    RULES = {
+        "ppo_mini_batch_size": POSITIVE_INT,
+        "ppo_micro_batch_size": POSITIVE_INT,
+        "ppo_max_token_len_per_gpu": POSITIVE_INT,
+        "ppo_epochs": POSITIVE_INT,
+        "clip_ratio": rule(lambda v: 0 <= v < 1, "in [0, 1)"),
+        "clip_ratio_low": or_null(NON_NEGATIVE),
+        "clip_ratio_high": or_null(NON_NEGATIVE),
+        "clip_ratio_c": or_null(rule(lambda v: v > 1, "> 1")),
+        "loss_agg_mode": one_of(LOSS_AGG_MODES),
+        "kl_loss_type": one_of(KL_KINDS),
+        "kl_loss_coef": NON_NEGATIVE,
+    }
+
+
+@dataclass
+class RolloutCorrectionConfig(Checked):
+    rollout_is: str | None = None  # null (off; token under rollout.quantization=fp8) | disabled | token | sequence
+    rollout_is_threshold: float = 2.0  # importance weights are truncated at this
+
+    RULES = {
+        "rollout_is": one_of((None, "disabled", *IS_LEVELS)),
+        "rollout_is_threshold": rule(lambda v: v >= 1, ">= 1"),
+    }
+
+
+@dataclass
+class AlgorithmConfig(Checked):
+    name: str = "grpo"  # grpo | ppo (critic + GAE) | distill (on-policy distillation from a teacher) | dpo (online)
+    adv_estimator: str | None = None  # verl's name; null = the algorithm's own (grpo: grpo, ppo: gae)
+    norm_adv_by_std_in_grpo: bool = True  # GRPO: divide by the group's reward std (false: centre only, as Dr. GRPO)
+    gamma: float = 1.0  # gae: discount per response token
+    lam: float = 1.0  # gae: lambda (bias/variance trade-off of the advantage estimate)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+
+    RULES = {"gamma": between(0, 1), "lam": between(0, 1)}  # name: checks.py (it picks the sections read)
+
+
+@dataclass
+class AsyncTrainingConfig(Checked):
+    """``fully_async`` only (verl's ``async_training`` section); the bound: schedules/fully_async/staleness.py."""
+
+    staleness_threshold: float = 0.0  # extra groups in flight, as a fraction of one sync window
+    trigger_parameter_sync_step: int = 1  # trainer steps per weight sync (= per version)
+    require_batches: int = 1  # ppo_mini_batch_size groups per trainer step (one optimizer step each)
+    drop_policy: str = "backpressure"  # queue full: backpressure (the rollouter waits) | oldest (drop, counted)
+    max_queue_size: int | None = None  # groups; null = the staleness budget (never fills while synced)
+    partial_rollout: bool = True  # at a sync, interrupt in-flight generations and resume them with the new weights
+    compute_prox_log_prob: bool = False  # decoupled PPO: old = the weights at the start of the sync window
+    max_inflight_groups: int | None = None  # groups generated at once; null = rollout.max_batch_size // rollout.n
+    get_batch_timeout_s: float = 600.0  # the trainer's longest wait for one step's groups before the run fails
+    pause_timeout_s: float = 600.0  # the longest wait for the Rollouter to park for a weight sync
+
+    RULES = {
+        "staleness_threshold": NON_NEGATIVE,
+        "trigger_parameter_sync_step": POSITIVE_INT,
+        "require_batches": POSITIVE_INT,
+        "drop_policy": one_of(DROP_POLICIES),
+        "get_batch_timeout_s": POSITIVE,
+        "pause_timeout_s": POSITIVE,
+        "max_inflight_groups": or_null(POSITIVE_INT),
+    }
+
+
+@dataclass
+class TeacherConfig(Checked):
+    """``distill`` only: the teacher server (vLLM's /v1/completions with prompt_logprobs)."""
+
+    # a running server (ours, or `vllm serve`); null = start `asyncrl serve-teacher` on teacher.model_path
+    url: str | None = None
+    model_path: str | None = None  # the teacher's HF directory, for the server started here
+    top_k: int = 16  # teacher log-probs per position
+    max_in_flight: int = 16  # concurrent requests (one sequence each; the server batches them)
+    timeout_s: float = 60.0  # per connect / per wait for reply bytes
+    max_retries: int = 3  # retries of a failed request (connection errors, 5xx, 408, 429), with back-off
+    backoff_s: float = 0.5  # first retry delay; doubles each retry
+    server_max_batch: int = 64  # sequences per teacher forward pass (the server started here)
+    server_threads: int = 1  # torch threads of the server started here
+    startup_timeout_s: float = 120.0  # how long to wait for the started server to answer /health
+    max_restarts: int = 3  # the server started here is restarted (same port) when it dies, this often; then stop
+    check_tokenizer: str = "auto"  # auto | fingerprint | probe: how the shared vocabulary is checked at start
+
+    RULES = {
+        "top_k": POSITIVE_INT,
+        "max_in_flight": POSITIVE_INT,
+        "timeout_s": POSITIVE,
+        "max_retries": NON_NEGATIVE,
+        "backoff_s": NON_NEGATIVE,
+        "server_max_batch": POSITIVE_INT,
+        "server_threads": POSITIVE_INT,
+        "startup_timeout_s": POSITIVE,
+        "max_restarts": NON_NEGATIVE,
+        "check_tokenizer": one_of(TOKENIZER_CHECKS),
+    }
+
+
+@dataclass
+class DpoConfig(Checked):
+    """``dpo`` only (online DPO): pairs from each prompt's samples ranked by reward, fitted against a reference."""
+
+    beta: float = 0.1  # TRL/verl's beta: the strength of the implicit KL to the reference
+    loss_type: str = "sigmoid"  # sigmoid (DPO) | ipo (on per-token mean log-ratios, as TRL's ipo)
+    ref_update_freq: int = 0  # steps between copies of the actor into the reference (0: frozen for the run)
+
+    RULES = {
+        "beta": POSITIVE,
+        "loss_type": one_of(DPO_LOSSES),
+        "ref_update_freq": rule(lambda v: v >= 0, ">= 0 (0: the reference stays frozen)"),
+    }
+
+
+@dataclass
+class DistillConfig(Checked):
+    """``distill`` only: the loss between teacher p and student q on the student's responses (GKD)."""
+
+    loss: str = "forward_kl"  # forward_kl (top-k KL(p||q)) | jsd (generalised JSD with beta) | reverse_kl (sampled)
+    beta: float = 0.5  # jsd: weight of the teacher side (0 = forward KL, 1 = reverse KL)
+    lmbda: float = 1.0  # fraction of steps trained on student-generated responses; the rest on the dataset's answers
+    tail: str = "bucket"  # top-k losses: the teacher mass outside its top k as one bucket, or renorm over the top k
+    reverse_kl_estimator: str = "k3"  # reverse_kl: k1 | k3 (score-function gradient either way)
+
+    RULES = {
+        "loss": one_of(DISTILL_LOSSES),
+        "beta": between(0, 1),
+        "lmbda": between(0, 1),
+        "tail": one_of(TAIL_MODES),
+        "reverse_kl_estimator": one_of(REVERSE_KL_ESTIMATORS),
+    }
+
+
+# ---- PPO's critic and reward model -------------------------------------------------------------------------------
+@dataclass
+class CriticModelConfig(Checked):
+    path: str | None = None  # a causal-LM directory for the critic's body; null = the policy's model.path
+
+
+@dataclass
+class CriticConfig(Checked):
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    cliprange_value: float = 0.5  # reward units: a value prediction may move at most this far from its old one
+    ppo_epochs: int = 1  # passes over each batch
+    ppo_micro_batch_size: int = 64  # samples per forward/backward; memory only
+    loss_agg_mode: str = "token-mean"  # as actor.loss_agg_mode
+    shared_prefix: bool = True  # as actor.shared_prefix, for the value passes
+    use_dynamic_bsz: bool = False  # as actor.use_dynamic_bsz
+    ppo_max_token_len_per_gpu: int = 16384  # as actor.ppo_max_token_len_per_gpu
+
+    RULES = {
+        "cliprange_value": NON_NEGATIVE,
+        "ppo_epochs": POSITIVE_INT,
+        "ppo_micro_batch_size": POSITIVE_INT,
+        "ppo_max_token_len_per_gpu": POSITIVE_INT,
+        "loss_agg_mode": one_of(LOSS_AGG_MODES),
+    }
+
+
+@dataclass
+class RewardModelConfig(Checked):
+    enable: bool = False
+    path: str | None = None  # a sequence-classification directory (e.g. from `asyncrl train-rm`)
+    weight: float = 1.0  # reward = rule_weight * rule reward + weight * sigmoid(reward-model logit)
+    rule_weight: float = 1.0  # weight of the rule reward added to the reward model's score
+    micro_batch_size: int = 64  # samples per reward-model forward
+
+    RULES = {"micro_batch_size": POSITIVE_INT}
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        check(
+            not self.enable or bool(self.path), f"{key}.path", self.path, "a model directory when reward_model.enable"
+        )

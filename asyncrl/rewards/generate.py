@@ -1,0 +1,39 @@
+"""Generate on a rollout engine and score each sample's rule reward where it was made: what a rollout worker and the
+sync schedule's trainer do for every batch. The engine and the timeline are passed in (any engine with
+``generate``, ``version`` and ``last_prefill``; ``asyncrl.telemetry.timeline.Timeline``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from asyncrl.rewards.loop import RewardLoop
+from asyncrl.rewards.reward_fn import RewardFn
+from asyncrl.types import Generation, Prompt
+
+
+def generate_scored(
+    engine: Any,
+    scorer: RewardFn | RewardLoop,
+    timeline: Any,
+    worker: str,
+    prompts: list[Prompt],
+    params: Any,
+    seed: int,
+    step: int,
+    score: bool,
+) -> Generation:
+    """Generate, then (``score``) fill each sample's rule reward; the seconds are this worker's wall time. With a
+    reward loop (``reward.async_loop``), an engine that reports finished rows has each scored while it decodes."""
+    t0 = time.perf_counter()
+    streams = score and isinstance(scorer, RewardLoop) and getattr(engine, "reports_finished_rows", False)
+    with timeline.span("generate", step=step, worker=worker, version=engine.version):
+        if streams:
+            samples = engine.generate(prompts, params, seed=seed, on_sample=scorer.submit)  # type: ignore[union-attr]
+        else:
+            samples = engine.generate(prompts, params, seed=seed)
+    metrics: dict[str, float] = {}
+    if score:
+        with timeline.span("reward", step=step, worker=worker):
+            metrics = scorer.score(samples)
+    return Generation(samples, time.perf_counter() - t0, engine.last_prefill, metrics)

@@ -1,0 +1,110 @@
+"""Typed clients, one per role: what a schedule or an algorithm may ask of a worker, and what each call returns.
+
+A client wraps a ``Handle`` (Ray actor or in-process worker, ``asyncrl.workers.backends``) and returns ``Pending``
+results of the dataclasses in ``asyncrl.types``; nothing above this module names a worker method by string. The
+teacher's client is ``asyncrl.teacher.client.TeacherClient`` (an HTTP server is a role of its own).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from asyncrl.calls import Handle, Pending
+from asyncrl.data.collate import TrainBatch
+from asyncrl.types import Generation, Prompt, Sample, SamplingParams, Scored, UpdateResult
+
+
+class RoleClient:
+    """What every role answers: checkpoints and its timeline."""
+
+    def __init__(self, handle: Handle):
+        self.handle = handle
+        self.name = handle.name
+
+    def save_checkpoint(self, directory: str) -> Pending[None]:
+        return self.handle.call("save_checkpoint", directory)
+
+    def load_checkpoint(self, directory: str) -> Pending[Any]:
+        return self.handle.call("load_checkpoint", directory)
+
+    def pop_timeline(self) -> Pending[list[dict]]:
+        return self.handle.call("pop_timeline")
+
+
+class RolloutClient(RoleClient):
+    def generate(
+        self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int, score: bool = True
+    ) -> Pending[Generation]:
+        """Samples for ``prompts``; with ``score`` their rule rewards are filled on the worker."""
+        return self.handle.call("generate", prompts, params, seed, step, score)
+
+
+class TrainerClient(RolloutClient):
+    """The trainer: one worker (``ranks`` = [``handle``]), or data-parallel ranks (``DataParallelTrainerClient``)."""
+
+    def __init__(self, handle: Handle):
+        super().__init__(handle)
+        self.ranks: list[Handle] = [handle]
+
+    def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> Pending[UpdateResult]:
+        """One training step on whatever target ``batch`` carries (``asyncrl.data.targets``)."""
+        return self.handle.call("update", batch, step, num_mini_batches)
+
+    def export_model(self, directory: str) -> Pending[None]:
+        return self.handle.call("export_model", directory)
+
+
+class _AllRanks:
+    """One call on every data-parallel rank, answered by rank 0's result once all have finished (any rank's error
+    is raised)."""
+
+    def __init__(self, calls: list[Pending[Any]]):
+        self.calls = calls
+
+    def result(self, timeout: float | None = None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out = [c.result(None if deadline is None else max(0.0, deadline - time.monotonic())) for c in self.calls]
+        return out[0]
+
+    def done(self) -> bool:
+        return all(c.done() for c in self.calls)
+
+
+class DataParallelTrainerClient(TrainerClient):
+    """``trainer.num_workers`` data-parallel ranks as one trainer (``asyncrl.trainer.data_parallel``): a training
+    step and a resume run on every rank; everything that reads the full weights, generation for evaluation, an
+    export, the weight sync, goes to rank 0 (``handle``), and so does a checkpoint unless the optimizer state is
+    ``sharded`` (FSDP2: every rank takes part in gathering it)."""
+
+    def __init__(self, ranks: list[Handle], sharded: bool = False):
+        super().__init__(ranks[0])
+        self.ranks = ranks
+        self.sharded = sharded
+
+    def save_checkpoint(self, directory: str) -> Pending[None]:
+        if not self.sharded:
+            return super().save_checkpoint(directory)
+        return _AllRanks([h.call("save_checkpoint", directory) for h in self.ranks])
+
+    def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> Pending[UpdateResult]:
+        return _AllRanks([h.call("update", batch, step, num_mini_batches) for h in self.ranks])
+
+    def load_checkpoint(self, directory: str) -> Pending[Any]:
+        return _AllRanks([h.call("load_checkpoint", directory) for h in self.ranks])
+
+
+class CriticClient(RoleClient):
+    def values(self, batch: TrainBatch, step: int) -> Pending[Scored]:
+        """Values [B, T] of the batch's response states."""
+        return self.handle.call("compute_values", batch, step)
+
+    def update(self, batch: TrainBatch, step: int, num_mini_batches: int) -> Pending[dict[str, float]]:
+        """The clipped value loss on ``batch.value``."""
+        return self.handle.call("update", batch, step, num_mini_batches)
+
+
+class RewardModelClient(RoleClient):
+    def score(self, samples: list[Sample], step: int) -> Pending[Scored]:
+        """Reward-model logits [B]."""
+        return self.handle.call("score", samples, step)

@@ -1,0 +1,128 @@
+"""``fully_async``: a Rollouter streams groups through a bounded queue; the roles learn from them as they come.
+
+The Rollouter (``producer``) generates on its own thread all the time, admitted by the staleness controller, and
+scores each group's rule reward as it finishes. Per trainer step, top to bottom:
+
+    take B = require_batches x ppo_mini_batch_size groups from the queue (oldest first)   timing_s/wait_batch
+    prepare the batch                                                                     timing_s/prepare
+    update (require_batches optimizer steps; old log-probs: current weights | proximal
+    snapshot | behaviour, chosen by config inside the trainer)                            timing_s/train
+    every trigger_parameter_sync_step steps, when the trainer's version moves on:         timing_s/param_sync
+        park the Rollouter (partial_rollout: interrupt its decode; else let it finish) ->
+        send the weights -> (checkpoint snapshot) -> it resumes with the new version
+    metrics (staleness and partial spans from the versions the engine recorded) -> (eval) -> (checkpoint)
+
+Staleness is bounded by the controller's admission rule (proof in ``staleness``) and checked at every consumption,
+for every algorithm. A checkpoint is taken while the Rollouter is parked for a sync, so it holds
+the queue (samples with their rewards), the in-flight partial rows, the controller, the prompt ledger and the prompt
+cursor of one instant: a resumed run loses and repeats no prompt (``ledger.json`` at the end is the evidence).
+
+On Ray a Rollouter that dies or hangs is replaced by ``StreamSupervisor`` (``supervisor``); once
+``trainer.max_worker_restarts`` is spent, the run checkpoints its last finished step with the snapshot the dead
+Rollouter would have given and stops with ``WorkerLostError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from asyncrl.config import Config
+from asyncrl.config.specs import TrainerPlan
+from asyncrl.roles.team import RolloutSide
+from asyncrl.schedules.fully_async.producer import budget_of
+from asyncrl.schedules.fully_async.report import partial_metrics, processing_metrics, write_ledger_report
+from asyncrl.schedules.fully_async.rollouter import Rollouter
+from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
+from asyncrl.schedules.run import StepTimer, old_policy, open_run, staleness_metrics
+from asyncrl.supervision.supervisor import WorkerLostError
+
+ROLLOUTER_STATE = "rollouter_state.pt"
+STOP_TIMEOUT_S = 60.0  # how long the clean-up waits for the Rollouter to stop before its worker is killed
+
+
+def trainer_plan(cfg: Config) -> TrainerPlan:
+    """A sync window of ``trigger_parameter_sync_step`` updates shares one weight version; with
+    ``compute_prox_log_prob`` the ratio's denominator is the weights at the window's start (decoupled PPO)."""
+    at = cfg.async_training
+    old = "prox" if at.compute_prox_log_prob else old_policy(cfg)
+    return TrainerPlan(old_policy=old, updates_per_version=at.trigger_parameter_sync_step)
+
+
+def run_fully_async(cfg: Config) -> dict[str, Any]:
+    at = cfg.async_training
+    with open_run(cfg, RolloutSide.STREAM, trainer_plan(cfg), Rollouter) as (run, algorithm, roles):
+        stream: StreamSupervisor | None = None
+        try:
+            sync = run.start_weight_sync(roles)
+            stream = run.stream = StreamSupervisor(
+                roles,
+                sync,
+                roles.respawn,
+                lambda: run.version,
+                cfg.trainer.max_worker_restarts,
+                max(at.get_batch_timeout_s, at.pause_timeout_s),
+                budget_of(at, cfg.actor.ppo_mini_batch_size),
+            )
+            resumed = run.resumed_from
+            stream.start(None if resumed is None else torch.load(resumed / ROLLOUTER_STATE, weights_only=False))
+            groups_per_step = at.require_batches * cfg.actor.ppo_mini_batch_size
+            step = finished = run.start_step - 1
+            for step in range(run.start_step, cfg.trainer.total_training_steps + 1):
+                tm = StepTimer(step)
+                extra: dict[str, float] = {}
+                snapshot = None
+                with tm("step"):
+                    trained_at = run.version
+                    with tm("wait_batch"):
+                        got = stream.get_batch(groups_per_step, trained_at)
+                    with tm("prepare"):
+                        prepared = algorithm.prepare(got.samples, step)()
+                    with tm("train"):
+                        trained = run.learn(algorithm, prepared, step)
+                    staleness = staleness_metrics(got.samples, trained_at)
+                    if max(got.staleness) != staleness["staleness/max"]:  # two accounts of the same fact
+                        raise RuntimeError(f"step {step}: controller staleness {got.staleness} != recorded {staleness}")
+                    if run.version != trained_at:  # a sync window ended: the rollout side gets the new weights
+                        with tm("param_sync"):
+                            save = run.due(cfg.trainer.save_freq, step)
+                            paused, stats, snap = stream.push(run.version, at.partial_rollout, save)
+                            extra["timing_s/param_sync_pause"] = paused
+                            extra.update(sync.metrics(stats) if stats is not None else {})
+                            snapshot = snap if save else None
+                ro = stream.metrics()
+                metrics = run.step_metrics(
+                    prepared.samples, prepared.batch, tm, prepared.metrics, trained.metrics, staleness, extra, ro
+                )
+                metrics.update(partial_metrics(got.samples))
+                metrics.update(processing_metrics(got.processing_s))
+                metrics["trainer/idle_ratio"] = tm.timings["timing_s/wait_batch"] / tm.timings["timing_s/step"]
+                metrics["timing_s/gen"] = ro.get("rollouter/busy_s", 0.0)  # the Rollouter's decode seconds this step
+                metrics["fully_async/trainer_version"] = float(trained_at)  # the version this step's update ran at
+                run.end_step(step, metrics, roles, extra_files={ROLLOUTER_STATE: snapshot} if snapshot else None)
+                finished = step
+            if stream.lost is not None:  # lost in the last step, which finished
+                raise stream.lost
+            rollouter = stream.rollouter  # a replacement, if the first one died
+            rollouter.stop().result()  # the books are final from here on
+            counts = rollouter.take_metrics().result()
+            run.summary["counts"] = {
+                k.rsplit("/", 1)[1]: v for k, v in counts.items() if k.startswith("fully_async/count/")
+            }
+            run.summary["ledger"] = write_ledger_report(run.dir, len(run.train), rollouter.ledger_state().result())
+            return run.finish(roles, step)
+        except WorkerLostError:  # no Rollouter may be started again: keep the last finished step, losing nothing
+            run.save_before_failing(finished, roles, None, extra_files={ROLLOUTER_STATE: stream.advanced()})
+            raise
+        finally:
+            if stream is not None:
+                _stop_quietly(stream.rollouter)
+
+
+def _stop_quietly(rollouter: Any) -> None:
+    """Stop the generation thread whatever happened (in-process it would outlive the run otherwise)."""
+    try:
+        rollouter.stop().result(timeout=STOP_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - already failing or dead: the backend kills it next
+        pass

@@ -1,0 +1,178 @@
+"""The bounded, thread-safe FIFO between the Rollouter and the Trainer in ``fully_async``.
+
+Plain Python (a ``threading.Condition``), so it is tested without Ray; a Ray actor wraps it at the edge. The unit is a
+``Group`` (the ``rollout.n`` responses to one prompt): the trainer consumes whole groups because GRPO normalises
+rewards within a group. FIFO order matters beyond fairness: the staleness proof in ``staleness.py`` relies on a group's
+consumption position being fixed once it is in the queue.
+
+Nothing disappears uncounted: a full queue either blocks the producer (``drop_policy="backpressure"``, the default:
+backpressure) or, with ``drop_policy="oldest"``, evicts the oldest queued group, increments ``dropped_count`` and
+returns the evicted ids from ``put`` so the caller can tell the controller and the ledger.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from asyncrl.config.training import DROP_POLICIES
+from asyncrl.types import Sample
+
+
+class QueueClosed(RuntimeError):
+    """The queue was closed: a ``put`` will never be accepted, a ``get_batch`` will never be filled."""
+
+
+@dataclass
+class Group:
+    """The responses to one prompt, generated together: the unit of queueing, admission and accounting.
+
+    ``group_id`` comes from ``PromptLedger.issue``; ``(epoch, index)`` is the prompt; ``start_version`` is the weight
+    version generation began with (every sample's ``start_version`` equals it).
+    """
+
+    group_id: str
+    epoch: int
+    index: int
+    start_version: int
+    samples: list[Sample] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """``accepted`` is False only on timeout; ``dropped`` lists the ids evicted to make room (``oldest`` policy)."""
+
+    accepted: bool
+    dropped: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.accepted
+
+
+@dataclass
+class QueueSnapshot:
+    """The queued groups in consumption order and the drop count, for a checkpoint."""
+
+    groups: list[Group]
+    dropped_count: int = 0
+
+
+class MessageQueue:
+    """Bounded FIFO of ``Group``s with ``capacity`` in groups.
+
+    ``put`` with ``drop_policy="backpressure"`` waits while full (``timeout`` seconds, None = forever) and returns a
+    false ``PutResult`` on timeout; with ``"oldest"`` it never waits. ``get_batch(n)`` waits until ``n`` groups are
+    queued and takes the oldest ``n`` (None on timeout). ``close`` wakes every waiter: blocked and later calls raise
+    ``QueueClosed``, except that ``get_batch`` still returns full batches that were already queued.
+    """
+
+    def __init__(self, capacity: int, drop_policy: str = "backpressure"):
+        if not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"MessageQueue: capacity must be an integer >= 1 group (got {capacity!r})")
+        if drop_policy not in DROP_POLICIES:
+            choices = ", ".join(DROP_POLICIES)
+            raise ValueError(f"MessageQueue: drop_policy must be one of {choices} (got {drop_policy!r})")
+        self.capacity = capacity
+        self.drop_policy = drop_policy
+        self._lock = threading.Lock()
+        self._not_full = threading.Condition(self._lock)
+        self._not_empty = threading.Condition(self._lock)
+        self._groups: deque[Group] = deque()
+        self._ids: set[str] = set()
+        self._dropped_count = 0
+        self._closed = False
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._groups)
+
+    @property
+    def dropped_count(self) -> int:
+        """Groups evicted by ``drop_policy="oldest"`` since the run began (restored from snapshots)."""
+        with self._lock:
+            return self._dropped_count
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def ids(self) -> list[str]:
+        """Queued group ids, oldest first."""
+        with self._lock:
+            return [g.group_id for g in self._groups]
+
+    def put(self, group: Group, timeout: float | None = None) -> PutResult:
+        """Append ``group``; see the class docstring for full-queue behaviour. Raises ``QueueClosed`` after close."""
+        with self._lock:
+            if group.group_id in self._ids:
+                raise ValueError(f"MessageQueue.put: group {group.group_id!r} is already queued")
+            dropped: list[str] = []
+            if self.drop_policy == "oldest":
+                self._raise_if_closed("put")
+                while len(self._groups) >= self.capacity:
+                    old = self._groups.popleft()
+                    self._ids.discard(old.group_id)
+                    dropped.append(old.group_id)
+                self._dropped_count += len(dropped)
+            else:
+                ok = self._not_full.wait_for(lambda: self._closed or len(self._groups) < self.capacity, timeout)
+                self._raise_if_closed("put")
+                if not ok:
+                    return PutResult(accepted=False)
+            self._groups.append(group)
+            self._ids.add(group.group_id)
+            self._not_empty.notify_all()
+            return PutResult(accepted=True, dropped=tuple(dropped))
+
+    def get_batch(self, n_groups: int, timeout: float | None = None) -> list[Group] | None:
+        """The oldest ``n_groups`` groups, waiting up to ``timeout`` seconds for them (None on timeout)."""
+        if n_groups < 1 or n_groups > self.capacity:
+            raise ValueError(
+                f"MessageQueue.get_batch: n_groups must be in [1, capacity={self.capacity}] (got {n_groups}); "
+                f"a batch larger than the queue could never be filled"
+            )
+        with self._lock:
+            self._not_empty.wait_for(lambda: self._closed or len(self._groups) >= n_groups, timeout)
+            if len(self._groups) < n_groups:
+                self._raise_if_closed("get_batch")
+                return None
+            batch = [self._groups.popleft() for _ in range(n_groups)]
+            for g in batch:
+                self._ids.discard(g.group_id)
+            self._not_full.notify_all()
+            return batch
+
+    def close(self) -> None:
+        """Wake every waiter; queued groups stay (they are still counted, and ``snapshot`` still sees them)."""
+        with self._lock:
+            self._closed = True
+            self._not_full.notify_all()
+            self._not_empty.notify_all()
+
+    def _raise_if_closed(self, op: str) -> None:
+        if self._closed:
+            raise QueueClosed(f"MessageQueue.{op}: the queue is closed ({len(self._groups)} groups still queued)")
+
+    def snapshot(self) -> QueueSnapshot:
+        """A copy of the queued groups (oldest first) and the drop count; take it while producers are paused."""
+        with self._lock:
+            return QueueSnapshot(groups=list(self._groups), dropped_count=self._dropped_count)
+
+    def restore(self, snapshot: QueueSnapshot) -> None:
+        """Refill an empty, open queue from ``snapshot`` in the same order (never silently truncates)."""
+        with self._lock:
+            if self._groups or self._closed:
+                raise ValueError("MessageQueue.restore: only an empty, open queue can be restored")
+            if len(snapshot.groups) > self.capacity:
+                raise ValueError(
+                    f"MessageQueue.restore: snapshot holds {len(snapshot.groups)} groups but capacity is "
+                    f"{self.capacity}; restoring would drop some"
+                )
+            ids = [g.group_id for g in snapshot.groups]
+            if len(set(ids)) != len(ids):
+                raise ValueError("MessageQueue.restore: snapshot holds a group id twice")
+            self._groups.extend(snapshot.groups)
+            self._ids.update(ids)
+            self._dropped_count = snapshot.dropped_count
+            self._not_empty.notify_all()

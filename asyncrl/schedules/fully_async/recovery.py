@@ -1,0 +1,166 @@
+"""What a ``fully_async`` Rollouter hands the driver, and how a replacement Rollouter takes over from a dead one.
+
+The Rollouter owns the stream (queue, in-flight rows, controller, ledger, prompt cursor); if its process dies, all of
+that dies with it. The driver keeps the last ``RollouterSnapshot`` (taken while the Rollouter was parked at a weight
+sync) and every batch it consumed since (``ConsumedBatch``). A replacement restores the snapshot and then replays
+those consumptions (``replay_consumed``), which makes its books what the dead Rollouter's were minus what it had not
+handed out yet:
+
+- a group the trainer consumed since the snapshot is consumed once, never generated again: if it was queued or in
+  flight at the snapshot it leaves the queue / the in-flight rows; if it was issued after the snapshot its issue,
+  generation and queueing are recorded under its own group id and its prompt is skipped when the prompt cursor
+  reaches it (``RollouterSnapshot.skip``);
+- everything the dead Rollouter issued after the snapshot and had not handed out (in flight, or queued) is simply
+  not in the replacement's books: its prompts are drawn again from the restored cursor, so none is lost;
+- the controller replays each consumption with the version it was trained at, so the consumption count, the
+  trainer version it implies and the admission rule continue exactly (the bound's proof only needs the live count
+  to be an upper bound; groups lost with the process lower it, like drops).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from asyncrl.schedules.fully_async.ledger import PromptLedger, parse_group_id
+from asyncrl.schedules.fully_async.queue import Group, QueueSnapshot
+from asyncrl.schedules.fully_async.staleness import StalenessBudget, StalenessController
+from asyncrl.types import Sample
+
+
+@dataclass
+class StreamBatch:
+    """One trainer step's groups (oldest first), the staleness of each as the controller counted it, and the
+    seconds each spent from admission to the queue."""
+
+    groups: list[Group]
+    staleness: list[int]
+    processing_s: list[float]
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [s for g in self.groups for s in g.samples]
+
+
+@dataclass
+class InFlightGroup:
+    """A group being generated: its rows are blank (not started), interrupted (partial) or finished."""
+
+    group_id: str
+    epoch: int
+    index: int
+    start_version: int
+    started_at: float  # Unix seconds (comparable across a restart on the same machine)
+    samples: list[Sample]
+
+    @property
+    def finished(self) -> bool:
+        return all(s.stop_reason != "interrupted" for s in self.samples)
+
+
+@dataclass
+class RollouterSnapshot:
+    """Everything a resumed run needs, taken in one instant while parked: queue, in-flight rows (partial ones keep
+    their tokens, log-probs and versions), controller, ledger, prompt cursor and counters."""
+
+    queue: QueueSnapshot
+    inflight: list[InFlightGroup]
+    controller: dict[str, Any]
+    ledger: dict[str, Any]
+    sampler: dict[str, Any]
+    processing_s: dict[str, float]
+    counts: dict[str, int]
+    calls: int
+    engine_version: int
+    skip: tuple[tuple[int, int], ...] = ()  # prompts the cursor passes over (``replay_consumed``; a tuple: old pickles)
+
+
+@dataclass
+class ConsumedBatch:
+    """The groups of one trainer update, as ``get_batch`` handed them out, and the version the update ran at."""
+
+    groups: list[Group]
+    trainer_version: int
+
+
+@dataclass
+class Takeover:
+    """A replacement Rollouter's start: the dead one's last snapshot, what the trainer consumed since, and the
+    weights version the replacement holds (the trainer's now, never older than the snapshot's)."""
+
+    snapshot: RollouterSnapshot
+    consumed: list[ConsumedBatch] = field(default_factory=list)
+    version: int = 0
+
+
+def advance(take: Takeover, budget: StalenessBudget) -> RollouterSnapshot:
+    """The snapshot the dead Rollouter would give now, at ``take.version``: its last one with the consumption since
+    replayed (``replay_consumed``). A replacement restores it; the driver checkpoints it when no replacement may be
+    started (``trainer.max_worker_restarts`` spent), so a resume loses nothing either."""
+    snap = take.snapshot
+    if take.version < snap.engine_version:
+        raise ValueError(f"advance: version {take.version} is older than the snapshot's {snap.engine_version}")
+    controller, ledger = StalenessController(budget), PromptLedger()
+    controller.load_state_dict(snap.controller)
+    controller.on_sync(take.version)
+    ledger.load_state_dict(snap.ledger)
+    rest = replay_consumed(snap, take.consumed, controller, ledger)
+    return replace(rest, controller=controller.state_dict(), ledger=ledger.state_dict(), engine_version=take.version)
+
+
+def replay_consumed(
+    snapshot: RollouterSnapshot, consumed: list[ConsumedBatch], controller: StalenessController, ledger: PromptLedger
+) -> RollouterSnapshot:
+    """Apply ``consumed`` (in order) to ``controller`` and ``ledger``, already loaded from ``snapshot``, and return the
+    snapshot with the consumed groups taken out (queue, in-flight rows, their seconds, the counters) and ``skip``
+    grown by the prompts issued after it and already consumed; see the module docstring. Raises if a batch does not
+    fit the books (a group consumed twice, a version out of step)."""
+    queued_at = {g.group_id for g in snapshot.queue.groups}
+    inflight = {g.group_id: g for g in snapshot.inflight}
+    counts: Counter[str] = Counter(snapshot.counts)
+    processing = dict(snapshot.processing_s)
+    skip = set(snapshot.skip)
+    gone: set[str] = set()
+    for batch in consumed:
+        ids = [g.group_id for g in batch.groups]
+        for g in batch.groups:
+            stage = ledger.open_groups().get(g.group_id)
+            if g.group_id in queued_at:
+                pass  # queued at the snapshot: only its consumption is new
+            elif g.group_id in inflight:  # in flight at the snapshot, finished and queued since
+                del inflight[g.group_id]
+                _queue_in_books(g.group_id, stage, controller, ledger, counts)
+            else:  # issued after the snapshot
+                epoch, index, _ = parse_group_id(g.group_id)
+                if (epoch, index) not in ledger.to_reissue():
+                    skip.add((epoch, index))  # drawn from the cursor after the snapshot: the cursor passes over it
+                ledger.replay_issue(g.group_id)
+                controller.replay_start(g.group_id, g.start_version)
+                counts["started_groups"] += 1
+                _queue_in_books(g.group_id, "issued", controller, ledger, counts)
+            processing.pop(g.group_id, None)
+            gone.add(g.group_id)
+        controller.on_consumed(ids, batch.trainer_version)
+        ledger.consumed(ids)
+        counts["consumed_groups"] += len(ids)
+    queue = replace(snapshot.queue, groups=[g for g in snapshot.queue.groups if g.group_id not in gone])
+    return replace(
+        snapshot,
+        queue=queue,
+        inflight=list(inflight.values()),
+        processing_s=processing,
+        counts=dict(counts),
+        skip=tuple(sorted(skip)),
+    )
+
+
+def _queue_in_books(
+    group_id: str, stage: str | None, controller: StalenessController, ledger: PromptLedger, counts: Counter[str]
+) -> None:
+    """A group finished and was queued after the snapshot: its generation (unless recorded) and its queueing."""
+    if stage == "issued":
+        ledger.generated(group_id)
+    ledger.queued(group_id)
+    controller.on_queued(group_id)
+    counts["queued_groups"] += 1

@@ -1,0 +1,217 @@
+"""The ``fully_async`` Rollouter: the worker that runs the producer's loop (``producer.Producer.step``) on a
+generation thread with its own engine (own model copy, weights received over the sync group), parking between turns
+while the driver holds it (a weight sync, a checkpoint; ``rollouter/idle_ratio`` counts it). The driver calls in from
+Ray's actor threads (the actor is threaded); the books are guarded by the producer's lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from asyncrl import seeds
+from asyncrl.config.specs import RollouterSpec
+from asyncrl.data.dataset import PromptDataset, load_rows
+from asyncrl.data.sampler import EpochSampler
+from asyncrl.rollout.agent.tools import tool_schemas
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.schedules.fully_async.producer import POLL_S, Producer, budget_of, queue_for
+from asyncrl.schedules.fully_async.queue import QueueClosed
+from asyncrl.schedules.fully_async.recovery import RollouterSnapshot, StreamBatch, Takeover
+from asyncrl.types import PrefillStats, Sample
+from asyncrl.workers.rollout import RolloutWorker
+
+STOP_JOIN_S = 60.0  # how long ``stop`` waits for the generation thread to end (it stops at its next decode step)
+
+
+class RollouterError(RuntimeError):
+    """The generation thread failed, or did not park in time; names what it was doing."""
+
+
+class Rollouter(RolloutWorker):
+    def __init__(self, spec: RollouterSpec, name: str = "rollouter", num_threads: int | None = None):
+        super().__init__(spec, name=name, num_threads=num_threads)
+        at, d, r = spec.async_training, spec.data, spec.engine.rollout
+        self.spec = spec
+        self.params = SamplingParams.from_config(r)
+        self.partial_rollout = at.partial_rollout
+        budget = budget_of(at, spec.ppo_mini_batch_size)
+        rows = load_rows(d.train_files)
+        tools = tool_schemas(r.multi_turn.tools)
+        self.dataset = PromptDataset(
+            rows, self.engine.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts, tools=tools
+        )
+        sampler = EpochSampler(len(self.dataset), 1, seed=spec.engine.seed, shuffle=d.shuffle)
+        max_groups = at.max_inflight_groups or max(1, r.max_batch_size // r.n)
+        self.books = Producer(
+            budget, queue_for(at, budget), sampler, lambda _epoch, index: self.dataset[index], r.n, max_groups
+        )
+        self._cv = threading.Condition()
+        self._want_park = self._parked = self._stop = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._calls = 0
+        self._busy_s, self._tokens = 0.0, 0  # seconds inside decode calls, tokens decoded, since ``take_metrics``
+        self._prefill = PrefillStats()  # the engine's prefill counts since the last ``take_metrics``
+        self._window_start = time.perf_counter()
+
+    # ---- the generation thread -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RollouterError("Rollouter.start: already started")
+        self._window_start = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="rollouter-gen", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while self._park_point():
+                if not self.books.step(self._decode, self._score, POLL_S, self._leave_put):
+                    self.books.controller.wait_for_admission(timeout=POLL_S)
+        except QueueClosed:
+            pass
+        except BaseException as e:  # surfaced to the driver by the next call
+            self._error = e
+        finally:
+            with self._cv:
+                self._parked = True
+                self._cv.notify_all()
+
+    def _park_point(self) -> bool:
+        """Wait here while the driver holds the thread; False when the thread should stop."""
+        with self._cv:
+            if self._want_park and not self._stop:
+                self._parked = True
+                self._cv.notify_all()
+                self._cv.wait_for(lambda: not self._want_park or self._stop)
+                self._parked = False
+            return not self._stop
+
+    def _leave_put(self) -> bool:
+        """A full queue's put gives way to the driver (a park or a stop); the group stays in flight, finished."""
+        with self._cv:
+            return self._want_park or self._stop
+
+    def _decode(self, rows: list[Sample]) -> list[Sample]:
+        """One batched decode of ``rows``; returns early when the driver interrupts it."""
+        self._calls += 1
+        seed = seeds.rollouter_decode(self.spec.engine.seed, self._calls)
+        running = sum(s.stop_reason == "interrupted" for s in rows)
+        refill = lambda n: self.books.should_refill(n, running)  # noqa: E731
+        t0 = time.perf_counter()
+        with self.timeline.span("generate", worker=self.name, version=self.engine.version, rows=running):
+            out = self.engine.resume(rows, self.params, seed=seed, refill=refill)
+        self._busy_s += time.perf_counter() - t0
+        self._tokens += sum(len(b.response_ids) - len(a.response_ids) for a, b in zip(rows, out))
+        self._prefill += self.engine.last_prefill
+        return out
+
+    def _score(self, samples: list[Sample]) -> None:
+        with self.timeline.span("reward", worker=self.name):
+            self.scorer.score(samples)
+
+    def _check_alive(self) -> None:
+        if self._error is not None:
+            raise RollouterError(f"the rollouter's generation thread failed: {self._error!r}") from self._error
+
+    # ---- driver calls ----------------------------------------------------------------------------------------------
+    def get_batch(self, n_groups: int, trainer_version: int) -> StreamBatch:
+        """The oldest ``n_groups`` queued groups for one trainer step at ``trainer_version``, with their staleness.
+
+        Blocks until they are there (the trainer's idle time); raises if the generation thread died or nothing arrived
+        within ``async_training.get_batch_timeout_s``.
+        """
+        timeout_s = self.spec.async_training.get_batch_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._check_alive()
+            got = self.books.take(n_groups, trainer_version, timeout_s=0.5)
+            if got is not None:
+                return got
+            if time.monotonic() > deadline:
+                b = self.books
+                raise RollouterError(
+                    f"get_batch: no {n_groups} groups within {timeout_s:g} s (queued {len(b.queue)}, "
+                    f"in flight {len(b.inflight)}, admission headroom "
+                    f"{b.controller.admission_limit() - b.controller.live_groups()})"
+                )
+
+    def pause(self, interrupt: bool) -> float:
+        """Hold the generation thread at its park point; ``interrupt`` stops a running decode at its next step.
+
+        Returns the seconds it took to park (without ``interrupt``: the rest of the running decode); raises after
+        ``async_training.pause_timeout_s``.
+        """
+        timeout_s = self.spec.async_training.pause_timeout_s
+        t0 = time.perf_counter()
+        with self._cv:
+            self._want_park = True
+        if interrupt:
+            self.engine.request_pause()
+        with self._cv:
+            ok = self._cv.wait_for(lambda: self._parked, timeout_s)
+        self.engine.clear_pause()
+        self._check_alive()
+        if not ok:
+            raise RollouterError(f"pause: the generation thread did not park within {timeout_s:g} s")
+        return time.perf_counter() - t0
+
+    def resume_generation(self, version: int) -> None:
+        """Let the parked thread go on, generating with ``version`` (the weights just received)."""
+        if self.engine.version != version:
+            raise RollouterError(f"resume_generation({version}): the engine holds version {self.engine.version}")
+        self.books.controller.on_sync(version)
+        with self._cv:
+            self._want_park = False
+            self._cv.notify_all()
+
+    def snapshot(self) -> RollouterSnapshot:
+        """Everything a resumed run needs, taken while parked (or before ``start``): queue, in-flight rows,
+        controller, ledger, cursor."""
+        with self._cv:
+            if self._thread is not None and not self._parked:
+                raise RollouterError("snapshot: call pause() first (a snapshot of a running loop is inconsistent)")
+        return self.books.snapshot(self._calls, self.engine.version)
+
+    def restore(self, state: RollouterSnapshot | Takeover) -> None:
+        """Load a snapshot before ``start``; the engine must already hold the snapshot's weights version. A
+        ``Takeover`` (a dead Rollouter's last snapshot and what the trainer consumed since) replays the consumption
+        on top (``recovery``); the engine then holds the takeover's, newer, version."""
+        if self._thread is not None:
+            raise RollouterError("restore: only before start()")
+        take = state if isinstance(state, Takeover) else Takeover(state, [], state.engine_version)
+        if self.engine.version != take.version or take.version < take.snapshot.engine_version:
+            raise RollouterError(
+                f"restore: the snapshot was taken at version {take.snapshot.engine_version} (to continue at "
+                f"{take.version}) but the engine holds {self.engine.version}; sync the checkpoint's weights first"
+            )
+        self._calls = self.books.restore(take)
+
+    def take_metrics(self) -> dict[str, float]:
+        """Counters and the idle ratio since the previous call (``rollouter/idle_ratio``)."""
+        now = time.perf_counter()
+        window = max(now - self._window_start, 1e-9)
+        idle = max(0.0, 1.0 - self._busy_s / window)
+        tokens_per_s = self._tokens / self._busy_s if self._busy_s > 0 else 0.0
+        self._busy_s, self._tokens, self._window_start = 0.0, 0, now
+        out = self.books.count_metrics()
+        out["rollouter/idle_ratio"] = idle
+        out["rollouter/busy_s"], out["perf/rollout_tokens_per_s"] = window * (1.0 - idle), tokens_per_s
+        out.update(self._prefill.metrics())  # a group's blank rows share one prompt's prefill
+        self._prefill = PrefillStats()
+        return out
+
+    def ledger_state(self) -> dict[str, Any]:
+        with self.books.lock:
+            return self.books.ledger.state_dict()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self.engine.request_pause()
+        self.books.queue.close()
+        if self._thread is not None:
+            self._thread.join(timeout=STOP_JOIN_S)
+        self.engine.clear_pause()

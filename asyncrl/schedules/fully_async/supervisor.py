@@ -1,0 +1,161 @@
+"""Keeping the ``fully_async`` Rollouter alive: a Rollouter that dies (or hangs) is replaced without losing a prompt.
+
+The Rollouter holds the stream: the queue, the in-flight rows, the staleness controller, the prompt ledger and the
+prompt cursor. ``StreamSupervisor`` is the driver's way to it in a Ray run. It keeps the last snapshot of the
+Rollouter (taken at every weight sync, while it is parked, and once before it starts) and every batch the trainer
+consumed since. When a call finds the Rollouter's process gone (Ray's error for a dead actor), or a call does not
+answer within its deadline, it:
+
+1. kills what is left and starts a new Rollouter on the same bundle of the rollout placement group;
+2. rebuilds the weight-sync group and pushes the trainer's current weights and version;
+3. restores the last snapshot and replays the consumption since (``recovery``): the groups the trainer took are
+   consumed once and never generated again; the rest of what the dead Rollouter had issued is
+   generated again from the restored prompt cursor and in-flight rows (partial tokens newer than the snapshot died
+   with the process; the prompts did not);
+4. snapshots it (the new base) and starts it, then repeats the call that failed.
+
+The staleness bound holds: the controller replays every consumption with its version, and regenerated groups start
+at the trainer's current version. After ``trainer.max_worker_restarts`` failures no Rollouter is started again: a
+failure inside a step (at its weight sync or its metrics) lets the step finish and be logged (``lost``), and the next
+``get_batch`` raises the ``WorkerLostError`` naming the Rollouter and the cause, so the schedule checkpoints the last
+finished step with ``advanced()``, the snapshot the dead Rollouter would have given (``resume_mode=auto`` then loses
+and repeats no prompt). In-process (no ``respawn``) nothing is kept and a failure ends the run, as it always did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from asyncrl.calls import Handle, Pending, error_text
+from asyncrl.schedules.fully_async.client import RollouterClient
+from asyncrl.schedules.fully_async.recovery import ConsumedBatch, RollouterSnapshot, StreamBatch, Takeover, advance
+from asyncrl.schedules.fully_async.staleness import StalenessBudget
+from asyncrl.supervision.supervisor import Supervisor, WorkerLostError, is_worker_death, ping_failure
+from asyncrl.weights.errors import WeightSyncError
+
+if TYPE_CHECKING:
+    from asyncrl.weights.weight_sync import SyncStats, WeightSync
+
+T = TypeVar("T")
+GRACE_S = 60.0  # beyond the Rollouter's own deadline for a call: only then is a silent Rollouter hung
+
+
+class StreamSupervisor(Supervisor):
+    def __init__(
+        self,
+        roles: Any,  # asyncrl.roles.team.Roles
+        sync: WeightSync,
+        respawn: Callable[[int], Handle] | None,
+        version: Callable[[], int],
+        max_restarts: int,
+        timeout_s: float,  # the longest a Rollouter call may take (its own deadlines), before the grace
+        budget: StalenessBudget,
+    ):
+        super().__init__(roles, sync, respawn or _no_respawn, version, max_restarts, timeout_s + GRACE_S)
+        self.replaceable, self.budget = respawn is not None, budget
+        self.base: RollouterSnapshot | None = None  # the last snapshot (kept only when replaceable)
+        self.consumed: list[ConsumedBatch] = []  # what the trainer took since ``base``
+        self.lost: WorkerLostError | None = None  # the restart budget is spent: raised at the next ``get_batch``
+
+    def advanced(self) -> RollouterSnapshot:
+        """What the Rollouter's snapshot would be now, at the trainer's version (``recovery``)."""
+        assert self.base is not None
+        return advance(Takeover(self.base, self.consumed, self.version()), self.budget)
+
+    @property
+    def rollouter(self) -> RollouterClient:
+        assert self.roles.rollouter is not None
+        return RollouterClient(self.roles.rollouter.handle)
+
+    def start(self, resumed: RollouterSnapshot | Takeover | None) -> None:
+        """Restore a checkpoint's snapshot or a takeover (if any), keep the base, open the metrics window and start."""
+        r = self.rollouter
+        if resumed is not None:
+            r.restore(resumed).result()
+        if self.replaceable:
+            self.base, self.consumed = r.snapshot().result(), []
+        r.take_metrics().result()  # start the idle window now
+        r.start().result()
+
+    def get_batch(self, n_groups: int, trainer_version: int) -> StreamBatch:
+        if self.lost is not None:
+            raise self.lost
+        got = self.call(lambda r: r.get_batch(n_groups, trainer_version))
+        if self.replaceable:
+            self.consumed.append(ConsumedBatch(got.groups, trainer_version))
+        return got
+
+    def push(self, version: int, interrupt: bool, snapshot: bool) -> tuple[float, SyncStats | None, Any]:
+        """Park the Rollouter, push ``version``, snapshot it (for a checkpoint, or as the new base), let it go on:
+        (seconds to park, the push's stats, the snapshot or None). A death on the way replaces the Rollouter,
+        which then already holds ``version`` (the stats are None)."""
+        r = self.rollouter
+        try:
+            paused = r.pause(interrupt).result(timeout=self.timeout_s)
+            stats = self.sync.push(version)
+            snap = r.snapshot().result(timeout=self.timeout_s) if snapshot or self.replaceable else None
+            r.resume_generation(version).result(timeout=self.timeout_s)
+        except Exception as e:  # noqa: BLE001 - a death is handled, anything else re-raised
+            cause = self._failure(e, r)
+            if cause is None:
+                raise
+            try:
+                self.replace(cause)
+            except WorkerLostError as lost:  # the step trained: it finishes, and the next get_batch raises
+                self.lost = lost
+                return 0.0, None, self.advanced()
+            return 0.0, None, self.base
+        if self.replaceable:
+            self.base, self.consumed = snap, []
+        return paused, stats, snap
+
+    def metrics(self) -> dict[str, float]:
+        """The Rollouter's metrics since the last call; none once it is lost (the step still gets logged)."""
+        if self.lost is not None:
+            return {}
+        try:
+            return self.call(lambda r: r.take_metrics())
+        except WorkerLostError as lost:
+            self.lost = lost
+            return {}
+
+    def call(self, fn: Callable[[RollouterClient], Pending[T]]) -> T:
+        """``fn(rollouter)``'s result; if the Rollouter died or hung, replace it and call again (within budget)."""
+        while True:
+            r = self.rollouter
+            pending = fn(r)
+            try:
+                return pending.result(timeout=self.timeout_s)
+            except Exception as e:  # noqa: BLE001 - a death is handled, anything else re-raised
+                hung = isinstance(e, TimeoutError) and not pending.done()
+                cause = f"no answer within {self.timeout_s:g} s" if hung else self._failure(e, r)
+                if cause is None:
+                    raise
+                self.replace(cause)
+
+    def _failure(self, e: BaseException, r: RollouterClient) -> str | None:
+        """Why the Rollouter is to be replaced, or None when ``e`` is not its death (or it cannot be replaced)."""
+        if not self.replaceable:
+            return None
+        if is_worker_death(e):
+            return error_text(e)
+        if isinstance(e, WeightSyncError):  # a receiver that died mid-sync fails the group: was it the Rollouter?
+            cause = ping_failure(r.handle)
+            if cause is not None:
+                return f"{cause} (found at a weight sync: {str(e)[:200]})"
+        return None
+
+    def replace(self, cause: str) -> None:
+        old = self.rollouter
+        self.count_failure(old.name, cause)
+        assert self.base is not None
+        old.handle.kill()
+        new = RollouterClient(self.respawn(0))
+        self.roles.rollouter = new
+        self.swap(old.handle, new.handle)  # the new one holds the trainer's current version
+        self.start(Takeover(self.base, self.consumed, self.version()))
+
+
+def _no_respawn(i: int) -> Handle:
+    raise AssertionError("StreamSupervisor: nothing to respawn with (in-process)")

@@ -1,0 +1,313 @@
+"""The trainer: the actor (+ reference, + proximal) model, its optimizer, and a built-in engine over the same weights.
+
+A plain Python class that knows neither the algorithm nor the schedule. It gets its role's spec
+(``asyncrl.config.specs.TrainerSpec``): what the algorithm needs of it (a reference model and its refresh), what the
+schedule decided (the old policy, updates per weight version, whether its engine is the rollout). ``update`` fills
+what the batch's ``Objective`` asks for (reference and old log-probs) and runs the one update loop
+(``asyncrl.trainer.update.fit``). In the sync schedule its engine is the rollout; in the others it only evaluates,
+and the weights go to the rollout workers over the sync group (``SyncSenderMixin``). A backend
+(``asyncrl.workers.backends``) runs it as a Ray actor or as an object in the driver's process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import resource
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from asyncrl import seeds
+from asyncrl.checkpoint import fingerprint, load_tensors, rng_state, set_rng_state
+from asyncrl.config.specs import TrainerSpec
+from asyncrl.data.collate import Objective, TrainBatch
+from asyncrl.models.loading import load_model
+from asyncrl.models.lora import (
+    LoraSpec,
+    apply_lora,
+    load_adapter_state,
+    merged_copy,
+    reference_policy,
+    save_adapter,
+)
+from asyncrl.rewards.generate import generate_scored
+from asyncrl.rewards.loop import build_reward_loop
+from asyncrl.rewards.reward_fn import build_reward_fn
+from asyncrl.rollout.factory import colocated_engine
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.telemetry.timeline import get_timeline
+from asyncrl.trainer import fsdp
+from asyncrl.trainer.data_parallel import DataParallel, rank_name
+from asyncrl.trainer.forward import batching, response_logprobs
+from asyncrl.trainer.update import fit
+from asyncrl.types import Generation, Prompt, UpdateResult
+from asyncrl.weights.endpoints import SyncSenderMixin
+from asyncrl.weights.transport import LOOPBACK, find_free_port
+
+
+def _warmup_lambda(warmup_steps: int):
+    return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+class ActorRolloutWorker(SyncSenderMixin):
+    """``rank``/``world_size``: one of ``trainer.num_workers`` data-parallel ranks (``init_data_parallel`` joins
+    them, and shards ``model`` under ``trainer.strategy=fsdp2``); ``serving`` holds the full weights on every rank,
+    rank 0 sends them at a sync and writes checkpoints."""
+
+    def __init__(
+        self,
+        spec: TrainerSpec,
+        name: str = "actor_rollout",
+        num_threads: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.spec = spec
+        self.state_file = f"{name}_state.pt"  # the same on every rank: any rank (and any number of them) resumes it
+        self.name = rank_name(name, rank)
+        self.rank, self.world_size = rank, world_size
+        self.dp: DataParallel | None = None
+        torch.manual_seed(seeds.model_init(spec.seed))
+        m = spec.model
+        self.model, self.tokenizer = load_model(m.path, dtype=m.dtype, overrides=m.override_config)
+        self.lora = LoraSpec.of(m)
+        if self.lora is not None:  # only the adapter trains (and travels at a sync)
+            self.model = apply_lora(self.model, self.lora, trainable=True)
+        self.pad_token_id = self.tokenizer.pad_token_id
+        self.engine = colocated_engine(spec.engine, self.model, self.tokenizer, spec.plan.engine_is_rollout)
+        self.reward_fn = build_reward_fn(spec.reward.custom_function, binarize=spec.reward.binarize)
+        self.scorer = build_reward_loop(spec.reward, self.reward_fn) or self.reward_fn
+        # the reference policy: a frozen copy of the start, or for LoRA the base model (the adapter switched off)
+        self.ref_model = _frozen_copy(self.model) if spec.needs.reference and self.lora is None else None
+        # the PPO ratio's denominator, as the schedule chose: the behaviour log-probs (bypass), the weights at the
+        # start of the sync window (decoupled PPO), or the current weights
+        self.prox_model = _frozen_copy(self.model) if spec.plan.old_policy == "prox" else None
+        # the full weights the engine decodes from, a sync sends and a checkpoint holds: the trained model itself,
+        # or under FSDP2 (whose model is sharded) an unsharded copy refreshed after every update
+        self.serving = self.model
+        self.optimizer, self.scheduler = self._build_optimizer()
+        self.sync_quantization = spec.engine.rollout.quantization  # fp8: the weights a sync sends are quantized
+        self.updates = 0  # training steps applied
+        self.version = 0  # weight version = updates // updates_per_version (a sync window's steps share one)
+        self.timeline = get_timeline()
+        self.timeline.worker = name
+
+    @property
+    def sharded(self) -> bool:
+        """FSDP2: ``model`` holds this rank's shards, ``serving`` a full copy of the weights."""
+        return self.dp is not None and self.dp.sharded
+
+    def _build_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        o = self.spec.actor.optim
+        optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=o.lr,
+            betas=tuple(o.betas),
+            weight_decay=o.weight_decay,
+        )
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_lambda(o.lr_warmup_steps))
+
+    # ---- data parallelism ----------------------------------------------------------------------------------------
+    def data_parallel_endpoint(self) -> tuple[str, int]:
+        """(host, port) for the ranks' rendezvous, on rank 0's node."""
+        host = os.environ.get("MASTER_ADDR", LOOPBACK)
+        return host, find_free_port(host)
+
+    def init_data_parallel(self, host: str, port: int, timeout_s: float) -> None:
+        """Join the trainer's data-parallel group (every rank calls this at once) and check the replicas agree."""
+        self.dp = DataParallel.create(self.rank, self.world_size, host, port, timeout_s)
+        self.dp.check_replicas(self.model, f"{self.name}: start")
+        if self.spec.strategy == "fsdp2":  # shard the trained model; keep a full copy to serve from
+            self.serving = copy.deepcopy(self.model)
+            self.dp.shard_with_fsdp2(self.model)
+            self.optimizer, self.scheduler = self._build_optimizer()  # over the shards
+            rollout = self.spec.plan.engine_is_rollout
+            self.engine = colocated_engine(self.spec.engine, self.serving, self.tokenizer, rollout)
+            self.engine.version = self.version
+
+    # ---- rollout -------------------------------------------------------------------------------------------------
+    def generate(
+        self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int = -1, score: bool = True
+    ) -> Generation:
+        """Samples from the current weights, scored by the rule reward here, where they were made (``score``)."""
+        return generate_scored(self.engine, self.scorer, self.timeline, self.name, prompts, params, seed, step, score)
+
+    # ---- training ------------------------------------------------------------------------------------------------
+    def _logprobs(self, which: str, batch: TrainBatch, step: int, temperature: float) -> torch.Tensor:
+        """Per-token log-probs [B, T] of ``batch``'s responses under the current (``actor``), reference (``ref``) or
+        proximal (``prox``: the weights at the start of the sync window) model."""
+        if which == "ref" and self.lora is not None:  # LoRA's reference: the actor with its adapter switched off
+            model, context = self.model, reference_policy(self.model)
+        else:
+            model = {"actor": self.serving, "ref": self.ref_model, "prox": self.prox_model}[which]
+            context = contextlib.nullcontext()
+            if model is None:
+                raise RuntimeError(f"{self.name}: the objective needs the {which} model, not in this trainer's spec")
+        how = batching(self.spec.actor)
+        with self.timeline.span(f"{which}_logprobs", step=step, worker=self.name), context:
+            if self.dp is None:
+                return response_logprobs(model, batch, temperature, how)
+            # each rank its share of the rows, then every rank the whole [B, T]
+            rows = self.dp.share(batch)
+            own = response_logprobs(model, batch.select(rows), temperature, how)
+            return self.dp.gather_rows(own, rows)
+
+    def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> UpdateResult:
+        """One training step on ``batch``, whatever its ``Objective``: the reference and old log-probs it asks for
+        are filled here (at its temperature), then the one update loop fits its loss.
+
+        ``num_mini_batches`` optimizer steps (default: the spec's). Returns the metrics (with this worker's
+        ``timing_s/ref``, ``timing_s/old_log_prob``, ``timing_s/update_actor``) and the weight version after the
+        step."""
+        objective = batch.policy
+        if not isinstance(objective, Objective):
+            raise TypeError(f"{self.name}.update: a batch needs an Objective as its policy target (got {objective!r})")
+        num_mini = num_mini_batches or self.spec.default_mini_batches
+        seed = seeds.update(self.spec.seed, step)
+        batch = replace(batch)  # filled below; the caller's batch stays as it was sent
+        timings: dict[str, float] = {}
+        if objective.needs_ref:
+            with _timed(timings, "timing_s/ref"):
+                batch.ref_logp_BT = self._logprobs("ref", batch, step, objective.temperature)
+        if objective.needs_old:
+            old = self.spec.plan.old_policy
+            if old == "behaviour":
+                batch.old_logp_BT = batch.behav_logp_BT
+            else:
+                with _timed(timings, "timing_s/old_log_prob"):
+                    batch.old_logp_BT = self._logprobs(old, batch, step, objective.temperature)
+        with _timed(timings, "timing_s/update_actor"), self.timeline.span("update_actor", step=step, worker=self.name):
+            res = fit(self.model, self.optimizer, self.scheduler, batch, self.spec.actor, num_mini, seed, self.dp)
+        self._count_update()
+        # the process's peak resident memory so far (Linux reports KiB): in-process runs count the driver's too
+        timings["perf/trainer_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        timings["perf/trainer_threads"] = float(torch.get_num_threads())  # float sums depend on it (asyncrl replay)
+        fp = fingerprint(self.serving.state_dict()) if self.spec.record_consumed and self.rank == 0 else None
+        return UpdateResult({**res.metrics, **timings}, self.version, fp)
+
+    def _count_update(self) -> None:
+        self.updates += 1
+        version = self.updates // self.spec.plan.updates_per_version
+        copies = [self.serving] if self.sharded else []
+        if version != self.version and self.prox_model is not None:
+            copies.append(self.prox_model)  # a new sync window starts from here
+        every = self.spec.needs.ref_refresh_every
+        if every > 0 and self.updates % every == 0 and self.ref_model is not None:
+            copies.append(self.ref_model)  # the reference catches up (online DPO's ref_update_freq)
+        self._copy_weights(copies)
+        self.version = version
+        self.engine.version = self.version  # colocated: the engine generates with these very weights
+
+    def _copy_weights(self, targets: list[torch.nn.Module]) -> None:
+        """The trained weights into each of ``targets`` (FSDP2: gathered from the shards, on every rank at once)."""
+        if self.sharded:
+            with self.timeline.span("gather_weights", worker=self.name):
+                fsdp.gather_into(self.model, targets)
+        else:
+            for t in targets:
+                t.load_state_dict(self.model.state_dict())
+
+    # ---- checkpoint ----------------------------------------------------------------------------------------------
+    def save_checkpoint(self, directory: str) -> None:
+        """Writes model (safetensors) + tokenizer, optimizer, scheduler and RNG states into ``directory``. FSDP2:
+        every rank is called (the optimizer state is gathered whole), rank 0 writes the single-rank layout."""
+        optimizer = fsdp.full_optimizer_state(self.optimizer) if self.sharded else self.optimizer.state_dict()
+        if self.rank != 0:
+            return
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        if self.lora is not None:  # the adapter alone: the base is model.path, never changed
+            save_adapter(self.model, d / "adapter")
+        else:
+            self.serving.save_pretrained(d / "model", safe_serialization=True)
+            self.tokenizer.save_pretrained(d / "model")
+        state = {
+            "optimizer": optimizer,
+            "scheduler": self.scheduler.state_dict(),
+            "updates": self.updates,
+            "version": self.version,
+            "rng": rng_state(),
+        }
+        torch.save(state, d / self.state_file)
+        if self.ref_model is not None:
+            torch.save(self.ref_model.state_dict(), d / "ref_model.pt")
+
+    def load_checkpoint(self, directory: str) -> int:
+        d = Path(directory)
+        if self.lora is not None:
+            load_adapter_state(self.model, d / "adapter")
+        else:
+            self._load_full_weights(d)
+        state = torch.load(d / self.state_file, weights_only=False)
+        if self.sharded:  # this rank's slice of the whole state
+            state["optimizer"] = fsdp.sharded_optimizer_state(state["optimizer"], self.optimizer)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.updates = int(state["updates"])
+        self.version = int(state["version"])
+        self.engine.version = self.version
+        set_rng_state(state["rng"])
+        if self.ref_model is not None:
+            self.ref_model.load_state_dict(torch.load(d / "ref_model.pt", weights_only=True))
+        # checkpoints are taken at weight syncs: a sync window starts here
+        self._copy_weights(
+            ([self.serving] if self.sharded else []) + ([self.prox_model] if self.prox_model is not None else [])
+        )
+        if self.dp is not None and not self.sharded:  # every rank read the same files (any number of ranks wrote them)
+            self.dp.check_replicas(self.model, f"{self.name}: resume from {d}")
+        return self.version
+
+    def _load_full_weights(self, d: Path) -> None:
+        tensors = load_tensors(d / "model")
+        if self.sharded:
+            tensors = {k: v for k, v in tensors.items() if not _is_tied(self.serving, k)}
+            fsdp.load_full(self.model, tensors, str(d))
+            return
+        missing, unexpected = self.model.load_state_dict(tensors, strict=False)
+        missing = [m for m in missing if not _is_tied(self.model, m)]
+        if missing or unexpected:
+            raise RuntimeError(f"checkpoint {d}: missing weights {missing[:5]}, unexpected {unexpected[:5]}")
+
+    def export_model(self, directory: str) -> None:
+        """The current policy as a plain HF directory (safetensors + config + tokenizer). A LoRA policy: base +
+        adapter merged there, and the adapter alone (peft format) in ``directory/adapter``."""
+        model = merged_copy(self.model) if self.lora is not None else self.serving
+        model.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+        if self.lora is not None:
+            save_adapter(self.model, Path(directory) / "adapter")
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.serving.state_dict().items()}
+
+    def pop_timeline(self) -> list[dict]:
+        return self.timeline.drain()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    frozen = copy.deepcopy(model).eval()
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    return frozen
+
+
+@contextmanager
+def _timed(into: dict[str, float], key: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    yield
+    into[key] = time.perf_counter() - t0
+
+
+def _is_tied(model: torch.nn.Module, name: str) -> bool:
+    return name == "lm_head.weight" and bool(getattr(model.config, "tie_word_embeddings", False))

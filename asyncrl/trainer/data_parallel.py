@@ -1,0 +1,247 @@
+"""Data-parallel trainer ranks (``trainer.num_workers``): a share of every mini-batch each, and the gradients summed
+across ranks before each optimizer step.
+
+Every rank receives the whole batch and draws the same mini-batch permutation (same seed); rank ``r`` then forwards
+and backwards only its share of each mini-batch (``share``: whole prompt groups, balanced by tokens, so packing still
+shares each prompt), with the loss weights of the whole mini-batch (its token or sequence count), so that the
+gradients summed over the ranks are exactly the gradient one rank would have computed over the whole mini-batch. The
+log-prob passes (reference, old policy) are split the same way and all-gathered.
+
+``trainer.strategy``: ``ddp`` replicates the model and optimizer and sums the gradients with ``all_reduce_grads``;
+every rank clips by the same norm and takes the same step, so the replicas stay equal, bit for bit, without
+broadcasting weights. ``fsdp2`` shards them (``shard_with_fsdp2``, ``asyncrl.trainer.fsdp``), and the ranks run their
+passes in lockstep (``Lockstep``). Torch's ``DistributedDataParallel`` wrapper is not used: it
+all-reduces inside ``backward`` and expects every rank to call it equally often, while here a rank's share may pack
+into a different number of micro-batches (or none: every row of its share skipped as zero-advantage).
+
+The group is a process group of its own (``asyncrl.weights.transport``: TCPStore + gloo, or NCCL on GPUs), not the
+default group, so ``ddp`` ranks may also be threads of one process (the in-process backend), and the weight sync's
+group is separate. FSDP2 needs the default group as well, so its ranks are processes.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import torch
+from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
+
+from asyncrl.data.collate import TrainBatch
+from asyncrl.weights import transport
+
+GRAD_BUCKET_BYTES = 32 * 2**20  # gradients are summed in flat buckets of about this size
+
+
+def rank_name(name: str, rank: int) -> str:
+    """A rank's worker name: rank 0 keeps the role's (``trainer``), the others ``trainer.rank1``, ..."""
+    return name if rank == 0 else f"{name}.rank{rank}"
+
+
+def prompt_groups(batch: TrainBatch) -> torch.Tensor:
+    """A group id per row: rows with the same prompt (the same padded prompt ids) share one: [B]."""
+    if batch.size == 0:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.unique(batch.input_ids_BL[:, : batch.prompt_width], dim=0, return_inverse=True)[1]
+
+
+def row_costs(batch: TrainBatch, groups: torch.Tensor) -> torch.Tensor:
+    """What a row adds to a forward: its response tokens, plus its share of its group's (``prompt_groups``)
+    prompt: [B]."""
+    sizes = torch.bincount(groups)[groups].double() if batch.size else torch.zeros(0, dtype=torch.float64)
+    prompt = batch.attention_mask_BL[:, : batch.prompt_width].sum(dim=1).double()
+    return batch.response_lengths().double() + prompt / sizes
+
+
+def group_shares(group_B: torch.Tensor, cost_B: torch.Tensor, world: int) -> list[torch.Tensor]:
+    """Split rows into ``world`` shares of whole groups: rows in group order, cut at the group boundaries nearest to
+    equal cumulative cost. Every row lands in exactly one share; a share may be empty (fewer groups than ranks)."""
+    n = len(group_B)
+    order = torch.argsort(group_B, stable=True)
+    cum = torch.cat([torch.zeros(1, dtype=torch.float64), cost_B[order].double().cumsum(0)])
+    g = group_B[order]
+    bounds = [0] + [i for i in range(1, n) if g[i] != g[i - 1]] + [n]
+    cuts = [0]
+    for k in range(1, world):
+        target = float(cum[-1]) * k / world
+        allowed = [b for b in bounds if b >= cuts[-1]]
+        cuts.append(min(allowed, key=lambda b: abs(float(cum[b]) - target)))
+    cuts.append(n)
+    return [order[cuts[r] : cuts[r + 1]] for r in range(world)]
+
+
+class DataParallelError(RuntimeError):
+    """The data-parallel ranks disagree (weights not replicated) or their group failed."""
+
+
+class DataParallel:
+    """One rank's view of the trainer's data-parallel group; build it with :meth:`create` on every rank at once."""
+
+    def __init__(self, pg: Any, store: Any, rank: int, world_size: int, timeout_s: float, backend: str, host: str):
+        self.pg, self._store, self.host = pg, store, host
+        self.rank, self.world_size = rank, world_size
+        self.timeout_s = timeout_s
+        self.backend = backend
+        self.device = transport.backend_device(backend)
+        self.mesh: Any = None  # FSDP2's device mesh, once ``shard_with_fsdp2`` ran (``asyncrl.trainer.fsdp``)
+
+    @property
+    def sharded(self) -> bool:
+        """FSDP2: parameters, gradients and optimizer state sharded; the gradients reduced inside ``backward``, so
+        every rank must run as many forwards and backwards as the others (``Lockstep``)."""
+        return self.mesh is not None
+
+    def shard_with_fsdp2(self, model: torch.nn.Module) -> None:
+        """Shard ``model`` over the ranks (the process's default group: ranks must be processes)."""
+        from asyncrl.trainer import fsdp
+
+        if self.mesh is None:
+            self.mesh = fsdp.init_mesh(self._store, self.rank, self.world_size, self.timeout_s, self.backend, self.host)
+        fsdp.shard(model, self.mesh)
+
+    @classmethod
+    def create(cls, rank: int, world_size: int, host: str, port: int, timeout_s: float) -> DataParallel:
+        backend = transport.default_backend()
+        pg, store = transport.create_process_group(backend, host, port, rank, world_size, timeout_s, "trainer_dp")
+        return cls(pg, store, rank, world_size, timeout_s, backend, host)
+
+    def close(self) -> None:
+        if self.mesh is not None:
+            from asyncrl.trainer import fsdp
+
+            fsdp.close_mesh()
+            self.mesh = None
+        transport.close_process_group(self.pg, abort=False)
+        self.pg = None
+
+    # ---- splitting -----------------------------------------------------------------------------------------------
+    def rows(self, n: int) -> torch.Tensor:
+        """This rank's rows of ``n``: a contiguous share, the first ``n % world`` ranks one row more."""
+        return torch.arange(n).tensor_split(self.world_size)[self.rank]
+
+    def share(self, batch: TrainBatch) -> torch.Tensor:
+        """This rank's rows of ``batch``: whole prompt groups (so a shared prompt is packed and prefilled once per
+        rank, not once on every rank), balanced by tokens; see ``group_shares``."""
+        groups = prompt_groups(batch)
+        return group_shares(groups, row_costs(batch, groups), self.world_size)[self.rank]
+
+    # ---- lockstep (FSDP2) ----------------------------------------------------------------------------------------
+    def rounds(self, n: int) -> int:
+        """The most micro-batches any rank has (``n``: this rank's): every rank runs that many passes."""
+        return max(int(k) for k in self._all_gather(torch.tensor([n], dtype=torch.int64)))
+
+    @staticmethod
+    def idle_pass(model: torch.nn.Module) -> None:
+        """A forward and backward that change no gradient (one token, loss times zero): it takes part in the sharded
+        module's all-gathers and reduce-scatters for a rank that has no micro-batch left."""
+        logits = model(input_ids=torch.zeros((1, 1), dtype=torch.long)).logits
+        (logits.sum() * 0.0).backward()
+
+    # ---- collectives ---------------------------------------------------------------------------------------------
+    def _deadline(self) -> transport.Deadline:
+        return transport.Deadline(self.timeout_s)
+
+    def _all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """``t`` (same shape on every rank) from every rank, in rank order."""
+        d = self._deadline()
+        out = [torch.empty_like(t) for _ in range(self.world_size)]
+        opts = AllgatherOptions()
+        opts.timeout = d.remaining()
+        transport.wait(self.pg.allgather([out], [t], opts), d)
+        return out
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """A small picklable value from every rank, in rank order (metrics, flags)."""
+        payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        sizes = self._all_gather(torch.tensor([payload.numel()], dtype=torch.int64))
+        width = int(max(int(s) for s in sizes))
+        padded = torch.zeros(width, dtype=torch.uint8)
+        padded[: payload.numel()] = payload
+        parts = self._all_gather(padded)
+        return [pickle.loads(p[: int(s)].numpy().tobytes()) for p, s in zip(parts, sizes)]
+
+    def gather_rows(self, part: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The whole [n, ...] tensor from every rank's ``part`` (this rank's: ``part[i]`` is row ``rows[i]``); the
+        ranks' rows cover 0..n-1 once."""
+        sizes = [int(k) for k in self._all_gather(torch.tensor([len(rows)], dtype=torch.int64))]
+        width = max(sizes)
+        idx = torch.full((width,), -1, dtype=torch.int64)
+        idx[: len(rows)] = rows
+        padded = part.new_zeros((width, *part.shape[1:]))
+        padded[: part.shape[0]] = part
+        all_idx, pieces = self._all_gather(idx), self._all_gather(padded)
+        n = sum(sizes)
+        out = part.new_zeros((n, *part.shape[1:]))
+        for i, p, k in zip(all_idx, pieces, sizes):
+            out[i[:k]] = p[:k]
+        return out
+
+    def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum the gradients of ``params`` over the ranks, in place (a missing gradient counts as zero)."""
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        bucket: list[torch.nn.Parameter] = []
+        size = 0
+        for p in params:
+            bucket.append(p)
+            size += p.grad.numel() * p.grad.element_size()
+            if size >= GRAD_BUCKET_BYTES:
+                self._reduce_bucket(bucket)
+                bucket, size = [], 0
+        if bucket:
+            self._reduce_bucket(bucket)
+
+    def _reduce_bucket(self, bucket: list[torch.nn.Parameter]) -> None:
+        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+        for p in bucket:
+            by_dtype.setdefault(p.grad.dtype, []).append(p)
+        for group in by_dtype.values():
+            flat = torch.cat([p.grad.reshape(-1) for p in group]).to(self.device)
+            transport.allreduce_sum(self.pg, flat, self._deadline())
+            offset = 0
+            for p in group:
+                k = p.grad.numel()
+                p.grad.copy_(flat[offset : offset + k].view_as(p.grad))
+                offset += k
+
+    def check_replicas(self, model: torch.nn.Module, what: str) -> None:
+        """Raise unless every rank holds the same trainable weights (a float64 checksum per tensor, compared
+        exactly): ranks that silently drift apart would train different models and sync rank 0's."""
+        sums = torch.tensor(
+            [float(p.detach().double().sum()) for p in model.parameters() if p.requires_grad], dtype=torch.float64
+        )
+        every = self._all_gather(sums)
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        for r, other in enumerate(every):
+            diff = (other != every[0]).nonzero().flatten()
+            if len(diff):
+                raise DataParallelError(
+                    f"{what}: trainer rank {r}'s weights differ from rank 0's "
+                    f"({len(diff)} tensors, first {names[int(diff[0])]!r})"
+                )
+
+
+class Lockstep:
+    """One mini-batch's forwards and backwards kept in step across FSDP2 ranks (``DataParallel.sharded``); without a
+    sharded group every call does nothing.
+
+    ``Lockstep(dp, n)`` agrees on the most micro-batches any rank has (``n``: this rank's) before any collective runs.
+    Each forward then counts itself (``passed``); a forward whose loss is not finite still owes its backward, run with
+    the loss times zero (``drop``), since a backward is a collective; ``finish`` makes up the rest with idle passes."""
+
+    def __init__(self, dp: DataParallel | None, n: int):
+        self.dp = dp if dp is not None and dp.sharded else None
+        self.left = self.dp.rounds(n) if self.dp is not None else 0
+
+    def passed(self) -> None:
+        self.left -= 1
+
+    def drop(self, loss: torch.Tensor) -> None:
+        if self.dp is not None:
+            (loss * 0.0).backward()
+
+    def finish(self, model: torch.nn.Module) -> None:
+        if self.dp is not None:
+            for _ in range(self.left):
+                self.dp.idle_pass(model)

@@ -1,0 +1,63 @@
+"""The trainer's forward passes: a ``TrainBatch`` (padded or packed) through a transformers model, the outputs at the
+positions that predict each response token, and the responses' log-probs without gradients (reference, old policy).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from asyncrl import losses
+from asyncrl.config import ActorConfig, CriticConfig
+from asyncrl.data.collate import Batching, TrainBatch, micro_batches
+
+
+def model_inputs(mb: TrainBatch, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The keyword arguments of a transformers forward over ``mb``: its padded rows, or its packed rows with their
+    4D attention mask in the model's ``dtype``."""
+    if mb.packed is not None:
+        p = mb.packed
+        return dict(input_ids=p.input_ids_RW, attention_mask=p.attention_mask(dtype), position_ids=p.position_ids_RW)
+    return dict(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, position_ids=mb.position_ids_BL)
+
+
+def at_responses(out_RLH: torch.Tensor, mb: TrainBatch) -> torch.Tensor:
+    """The outputs (logits, hidden states) at the positions predicting each response token: [B, T, H]."""
+    if mb.packed is not None:
+        return out_RLH.reshape(-1, out_RLH.shape[-1])[mb.packed.src_BT]
+    T = mb.response_ids_BT.shape[1]
+    return out_RLH[:, mb.prompt_width - 1 : mb.prompt_width - 1 + T]
+
+
+def forward_logits(model: torch.nn.Module, mb: TrainBatch, temperature: float) -> torch.Tensor:
+    """Logits predicting each response token, scaled by the sampling temperature: float [B, T, V]."""
+    out = model(**model_inputs(mb, next(model.parameters()).dtype))
+    logits = at_responses(out.logits, mb).float()
+    return logits / temperature if temperature > 0 else logits
+
+
+def batching(cfg: ActorConfig | CriticConfig, role: str = "actor") -> Batching:
+    """The role's micro-batching: ``ppo_micro_batch_size`` samples, or ``ppo_max_token_len_per_gpu`` tokens with
+    ``use_dynamic_bsz``; ``shared_prefix`` packs a group's responses behind one copy of its prompt."""
+    return Batching(
+        cfg.ppo_micro_batch_size,
+        share_prefix=cfg.shared_prefix,
+        max_tokens=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
+        knob=f"{role}.ppo_max_token_len_per_gpu",
+    )
+
+
+def response_logprobs(
+    model: torch.nn.Module, batch: TrainBatch, temperature: float, how: Batching | int
+) -> torch.Tensor:
+    """Per-token log-probs of the batch's responses under ``model`` (no grad), in micro-batches: [B, T]."""
+    was_training = model.training
+    model.eval()
+    out = torch.zeros_like(batch.response_mask_BT)
+    with torch.inference_mode():
+        for idx, mb in micro_batches(batch, how):
+            logits = forward_logits(model, mb, temperature)
+            out[idx, : mb.response_mask_BT.shape[1]] = (
+                losses.logprobs_from_logits(logits, mb.response_ids_BT) * mb.response_mask_BT
+            )
+    model.train(was_training)
+    return out

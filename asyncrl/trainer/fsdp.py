@@ -1,0 +1,148 @@
+"""FSDP2 for the data-parallel trainer (``trainer.strategy: fsdp2``): each rank keeps 1/N of every trained parameter,
+of its gradient and of its AdamW state (``torch.distributed.fsdp.fully_shard``, one unit per decoder layer and one for
+the rest).
+
+A sharded module all-gathers its parameters in every forward and reduce-scatters the gradients in every backward,
+so the ranks must run the same number of forwards and backwards: a rank whose share packs into fewer micro-batches
+makes up the difference with idle passes (``DataParallel.idle_pass``: a one-token forward whose loss is multiplied by
+zero). The gradients are summed over the ranks, not averaged: each rank already weights its rows by their share of
+the whole mini-batch (``policy_ops.optimize``), as under DDP.
+
+Every rank also keeps an unsharded copy of the weights (``ActorRolloutWorker.serving``), refreshed after each
+update with one all-gather per parameter: the colocated engine decodes from it (each rank its own prompts, for its
+own number of steps, which a sharded module cannot do alone), the log-prob passes read it without collectives, and
+rank 0 sends it at a weight sync and writes it in checkpoints. That is verl's hybrid engine: the trainer's shards plus
+a full copy for the rollout. Per rank: the full weights once, plus 1/N of weights, gradients and optimizer state,
+against all four in full under DDP.
+
+Checkpoints are the single-rank format (full tensors; the optimizer's state in ``Optimizer.state_dict``'s layout):
+the optimizer state is gathered to rank 0 to save, and each rank takes its slice when it loads, so a checkpoint
+written by N ranks (sharded or not) resumes on M.
+
+FSDP2 needs the process's default process group (``DeviceMesh`` does not take a bare ``ProcessGroupGloo``), so
+ranks must be processes (the Ray backend), not threads of one process.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+
+def init_mesh(store: Any, rank: int, world_size: int, timeout_s: float, backend: str, host: str) -> DeviceMesh:
+    """The default process group of this rank's process (rendezvous through ``store``) and a 1-D mesh over it."""
+    if dist.is_initialized():
+        raise RuntimeError(
+            "trainer.strategy=fsdp2: this process already has a default process group; FSDP2 ranks must be "
+            "processes of their own (trainer.backend=ray)"
+        )
+    if backend == "gloo" and (host.startswith("127.") or host == "localhost"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: keep gloo on loopback
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore("asyncrl/fsdp2/", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return init_device_mesh("cuda" if backend == "nccl" else "cpu", (world_size,))
+
+
+def close_mesh() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules sharded as units of their own: the decoder layers (the entries of the model's longest
+    ``ModuleList``); the root takes the rest (embeddings, final norm, head)."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
+def shard(model: torch.nn.Module, mesh: DeviceMesh) -> None:
+    """``fully_shard`` each decoder layer, then the root, in place; the gradients are summed across ranks."""
+    for unit in shard_units(model):
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM: a plain SUM (factor 1 anyway)
+
+
+def gather_into(model: torch.nn.Module, targets: list[torch.nn.Module]) -> None:
+    """Copy the sharded ``model``'s full weights into each unsharded module of ``targets`` (same parameter names).
+    A collective: every rank calls it, with its own targets (possibly none)."""
+    dests = [dict(t.named_parameters()) for t in targets]
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+            for d in dests:
+                d[name].copy_(full)
+
+
+def load_full(model: torch.nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Load full tensors (a checkpoint's, any number of ranks wrote it) into the sharded ``model``: each rank copies
+    its own slice, with no communication. Tied weights may be missing (they are one parameter)."""
+    params = dict(model.named_parameters())
+    unexpected = sorted(set(tensors) - set(params) - {n for n, _ in model.named_buffers()})
+    missing = sorted(set(params) - set(tensors))
+    if missing or unexpected:
+        raise RuntimeError(f"checkpoint {where}: missing weights {missing[:5]}, unexpected {unexpected[:5]}")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(_local_slice(tensors[name].to(p.dtype), p))
+
+
+def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()`` with every sharded state tensor gathered whole: the layout one rank saves. A
+    collective: every rank calls it (in the same parameter order), only rank 0 need keep the result."""
+    sd = optimizer.state_dict()
+    state = {
+        idx: {k: _whole(v) for k, v in sorted(per_param.items())} for idx, per_param in sorted(sd["state"].items())
+    }
+    return {"state": state, "param_groups": sd["param_groups"]}
+
+
+def _whole(v: Any) -> Any:
+    """A state value gathered whole (a sharded tensor) or copied (a step count): never the optimizer's own tensor,
+    which its next step changes in place."""
+    if isinstance(v, DTensor):
+        return v.full_tensor()
+    return v.clone() if isinstance(v, torch.Tensor) else v
+
+
+def sharded_optimizer_state(full: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """A full (single-rank layout) optimizer state cut to this rank's slices of ``optimizer``'s sharded
+    parameters, for ``optimizer.load_state_dict``."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    state = {}
+    for idx, per_param in full["state"].items():
+        p = params[int(idx)]
+        state[idx] = {
+            k: _local_slice(v, p)
+            if isinstance(v, torch.Tensor) and isinstance(p, DTensor) and v.shape == p.shape
+            else _whole(v)
+            for k, v in per_param.items()
+        }
+    return {"state": state, "param_groups": full["param_groups"]}
+
+
+def _local_slice(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``full`` as ``like`` holds it: the same DTensor layout (this rank's slice, cut locally), or as is."""
+    if not isinstance(like, DTensor):
+        return full
+    return distribute_tensor(full.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
+
+
+def to_float(x: torch.Tensor) -> float:
+    """A scalar that may be a DTensor (a sharded gradient's norm) as a Python float."""
+    return float(x.full_tensor() if isinstance(x, DTensor) else x)

@@ -1,0 +1,298 @@
+"""The trainer's one update loop, for every role and every algorithm: mini-batches, micro-batches, gradient
+accumulation, data-parallel ranks, non-finite steps and the optimizer step.
+
+``optimize`` minimises a micro-batch loss it is handed (the critic's value loss, or a policy ``Objective``'s loss
+through ``fit``); it never asks which algorithm made the batch. What differs between objectives comes in as data:
+how many rows make one unit (online DPO's pairs stay together and are never packed), what a micro-batch weighs in
+its mini-batch (tokens, sequences, or pairs), and which rows cannot change the gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from asyncrl import losses
+from asyncrl.config import ActorConfig, CriticConfig
+from asyncrl.data.collate import Batching, Objective, TrainBatch, count_weight, micro_batches
+from asyncrl.data.packing import TokenCount
+from asyncrl.trainer.data_parallel import DataParallel, Lockstep
+from asyncrl.trainer.forward import batching, forward_logits
+from asyncrl.trainer.fsdp import to_float
+
+MicroLoss = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass
+class FitStats:
+    """What one call of the update loop did: its metrics, optimizer steps taken and skipped (non-finite)."""
+
+    metrics: dict[str, float]
+    optimizer_steps: int
+    skipped_nonfinite: int
+
+
+class Means:
+    """Running means of named metrics over a call's mini-batches."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, key: str, value: float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + float(value)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def result(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.counts[k] for k in self.sums}
+
+
+def fit(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: TrainBatch,
+    actor: ActorConfig,
+    num_mini_batches: int,
+    seed: int,
+    dp: DataParallel | None = None,
+) -> FitStats:
+    """The policy's update on ``batch``: its ``Objective``'s loss on every micro-batch (logits at the objective's
+    temperature); the batch's ``ref_logp_BT`` / ``old_logp_BT`` are filled already where the objective needs them.
+    With ``compares_behaviour``, the forwards made with the weights the update started from also measure the gap to
+    the rollout's log-probs (``rollout_corr/logprob_diff_*``)."""
+    objective = batch.policy
+    if not isinstance(objective, Objective):
+        raise TypeError(f"policy update: the batch's policy target is {type(objective).__name__}, not an Objective")
+    gap = LogprobGap() if objective.compares_behaviour else None
+    first = scheduler.last_epoch  # forwards before the first optimizer step see the weights the update started from
+    agg = actor.loss_agg_mode
+
+    def micro_loss(mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        target: Objective = mb.policy  # type: ignore[assignment]
+        logits = forward_logits(model, mb, target.temperature)
+        logp = losses.logprobs_from_logits(logits, mb.response_ids_BT)
+        if gap is not None and scheduler.last_epoch == first:
+            gap.add(logp, mb.behav_logp_BT, mb.response_mask_BT)
+        return target.loss(logits, logp, mb, agg)
+
+    res = optimize(
+        model,
+        optimizer,
+        scheduler,
+        batch,
+        actor,
+        num_mini_batches,
+        seed,
+        micro_loss,
+        weight=lambda b: _policy(b).weight(b, agg),
+        keep_rows=lambda b: _policy(b).keep_rows(b),
+        rows_per_unit=objective.rows_per_unit,
+        dp=dp,
+    )
+    if gap is not None:
+        if dp is not None:
+            gap = LogprobGap.merged(dp.all_gather_object(gap))
+        res.metrics.update(gap.metrics())
+    return res
+
+
+def _policy(batch: TrainBatch) -> Objective:
+    return batch.policy  # type: ignore[return-value]
+
+
+def optimize(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: TrainBatch,
+    role: ActorConfig | CriticConfig,
+    num_mini_batches: int,
+    seed: int,
+    micro_loss: MicroLoss,
+    prefix: str = "actor",
+    weight: Callable[[TrainBatch], float] | None = None,
+    keep_rows: Callable[[TrainBatch], torch.Tensor | None] | None = None,
+    rows_per_unit: int = 1,
+    dp: DataParallel | None = None,
+) -> FitStats:
+    """``role.ppo_epochs`` passes over ``batch`` in ``num_mini_batches`` optimizer steps each, minimising
+    ``micro_loss(micro_batch)``. ``role`` is the role's config (actor or critic: the same fields); ``prefix`` names
+    its grad-norm, lr and skipped-step metrics.
+
+    Gradients are accumulated over micro-batches, each scaled by ``weight(micro) / weight(mini-batch)``, so that the
+    accumulated gradient equals the gradient of the loss aggregated over the whole mini-batch (default weight: the
+    token count for token-mean, the count of sequences with a token for the seq-mean modes). A non-finite loss or
+    gradient norm skips that optimizer step (counted): NaN/inf never reaches the weights. ``keep_rows(mini_batch)``
+    (a bool per row, or None) leaves out rows whose loss gradient is known to be zero; the weights above still count
+    them, so the accumulated gradient does not change; the share left out is ``{prefix}/skipped_rows_frac``.
+
+    ``rows_per_unit`` > 1: rows ``k * n .. k * n + n - 1`` are one unit (online DPO's chosen and rejected): the
+    permutation, the mini-batches, the ranks' shares and the micro-batches (``ppo_micro_batch_size // n`` units,
+    padded, never packed) are cut by units.
+
+    With ``dp`` (data-parallel ranks), every rank draws the same permutation and works on its rows of each
+    mini-batch with the whole mini-batch's weights; the ranks' gradients are then summed, so each rank steps with
+    the gradient of the whole mini-batch. The loss statistics are the whole mini-batch's too; the micro-batch
+    counts (``{prefix}/micro_batches`` and the like) are rank 0's.
+    """
+    model.train()
+    gen = torch.Generator().manual_seed(seed)
+    weight = weight or (lambda b: count_weight(b, role.loss_agg_mode))
+    means = Means()
+    params = [p for p in model.parameters() if p.requires_grad]
+    steps = skipped = rows_left_out = 0
+    skipping = False
+    how = batching(role, prefix)
+    count = TokenCount()
+    n = rows_per_unit
+    for _epoch in range(role.ppo_epochs):
+        perm = torch.randperm(batch.size // n, generator=gen)
+        for mini_units in perm.chunk(num_mini_batches):
+            mini = batch.select(unit_rows(mini_units, n))
+            total = weight(mini)  # the whole mini-batch's, before the ranks take their shares
+            if dp is not None:
+                mini = mini.select(dp.share(mini) if n == 1 else unit_rows(dp.rows(mini.size // n), n))
+            kept = keep_rows(mini) if keep_rows is not None else None
+            if kept is not None:
+                skipping = True
+                kept = kept.nonzero().flatten()
+                rows_left_out += mini.size - len(kept)
+                mini = mini.select(kept)
+            optimizer.zero_grad(set_to_none=True)
+            if mini.size == 0:  # every row left out: a zero gradient, and the optimizer still steps as it would
+                for p in params:
+                    p.grad = torch.zeros_like(p)
+            finite = True
+            stats: dict[str, float] = {}
+            weights = 0.0
+            mbs = micro_batches(mini, how, count) if n == 1 else unit_micro_batches(mini, n, how, count)
+            lockstep = Lockstep(dp, len(mbs))
+            for _, mb in mbs:
+                share = weight(mb) / total if total > 0 else 0.0
+                loss, mb_stats = micro_loss(mb)
+                lockstep.passed()
+                if not torch.isfinite(loss):
+                    finite = False
+                    lockstep.drop(loss)
+                    break
+                (loss * share).backward()
+                if mb_stats:
+                    weights += share
+                    for k, v in mb_stats.items():
+                        stats[k] = stats.get(k, 0.0) + share * v
+            lockstep.finish(model)
+            if finish_mini_batch(params, optimizer, scheduler, role, dp, finite, stats, weights, means, prefix):
+                steps += 1
+            else:
+                skipped += 1
+    metrics = means.result()
+    metrics[f"{prefix}/lr"] = float(scheduler.get_last_lr()[0])
+    metrics[f"{prefix}/nonfinite_skipped_steps"] = float(skipped)
+    metrics.update(count.metrics(prefix))
+    if skipping:
+        if dp is not None:
+            rows_left_out = sum(dp.all_gather_object(rows_left_out))
+        metrics[f"{prefix}/skipped_rows_frac"] = rows_left_out / max(batch.size * role.ppo_epochs, 1)
+    optimizer.zero_grad(set_to_none=True)
+    return FitStats(metrics=metrics, optimizer_steps=steps, skipped_nonfinite=skipped)
+
+
+def unit_rows(units: torch.Tensor, n: int) -> torch.Tensor:
+    """The rows of ``units`` (unit k = rows k * n .. k * n + n - 1), unit by unit."""
+    return (units[:, None] * n + torch.arange(n)).reshape(-1)
+
+
+def unit_micro_batches(
+    batch: TrainBatch, n: int, how: Batching, count: TokenCount
+) -> list[tuple[torch.Tensor, TrainBatch]]:
+    """``batch``'s units in order, ``max(1, micro_batch_size // n)`` units per padded micro-batch (cut to its own
+    longest prompt and response)."""
+    out = []
+    per = max(1, how.micro_batch_size // n)
+    for units in torch.arange(batch.size // n).split(per):
+        idx = unit_rows(units, n)
+        mb = batch.select(idx).trimmed()
+        real = int(mb.attention_mask_BL.sum())
+        count.add(TokenCount(mb.input_ids_BL.numel(), real, real))
+        out.append((idx, mb))
+    return out
+
+
+def across_ranks(
+    dp: DataParallel, finite: bool, stats: dict[str, float], weights: float
+) -> tuple[bool, dict[str, float], float]:
+    """A mini-batch's outcome over all ranks: finite only if every rank's loss was; the weighted statistics and their
+    weights summed (each rank weighted its rows by their share of the whole mini-batch)."""
+    parts = dp.all_gather_object((finite, stats, weights))
+    merged: dict[str, float] = {}
+    for _, s, _ in parts:
+        for k, v in s.items():
+            merged[k] = merged.get(k, 0.0) + v
+    return all(f for f, _, _ in parts), merged, sum(w for _, _, w in parts)
+
+
+def finish_mini_batch(
+    params: list[torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    role: ActorConfig | CriticConfig,
+    dp: DataParallel | None,
+    finite: bool,
+    stats: dict[str, float],
+    weights: float,
+    means: Means,
+    prefix: str,
+) -> bool:
+    """After a mini-batch's backward passes: sum the ranks' gradients, record ``stats`` (weighted sums, divided by
+    ``weights``), clip, and step. Returns whether the optimizer stepped."""
+    if dp is not None:
+        finite, stats, weights = across_ranks(dp, finite, stats, weights)
+        if finite and not dp.sharded:  # FSDP2 reduced the gradients inside backward
+            dp.all_reduce_grads(params)
+    for k, v in stats.items():  # weighted as the loss is: the same whatever the micro-batches
+        means.add(k, v / weights if weights > 0 else v)
+    clip = role.optim.grad_clip if role.optim.grad_clip > 0 else float("inf")
+    grad_norm = to_float(torch.nn.utils.clip_grad_norm_(params, clip))  # sharded: the whole gradient's norm
+    if not finite or not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return False
+    means.add(f"{prefix}/grad_norm", grad_norm)
+    optimizer.step()
+    scheduler.step()
+    return True
+
+
+class LogprobGap:
+    """|trainer log-prob - rollout log-prob| per response token, over the forwards made with the weights an update
+    started from (verl's rollout/trainer probability difference): engine numerics plus the policy's staleness."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.tokens = 0
+        self.max = 0.0
+
+    def add(self, logp_BT: torch.Tensor, behav_BT: torch.Tensor, mask_BT: torch.Tensor) -> None:
+        real = mask_BT.bool()
+        if not bool(real.any()):
+            return
+        diff = (logp_BT.detach().float() - behav_BT.float()).abs()[real]
+        self.total += float(diff.sum())
+        self.tokens += int(diff.numel())
+        self.max = max(self.max, float(diff.max()))
+
+    @classmethod
+    def merged(cls, parts: list[LogprobGap]) -> LogprobGap:
+        """One gap over the tokens of several (the data-parallel ranks' shares)."""
+        out = cls()
+        out.total, out.tokens = sum(p.total for p in parts), sum(p.tokens for p in parts)
+        out.max = max((p.max for p in parts), default=0.0)
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        if not self.tokens:
+            return {}
+        return {"rollout_corr/logprob_diff_mean": self.total / self.tokens, "rollout_corr/logprob_diff_max": self.max}

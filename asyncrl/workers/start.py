@@ -1,0 +1,153 @@
+"""A run's roles: started on the chosen backend, reached through typed clients, stopped together.
+
+``start_roles`` reads only what decides which workers exist and where: the training roles the algorithm declared and
+their pools (``asyncrl.roles.placement``), where the schedule's rollout runs (``RolloutSide``), the backend, and
+each role's spec (``asyncrl.config.specs``), which is all a worker is given. It knows no algorithm and no order of
+events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from asyncrl.calls import Handle
+from asyncrl.config import Config
+from asyncrl.config.specs import RoleSpecs
+from asyncrl.roles.clients import (
+    CriticClient,
+    DataParallelTrainerClient,
+    RewardModelClient,
+    RoleClient,
+    RolloutClient,
+    TrainerClient,
+)
+from asyncrl.roles.placement import resolve_placement
+from asyncrl.roles.team import Roles, RolloutSide
+from asyncrl.trainer.actor import ActorRolloutWorker
+from asyncrl.trainer.critic import CriticWorker
+from asyncrl.trainer.data_parallel import rank_name
+from asyncrl.workers.backends import LocalHandle
+from asyncrl.workers.reward_model import RewardModelWorker
+from asyncrl.workers.rollout import RolloutWorker
+
+ROLLOUTER_CONCURRENCY = 4  # call threads of the producer: get_batch / pause / metrics while its generation runs
+
+
+@contextmanager
+def start_roles(
+    cfg: Config, side: RolloutSide, specs: RoleSpecs, needed: list[str], producer: type | None = None
+) -> Iterator[Roles]:
+    """Start every worker of the run (``needed``: the training roles the algorithm declared; fails before any starts
+    when they do not fit), yield their clients, and stop them all at exit, whatever happened. ``producer``: the
+    worker class of a ``STREAM`` schedule's producer, which that schedule owns (fully_async's Rollouter)."""
+    make = _RayBackend if cfg.trainer.backend == "ray" else _LocalBackend
+    backend = make(cfg, needed, side is not RolloutSide.ACTOR)
+    try:
+        yield _spawn(cfg, side, specs, backend, producer)
+    finally:
+        backend.close()
+
+
+def _spawn(cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: Any, producer: type | None) -> Roles:
+    p = backend.placement
+    trainer = _spawn_trainer(cfg, specs, backend)
+    rollouts: list[RolloutClient] = [trainer, *(RolloutClient(h) for h in trainer.ranks[1:])]  # sync: every rank
+    rollouter: RoleClient | None = None
+    respawn: Callable[[int], Handle] | None = None
+    ray = isinstance(backend, _RayBackend)  # an in-process worker cannot die alone (nor be killed when hung)
+    if side is RolloutSide.POOL:
+
+        def rollout_worker(i: int) -> Handle:
+            return backend.spawn(f"rollout:{i}", RolloutWorker, specs.rollout, name=f"rollout{i}")
+
+        rollouts = [RolloutClient(rollout_worker(i)) for i in range(cfg.rollout.num_workers)]
+        respawn = rollout_worker if ray else None
+    elif side is RolloutSide.STREAM:
+
+        def the_rollouter(_: int = 0) -> Handle:
+            return backend.spawn(
+                "rollout:0", producer, specs.rollouter, name="rollouter", concurrency=ROLLOUTER_CONCURRENCY
+            )
+
+        rollouter, rollouts = RoleClient(the_rollouter()), []
+        respawn = the_rollouter if ray else None
+    critic = reward_model = None
+    if "critic" in p.roles:
+        critic = CriticClient(backend.spawn("critic", CriticWorker, specs.critic, name="critic"))
+    if "reward_model" in p.roles:
+        rm = backend.spawn("reward_model", RewardModelWorker, specs.reward_model, name="reward_model")
+        reward_model = RewardModelClient(rm)
+    return Roles(
+        trainer=trainer,
+        rollouts=rollouts,
+        placement=p,
+        rollouter=rollouter,
+        critic=critic,
+        reward_model=reward_model,
+        handles=list(backend.handles),
+        respawn=respawn,
+    )
+
+
+def _spawn_trainer(cfg: Config, specs: RoleSpecs, backend: Any) -> TrainerClient:
+    """The trainer: one worker, or ``trainer.num_workers`` data-parallel ranks joined in one group."""
+    n, spec = cfg.trainer.num_workers, specs.trainer
+    if n == 1:
+        return TrainerClient(backend.spawn("actor", ActorRolloutWorker, spec, name="trainer"))
+    ranks = [
+        backend.spawn("actor", ActorRolloutWorker, spec, name="trainer", ranks=n, rank=r, world_size=n)
+        for r in range(n)
+    ]
+    host, port = ranks[0].call("data_parallel_endpoint").result()
+    timeout = cfg.trainer.role_start_timeout_s
+    joins = [h.call("init_data_parallel", host, port, timeout) for h in ranks]
+    for j in joins:
+        j.result()
+    return DataParallelTrainerClient(ranks, sharded=cfg.trainer.strategy == "fsdp2")
+
+
+class _RayBackend:
+    """Roles as Ray actors on reserved placement groups of a local (or the configured) cluster."""
+
+    def __init__(self, cfg: Config, needed: list[str], rollout_pool: bool):
+        from asyncrl.workers.cluster import RayPools, cluster_cpus, init_ray
+
+        init_ray(cfg.ray)
+        self.placement = resolve_placement(cfg, needed, rollout_pool, cluster_cpus())  # before any worker starts
+        self.pools = RayPools(self.placement, ready_timeout_s=cfg.trainer.role_start_timeout_s)
+        self.call_timeout_s = cfg.trainer.call_timeout_s
+        self.handles: list[Handle] = []
+
+    def spawn(self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, **kwargs: Any) -> Handle:
+        h = self.pools.spawn(role, cls, *args, name=name, concurrency=concurrency, **kwargs)
+        h.call_timeout_s = self.call_timeout_s
+        self.handles.append(h)
+        return h
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.kill()  # frees their CPUs for whatever runs next on this cluster
+        self.pools.release()
+
+
+class _LocalBackend:
+    """Roles as objects in this process, each with its own call thread(s); no Ray, no CPU reservation."""
+
+    def __init__(self, cfg: Config, needed: list[str], rollout_pool: bool):
+        self.placement = resolve_placement(cfg, needed, rollout_pool, None)
+        self.call_timeout_s = cfg.trainer.call_timeout_s
+        self.handles: list[Handle] = []
+
+    def spawn(
+        self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, ranks: int = 1, **kwargs: Any
+    ) -> Handle:
+        worker = cls(*args, name=name, **kwargs)
+        h = LocalHandle(worker, rank_name(name, kwargs.get("rank", 0)), concurrency, self.call_timeout_s)
+        self.handles.append(h)
+        return h
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.kill()

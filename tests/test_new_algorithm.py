@@ -1,0 +1,77 @@
+"""The trainer knows no algorithm: one written here, that no worker has ever seen (REINFORCE with a mean-reward
+baseline, its objective and its loss in this file), runs on the schedules through the same trainer, because an
+algorithm is a module (``asyncrl.algorithms.<name>``: its ``ALGORITHM``) plus its loss, and its name in the config's
+list of algorithms."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+from dataclasses import dataclass
+
+import pytest
+from torch import Tensor
+
+import asyncrl.config.checks
+import asyncrl.config.schema
+from asyncrl import losses
+from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
+from asyncrl.config import load_config
+from asyncrl.data.collate import Objective, TrainBatch, collate, rewards_of
+from asyncrl.schedules import run_training
+from asyncrl.telemetry.metrics import read_metrics
+from asyncrl.types import Sample
+from tests.helpers import length_reward, make_data, make_model, train_overrides
+
+
+@dataclass
+class ReinforceTarget(Objective):
+    """Per-token advantages; the loss is -A * log p (no ratio, no clip), aggregated as configured."""
+
+    advantages_BT: Tensor
+
+    @property
+    def temperature(self) -> float:
+        return 1.0
+
+    def loss(self, logits_BTV: Tensor, logp_BT: Tensor, batch: TrainBatch, agg: str) -> tuple[Tensor, dict]:
+        loss = losses.agg_loss(-self.advantages_BT * logp_BT, batch.response_mask_BT, agg)
+        return loss, {"actor/pg_loss": float(loss.detach())}
+
+
+class Reinforce(Algorithm):
+    name = "reinforce"
+
+    def prepare(self, samples: list[Sample], step: int) -> Finish:
+        batch = collate(samples, self.tokenizer.pad_token_id)
+        reward_B = rewards_of(samples)
+        batch.policy = ReinforceTarget(losses.broadcast_advantages(reward_B - reward_B.mean(), batch.response_mask_BT))
+        prepared = Prepared(samples, batch)
+        return lambda: prepared
+
+    def train(self, prepared: Prepared, step: int) -> Trained:
+        return self.update_actor(prepared, step)
+
+
+@pytest.fixture
+def reinforce(monkeypatch):
+    module = types.ModuleType("asyncrl.algorithms.reinforce")
+    module.ALGORITHM = Reinforce
+    monkeypatch.setitem(sys.modules, "asyncrl.algorithms.reinforce", module)
+    names = (*asyncrl.config.schema.ALGORITHMS, "reinforce")
+    monkeypatch.setattr(asyncrl.config.checks, "ALGORITHMS", names)
+
+
+@pytest.mark.parametrize("schedule", ["sync", "one_step_off"])
+def test_an_algorithm_the_trainer_never_saw_trains_on_a_schedule(reinforce, tmp_path, schedule):
+    train, test = make_data(tmp_path)
+    model = make_model(tmp_path, train)
+    run_dir = tmp_path / "run"
+    over = train_overrides(model, train, test, run_dir, 2) + ["trainer.backend=in_process", length_reward(tmp_path)]
+    over += ["algorithm.name=reinforce", f"trainer.schedule={schedule}"]
+    summary = run_training(load_config(None, over))
+    assert summary["steps"] == 2
+    steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if m.get("step", 0) > 0]
+    assert len(steps) == 2 and all(math.isfinite(m["actor/pg_loss"]) for m in steps)
+    assert all(m["actor/grad_norm"] > 0 for m in steps)  # rewards differ within every group: a gradient each step
