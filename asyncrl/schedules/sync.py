@@ -18,8 +18,9 @@ from typing import Any
 from asyncrl.config import Config
 from asyncrl.config.specs import TrainerPlan
 from asyncrl.roles.team import RolloutSide
-from asyncrl.schedules.run import StepTimer, old_policy, open_run, staleness_metrics
+from asyncrl.schedules.run import open_run
 from asyncrl.schedules.skip import RolloutSkip
+from asyncrl.schedules.step import StepTimer, old_policy, staleness_metrics
 
 
 def trainer_plan(cfg: Config) -> TrainerPlan:

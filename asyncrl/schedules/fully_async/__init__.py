@@ -1,7 +1,10 @@
 """``fully_async``: a Rollouter streams groups through a bounded queue; the roles learn from them as they come.
 
-The Rollouter (``producer``) generates on its own thread all the time, admitted by the staleness controller, and
-scores each group's rule reward as it finishes. Per trainer step, top to bottom:
+This package is the whole schedule: this module is the consumer (the driver's loop below); ``producer`` is the
+producer's books and loop in plain Python (``Producer.step``), which ``rollouter.Rollouter`` runs on its generation
+thread; ``staleness``, ``queue``, ``ledger`` are the protocol it keeps, ``recovery`` and ``supervisor`` replace a
+dead Rollouter, ``report`` writes the ledger's report. The Rollouter generates all the time, admitted by the
+staleness controller, and scores each group's rule reward as it finishes. Per trainer step, top to bottom:
 
     take B = require_batches x ppo_mini_batch_size groups from the queue (oldest first)   timing_s/wait_batch
     prepare the batch                                                                     timing_s/prepare
@@ -35,7 +38,8 @@ from asyncrl.schedules.fully_async.producer import budget_of
 from asyncrl.schedules.fully_async.report import partial_metrics, processing_metrics, write_ledger_report
 from asyncrl.schedules.fully_async.rollouter import Rollouter
 from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
-from asyncrl.schedules.run import StepTimer, old_policy, open_run, staleness_metrics
+from asyncrl.schedules.run import open_run
+from asyncrl.schedules.step import StepTimer, old_policy, staleness_metrics
 from asyncrl.supervision.supervisor import WorkerLostError
 
 ROLLOUTER_STATE = "rollouter_state.pt"
