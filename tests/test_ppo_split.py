@@ -61,7 +61,10 @@ def _update_spans(run_dir) -> dict[tuple[str, int], tuple[float, float]]:
 
 @pytest.mark.ray
 def test_two_split_steps_overlap_actor_and_critic_updates(setup):
-    summary, metrics = _run(setup, "split", 2, "actor.ppo_mini_batch_size=4")
+    # the critic's update is made the longer one (8 epochs, ~8x the actor's on the micro model), so the actor's call,
+    # issued right after it, starts while it runs: a margin of several times the dispatch gap (a 1-epoch critic
+    # finished its 31 ms update before the actor's call arrived, once in four runs)
+    summary, metrics = _run(setup, "split", 2, "actor.ppo_mini_batch_size=4", "critic.ppo_epochs=8")
     run_dir = setup[0] / "split"
     assert [m["step"] for m in metrics] == [0, 1, 2]
     for m in metrics[1:]:

@@ -21,6 +21,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
 
 from asyncrl.config import TeacherConfig
+from asyncrl.config.training import TOKENIZER_CHECKS
 from asyncrl.http_json import ErrorKinds, JsonHttpClient
 from asyncrl.teacher.protocol import (
     TeacherRequestError,
@@ -130,8 +131,8 @@ class TeacherClient:
         uses the fingerprint when offered, else the probe. Returns what was checked plus the teacher's id and
         ``max_model_len``; raises :class:`TokenizerMismatchError` naming both sides.
         """
-        if method not in ("auto", "fingerprint", "probe"):
-            raise ValueError(f"check_compatible: method must be auto, fingerprint or probe (got {method!r})")
+        if method not in TOKENIZER_CHECKS:
+            raise ValueError(f"check_compatible: method must be one of {', '.join(TOKENIZER_CHECKS)} (got {method!r})")
         info = self.models()
         teacher = f"teacher at {self.url} (model {info.get('id')!r})"
         student = (

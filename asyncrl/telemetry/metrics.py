@@ -22,12 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config.schema import LOGGERS
 from asyncrl.telemetry.backends import ConsoleBackend, PrometheusBackend, TensorBoardBackend
 from asyncrl.telemetry.jsonl import JsonlWriter, last_logged_step, read_metrics
 
 __all__ = ["ALLOWED_BACKENDS", "MetricsLogger", "last_logged_step", "machine_cpu", "read_metrics"]
 
-ALLOWED_BACKENDS: tuple[str, ...] = ("console", "jsonl", "tensorboard", "prometheus")
+ALLOWED_BACKENDS: tuple[str, ...] = LOGGERS  # trainer.logger's choices
 RESERVED_KEYS = frozenset({"step", "time"})  # the jsonl record's own fields
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
