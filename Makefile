@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint clean distill test-vllm demo-real test-prometheus verl-keymap demo-tool test-faults \
-	test-kernels
+	test-kernels test-gpu
 
 DATA := data/chain_sum/train.parquet
 INIT_MODEL := runs/tiny_init/config.json
@@ -64,6 +64,14 @@ test: setup
 test-kernels: setup
 	set -e; for cap in default $$(grep -qw avx512f /proc/cpuinfo && echo avx2); do \
 		echo "== make test with ATEN_CPU_CAPABILITY=$$cap"; ATEN_CPU_CAPABILITY=$$cap $(SUITE); done
+
+# On a GPU box: the CUDA cases of tests/test_devices.py (sync and one_step_off in bf16 and fp32, trainer vs engine
+# log-probs, a weight update in the engine, one bench line beside the CPU). Runs from the source tree with the box's
+# own Python: it needs torch, transformers, pyarrow and pytest, not Ray, vLLM, omegaconf or this Makefile's venv.
+# Without CUDA every case skips, saying why (docs/gpu.md).
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+test-gpu:
+	HF_HUB_OFFLINE=1 PYTHONPATH=. $(GPU_PYTHON) -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_devices.py
 
 # Fault injection (tests/test_faults.py): rollout workers, the trainer and the driver killed at random moments.
 test-faults: setup

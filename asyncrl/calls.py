@@ -36,6 +36,10 @@ class Handle(Protocol):
 
     def kill(self) -> None: ...
 
+    def location(self, timeout_s: float | None = None) -> Any:
+        """Where the worker runs (``asyncrl.roles.placement.WorkerLocation``): its node's address, its GPUs."""
+        ...
+
 
 class CallTimeoutError(TimeoutError):
     """A call waited for without a timeout of its own found no answer within ``trainer.call_timeout_s``: the

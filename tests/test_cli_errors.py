@@ -25,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
 
 import asyncrl
 from asyncrl.checkpoint import CheckpointError
@@ -32,6 +33,7 @@ from asyncrl.cli import main
 from asyncrl.config import ConfigError
 from asyncrl.data.rows import DatasetError
 from asyncrl.errors import UserInputError, one_line, user_error_of
+from asyncrl.models.device import DeviceError
 from asyncrl.models.errors import ModelLoadError
 from asyncrl.models.gguf import GGUFConvertError
 from asyncrl.models.lora import LoraError
@@ -193,6 +195,10 @@ def placement_on_unknown_pool(env: Env) -> Bad:
     return argv, ["placement.roles.actor", "'gpu'", "placement.pools"]
 
 
+def cuda_without_a_gpu(env: Env) -> Bad:
+    return run_args(env, "trainer.device=cuda"), ["trainer.device=cuda", "sees no CUDA device"]
+
+
 def teacher_down(env: Env) -> Bad:
     url = closed_port_url()
     return teacher_args(env, f"teacher.url={url}"), [url, "unreachable"]
@@ -289,6 +295,7 @@ CASES: list[tuple[type[UserInputError], Callable[[Env], Bad], tuple]] = [
     (CheckpointError, incomplete_checkpoint, ()),
     (CheckpointError, torn_checkpoint, ()),
     (PlacementError, placement_on_unknown_pool, ()),
+    (DeviceError, cuda_without_a_gpu, (pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),)),
     (TeacherUnavailableError, teacher_down, ()),
     (TeacherRequestError, teacher_replying(403, {"error": {"message": "no access"}}, "HTTP 403", "no access"), ()),
     (TeacherResponseError, teacher_replying(200, {"object": "list", "data": []}, "/v1/models lists no model"), ()),

@@ -31,7 +31,7 @@ got["reused"] = node() == first
 init_ray(RayConfig(num_cpus=2))
 got["restarted"] = [node() != first, ray.cluster_resources()["CPU"]]
 ray.shutdown()
-ray.init(num_cpus=1, include_dashboard=False)
+ray.init(address="local", num_cpus=1, include_dashboard=False)
 theirs = node()
 init_ray(RayConfig(num_cpus=2))
 got["theirs_kept"] = [node() == theirs, ray.cluster_resources()["CPU"]]

@@ -45,9 +45,10 @@ def test_the_translated_verl_command_loads():
     cfg = load_config(ROOT / args[3], args[4:])
     assert (cfg.rollout.engine, cfg.rollout.n, cfg.data.train_batch_size) == ("vllm", 5, 1024)
     variant = load_config(
-        ROOT / args[3], [*args[4:], "trainer.schedule=one_step_off", "rollout.num_workers=1", "trainer.num_workers=8"]
+        ROOT / args[3],
+        [*args[4:], "trainer.schedule=one_step_off", "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=8"],
     )
-    assert variant.trainer.num_workers == 8
+    assert (variant.trainer.num_workers, variant.rollout.num_workers) == (8, 1)
 
 
 # ---- the front page and the guides --------------------------------------------------------------------------------

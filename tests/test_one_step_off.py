@@ -89,5 +89,5 @@ def test_mid_run_checkpoint_records_the_cursor_after_the_trained_batch(setup):
 def test_pools_larger_than_the_cluster_fail_at_start(setup):
     root, model, train, test = setup
     cfg = load_config(None, train_overrides(model, train, test, root / "big", 1) + POOLS + ["rollout.num_workers=8"])
-    with pytest.raises(PlacementError, match=r"ask for 5 CPUs \(trainer=1, rollout=8 x 0.5\)"):
+    with pytest.raises(PlacementError, match=r"ask for 5 CPUs \(trainer=1 CPUs, rollout=4 CPUs\)"):
         run_training(cfg)

@@ -23,7 +23,7 @@ from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.weights.endpoints import SyncReceiverMixin, SyncSenderMixin
 from asyncrl.weights.errors import WeightSyncError
 from asyncrl.weights.weight_sync import WeightSync
-from asyncrl.workers.cluster import RayHandle
+from asyncrl.workers.cluster import RayHandle, with_location
 
 pytestmark = pytest.mark.ray
 
@@ -75,19 +75,23 @@ class Rollout(SyncReceiverMixin):
 @pytest.fixture(scope="module")
 def cluster():
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    # Ray starts workers at niceness 15: beside the other pytest worker's tests they would not start within GET_S
+    # (seen: every actor of this module timed out when it ran first in its pytest worker). init_ray sets the same.
+    os.environ["RAY_worker_niceness"] = "0"
     # Ship this module's actor classes by value: Ray workers need not be able to import the tests package.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     # a cluster of its own: this module's actors take CPUs, and its failure tests leave workers stuck in a sync
     ray.shutdown()
-    env = {"MASTER_ADDR": "127.0.0.1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, logging_level="WARNING")
+    env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, logging_level="WARNING"
+    )
     yield
     ray.shutdown()
 
 
 def _spawn(cls, *args, **kwargs):
-    return ray.remote(cls).options(num_cpus=0.5).remote(*args, **kwargs)
+    return ray.remote(with_location(cls)).options(num_cpus=0.5).remote(*args, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from asyncrl.config.errors import ConfigError, check, choice
 from asyncrl.config.model_checks import check_lora, check_quantization, check_trainer_ranks
+from asyncrl.config.resources import resolve_ranks
 from asyncrl.config.schema import (
     ALGORITHMS,
     AsyncTrainingConfig,
@@ -40,6 +41,7 @@ ESTIMATORS = {"grpo": ("grpo",), "ppo": ("gae",), "distill": (), "dpo": ()}
 def validate(cfg: Config) -> None:
     """Every section's own checks, then what spans sections."""
     cfg.check_sections()
+    resolve_ranks(cfg)
     choice("algorithm.name", cfg.algorithm.name, ALGORITHMS)
     d, a = cfg.data, cfg.actor
     allowed = f"<= data.train_batch_size ({d.train_batch_size})"

@@ -10,9 +10,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
 from asyncrl.config.checks import validate
 from asyncrl.config.errors import ConfigError
 from asyncrl.config.schema import Config
@@ -28,6 +25,8 @@ RENAMED = {
 
 
 def _renamed_key(layer: Any, where: str) -> None:
+    from omegaconf import OmegaConf
+
     for key, message in RENAMED.items():
         if OmegaConf.select(layer, key, default=None) is not None:
             raise ConfigError(f"{where}: config key {message}")
@@ -43,6 +42,9 @@ def load_config(
 
     Raises ``ConfigError`` naming the key for an unknown key, a wrong type, a missing value or an out-of-range value.
     """
+    from omegaconf import OmegaConf  # here, not at import: the config tree itself needs no omegaconf
+    from omegaconf.errors import OmegaConfBaseException
+
     base = OmegaConf.structured(schema)
     layers = []
     if path is not None:
@@ -72,7 +74,7 @@ def load_config(
     return cfg
 
 
-def _describe(e: OmegaConfBaseException, where: str) -> str:
+def _describe(e: Exception, where: str) -> str:
     key = getattr(e, "full_key", None) or "?"
     msg = str(e).splitlines()[0]
     if "not in" in msg or "Key '" in msg and "not" in msg:

@@ -25,6 +25,13 @@ def check_trainer_ranks(cfg: Config) -> None:
             "be processes (trainer.backend=ray), not threads of the driver",
         )
         check(
+            cfg.model.dtype == "float32",
+            "trainer.strategy",
+            t.strategy,
+            "ddp with model.dtype other than float32: FSDP2 with fp32 master weights (its MixedPrecisionPolicy) is "
+            "not implemented; ddp keeps fp32 masters of the bf16/fp16 weights (asyncrl.trainer.precision)",
+        )
+        check(
             not cfg.model.lora_rank,
             "trainer.strategy",
             t.strategy,

@@ -85,7 +85,9 @@ class RolloutConfig(Checked):
     enforce_eager: bool = True  # vllm: no graph capture / compilation
     gpu_memory_utilization: float = 0.05  # vllm: the KV cache's share of device memory (on CPU: of the machine's RAM)
     val_temperature: float = 0.0  # 0 = greedy held-out evaluation
-    num_workers: int = 1  # rollout workers in the rollout pool (modes with a separate rollout pool)
+    num_workers: int = 1  # rollout workers in the rollout pool (1 with GPUs: nnodes x n_gpus_per_node)
+    nnodes: int = 1  # nodes the rollout workers spread over, num_workers / nnodes on each (verl's rollout.nnodes)
+    n_gpus_per_node: int = 0  # GPUs per rollout node, one per worker (verl's rollout.n_gpus_per_node); 0: CPU
     cpus_per_worker: float = 1.0  # CPUs per rollout worker; its torch threads = this, rounded down
     generate_timeout_s: float = 1800.0  # a rollout worker's generate call past this is hung: replaced (Ray, a pool)
 
@@ -103,6 +105,8 @@ class RolloutConfig(Checked):
         "gpu_memory_utilization": rule(lambda v: 0 < v < 1, "in (0, 1)"),
         "val_temperature": NON_NEGATIVE,
         "num_workers": POSITIVE_INT,
+        "nnodes": POSITIVE_INT,
+        "n_gpus_per_node": NON_NEGATIVE,
         "cpus_per_worker": POSITIVE,
         "generate_timeout_s": POSITIVE,
     }

@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING
-
 from asyncrl.config.errors import check
 from asyncrl.config.rollout import (
     AgentConfig,
@@ -41,12 +39,14 @@ from asyncrl.config.training import (
     TeacherConfig,
 )
 
+MISSING = "???"  # OmegaConf's marker of a required value (the tree imports without omegaconf: a GPU box may lack it)
 ALGORITHMS = ("grpo", "ppo", "distill", "dpo")
 SCHEDULES = ("sync", "one_step_off", "two_step_off", "fully_async")
 BACKENDS = ("ray", "in_process")
 DTYPES = ("float32", "bfloat16", "float16")
 LOGGERS = ("console", "jsonl", "tensorboard", "prometheus")
 STRATEGIES = ("ddp", "fsdp2")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass
@@ -98,7 +98,12 @@ class TrainerConfig(Checked):
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # + prometheus
     prometheus_port: int | None = None  # /metrics port with logger prometheus (null or 0: a free port)
     cpus_per_worker: float = 2.0  # CPUs of each trainer worker (rank); torch threads = this, rounded down
-    num_workers: int = 1  # data-parallel trainer ranks (verl's trainer.n_gpus_per_node): each a share of the batch
+    num_workers: int = (
+        1  # data-parallel trainer ranks, each a share of the batch (1 with GPUs: nnodes x n_gpus_per_node)
+    )
+    nnodes: int = 1  # nodes the trainer's ranks spread over, num_workers / nnodes on each (verl's trainer.nnodes)
+    n_gpus_per_node: int = 0  # GPUs per trainer node, one per rank (verl's trainer.n_gpus_per_node); 0: CPU ranks
+    device: str = "auto"  # every role's torch device: auto (the role's GPU when it has one, else cpu) | cpu | cuda
     strategy: str = "ddp"  # with num_workers > 1: ddp (weights replicated) | fsdp2 (sharded; trainer.backend=ray)
     critic_warmup: int = 0  # ppo: steps that update only the critic before the actor starts learning
     record_consumed: bool = False  # each step's consumed samples in RUN_DIR/consumed/ (asyncrl replay RUN_DIR)
@@ -116,6 +121,9 @@ class TrainerConfig(Checked):
         ),
         "cpus_per_worker": at_least(1),
         "num_workers": POSITIVE_INT,
+        "nnodes": POSITIVE_INT,
+        "n_gpus_per_node": NON_NEGATIVE,
+        "device": one_of(DEVICES),
         "strategy": one_of(STRATEGIES),
         "critic_warmup": NON_NEGATIVE,
         "role_start_timeout_s": POSITIVE,
@@ -140,16 +148,21 @@ class SyncConfig(Checked):
 
 @dataclass
 class RayConfig(Checked):
-    address: str | None = None  # connect to an existing cluster; null = start a local one on 127.0.0.1
-    num_cpus: int | None = None  # CPUs of the local cluster (null = all of this machine's)
+    # null: start a private local cluster on 127.0.0.1 (even when another one runs on this machine); auto: join the
+    # cluster running on this machine (`ray start --head`); host:port: join that cluster
+    address: str | None = None
+    num_cpus: int | None = None  # CPUs of the private local cluster (null = all of this machine's)
+    num_gpus: int | None = None  # GPUs of the private local cluster (null = what Ray detects)
+    placement_timeout_s: float = 60.0  # a plan the cluster cannot hold fails after this, naming what is missing
 
-    RULES = {"num_cpus": or_null(POSITIVE_INT)}
+    RULES = {"num_cpus": or_null(POSITIVE_INT), "num_gpus": or_null(NON_NEGATIVE), "placement_timeout_s": POSITIVE}
 
 
 # ---- role placement (every algorithm and schedule) ---------------------------------------------------------------
 @dataclass
 class PoolConfig:
     cpus: float = 1.0  # CPUs reserved for the pool; every role on it gets this many torch threads
+    gpus: float = 0.0  # GPUs reserved for the pool (on one node); roles on it share them
 
 
 @dataclass

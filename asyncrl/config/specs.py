@@ -3,8 +3,8 @@
 A worker never sees ``algorithm.name`` or ``trainer.schedule``. The algorithm says what it needs of the trainer
 (``TrainerNeeds``: a reference model, how often it catches up); the schedule says which model is the PPO ratio's
 old policy, how many updates make one weight version, and whether the trainer's own engine is the rollout
-(``TrainerPlan``); the sections come from the config. A spec is the one place a role's placement (its device) is
-added.
+(``TrainerPlan``); the sections come from the config, and ``trainer.device`` is each role's (resolved where it
+runs).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class EngineSpec:
     rollout: RolloutConfig
     max_prompt_length: int
     seed: int
+    device: str = "auto"  # trainer.device: resolved where the engine runs (asyncrl.models.device)
 
 
 @dataclass(frozen=True)
@@ -102,12 +103,14 @@ class CriticSpec:
     critic: CriticConfig
     model: ModelConfig  # the policy's: the critic's body starts from it unless critic.model.path is set
     seed: int
+    device: str = "auto"
 
 
 @dataclass(frozen=True)
 class RewardModelSpec:
     reward_model: RewardModelConfig
     policy_path: str  # its tokenizer must be the policy's
+    device: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ class RoleSpecs:
 
 def role_specs(cfg: Config, needs: TrainerNeeds, plan: TrainerPlan) -> RoleSpecs:
     t = cfg.trainer
-    engine = EngineSpec(cfg.model, cfg.rollout, cfg.data.max_prompt_length, t.seed)
+    engine = EngineSpec(cfg.model, cfg.rollout, cfg.data.max_prompt_length, t.seed, t.device)
     return RoleSpecs(
         trainer=TrainerSpec(
             engine=engine,
@@ -137,6 +140,6 @@ def role_specs(cfg: Config, needs: TrainerNeeds, plan: TrainerPlan) -> RoleSpecs
         ),
         rollout=RolloutSpec(engine, cfg.reward),
         rollouter=RollouterSpec(engine, cfg.reward, cfg.data, cfg.async_training, cfg.actor.ppo_mini_batch_size),
-        critic=CriticSpec(cfg.critic, cfg.model, t.seed),
-        reward_model=RewardModelSpec(cfg.reward_model, cfg.model.path),
+        critic=CriticSpec(cfg.critic, cfg.model, t.seed, t.device),
+        reward_model=RewardModelSpec(cfg.reward_model, cfg.model.path, t.device),
     )

@@ -37,15 +37,16 @@ def rm_logits(model: torch.nn.Module, seqs: list[list[int]], pad_id: int) -> tor
     for j, s in enumerate(seqs):
         ids[j, : len(s)] = torch.tensor(s, dtype=torch.long)
         attn[j, : len(s)] = 1
-    logits = model(input_ids=ids, attention_mask=attn).logits
+    device = next(model.parameters()).device
+    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits
     if logits.dim() == 3:  # per-token logits: read the last real token
-        logits = logits[torch.arange(len(seqs)), attn.sum(dim=1) - 1]
+        logits = logits[torch.arange(len(seqs), device=device), (attn.sum(dim=1) - 1).to(device)]
     return logits.reshape(len(seqs), -1)[:, 0].float()
 
 
 def score_ids(model: torch.nn.Module, seqs: list[list[int]], pad_id: int, micro_batch_size: int) -> torch.Tensor:
-    """``rm_logits`` without gradients, in micro-batches: [B]."""
+    """``rm_logits`` without gradients, in micro-batches: [B], on the CPU."""
     with torch.inference_mode():
         return torch.cat(
             [rm_logits(model, seqs[i : i + micro_batch_size], pad_id) for i in range(0, len(seqs), micro_batch_size)]
-        )
+        ).cpu()

@@ -16,7 +16,7 @@ from asyncrl.roles.clients import (
     RolloutClient,
     TrainerClient,
 )
-from asyncrl.roles.placement import Placement
+from asyncrl.roles.placement import Placement, WorkerLocation
 
 
 class RolloutSide(enum.Enum):
@@ -40,6 +40,7 @@ class Roles:
     reward_model: RewardModelClient | None = None
     handles: list[Handle] = field(default_factory=list)  # every worker started, once
     respawn: Callable[[int], Handle] | None = None  # a new rollout worker i (Ray's rollout pool: a dead one's stand-in)
+    rendezvous: dict[str, str] = field(default_factory=dict)  # group -> host:port of its store (the run's summary)
 
     @property
     def receivers(self) -> list[Handle]:
@@ -55,6 +56,10 @@ class Roles:
         if self.critic is not None:
             out["critic"] = self.critic
         return out
+
+    def locations(self, timeout_s: float | None = None) -> list[WorkerLocation]:
+        """Where every worker runs (its node, its GPUs, its device), as the backend reports it."""
+        return [h.location(timeout_s) for h in self.handles]
 
     def timelines(self) -> list[dict]:
         return [e for h in self.handles for e in h.call("pop_timeline").result()]

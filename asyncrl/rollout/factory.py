@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from transformers import PreTrainedModel
 
 from asyncrl.config.specs import EngineSpec
@@ -30,13 +31,13 @@ def with_agent_loops(spec: EngineSpec, engine):
     return AgentEngine(engine, spec.rollout.multi_turn, spec.rollout.agent.default_agent_loop)
 
 
-def rollout_engine(spec: EngineSpec):
-    """A rollout worker's engine over its own copy of ``model.path`` (a vLLM engine never loads the HF model), behind
-    the agent loops."""
-    return with_agent_loops(spec, _rollout_engine(spec))
+def rollout_engine(spec: EngineSpec, device: torch.device | None = None):
+    """A rollout worker's engine over its own copy of ``model.path`` on ``device`` (a vLLM engine never loads the HF
+    model: it places itself), behind the agent loops."""
+    return with_agent_loops(spec, _rollout_engine(spec, device))
 
 
-def _rollout_engine(spec: EngineSpec):
+def _rollout_engine(spec: EngineSpec, device: torch.device | None):
     m = spec.model
     if spec.rollout.engine == "vllm":
         from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
@@ -47,6 +48,8 @@ def _rollout_engine(spec: EngineSpec):
     if lora is not None:  # the trainer's adapter arrives at each sync; decode with it merged into the base weights
         model = apply_lora(model, lora, trainable=False)
         model.merge_adapter()
+    if device is not None:
+        model.to(device)
     return builtin_engine(spec, model, tokenizer, quantization=spec.rollout.quantization)
 
 

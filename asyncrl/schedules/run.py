@@ -30,6 +30,7 @@ from asyncrl.models.loading import check_model_dir
 from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.roles.clients import RoleClient, TrainerClient
+from asyncrl.roles.placement import sync_backend
 from asyncrl.roles.team import Roles, RolloutSide
 from asyncrl.rollout.agent.loop import check_agent_loop
 from asyncrl.rollout.agent.tools import tool_schemas
@@ -120,8 +121,11 @@ class Run:
     def start_weight_sync(self, roles: Roles) -> WeightSync:
         """Create the sync group and bring the rollout side to the trainer's weights (after a resume: the
         checkpoint's)."""
-        ws = WeightSync(roles.trainer.handle, roles.receivers, self.cfg.sync, self.cfg.trainer.role_start_timeout_s)
+        ready = self.cfg.trainer.role_start_timeout_s
+        backend = sync_backend([h.location(ready) for h in [roles.trainer.handle, *roles.receivers]])
+        ws = WeightSync(roles.trainer.handle, roles.receivers, self.cfg.sync, ready, backend=backend)
         ws.setup()
+        roles.rendezvous["weight_sync"] = ws.endpoint or ""
         self.summary.update(ws.summary())
         ws.push(self.version)
         if roles.respawn is not None and roles.rollouter is None:  # fully_async: StreamSupervisor
@@ -358,7 +362,12 @@ def open_run(
         start = run.maybe_resume(roles.checkpointed)
         algorithm.on_resume(start)
         run.summary.update(algorithm.summary)
-        run.summary["placement"] = {"pools": roles.placement.pools, "roles": roles.placement.roles}
+        run.summary["placement"] = {
+            "pools": {name: asdict(pool) for name, pool in roles.placement.all_pools().items()},
+            "roles": roles.placement.roles,
+            "workers": [asdict(w) for w in roles.locations(cfg.trainer.role_start_timeout_s)],
+            "rendezvous": roles.rendezvous,
+        }
         run.open_logger()
         run.evaluate_before_training(roles.trainer)
         yield run, algorithm, roles

@@ -27,6 +27,7 @@ from asyncrl import seeds
 from asyncrl.checkpoint import fingerprint, load_tensors, rng_state, set_rng_state
 from asyncrl.config.specs import TrainerSpec
 from asyncrl.data.collate import Objective, TrainBatch
+from asyncrl.models.device import resolve_device
 from asyncrl.models.loading import load_model
 from asyncrl.models.lora import (
     LoraSpec,
@@ -45,10 +46,11 @@ from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.trainer import fsdp
 from asyncrl.trainer.data_parallel import DataParallel, rank_name
 from asyncrl.trainer.forward import batching, response_logprobs
+from asyncrl.trainer.precision import build_optimizer
 from asyncrl.trainer.update import fit
 from asyncrl.types import Generation, Prompt, UpdateResult
 from asyncrl.weights.endpoints import SyncSenderMixin
-from asyncrl.weights.transport import LOOPBACK, find_free_port
+from asyncrl.weights.transport import find_free_port
 
 
 def _warmup_lambda(warmup_steps: int):
@@ -77,10 +79,12 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.dp: DataParallel | None = None
         torch.manual_seed(seeds.model_init(spec.seed))
         m = spec.model
+        self.device = resolve_device(spec.engine.device, self.name)
         self.model, self.tokenizer = load_model(m.path, dtype=m.dtype, overrides=m.override_config)
         self.lora = LoraSpec.of(m)
         if self.lora is not None:  # only the adapter trains (and travels at a sync)
             self.model = apply_lora(self.model, self.lora, trainable=True)
+        self.model.to(self.device)
         self.pad_token_id = self.tokenizer.pad_token_id
         self.engine = colocated_engine(spec.engine, self.model, self.tokenizer, spec.plan.engine_is_rollout)
         self.reward_fn = build_reward_fn(spec.reward.custom_function, binarize=spec.reward.binarize)
@@ -107,23 +111,19 @@ class ActorRolloutWorker(SyncSenderMixin):
 
     def _build_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
         o = self.spec.actor.optim
-        optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=o.lr,
-            betas=tuple(o.betas),
-            weight_decay=o.weight_decay,
-        )
+        optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], o)
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_lambda(o.lr_warmup_steps))
 
     # ---- data parallelism ----------------------------------------------------------------------------------------
-    def data_parallel_endpoint(self) -> tuple[str, int]:
-        """(host, port) for the ranks' rendezvous, on rank 0's node."""
-        host = os.environ.get("MASTER_ADDR", LOOPBACK)
+    def data_parallel_endpoint(self, host: str) -> tuple[str, int]:
+        """(host, port) for the ranks' rendezvous: a free port on ``host``, this rank's node address (the driver
+        asks the backend where this worker runs)."""
         return host, find_free_port(host)
 
     def init_data_parallel(self, host: str, port: int, timeout_s: float) -> None:
         """Join the trainer's data-parallel group (every rank calls this at once) and check the replicas agree."""
-        self.dp = DataParallel.create(self.rank, self.world_size, host, port, timeout_s)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"  # ranks on GPUs: one GPU each (Ray's slots)
+        self.dp = DataParallel.create(self.rank, self.world_size, host, port, timeout_s, backend)
         self.dp.check_replicas(self.model, f"{self.name}: start")
         if self.spec.strategy == "fsdp2":  # shard the trained model; keep a full copy to serve from
             self.serving = copy.deepcopy(self.model)
@@ -246,7 +246,7 @@ class ActorRolloutWorker(SyncSenderMixin):
             load_adapter_state(self.model, d / "adapter")
         else:
             self._load_full_weights(d)
-        state = torch.load(d / self.state_file, weights_only=False)
+        state = torch.load(d / self.state_file, weights_only=False, map_location="cpu")
         if self.sharded:  # this rank's slice of the whole state
             state["optimizer"] = fsdp.sharded_optimizer_state(state["optimizer"], self.optimizer)
         self.optimizer.load_state_dict(state["optimizer"])
@@ -256,7 +256,7 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.engine.version = self.version
         set_rng_state(state["rng"])
         if self.ref_model is not None:
-            self.ref_model.load_state_dict(torch.load(d / "ref_model.pt", weights_only=True))
+            self.ref_model.load_state_dict(torch.load(d / "ref_model.pt", weights_only=True, map_location="cpu"))
         # checkpoints are taken at weight syncs: a sync window starts here
         self._copy_weights(
             ([self.serving] if self.sharded else []) + ([self.prox_model] if self.prox_model is not None else [])

@@ -18,9 +18,11 @@ from asyncrl import losses, seeds
 from asyncrl.checkpoint import rng_state, set_rng_state
 from asyncrl.config.specs import CriticSpec
 from asyncrl.data.collate import TrainBatch, micro_batches
+from asyncrl.models.device import resolve_device, to_device
 from asyncrl.models.loading import load_model
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.trainer.forward import at_responses, batching, model_inputs
+from asyncrl.trainer.precision import build_optimizer
 from asyncrl.trainer.update import optimize
 from asyncrl.types import Scored
 
@@ -49,12 +51,11 @@ class CriticWorker:
         self.name = name
         torch.manual_seed(seeds.critic_init(spec.seed))
         path = spec.critic.model.path or spec.model.path
+        self.device = resolve_device(spec.device, name)
         lm, _ = load_model(path, dtype=spec.model.dtype)
-        self.model = ValueModel(lm)
+        self.model = ValueModel(lm).to(self.device)
         o = spec.critic.optim
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
-        )
+        self.optimizer = build_optimizer(self.model.parameters(), o)
         warm = o.lr_warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0
@@ -70,7 +71,8 @@ class CriticWorker:
         self.model.eval()
         with self.timeline.span("values", step=step, worker=self.name), torch.inference_mode():
             for idx, mb in micro_batches(batch, batching(self.spec.critic, "critic")):
-                out[idx, : mb.response_mask_BT.shape[1]] = self.model(mb) * mb.response_mask_BT
+                mb = to_device(mb, self.device)
+                out[idx, : mb.response_mask_BT.shape[1]] = (self.model(mb) * mb.response_mask_BT).to(out.device)
         return Scored(out, time.perf_counter() - t0)
 
     def update(self, batch: TrainBatch, step: int, num_mini_batches: int) -> dict[str, float]:
@@ -123,7 +125,7 @@ class CriticWorker:
         f = Path(directory) / f"{self.name}_state.pt"
         if not f.is_file():
             raise FileNotFoundError(f"checkpoint {directory}: no {f.name} (was it written by a ppo run?)")
-        state = torch.load(f, weights_only=False)
+        state = torch.load(f, weights_only=False, map_location="cpu")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -100,8 +100,11 @@ class DataParallel:
         fsdp.shard(model, self.mesh)
 
     @classmethod
-    def create(cls, rank: int, world_size: int, host: str, port: int, timeout_s: float) -> DataParallel:
-        backend = transport.default_backend()
+    def create(
+        cls, rank: int, world_size: int, host: str, port: int, timeout_s: float, backend: str | None = None
+    ) -> DataParallel:
+        """``backend``: nccl for ranks on GPUs of their own, gloo for CPU ranks (None: nccl where CUDA is seen)."""
+        backend = backend or transport.default_backend()
         pg, store = transport.create_process_group(backend, host, port, rank, world_size, timeout_s, "trainer_dp")
         return cls(pg, store, rank, world_size, timeout_s, backend, host)
 
@@ -196,8 +199,8 @@ class DataParallel:
         by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
         for p in bucket:
             by_dtype.setdefault(p.grad.dtype, []).append(p)
-        for group in by_dtype.values():
-            flat = torch.cat([p.grad.reshape(-1) for p in group]).to(self.device)
+        for group in by_dtype.values():  # summed in fp32 whatever the gradients' dtype
+            flat = torch.cat([p.grad.reshape(-1).float() for p in group]).to(self.device)
             transport.allreduce_sum(self.pg, flat, self._deadline())
             offset = 0
             for p in group:

@@ -9,6 +9,7 @@ import torch
 from asyncrl import losses
 from asyncrl.config import ActorConfig, CriticConfig
 from asyncrl.data.collate import Batching, TrainBatch, micro_batches
+from asyncrl.models.device import to_device
 
 
 def model_inputs(mb: TrainBatch, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -54,10 +55,11 @@ def response_logprobs(
     model.eval()
     out = torch.zeros_like(batch.response_mask_BT)
     with torch.inference_mode():
+        device = next(model.parameters()).device
         for idx, mb in micro_batches(batch, how):
+            mb = to_device(mb, device)
             logits = forward_logits(model, mb, temperature)
-            out[idx, : mb.response_mask_BT.shape[1]] = (
-                losses.logprobs_from_logits(logits, mb.response_ids_BT) * mb.response_mask_BT
-            )
+            logp = losses.logprobs_from_logits(logits, mb.response_ids_BT) * mb.response_mask_BT
+            out[idx, : mb.response_mask_BT.shape[1]] = logp.to(out.device)
     model.train(was_training)
     return out

@@ -19,9 +19,11 @@ from asyncrl import losses
 from asyncrl.config import ActorConfig, CriticConfig
 from asyncrl.data.collate import Batching, Objective, TrainBatch, count_weight, micro_batches
 from asyncrl.data.packing import TokenCount
+from asyncrl.models.device import to_device
 from asyncrl.trainer.data_parallel import DataParallel, Lockstep
 from asyncrl.trainer.forward import batching, forward_logits
 from asyncrl.trainer.fsdp import to_float
+from asyncrl.trainer.precision import grads_to_clip
 
 MicroLoss = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
 
@@ -144,6 +146,7 @@ def optimize(
     weight = weight or (lambda b: count_weight(b, role.loss_agg_mode))
     means = Means()
     params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device if params else torch.device("cpu")
     steps = skipped = rows_left_out = 0
     skipping = False
     how = batching(role, prefix)
@@ -172,6 +175,7 @@ def optimize(
             mbs = micro_batches(mini, how, count) if n == 1 else unit_micro_batches(mini, n, how, count)
             lockstep = Lockstep(dp, len(mbs))
             for _, mb in mbs:
+                mb = to_device(mb, device)  # the batch crossed to this worker on the CPU
                 share = weight(mb) / total if total > 0 else 0.0
                 loss, mb_stats = micro_loss(mb)
                 lockstep.passed()
@@ -256,7 +260,8 @@ def finish_mini_batch(
     for k, v in stats.items():  # weighted as the loss is: the same whatever the micro-batches
         means.add(k, v / weights if weights > 0 else v)
     clip = role.optim.grad_clip if role.optim.grad_clip > 0 else float("inf")
-    grad_norm = to_float(torch.nn.utils.clip_grad_norm_(params, clip))  # sharded: the whole gradient's norm
+    clipped = grads_to_clip(params, optimizer)  # fp32 masters' gradients in mixed precision
+    grad_norm = to_float(torch.nn.utils.clip_grad_norm_(clipped, clip))  # sharded: the whole gradient's norm
     if not finite or not math.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
         return False

@@ -9,7 +9,6 @@ only carries the calls, so a Ray actor and an in-process worker sync the same wa
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from typing import Any
 
@@ -21,7 +20,7 @@ from asyncrl.weights.errors import WeightSyncError
 from asyncrl.weights.group import WeightSyncGroup
 from asyncrl.weights.handshake import PlanSummary
 from asyncrl.weights.stats import SyncStats
-from asyncrl.weights.transport import LOOPBACK, find_free_port
+from asyncrl.weights.transport import find_free_port
 
 __all__ = ["SyncReceiverMixin", "SyncSenderMixin"]
 
@@ -91,9 +90,9 @@ class SyncSenderMixin(_WeightSyncMixin):
             return quantize_for_sync(tensors)
         return tensors
 
-    def weight_sync_endpoint(self) -> tuple[str, int]:
-        """(host, port) for the group's store, chosen on the trainer's own node (``MASTER_ADDR`` or loopback)."""
-        host = os.environ.get("MASTER_ADDR", LOOPBACK)
+    def weight_sync_endpoint(self, host: str) -> tuple[str, int]:
+        """(host, port) for the group's store: a free port on ``host``, the trainer's own node address (the driver
+        asks the backend where this worker runs)."""
         return host, find_free_port(host)
 
     def send_weights(

@@ -59,6 +59,7 @@ class WeightSync:
         self.trainer, self.receivers, self.cfg = trainer, list(receivers), cfg
         self.ready_timeout_s, self.backend = ready_timeout_s, backend
         self.plan: PlanSummary | None = None
+        self.endpoint: str | None = None  # host:port of the group's store, once set up
 
     def setup(self) -> PlanSummary:
         """Create the sync group. Raises WeightSyncError (with a HandshakeError's text naming the parameter and the
@@ -78,7 +79,8 @@ class WeightSync:
             "weight-sync setup: waiting for the workers to start", errors, unfinished, self.ready_timeout_s
         )
         try:
-            host, port = self.trainer.call("weight_sync_endpoint").result(timeout=timeout_s)
+            host = self.trainer.location(timeout_s).address  # the trainer's node, never a loopback constant
+            host, port = self.trainer.call("weight_sync_endpoint", host).result(timeout=timeout_s)
         except TimeoutError as e:
             raise WeightSyncError(f"weight-sync setup: the trainer did not pick a port within {timeout_s:g} s") from e
         labelled = [
@@ -91,6 +93,7 @@ class WeightSync:
         results, errors, unfinished = gather(labelled, timeout_s + driver_grace_s(timeout_s))
         _raise_if_failed(f"weight-sync setup ({world} ranks on {host}:{port})", errors, unfinished, timeout_s)
         self.plan = results[rank_label(0)]
+        self.endpoint = f"{host}:{port}"
         return self.plan
 
     def push(self, version: int, _corrupt_bucket: int | None = None) -> SyncStats:

@@ -11,10 +11,13 @@ isolation (a worker that crashes the interpreter takes the run with it).
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from asyncrl.calls import wait_with_deadline
+from asyncrl.roles.placement import WorkerLocation
+from asyncrl.weights.transport import LOOPBACK
 
 
 class LocalPending:
@@ -42,3 +45,15 @@ class LocalHandle:
     def kill(self) -> None:
         """Stop taking calls; a call still running finishes on its thread (a thread cannot be killed)."""
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def location(self, timeout_s: float | None = None) -> WorkerLocation:
+        """This process, on this machine; the worker's device is its own choice (``trainer.device``)."""
+        return WorkerLocation(
+            name=self.name,
+            address=LOOPBACK,
+            node_id="local",
+            gpu_ids=(),
+            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            device=str(getattr(self.obj, "device", "cpu")),
+            pid=os.getpid(),
+        )

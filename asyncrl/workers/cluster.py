@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -12,18 +13,17 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.calls import wait_with_deadline
 from asyncrl.config import RayConfig
-from asyncrl.roles.placement import ROLLOUT_POOL, Placement, PlacementError
+from asyncrl.roles.placement import NodeCapacity, Placement, PlacementError, WorkerLocation
 from asyncrl.supervision.reaper import start_reaper
 from asyncrl.trainer.data_parallel import rank_name
 
-__all__ = ["PlacementError", "RayHandle", "RayPending", "RayPools", "cluster_cpus", "init_ray", "shutdown"]
+__all__ = ["PlacementError", "RayHandle", "RayPending", "RayPools", "cluster_nodes", "init_ray", "shutdown"]
 
 # Passed to every worker process, so nothing on any worker reaches a model hub and thread counts stay ours.
 WORKER_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
-    "MASTER_ADDR": "127.0.0.1",
 }
 # For workers of runs with several pools: idle OpenMP threads sleep instead of spinning, since a
 # spinning pool steals the other worker's core (measured: 2-thread decode fell from ~3,400 to 160 tok/s next to a
@@ -56,22 +56,27 @@ class RayHandle:
     def kill(self) -> None:
         ray.kill(self.actor)
 
+    def location(self, timeout_s: float | None = None) -> WorkerLocation:
+        ref = self.actor.ray_location.remote(self.name)
+        return wait_with_deadline(lambda t: ray.get(ref, timeout=t), timeout_s, self.call_timeout_s, self.name)
+
 
 _REAPER_STARTED = False
-_STARTED: tuple[str, int] | None = None  # (node id, CPUs) of the last local cluster init_ray started
+_STARTED: tuple[str, int, int | None] | None = None  # (node id, CPUs, GPUs) of the last local cluster init_ray started
 
 
 def init_ray(cfg: RayConfig) -> None:
-    """Start a local single-node cluster bound to 127.0.0.1, or connect to ``ray.address`` when the user gives one.
+    """Start a private local cluster bound to 127.0.0.1 (``ray.address`` null: even when another cluster runs on
+    this machine, which Ray would otherwise join), join the one running here (``auto``), or join ``host:port``.
 
-    A second run in the same process reuses the cluster, unless this function started it with another
-    ``ray.num_cpus``: then it is restarted with the CPUs this run asks for. A cluster the caller started is theirs
-    and is used as it is."""
+    A second run in the same process reuses the cluster, unless this function started it with other
+    ``ray.num_cpus``/``ray.num_gpus``: then it is restarted with what this run asks for. A cluster the caller
+    started (or named) is theirs and is used as it is."""
     global _STARTED
-    want = int(cfg.num_cpus or os.cpu_count() or 1)
+    want = (int(cfg.num_cpus or os.cpu_count() or 1), cfg.num_gpus)
     if ray.is_initialized():
         node = ray.get_runtime_context().get_node_id()
-        if cfg.address or _STARTED is None or _STARTED[0] != node or _STARTED[1] == want:  # not ours, or as wanted
+        if cfg.address or _STARTED is None or _STARTED[0] != node or _STARTED[1:] == want:  # not ours, or as wanted
             return
         ray.shutdown()
     env = dict(WORKER_ENV)
@@ -90,7 +95,9 @@ def init_ray(cfg: RayConfig) -> None:
     for k, v in env.items():
         os.environ.setdefault(k, v)
     ray.init(
-        num_cpus=want,
+        address="local",  # a new cluster of our own, never the one `ray start` left on this machine
+        num_cpus=want[0],
+        num_gpus=want[1],
         include_dashboard=False,
         runtime_env={"env_vars": env},
         configure_logging=True,
@@ -101,44 +108,71 @@ def init_ray(cfg: RayConfig) -> None:
     if ip != "127.0.0.1":
         ray.shutdown()
         raise RuntimeError(f"the local Ray cluster bound {ip}, not 127.0.0.1: this Ray ignores its loopback flag")
-    _STARTED = (ray.get_runtime_context().get_node_id(), want)
+    _STARTED = (ray.get_runtime_context().get_node_id(), *want)
     global _REAPER_STARTED
     if not _REAPER_STARTED:  # kills this cluster's processes if the driver is killed (asyncrl.supervision.reaper)
         start_reaper()
         _REAPER_STARTED = True
 
 
-def cluster_cpus() -> float:
-    return float(ray.cluster_resources().get("CPU", 0.0))
+def cluster_nodes() -> list[NodeCapacity]:
+    """The cluster's alive nodes and their CPUs and GPUs."""
+    return [
+        NodeCapacity(n["NodeManagerAddress"], float(n["Resources"].get("CPU", 0)), float(n["Resources"].get("GPU", 0)))
+        for n in ray.nodes()
+        if n.get("Alive")
+    ]
+
+
+@functools.cache
+def with_location(cls: type) -> type:
+    """``cls`` with one more call, ``ray_location``: where Ray put it (its node, the GPUs it was given)."""
+
+    def ray_location(self: Any, name: str) -> WorkerLocation:
+        ctx = ray.get_runtime_context()
+        return WorkerLocation(
+            name=name,
+            address=ray.util.get_node_ip_address(),
+            node_id=ctx.get_node_id(),
+            gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
+            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            device=str(getattr(self, "device", "cpu")),
+            pid=os.getpid(),
+        )
+
+    return type(cls.__name__, (cls,), {"ray_location": ray_location, "__module__": __name__})
 
 
 class RayPools:
-    """A ``Placement`` reserved on the Ray cluster: one placement group of one bundle per training pool (roles on a
-    pool share its CPUs) and one of ``n`` bundles for the rollout pool (strategy PACK).
+    """A ``Placement`` reserved on the Ray cluster: one placement group per pool, one bundle per node of the pool
+    (STRICT_SPREAD: on distinct nodes when there are several), each worker on its slot's bundle with its share of
+    the bundle's CPUs and GPUs (``Placement.slot``).
 
     Reserving the pools up front means a run's workers either all fit or fail at start with a clear message, and
-    roles on different pools never compete for the same CPUs. Each role runs ``int(cpus)`` torch threads of its pool,
-    so a lone role uses the whole pool and colocated roles time-share it."""
+    roles on different pools never compete for the same CPUs or GPUs. Each role runs its slot's torch threads, so a
+    lone role uses its whole part of the pool and colocated roles time-share it."""
 
     def __init__(self, placement: Placement, ready_timeout_s: float):
         self.placement = placement
         self.pgs: dict[str, Any] = {}
-        n_rollout = placement.rollout[0] if placement.rollout else 0
+        pools = placement.all_pools()
+        n_rollout = placement.rollout.ranks if placement.rollout else 0
         shared = len(placement.pools) + n_rollout + placement.actor_ranks - 1 > 1
         self.env = {"env_vars": {**WORKER_ENV, **SHARED_CORES_ENV}} if shared else None
-        bundles = {name: [{"CPU": cpus}] for name, cpus in placement.pools.items()}
-        if placement.rollout is not None:
-            n, cpus = placement.rollout
-            bundles[ROLLOUT_POOL] = [{"CPU": cpus}] * n
         try:
-            for name, b in bundles.items():
-                self.pgs[name] = pg = placement_group(b, strategy="PACK")
+            # the most constrained pools first (GPUs, then CPUs per node): Ray places each group as it comes, and a
+            # small bundle taken from the one node a large one fits on would leave the large one pending
+            for name, pool in sorted(pools.items(), key=lambda kv: (-kv[1].gpus, -kv[1].cpus)):
+                strategy = "STRICT_SPREAD" if pool.nodes > 1 else "PACK"
+                self.pgs[name] = pg = placement_group([pool.bundle()] * pool.nodes, strategy=strategy)
                 try:
                     ray.get(pg.ready(), timeout=ready_timeout_s)
                 except ray.exceptions.GetTimeoutError:
+                    nodes = "; ".join(f"{n.address}: {n.cpus:g} CPUs, {n.gpus:g} GPUs" for n in cluster_nodes())
                     raise PlacementError(
-                        f"pool {name!r} ({len(b)} x {b[0]['CPU']:g} CPUs) could not be placed within "
-                        f"{ready_timeout_s:g} s; the cluster has {cluster_cpus():g} CPUs"
+                        f"pool {name!r} ({pool.describe()}) could not be placed within {ready_timeout_s:g} s "
+                        f"(ray.placement_timeout_s) beside the pools already reserved ({', '.join(self.pgs) or 'none'}"
+                        f"); the cluster's nodes: {nodes}"
                     ) from None
         except BaseException:
             self.release()
@@ -147,25 +181,22 @@ class RayPools:
     def spawn(
         self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, ranks: int = 1, **kwargs: Any
     ) -> RayHandle:
-        """Start ``cls`` for a training role (``actor``, ``critic``, ``reward_model``) on its pool, or for the
-        rollout pool's worker ``rollout:<i>``. ``concurrency > 1`` makes a threaded actor (calls run on a thread
-        pool), for a worker with a background loop that must still answer calls (the fully_async Rollouter).
-        ``ranks``: one of that many data-parallel ranks of the role, which split its share and threads."""
-        if role.startswith(ROLLOUT_POOL + ":"):
-            pool, index = ROLLOUT_POOL, int(role.split(":")[1])
-            cpus = share = self.placement.rollout[1]  # type: ignore[index]
-        else:
-            pool, index = self.placement.pool_of(role), 0
-            cpus = self.placement.pools[pool]
-            share = cpus / len(self.placement.roles_on(pool)) / ranks
-            cpus = cpus / ranks  # the ranks run at once: each its part of the pool's threads
-        strategy = PlacementGroupSchedulingStrategy(placement_group=self.pgs[pool], placement_group_bundle_index=index)
-        opts: dict[str, Any] = {"num_cpus": share, "scheduling_strategy": strategy}
+        """Start ``cls`` for a training role (``actor`` rank ``rank``, ``critic``, ``reward_model``) or for the
+        rollout pool's worker ``rollout:<i>`` on its slot. ``concurrency > 1`` makes a threaded actor (calls run on
+        a thread pool), for a worker with a background loop that must still answer calls (the fully_async
+        Rollouter)."""
+        slot = self.placement.slot(role, kwargs.get("rank", 0))
+        strategy = PlacementGroupSchedulingStrategy(
+            placement_group=self.pgs[slot.pool], placement_group_bundle_index=slot.node
+        )
+        opts: dict[str, Any] = {"num_cpus": slot.cpus, "num_gpus": slot.gpus, "scheduling_strategy": strategy}
         if concurrency > 1:
             opts["max_concurrency"] = concurrency
         if self.env:
             opts["runtime_env"] = self.env
-        actor = ray.remote(cls).options(**opts).remote(*args, name=name, num_threads=max(1, int(cpus)), **kwargs)
+        actor = (
+            ray.remote(with_location(cls)).options(**opts).remote(*args, name=name, num_threads=slot.threads, **kwargs)
+        )
         return RayHandle(actor, rank_name(name, kwargs.get("rank", 0)))
 
     def release(self) -> None:

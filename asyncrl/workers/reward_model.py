@@ -9,6 +9,7 @@ import time
 import torch
 
 from asyncrl.config.specs import RewardModelSpec
+from asyncrl.models.device import resolve_device
 from asyncrl.models.reward_model import load_reward_model, score_ids
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Sample, Scored
@@ -20,7 +21,9 @@ class RewardModelWorker:
             torch.set_num_threads(num_threads)
         self.name = name
         self.micro = spec.reward_model.micro_batch_size
+        self.device = resolve_device(spec.device, name)
         self.model, self.tokenizer = load_reward_model(spec.reward_model.path, spec.policy_path)
+        self.model.to(self.device)
         self.timeline = get_timeline()
         self.timeline.worker = name
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from asyncrl.config.specs import RolloutSpec
+from asyncrl.models.device import resolve_device
 from asyncrl.rewards.generate import generate_scored
 from asyncrl.rewards.loop import build_reward_loop
 from asyncrl.rewards.reward_fn import build_reward_fn
@@ -29,7 +30,8 @@ class RolloutWorker(SyncReceiverMixin):
         if num_threads:
             torch.set_num_threads(num_threads)
         self.name = name
-        self.engine = rollout_engine(spec.engine)
+        self.device = resolve_device(spec.engine.device, name)
+        self.engine = rollout_engine(spec.engine, self.device)
         self.reward_fn = build_reward_fn(spec.reward.custom_function, binarize=spec.reward.binarize)
         self.scorer = build_reward_loop(spec.reward, self.reward_fn) or self.reward_fn
         self.timeline = get_timeline()

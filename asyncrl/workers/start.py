@@ -88,6 +88,7 @@ def _spawn(cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: Any, produ
         reward_model=reward_model,
         handles=list(backend.handles),
         respawn=respawn,
+        rendezvous=backend.rendezvous,
     )
 
 
@@ -100,11 +101,13 @@ def _spawn_trainer(cfg: Config, specs: RoleSpecs, backend: Any) -> TrainerClient
         backend.spawn("actor", ActorRolloutWorker, spec, name="trainer", ranks=n, rank=r, world_size=n)
         for r in range(n)
     ]
-    host, port = ranks[0].call("data_parallel_endpoint").result()
     timeout = cfg.trainer.role_start_timeout_s
+    host = ranks[0].location(timeout).address  # rank 0's node, as the backend knows it: never a loopback constant
+    host, port = ranks[0].call("data_parallel_endpoint", host).result()
     joins = [h.call("init_data_parallel", host, port, timeout) for h in ranks]
     for j in joins:
         j.result()
+    backend.rendezvous["trainer_data_parallel"] = f"{host}:{port}"
     return DataParallelTrainerClient(ranks, sharded=cfg.trainer.strategy == "fsdp2")
 
 
@@ -112,13 +115,14 @@ class _RayBackend:
     """Roles as Ray actors on reserved placement groups of a local (or the configured) cluster."""
 
     def __init__(self, cfg: Config, needed: list[str], rollout_pool: bool):
-        from asyncrl.workers.cluster import RayPools, cluster_cpus, init_ray
+        from asyncrl.workers.cluster import RayPools, cluster_nodes, init_ray
 
         init_ray(cfg.ray)
-        self.placement = resolve_placement(cfg, needed, rollout_pool, cluster_cpus())  # before any worker starts
-        self.pools = RayPools(self.placement, ready_timeout_s=cfg.trainer.role_start_timeout_s)
+        self.placement = resolve_placement(cfg, needed, rollout_pool, cluster_nodes())  # before any worker starts
+        self.pools = RayPools(self.placement, ready_timeout_s=cfg.ray.placement_timeout_s)
         self.call_timeout_s = cfg.trainer.call_timeout_s
         self.handles: list[Handle] = []
+        self.rendezvous: dict[str, str] = {}
 
     def spawn(self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, **kwargs: Any) -> Handle:
         h = self.pools.spawn(role, cls, *args, name=name, concurrency=concurrency, **kwargs)
@@ -139,6 +143,7 @@ class _LocalBackend:
         self.placement = resolve_placement(cfg, needed, rollout_pool, None)
         self.call_timeout_s = cfg.trainer.call_timeout_s
         self.handles: list[Handle] = []
+        self.rendezvous: dict[str, str] = {}
 
     def spawn(
         self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, ranks: int = 1, **kwargs: Any

@@ -1,0 +1,48 @@
+"""The resource keys in verl's terms: nodes and GPUs per node for the trainer and for the rollout pool.
+
+``trainer.nnodes`` x ``trainer.n_gpus_per_node`` is the trainer's data-parallel world, one rank per GPU;
+``rollout.nnodes`` x ``rollout.n_gpus_per_node`` the rollout pool's workers, one per GPU. ``num_workers`` left at 1
+becomes that product, so a config written for verl's recipes needs no other key; set to anything else it must agree.
+Without GPUs, ``nnodes`` spreads ``num_workers`` CPU ranks evenly over that many nodes. Where the pools land, and
+whether the cluster holds them, is decided when the run starts (``asyncrl.roles.placement``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncrl.config.errors import ConfigError, check
+
+
+def resolve_ranks(cfg: Any) -> None:
+    """Set ``trainer.num_workers`` / ``rollout.num_workers`` from the node and GPU keys where left at 1, and check
+    they agree; ``cfg`` is the whole config (``asyncrl.config.schema.Config``)."""
+    for key in ("trainer", "rollout"):
+        section = getattr(cfg, key)
+        nodes, gpus = section.nnodes, section.n_gpus_per_node
+        if gpus > 0:
+            want = nodes * gpus
+            if section.num_workers == 1:
+                section.num_workers = want
+            allowed = f"{want} ({key}.nnodes x {key}.n_gpus_per_node: one rank per GPU), or left out"
+            check(section.num_workers == want, f"{key}.num_workers", section.num_workers, allowed)
+        elif nodes > 1:
+            if section.num_workers == 1:
+                section.num_workers = nodes
+            allowed = f"a multiple of {key}.nnodes ({nodes}): as many ranks on every node"
+            check(section.num_workers % nodes == 0, f"{key}.num_workers", section.num_workers, allowed)
+    t, r = cfg.trainer, cfg.rollout
+    if t.backend == "in_process":
+        for key, section in (("trainer", t), ("rollout", r)):
+            for name, default in (("nnodes", 1), ("n_gpus_per_node", 0)):
+                value = getattr(section, name)
+                allowed = (
+                    f"{default} with trainer.backend=in_process: its roles run in this process, on trainer.device "
+                    "(reserving nodes and GPUs is the Ray backend's)"
+                )
+                check(value == default, f"{key}.{name}", value, allowed)
+    if t.schedule == "sync" and (r.nnodes != 1 or r.n_gpus_per_node != 0):
+        raise ConfigError(
+            "config keys rollout.nnodes / rollout.n_gpus_per_node: set, but trainer.schedule=sync generates on the "
+            "trainer's own workers (no rollout pool); size the trainer with trainer.nnodes / trainer.n_gpus_per_node"
+        )
