@@ -169,10 +169,13 @@ def test_several_gpu_ranks_per_node_do_not_share_their_pool_with_another_role():
 def test_the_weight_sync_uses_nccl_only_between_workers_on_gpus_of_their_own():
     from asyncrl.roles.placement import WorkerLocation, sync_backend
 
-    def at(device: str, node: str = "n1", gpus: tuple[str, ...] = ()) -> WorkerLocation:
-        return WorkerLocation("w", "10.0.0.1", node, gpus, ",".join(gpus) or None, device, 1)
+    pids = iter(range(100, 200))
+
+    def at(device: str, node: str = "n1", gpus: tuple[str, ...] = (), pid: int | None = None) -> WorkerLocation:
+        return WorkerLocation("w", "10.0.0.1", node, gpus, ",".join(gpus) or None, device, pid or next(pids))
 
     assert sync_backend([at("cuda:0", "n1", ("0",)), at("cuda:0", "n2", ("0",)), at("cuda:0", "n1", ("1",))]) == "nccl"
     assert sync_backend([at("cuda:0", "n1", ("0",)), at("cuda:0", "n1", ("0",))]) == "gloo"  # one GPU, two ranks
-    assert sync_backend([at("cuda:0"), at("cuda:0")]) == "gloo"  # in-process: the process's device, shared
+    assert sync_backend([at("cuda:0"), at("cuda:0")]) == "gloo"  # two processes on one node, no GPU of their own
+    assert sync_backend([at("cuda:0", "local", pid=7), at("cuda:0", "local", pid=7)]) == "local"  # in-process
     assert sync_backend([at("cpu", "n1", ("0",)), at("cuda:0", "n2", ("0",))]) == "gloo"  # a CPU worker

@@ -1,4 +1,5 @@
-"""WeightSyncGroup without Ray: every rank is a thread of this process over its own gloo group on 127.0.0.1.
+"""WeightSyncGroup without Ray: every rank is a thread of this process over its own gloo group on 127.0.0.1, or over
+the ``local`` transport (no process group: each receiver copies rank 0's tensor, as the in-process backend syncs).
 
 This works because a sync group never uses torch.distributed's default group, so several ranks (and several groups)
 can live in one process. Every rank runs in a daemon thread joined with a bound, so a broken timeout fails the test
@@ -50,14 +51,20 @@ def run_ranks(*fns):
     return results
 
 
-def make_groups(receiver_params, bucket_mb=1.0, sender_params=None):
+def make_groups(receiver_params, bucket_mb=1.0, sender_params=None, backend="gloo"):
     port = find_free_port()
     world = len(receiver_params) + 1
     sender_params = sender_params or trainer_params()
 
     def create(rank, params):
         return lambda: WeightSyncGroup.create(
-            rank=rank, world_size=world, port=port, params=params, bucket_mb=bucket_mb, timeout_s=TIMEOUT_S
+            rank=rank,
+            world_size=world,
+            port=port,
+            params=params,
+            bucket_mb=bucket_mb,
+            timeout_s=TIMEOUT_S,
+            backend=backend,
         )
 
     return run_ranks(create(0, sender_params), *[create(r + 1, p) for r, p in enumerate(receiver_params)])
@@ -67,9 +74,9 @@ def zeros_like_all(params):
     return {k: torch.zeros_like(v) for k, v in params.items()}
 
 
-@pytest.fixture
-def groups():
-    made = make_groups([zeros_like_all(trainer_params())] * 2, bucket_mb=0.002)  # ~2 KiB: several buckets
+@pytest.fixture(params=["gloo", "local"])
+def groups(request):
+    made = make_groups([zeros_like_all(trainer_params())] * 2, bucket_mb=0.002, backend=request.param)  # ~2 KiB
     assert all(isinstance(g, WeightSyncGroup) for g in made), made
     yield made
     for g in made:
@@ -136,10 +143,11 @@ def test_receiver_whose_sender_never_sends_times_out_naming_version_and_rank(gro
         r1.receive()
 
 
-def test_handshake_mismatch_fails_on_every_rank_and_names_the_parameter_and_worker():
+@pytest.mark.parametrize("backend", ["gloo", "local"])
+def test_handshake_mismatch_fails_on_every_rank_and_names_the_parameter_and_worker(backend):
     good = zeros_like_all(trainer_params())
     bad = dict(good, **{"layer.0.weight": torch.zeros(16, 8)})
-    results = make_groups([good, bad])
+    results = make_groups([good, bad], backend=backend)
     assert all(isinstance(r, HandshakeError) for r in results), results
     assert "parameter 'layer.0.weight' has shape [16, 16] on the trainer but [16, 8] on rollout worker rank 2" in str(
         results[2]
@@ -157,3 +165,17 @@ def test_validate_plan_names_parameters_missing_on_either_side():
         validate_plan(plan, more, rank=3)
     as_bf16 = [ParamMeta(m.name, m.shape, torch.bfloat16) for m in plan.metas]
     validate_plan(plan, as_bf16, rank=3)  # dtypes may differ: the rollout model's copy_ casts
+
+
+def test_the_local_transport_copies_from_the_senders_tensors_without_a_process_group():
+    """In-process ranks: the receivers' tensors are copies (not the trainer's own), and nothing was opened."""
+    made = make_groups([zeros_like_all(trainer_params())], backend="local")
+    try:
+        assert all(g._store is None for g in made)  # no TCPStore, no gloo/NCCL group
+        params = trainer_params(seed=9)
+        _, (named, version, _) = sync(made, params, version=1)
+        for name, t in named:
+            assert torch.equal(t, params[name]) and t.data_ptr() != params[name].data_ptr(), name
+    finally:
+        for g in made:
+            g.close()

@@ -142,9 +142,11 @@ class Placement:
 
 
 def sync_backend(workers: list[WorkerLocation]) -> str:
-    """The transport of a group of workers (the weight sync's): ``nccl`` when every one is on CUDA with a GPU Ray
-    gave it alone (NCCL refuses two ranks on one device), else ``gloo`` through host memory (CPU workers, or
-    in-process workers sharing the process's device)."""
+    """The transport of a group of workers (the weight sync's): ``local`` when they are all in one process (the
+    in-process backend: a copy on the device they share, no process group), ``nccl`` when every one is on CUDA with
+    a GPU Ray gave it alone (NCCL refuses two ranks on one device), else ``gloo`` through host memory."""
+    if workers and len({(w.node_id, w.pid) for w in workers}) == 1:
+        return "local"
     gpus = [(w.node_id, g) for w in workers for g in w.gpu_ids]
     own_gpu = all(w.device.startswith("cuda") and len(w.gpu_ids) == 1 for w in workers)
     return "nccl" if workers and own_gpu and len(set(gpus)) == len(gpus) else "gloo"

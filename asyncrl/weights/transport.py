@@ -1,4 +1,4 @@
-"""A process group for the weight sync that does not touch torch.distributed's default group.
+"""A process group for the weight sync that does not touch torch.distributed's default group, or none at all.
 
 Why not ``init_process_group``: a process has one default group, and a trainer may need it for its own data
 parallelism (DDP/FSDP), while a Ray actor process may take part in more than one sync group over a run (the group is
@@ -8,18 +8,26 @@ called on that object directly with a per-call timeout. Any number of these can 
 
 Every collective here is started asynchronously and waited with a deadline, so a peer that never shows up makes
 the call raise (RuntimeError from c10d) after the remaining time instead of blocking forever.
+
+``local``: every rank is a thread of this process (the in-process backend). There is no process group: a broadcast
+is each receiver copying rank 0's tensor, on the device it lives on (the in-device copy of a trainer and an engine
+sharing one GPU, where NCCL would refuse two ranks on one device), with the same deadlines.
 """
 
 from __future__ import annotations
 
 import socket
+import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 LOOPBACK = "127.0.0.1"
+LOCAL = "local"  # the ranks are threads of one process: no process group, a copy from rank 0's tensor
 
 
 def find_free_port(host: str = LOOPBACK) -> int:
@@ -37,8 +45,11 @@ def default_backend() -> str:
 
 
 def backend_device(backend: str) -> torch.device:
-    """Where the transport buffers live: NCCL moves CUDA tensors, gloo moves host tensors."""
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    """Where the transport buffers live: NCCL moves CUDA tensors, gloo moves host tensors, and ``local`` copies on
+    the process's device (its roles' ``trainer.device=auto``)."""
+    if backend == "nccl" or (backend == LOCAL and torch.cuda.is_available()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class Deadline:
@@ -63,6 +74,8 @@ def create_process_group(
     Blocks until all ``world_size`` ranks joined, at most ``timeout_s`` seconds (then c10d raises RuntimeError).
     Keep the store referenced as long as the group lives: rank 0's store is the server the others talk to.
     """
+    if backend == LOCAL:
+        return _LocalHub.join((host, port, group_name), rank, world_size), None
     timeout = timedelta(seconds=timeout_s)
     base = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False)
     store = dist.PrefixStore(f"asyncrl/{group_name}/", base)
@@ -85,7 +98,7 @@ def create_process_group(
         opts._timeout = timeout
         pg = dist.ProcessGroupNCCL(store, rank, world_size, opts)
     else:
-        raise ValueError(f"weight sync: unknown backend {backend!r} (expected 'gloo' or 'nccl')")
+        raise ValueError(f"weight sync: unknown backend {backend!r} (expected 'gloo', 'nccl' or 'local')")
     return pg, base
 
 
@@ -134,3 +147,120 @@ def close_process_group(pg: dist.ProcessGroup | None, abort: bool) -> None:
         pg.abort() if abort else pg.shutdown()
     except Exception:  # noqa: BLE001 - best effort: the group is being dropped either way
         pass
+
+
+# ---- ranks in one process ------------------------------------------------------------------------------------------
+class _LocalHub:
+    """What the ranks of one in-process group share: each collective's state by its sequence number (every rank
+    issues the same collectives in the same order, as with a process group)."""
+
+    _hubs: dict[tuple[str, int, str], _LocalHub] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, key: tuple[str, int, str], world_size: int) -> None:
+        self.key, self.world = key, world_size
+        self.cond = threading.Condition()
+        self.ops: dict[int, list[Any]] = {}
+        self.aborted = False
+        self.left = 0
+
+    @classmethod
+    def join(cls, key: tuple[str, int, str], rank: int, world_size: int) -> LocalProcessGroup:
+        with cls._lock:
+            hub = cls._hubs.setdefault(key, cls(key, world_size))
+        if hub.world != world_size:
+            raise RuntimeError(f"local group {key}: world size {world_size}, the group has {hub.world}")
+        return LocalProcessGroup(hub, rank)
+
+    def wait_for(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+        """Wait (holding ``cond``) until ``ready()``; RuntimeError on the deadline or when a rank aborted."""
+        end = time.monotonic() + timeout_s
+        while not ready():
+            if self.aborted:
+                raise RuntimeError(f"local group: {what}: a rank aborted the group")
+            left = end - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"local group: {what} timed out after {timeout_s:g} s (a peer did not take part)")
+            self.cond.wait(left)
+
+    def leave(self, abort: bool) -> None:
+        with self.cond:
+            self.aborted = self.aborted or abort
+            self.left += 1
+            self.cond.notify_all()
+        if self.left >= self.world or abort:
+            with _LocalHub._lock:
+                if _LocalHub._hubs.get(self.key) is self:
+                    del _LocalHub._hubs[self.key]
+
+
+class LocalWork:
+    """A collective of a local group; ``wait`` does the rank's part (a receiver's copy) and waits for the others."""
+
+    def __init__(self, done: Callable[[float], None]) -> None:
+        self._done = done
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self._done(timeout.total_seconds() if timeout is not None else 1e9)
+        return True
+
+
+class LocalProcessGroup:
+    """One rank's view of a group of threads: ``broadcast`` and ``allreduce`` (sum) with the c10d call shapes this
+    module uses, on tensors where they are (a CUDA tensor is copied on its device)."""
+
+    def __init__(self, hub: _LocalHub, rank: int) -> None:
+        self.hub, self.rank, self.seq = hub, rank, 0
+
+    def _next(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> LocalWork:
+        tensor, seq, hub = tensors[0], self._next(), self.hub
+        if self.rank == 0:
+            with hub.cond:
+                hub.ops[seq] = [tensor, hub.world - 1]
+                hub.cond.notify_all()
+
+            def sent(timeout_s: float) -> None:
+                with hub.cond:
+                    hub.wait_for(lambda: hub.ops[seq][1] == 0, timeout_s, f"broadcast {seq} (sending)")
+                    del hub.ops[seq]
+
+            return LocalWork(sent)
+
+        def received(timeout_s: float) -> None:
+            with hub.cond:
+                hub.wait_for(lambda: seq in hub.ops, timeout_s, f"broadcast {seq} (receiving)")
+                src = hub.ops[seq][0]
+            tensor.copy_(src)  # rank 0 waits until every receiver has copied: its tensor stays as it was
+            with hub.cond:
+                hub.ops[seq][1] -= 1
+                hub.cond.notify_all()
+
+        return LocalWork(received)
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> LocalWork:
+        tensor, seq, hub = tensors[0], self._next(), self.hub
+        with hub.cond:
+            entry = hub.ops.setdefault(seq, [torch.zeros_like(tensor), 0, 0])  # sum, contributed, read
+            entry[0] += tensor
+            entry[1] += 1
+            hub.cond.notify_all()
+
+        def reduced(timeout_s: float) -> None:
+            with hub.cond:
+                hub.wait_for(lambda: entry[1] == hub.world, timeout_s, f"all-reduce {seq}")
+                tensor.copy_(entry[0])
+                entry[2] += 1
+                if entry[2] == hub.world:
+                    del hub.ops[seq]
+
+        return LocalWork(reduced)
+
+    def shutdown(self) -> None:
+        self.hub.leave(abort=False)
+
+    def abort(self) -> None:
+        self.hub.leave(abort=True)
