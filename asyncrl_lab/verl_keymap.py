@@ -70,6 +70,7 @@ VERL_NAMES: dict[str, str] = {
     "rollout.max_model_len": f"{_ARR}.rollout.max_model_len",
     "rollout.enforce_eager": f"{_ARR}.rollout.enforce_eager",
     "rollout.gpu_memory_utilization": f"{_ARR}.rollout.gpu_memory_utilization",
+    "rollout.max_num_batched_tokens": f"{_ARR}.rollout.max_num_batched_tokens",
     "rollout.val_temperature": f"{_ARR}.rollout.val_kwargs.temperature",
     "rollout.num_workers": "rollout.nnodes x rollout.n_gpus_per_node (so when left at 1)",
     "rollout.nnodes": "rollout.nnodes (verl's fully_async and one_step_off recipes)",

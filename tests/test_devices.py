@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import string
 import time
 from dataclasses import replace
@@ -297,3 +298,17 @@ def test_these_tests_run_without_ray_vllm_omegaconf_or_reasoning_gym():
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "3 passed" in out.stdout, out.stdout[-1000:]
+
+
+def test_vllm_sizes_its_kv_cache_from_device_memory_on_a_gpu_and_from_ram_on_the_cpu():
+    """What the engine passes to ``vllm.LLM`` (no vLLM needed to check it; the GPU side has not run on a GPU)."""
+    from asyncrl.rollout.vllm_engine import VllmOptions, memory_options
+
+    opts = VllmOptions(max_num_seqs=8, max_model_len=64, gpu_memory_utilization=0.5)
+    assert memory_options(opts, on_gpu=True) == {"gpu_memory_utilization": 0.5}  # vLLM's step size
+    cpu = memory_options(opts, on_gpu=False)
+    assert cpu["max_num_batched_tokens"] == 8 * 64 and "gpu_memory_utilization" not in cpu
+    assert 0 < cpu["kv_cache_memory_bytes"] < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    chosen = replace(opts, max_num_batched_tokens=4096)
+    assert memory_options(chosen, on_gpu=True)["max_num_batched_tokens"] == 4096
+    assert memory_options(chosen, on_gpu=False)["max_num_batched_tokens"] == 4096

@@ -84,6 +84,9 @@ class RolloutConfig(Checked):
     max_model_len: int | None = None  # vllm: prompt + response tokens; null = data.max_prompt_length + response_length
     enforce_eager: bool = True  # vllm: no graph capture / compilation
     gpu_memory_utilization: float = 0.05  # vllm: the KV cache's share of device memory (on CPU: of the machine's RAM)
+    # vllm: tokens scheduled per engine step; null = max_num_seqs x max_model_len on CPU (vLLM 0.32 there must not
+    # split the prefill of a seeded request), vLLM's own default on a GPU
+    max_num_batched_tokens: int | None = None
     val_temperature: float = 0.0  # 0 = greedy held-out evaluation
     num_workers: int = 1  # rollout workers in the rollout pool (1 with GPUs: nnodes x n_gpus_per_node)
     nnodes: int = 1  # nodes the rollout workers spread over, num_workers / nnodes on each (verl's rollout.nnodes)
@@ -103,6 +106,7 @@ class RolloutConfig(Checked):
         "max_num_seqs": POSITIVE_INT,
         "max_model_len": or_null(at_least(2)),
         "gpu_memory_utilization": rule(lambda v: 0 < v < 1, "in (0, 1)"),
+        "max_num_batched_tokens": or_null(POSITIVE_INT),
         "val_temperature": NON_NEGATIVE,
         "num_workers": POSITIVE_INT,
         "nnodes": POSITIVE_INT,

