@@ -101,23 +101,24 @@ def test_one_step_off_places_two_trainer_nodes_and_a_two_gpu_rollout_node(cluste
     assert placement["pools"]["trainer"]["nodes"] == 2 and placement["pools"]["rollout"]["gpus"] == 2.0
 
 
-def test_fully_async_places_its_rollouter_on_a_gpu_of_its_own(cluster, setup):
+def test_fully_async_drives_two_rollout_ranks_on_a_two_gpu_node(cluster, setup):
+    """One Rollouter (rollout rank 0) and its other rank, a GPU each on the rollout's node; the trainer's ranks on the
+    two others; the weight sync reaches both rollout ranks (the run completes its syncs)."""
     placement = _run(
         cluster,
         setup,
         "fa",
         "trainer.schedule=fully_async",
-        "rollout.n_gpus_per_node=1",
+        "rollout.n_gpus_per_node=2",
         "async_training.staleness_threshold=1",
     )
+    _check_trainer(placement, {"127.0.0.2", "127.0.0.3"})
     workers = {w["name"]: w for w in placement["workers"]}
-    rollouter = workers["rollouter"]
-    trainer_nodes = {workers["trainer"]["address"], workers["trainer.rank1"]["address"]}
-    _check_trainer(placement, trainer_nodes)
-    assert len(trainer_nodes) == 2 and trainer_nodes <= {ip for ip, _ in NODES}
-    assert len(rollouter["gpu_ids"]) == 1 and rollouter["address"] in {ip for ip, _ in NODES}
+    ranks = [workers["rollouter"], workers["rollout1"]]
+    assert {w["address"] for w in ranks} == {"127.0.0.4"}
+    assert all(len(w["gpu_ids"]) == 1 for w in ranks) and ranks[0]["gpu_ids"] != ranks[1]["gpu_ids"]
     held = [(w["node_id"], g) for w in placement["workers"] for g in w["gpu_ids"]]
-    assert len(held) == len(set(held)) == 3
+    assert len(held) == len(set(held)) == 4
 
 
 def test_a_plan_larger_than_the_cluster_fails_at_once_with_one_line(cluster, setup, capsys):

@@ -66,6 +66,14 @@ def _prompts(tok, texts=TEXTS) -> list[Prompt]:
     return [Prompt(index=i, prompt_ids=tok.encode(t), data_source="test", ground_truth="") for i, t in enumerate(texts)]
 
 
+def _sampled(tok, device: str, dtype: torch.dtype, new_tokens: int, seed: int):
+    """A micro model on ``device`` in ``dtype`` and a batch of its own samples (4 prompts x 4), as a trainer gets it."""
+    model = _model(tok, device, dtype)
+    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, n=4)
+    samples = RolloutEngine(model, tok).generate(_prompts(tok), params, seed=seed)
+    return model, collate(samples, tok.pad_token_id)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_fp32_master_weights_keep_updates_that_bf16_weights_round_away(device):
     def train(optimizer_cls) -> tuple[torch.nn.Linear, torch.optim.Optimizer]:
@@ -98,10 +106,7 @@ def test_fp32_master_weights_keep_updates_that_bf16_weights_round_away(device):
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_trainer_and_engine_logprobs_agree(tok, device, dtype):
-    model = _model(tok, device, dtype)
-    engine = RolloutEngine(model, tok)
-    samples = engine.generate(_prompts(tok), SamplingParams(temperature=1.0, max_new_tokens=12, n=4), seed=3)
-    batch = collate(samples, tok.pad_token_id)
+    model, batch = _sampled(tok, device, dtype, new_tokens=12, seed=3)
     trainer_BT = response_logprobs(model, batch, temperature=1.0, how=8)
     mask = batch.response_mask_BT
     gap = float(((trainer_BT - batch.behav_logp_BT).abs() * mask).sum() / mask.sum())
@@ -125,10 +130,7 @@ def test_a_weight_update_lands_in_the_engine_on_its_device(tok, device):
 def test_fitting_a_fixed_batch_raises_the_advantaged_responses(tok, device, dtype):
     from tests.helpers import advantages, ppo_update
 
-    model = _model(tok, device, dtype)
-    engine = RolloutEngine(model, tok)
-    samples = engine.generate(_prompts(tok), SamplingParams(temperature=1.0, max_new_tokens=8, n=4), seed=5)
-    batch = collate(samples, tok.pad_token_id)
+    model, batch = _sampled(tok, device, dtype, new_tokens=8, seed=5)
     sign_B = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(batch.size)])  # half the responses advantaged
     batch = replace(batch, policy=advantages(sign_B[:, None] * batch.response_mask_BT))
     actor = ActorConfig(ppo_mini_batch_size=batch.size, ppo_micro_batch_size=batch.size)

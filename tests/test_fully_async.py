@@ -251,3 +251,54 @@ def test_decoupled_ppo_anchors_at_the_sync_window_start(setup):
         kl[prox] = [metrics[s]["rollout_corr/k3_kl"] for s in (1, 2)]
     assert max(kl[True]) < 1e-6 and kl[False][0] < 1e-6  # the engine's float gap only
     assert kl[False][1] > 100 * max(max(kl[True]), 1e-9)  # the first update, seen by the current weights
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["finish", "interrupt"])
+def test_one_rollouter_drives_two_rollout_ranks_with_one_set_of_books(setup, tmp_path, partial):
+    """rollout.num_workers=2: the Rollouter decodes a share of each call's groups on the other rank (whose spans are
+    in the timeline), every rank gets each weight sync, and staleness, consumption and the ledger are one
+    Rollouter's. With partial_rollout a pause interrupts the other rank's decode too."""
+    root, model, train, test = setup
+    run_dir = tmp_path / "ranks"
+    over = train_overrides(model, train, test, run_dir, 6) + FULLY_ASYNC
+    over += [
+        "trainer.backend=in_process",
+        "rollout.num_workers=2",
+        "async_training.staleness_threshold=1.0",
+        "async_training.trigger_parameter_sync_step=2",
+        f"async_training.partial_rollout={str(partial).lower()}",
+        "rollout.response_length=12",
+    ]
+    cfg = load_config(None, over)
+    summary = run_training(cfg)
+    metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl")}
+    assert [m["staleness/max"] <= _bound(cfg) for m in metrics.values() if m["step"] > 0] == [True] * 6
+    assert metrics[6]["fully_async/count/consumed_groups"] == 12
+    assert summary["ledger"]["lost"] == 0 and summary["ledger"]["duplicated"] == 0
+    trace = json.loads((run_dir / "timeline.json").read_text())
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    decoded = {names.get(e["pid"]) for e in trace["traceEvents"] if e.get("name") == "generate" and e.get("ph") == "X"}
+    assert {"rollouter", "rollout1"} <= decoded, decoded
+    workers = {w["name"] for w in summary["placement"]["workers"]}
+    assert {"rollouter", "rollout1"} <= workers
+
+
+def test_a_decode_splits_whole_groups_over_the_ranks():
+    from asyncrl.schedules.fully_async.rollouter import split_by_group
+    from asyncrl.types import Prompt, Sample
+
+    def row(index: int) -> Sample:
+        prompt = Prompt(index=index, prompt_ids=[1, 2], data_source="t", ground_truth="")
+        return Sample(prompt=prompt, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted")
+
+    rows = [row(g) for g in (0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4)]
+    for n in (1, 2, 3, 5, 8):
+        shares = split_by_group(rows, n)
+        assert len(shares) == n and sorted(i for s in shares for i in s) == list(range(len(rows)))
+        for share in shares:  # a group never straddles two ranks
+            groups = {rows[i].prompt.uid for i in share}
+            assert all(
+                sum(rows[i].prompt.uid == g for i in share) == sum(r.prompt.uid == g for r in rows) for g in groups
+            )
+        assert shares[0], "the Rollouter's own share is never empty"
+    assert [len(s) for s in split_by_group(rows, 2)] == [8, 10] or [len(s) for s in split_by_group(rows, 2)] == [10, 8]

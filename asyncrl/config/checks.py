@@ -158,12 +158,6 @@ def _check_async_training(cfg: Config) -> None:
         f"a multiple of async_training.trigger_parameter_sync_step ({k}): the run ends at a weight sync",
     )
     check(
-        cfg.rollout.num_workers == 1,
-        "rollout.num_workers",
-        cfg.rollout.num_workers,
-        "1 in fully_async (one Rollouter; several are not implemented yet)",
-    )
-    check(
         not at.compute_prox_log_prob or cfg.algorithm.rollout_correction.rollout_is not in (None, "disabled"),
         "algorithm.rollout_correction.rollout_is",
         cfg.algorithm.rollout_correction.rollout_is,

@@ -41,12 +41,13 @@ class Roles:
     handles: list[Handle] = field(default_factory=list)  # every worker started, once
     respawn: Callable[[int], Handle] | None = None  # a new rollout worker i (Ray's rollout pool: a dead one's stand-in)
     rendezvous: dict[str, str] = field(default_factory=dict)  # group -> host:port of its store (the run's summary)
+    stream_ranks: list[Handle] = field(default_factory=list)  # the Rollouter's other rollout ranks (fully_async)
 
     @property
     def receivers(self) -> list[Handle]:
         """The workers that receive weights from the trainer (none when the trainer's ranks generate themselves)."""
         if self.rollouter is not None:
-            return [self.rollouter.handle]
+            return [self.rollouter.handle, *self.stream_ranks]
         return [r.handle for r in self.rollouts if not any(r.handle is h for h in self.trainer.ranks)]
 
     @property

@@ -9,6 +9,7 @@ reward as soon as it is generated, so rewards are computed where the samples are
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.factory import rollout_engine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.telemetry.timeline import get_timeline
-from asyncrl.types import Generation, Prompt
+from asyncrl.types import Generation, PrefillStats, Prompt, Sample
 from asyncrl.weights.endpoints import SyncReceiverMixin
 
 
@@ -44,6 +45,29 @@ class RolloutWorker(SyncReceiverMixin):
 
     def version(self) -> int:
         return self.engine.version
+
+    # ---- a rank of the fully_async Rollouter (which decodes a share of its rows here) -----------------------------
+    def resume_rows(self, rows: list[Sample], params: SamplingParams, seed: int) -> tuple[list[Sample], PrefillStats]:
+        """Decode ``rows`` (blank or partial) until each ends or a pause is requested; the engine's prefill counts."""
+        with self.timeline.span("generate", worker=self.name, version=self.engine.version, rows=len(rows)):
+            out = self.engine.resume(rows, params, seed=seed)
+        return out, self.engine.last_prefill
+
+    def request_pause(self) -> None:
+        """Make a running ``resume_rows`` return at its next decode step (called while it runs: a threaded worker)."""
+        self.engine.request_pause()
+
+    def clear_pause(self) -> None:
+        self.engine.clear_pause()
+
+    def halt(self, timeout_s: float) -> None:
+        """Stop a decode a dead Rollouter left running here, and wait until the engine is idle (a weight sync
+        follows, which an engine refuses while it decodes)."""
+        self.engine.request_pause()
+        end = time.monotonic() + timeout_s
+        while self.engine.busy and time.monotonic() < end:
+            time.sleep(0.01)
+        self.engine.clear_pause()
 
     def save_checkpoint(self, directory: str) -> None:
         """Nothing of its own to save: its weights are the trainer's, re-sent after a resume."""

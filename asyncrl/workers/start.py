@@ -33,6 +33,7 @@ from asyncrl.workers.reward_model import RewardModelWorker
 from asyncrl.workers.rollout import RolloutWorker
 
 ROLLOUTER_CONCURRENCY = 4  # call threads of the producer: get_batch / pause / metrics while its generation runs
+RANK_CONCURRENCY = 2  # call threads of a Rollouter's other rollout rank: a pause reaches its running decode
 
 
 @contextmanager
@@ -55,6 +56,7 @@ def _spawn(cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: Any, produ
     trainer = _spawn_trainer(cfg, specs, backend)
     rollouts: list[RolloutClient] = [trainer, *(RolloutClient(h) for h in trainer.ranks[1:])]  # sync: every rank
     rollouter: RoleClient | None = None
+    stream_ranks: list[Handle] = []
     respawn: Callable[[int], Handle] | None = None
     ray = isinstance(backend, _RayBackend)  # an in-process worker cannot die alone (nor be killed when hung)
     if side is RolloutSide.POOL:
@@ -64,12 +66,24 @@ def _spawn(cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: Any, produ
 
         rollouts = [RolloutClient(rollout_worker(i)) for i in range(cfg.rollout.num_workers)]
         respawn = rollout_worker if ray else None
-    elif side is RolloutSide.STREAM:
+    elif side is RolloutSide.STREAM:  # the producer on rollout rank 0, driving the pool's other ranks
+        stream_ranks = [
+            backend.spawn(
+                f"rollout:{i}", RolloutWorker, specs.rollout, name=f"rollout{i}", concurrency=RANK_CONCURRENCY
+            )
+            for i in range(1, cfg.rollout.num_workers)
+        ]
 
         def the_rollouter(_: int = 0) -> Handle:
-            return backend.spawn(
+            h = backend.spawn(
                 "rollout:0", producer, specs.rollouter, name="rollouter", concurrency=ROLLOUTER_CONCURRENCY
             )
+            timeout = cfg.trainer.role_start_timeout_s
+            for rank in stream_ranks:  # a decode a dead Rollouter left running there ends before the next sync
+                rank.call("halt", timeout).result(timeout=timeout)
+            if stream_ranks:
+                h.call("attach_ranks", stream_ranks).result(timeout=timeout)
+            return h
 
         rollouter, rollouts = RoleClient(the_rollouter()), []
         respawn = the_rollouter if ray else None
@@ -89,6 +103,7 @@ def _spawn(cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: Any, produ
         handles=list(backend.handles),
         respawn=respawn,
         rendezvous=backend.rendezvous,
+        stream_ranks=stream_ranks,
     )
 
 

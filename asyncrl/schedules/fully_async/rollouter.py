@@ -2,6 +2,11 @@
 generation thread with its own engine (own model copy, weights received over the sync group), parking between turns
 while the driver holds it (a weight sync, a checkpoint; ``rollouter/idle_ratio`` counts it). The driver calls in from
 Ray's actor threads (the actor is threaded); the books are guarded by the producer's lock.
+
+With ``rollout.num_workers`` > 1 the Rollouter drives the other rollout ranks (rollout workers on GPUs of their own,
+``attach_ranks``): each decode call splits its rows by group over the ranks, its own share decoded here (admitting new
+groups as rows finish) and the others' on theirs at the same time; a pause reaches every rank. The books stay here,
+so staleness, the ledger and recovery are those of one Rollouter; every rank receives each weight sync.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import time
 from typing import Any
 
 from asyncrl import seeds
+from asyncrl.calls import Handle
 from asyncrl.config.specs import RollouterSpec
 from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
@@ -55,6 +61,14 @@ class Rollouter(RolloutWorker):
         self._busy_s, self._tokens = 0.0, 0  # seconds inside decode calls, tokens decoded, since ``take_metrics``
         self._prefill = PrefillStats()  # the engine's prefill counts since the last ``take_metrics``
         self._window_start = time.perf_counter()
+        self.ranks: list[Handle] = []  # the other rollout ranks this Rollouter decodes on (``attach_ranks``)
+
+    def attach_ranks(self, ranks: list[Handle]) -> None:
+        """Decode on these rollout workers too (``asyncrl.workers.rollout.RolloutWorker``: threaded, so a pause
+        reaches a running decode), before ``start``."""
+        if self._thread is not None:
+            raise RollouterError("attach_ranks: only before start()")
+        self.ranks = list(ranks)
 
     # ---- the generation thread -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -98,13 +112,29 @@ class Rollouter(RolloutWorker):
         self._calls += 1
         seed = seeds.rollouter_decode(self.spec.engine.seed, self._calls)
         running = sum(s.stop_reason == "interrupted" for s in rows)
-        refill = lambda n: self.books.should_refill(n, running)  # noqa: E731
         t0 = time.perf_counter()
+        shares = split_by_group(rows, 1 + len(self.ranks))
+        mine_running = sum(rows[i].stop_reason == "interrupted" for i in shares[0])
+        refill = lambda n: self.books.should_refill(n, mine_running)  # noqa: E731 - this rank's rows
+        remote = [
+            (share, h.call("resume_rows", [rows[i] for i in share], self.params, seed + k + 1))
+            for k, (share, h) in enumerate(zip(shares[1:], self.ranks))
+            if share
+        ]
+        mine = [rows[i] for i in shares[0]]
         with self.timeline.span("generate", worker=self.name, version=self.engine.version, rows=running):
-            out = self.engine.resume(rows, self.params, seed=seed, refill=refill)
+            own = self.engine.resume(mine, self.params, seed=seed, refill=refill) if mine else []
+        self._prefill += self.engine.last_prefill
+        out: list[Sample] = list(rows)
+        for i, s in zip(shares[0], own):
+            out[i] = s
+        for share, pending in remote:
+            done, prefill = pending.result()
+            self._prefill += prefill
+            for i, s in zip(share, done):
+                out[i] = s
         self._busy_s += time.perf_counter() - t0
         self._tokens += sum(len(b.response_ids) - len(a.response_ids) for a, b in zip(rows, out))
-        self._prefill += self.engine.last_prefill
         return out
 
     def _score(self, samples: list[Sample]) -> None:
@@ -149,9 +179,13 @@ class Rollouter(RolloutWorker):
             self._want_park = True
         if interrupt:
             self.engine.request_pause()
+            for h in self.ranks:
+                h.call("request_pause").result(timeout=timeout_s)
         with self._cv:
             ok = self._cv.wait_for(lambda: self._parked, timeout_s)
         self.engine.clear_pause()
+        for h in self.ranks if interrupt else ():
+            h.call("clear_pause").result(timeout=timeout_s)
         self._check_alive()
         if not ok:
             raise RollouterError(f"pause: the generation thread did not park within {timeout_s:g} s")
@@ -211,7 +245,27 @@ class Rollouter(RolloutWorker):
             self._stop = True
             self._cv.notify_all()
         self.engine.request_pause()
+        for h in self.ranks:
+            h.call("request_pause")
         self.books.queue.close()
         if self._thread is not None:
             self._thread.join(timeout=STOP_JOIN_S)
         self.engine.clear_pause()
+
+
+def split_by_group(rows: list[Sample], shares: int) -> list[list[int]]:
+    """Row indices for ``shares`` ranks: whole groups (rows of one prompt stay together and share its prefill),
+    cut into contiguous shares of about equal rows; share 0 is the Rollouter's own. Some may be empty."""
+    if shares <= 1:
+        return [list(range(len(rows)))]
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(rows):
+        groups.setdefault(s.prompt.uid, []).append(i)
+    out: list[list[int]] = [[] for _ in range(shares)]
+    target = len(rows) / shares
+    k = 0
+    for members in groups.values():
+        if k < shares - 1 and out[k] and len(out[k]) + len(members) / 2 > target:
+            k += 1
+        out[k].extend(members)
+    return out
