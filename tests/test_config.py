@@ -68,7 +68,6 @@ def test_bad_config_value_names_the_key(override, fragment):
             ["async_training.trigger_parameter_sync_step=2", "trainer.total_training_steps=4", "trainer.save_freq=3"],
             "trainer.save_freq must be a multiple of async_training.trigger_parameter_sync_step",
         ),
-        (["rollout.num_workers=2"], "rollout.num_workers must be 1 in fully_async"),
         (["async_training.compute_prox_log_prob=true"], "rollout_correction.rollout_is must be token or sequence"),
         (
             [
