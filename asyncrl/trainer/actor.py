@@ -120,9 +120,9 @@ class ActorRolloutWorker(SyncSenderMixin):
         asks the backend where this worker runs)."""
         return host, find_free_port(host)
 
-    def init_data_parallel(self, host: str, port: int, timeout_s: float) -> None:
-        """Join the trainer's data-parallel group (every rank calls this at once) and check the replicas agree."""
-        backend = "nccl" if self.device.type == "cuda" else "gloo"  # ranks on GPUs: one GPU each (Ray's slots)
+    def init_data_parallel(self, host: str, port: int, timeout_s: float, backend: str = "gloo") -> None:
+        """Join the trainer's data-parallel group (every rank calls this at once, with the same ``backend``: nccl for
+        ranks on GPUs of their own) and check the replicas agree."""
         self.dp = DataParallel.create(self.rank, self.world_size, host, port, timeout_s, backend)
         self.dp.check_replicas(self.model, f"{self.name}: start")
         if self.spec.strategy == "fsdp2":  # shard the trained model; keep a full copy to serve from

@@ -23,7 +23,7 @@ from asyncrl.roles.clients import (
     RolloutClient,
     TrainerClient,
 )
-from asyncrl.roles.placement import resolve_placement
+from asyncrl.roles.placement import resolve_placement, sync_backend
 from asyncrl.roles.team import Roles, RolloutSide
 from asyncrl.trainer.actor import ActorRolloutWorker
 from asyncrl.trainer.critic import CriticWorker
@@ -117,9 +117,12 @@ def _spawn_trainer(cfg: Config, specs: RoleSpecs, backend: Any) -> TrainerClient
         for r in range(n)
     ]
     timeout = cfg.trainer.role_start_timeout_s
-    host = ranks[0].location(timeout).address  # rank 0's node, as the backend knows it: never a loopback constant
+    where = [h.location(timeout) for h in ranks]
+    host = where[0].address  # rank 0's node, as the backend knows it: never a loopback constant
+    # NCCL for processes on GPUs of their own; gloo otherwise (in-process ranks share one device: through the host)
+    backend = "nccl" if sync_backend(where) == "nccl" else "gloo"
     host, port = ranks[0].call("data_parallel_endpoint", host).result()
-    joins = [h.call("init_data_parallel", host, port, timeout) for h in ranks]
+    joins = [h.call("init_data_parallel", host, port, timeout, backend) for h in ranks]
     for j in joins:
         j.result()
     backend.rendezvous["trainer_data_parallel"] = f"{host}:{port}"
