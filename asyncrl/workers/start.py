@@ -120,9 +120,9 @@ def _spawn_trainer(cfg: Config, specs: RoleSpecs, backend: Any) -> TrainerClient
     where = [h.location(timeout) for h in ranks]
     host = where[0].address  # rank 0's node, as the backend knows it: never a loopback constant
     # NCCL for processes on GPUs of their own; gloo otherwise (in-process ranks share one device: through the host)
-    backend = "nccl" if sync_backend(where) == "nccl" else "gloo"
+    transport = "nccl" if sync_backend(where) == "nccl" else "gloo"
     host, port = ranks[0].call("data_parallel_endpoint", host).result()
-    joins = [h.call("init_data_parallel", host, port, timeout, backend) for h in ranks]
+    joins = [h.call("init_data_parallel", host, port, timeout, transport) for h in ranks]
     for j in joins:
         j.result()
     backend.rendezvous["trainer_data_parallel"] = f"{host}:{port}"
