@@ -98,9 +98,7 @@ class TrainerConfig(Checked):
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # + prometheus
     prometheus_port: int | None = None  # /metrics port with logger prometheus (null or 0: a free port)
     cpus_per_worker: float = 2.0  # CPUs of each trainer worker (rank); torch threads = this, rounded down
-    num_workers: int = (
-        1  # data-parallel trainer ranks, each a share of the batch (1 with GPUs: nnodes x n_gpus_per_node)
-    )
+    num_workers: int = 1  # data-parallel ranks, each a share of the batch (left at 1: nnodes x n_gpus_per_node)
     nnodes: int = 1  # nodes the trainer's ranks spread over, num_workers / nnodes on each (verl's trainer.nnodes)
     n_gpus_per_node: int = 0  # GPUs per trainer node, one per rank (verl's trainer.n_gpus_per_node); 0: CPU ranks
     device: str = "auto"  # every role's torch device: auto (the role's GPU when it has one, else cpu) | cpu | cuda

@@ -139,7 +139,6 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     for_training: bool = True,
     overrides: Mapping[str, Any] | None = None,
-    device: torch.device | str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` from a local directory with AutoModelForCausalLM / AutoTokenizer.
 
@@ -162,8 +161,6 @@ def load_model(
         )
     except Exception as e:  # missing/corrupt weights surface as OSError, RuntimeError or ValueError
         raise ModelLoadError(f"model.path {path}: could not load the model weights ({type(e).__name__}: {e})") from e
-    if device is not None:
-        model.to(device)
     if for_training:
         model.train()
     else:

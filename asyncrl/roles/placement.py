@@ -200,8 +200,8 @@ def resolve_placement(
         else:
             a = Pool(cpus=a.cpus, gpus=a.gpus, nodes=1, ranks=ranks)
         pools[actor_pool] = a
-        if a.gpus and a.per_node > 1 and len([r for r in roles.values() if r == actor_pool]) > 1:
-            others = [r for r, q in roles.items() if q == actor_pool and r != "actor"]
+        others = [r for r, q in roles.items() if q == actor_pool and r != "actor"]
+        if a.gpus and a.per_node > 1 and others:
             raise PlacementError(
                 f"placement: {', '.join(others)} shares the actor's pool {actor_pool!r}, whose nodes hold "
                 f"{a.per_node} GPU ranks each; sharing GPUs between several ranks and another role is not "
@@ -219,6 +219,11 @@ def resolve_placement(
     return placement
 
 
+def describe_nodes(cluster: list[NodeCapacity]) -> str:
+    """The cluster's nodes as an error message names them."""
+    return "; ".join(f"{n.address}: {n.cpus:g} CPUs, {n.gpus:g} GPUs" for n in cluster)
+
+
 def check_fits(placement: Placement, cluster: list[NodeCapacity]) -> None:
     """Raise ``PlacementError`` when the cluster cannot hold the plan: too few CPUs or GPUs in all, a pool whose
     per-node bundle fits on fewer nodes than it spans, or pools that fit one by one but not together (an exact
@@ -228,7 +233,7 @@ def check_fits(placement: Placement, cluster: list[NodeCapacity]) -> None:
     have_cpus = sum(n.cpus for n in cluster)
     have_gpus = sum(n.gpus for n in cluster)
     parts = [f"{name}={p.describe()}" for name, p in placement.all_pools().items()]
-    nodes = "; ".join(f"{n.address}: {n.cpus:g} CPUs, {n.gpus:g} GPUs" for n in cluster)
+    nodes = describe_nodes(cluster)
     if placement.total_cpus > have_cpus + EPS:
         raise PlacementError(
             f"the roles ask for {placement.total_cpus:g} CPUs ({', '.join(parts)}) but the Ray cluster has "

@@ -196,17 +196,14 @@ class DataParallel:
             self._reduce_bucket(bucket)
 
     def _reduce_bucket(self, bucket: list[torch.nn.Parameter]) -> None:
-        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+        """One all-reduce per bucket, summed in fp32 whatever the gradients' dtype (copied back in theirs)."""
+        flat = torch.cat([p.grad.reshape(-1).float() for p in bucket]).to(self.device)
+        transport.allreduce_sum(self.pg, flat, self._deadline())
+        offset = 0
         for p in bucket:
-            by_dtype.setdefault(p.grad.dtype, []).append(p)
-        for group in by_dtype.values():  # summed in fp32 whatever the gradients' dtype
-            flat = torch.cat([p.grad.reshape(-1).float() for p in group]).to(self.device)
-            transport.allreduce_sum(self.pg, flat, self._deadline())
-            offset = 0
-            for p in group:
-                k = p.grad.numel()
-                p.grad.copy_(flat[offset : offset + k].view_as(p.grad))
-                offset += k
+            k = p.grad.numel()
+            p.grad.copy_(flat[offset : offset + k].view_as(p.grad))
+            offset += k
 
     def check_replicas(self, model: torch.nn.Module, what: str) -> None:
         """Raise unless every rank holds the same trainable weights (a float64 checksum per tensor, compared

@@ -13,7 +13,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.calls import wait_with_deadline
 from asyncrl.config import RayConfig
-from asyncrl.roles.placement import NodeCapacity, Placement, PlacementError, WorkerLocation
+from asyncrl.roles.placement import NodeCapacity, Placement, PlacementError, WorkerLocation, describe_nodes
 from asyncrl.supervision.reaper import start_reaper
 from asyncrl.trainer.data_parallel import rank_name
 
@@ -48,6 +48,7 @@ class RayHandle:
 
     def __init__(self, actor: Any, name: str, call_timeout_s: float | None = None):
         self.actor, self.name, self.call_timeout_s = actor, name, call_timeout_s
+        self._location: WorkerLocation | None = None
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> RayPending:
         ref = getattr(self.actor, method).remote(*args, **kwargs)
@@ -57,8 +58,12 @@ class RayHandle:
         ray.kill(self.actor)
 
     def location(self, timeout_s: float | None = None) -> WorkerLocation:
-        ref = self.actor.ray_location.remote(self.name)
-        return wait_with_deadline(lambda t: ray.get(ref, timeout=t), timeout_s, self.call_timeout_s, self.name)
+        """Asked once: an actor does not move."""
+        if self._location is None:
+            ref = self.actor.ray_location.remote(self.name)
+            got = wait_with_deadline(lambda t: ray.get(ref, timeout=t), timeout_s, self.call_timeout_s, self.name)
+            self._location = got
+        return self._location
 
 
 _REAPER_STARTED = False
@@ -168,7 +173,7 @@ class RayPools:
                 try:
                     ray.get(pg.ready(), timeout=ready_timeout_s)
                 except ray.exceptions.GetTimeoutError:
-                    nodes = "; ".join(f"{n.address}: {n.cpus:g} CPUs, {n.gpus:g} GPUs" for n in cluster_nodes())
+                    nodes = describe_nodes(cluster_nodes())
                     raise PlacementError(
                         f"pool {name!r} ({pool.describe()}) could not be placed within {ready_timeout_s:g} s "
                         f"(ray.placement_timeout_s) beside the pools already reserved ({', '.join(self.pgs) or 'none'}"
