@@ -122,7 +122,7 @@ def schedule_overrides(mode: str, total_cpus: int) -> list[str]:
     return over
 
 
-def run_schedule(schedule: str, wl: Workload, out: Path, steps: int, total_cpus: int, extra: list[str]) -> Path:
+def schedule_config(schedule: str, wl: Workload, out: Path, steps: int, total_cpus: int, extra: list[str]):
     run_dir = out / f"{wl.name}_{schedule}"
     over = [
         *wl.data_overrides(),
@@ -131,8 +131,39 @@ def run_schedule(schedule: str, wl: Workload, out: Path, steps: int, total_cpus:
         *schedule_overrides(schedule, total_cpus),
         *extra,
     ]
-    run_one(load_config(BASE_CONFIG, over))
-    return run_dir
+    return load_config(BASE_CONFIG, over)
+
+
+def run_schedule(schedule: str, wl: Workload, out: Path, steps: int, total_cpus: int, extra: list[str]) -> Path:
+    cfg = schedule_config(schedule, wl, out, steps, total_cpus, extra)
+    run_one(cfg)
+    return Path(cfg.trainer.default_local_dir)
+
+
+def predict_schedules(
+    cost_path: str, schedules: list[str], wl: Workload, out: Path, steps: int, total_cpus: int, extra: list[str]
+) -> dict[str, dict[str, Any]]:
+    """The performance model's prediction of every run, made before any of them starts (``predictions.json``)."""
+    import time
+
+    from asyncrl.perf.cost import CostModel
+    from asyncrl.perf.simulate import Cluster, Setting, simulate
+
+    cost = CostModel.load(cost_path)
+    preds: dict[str, dict[str, Any]] = {}
+    for schedule in schedules:
+        setting = Setting.from_config(schedule_config(schedule, wl, out, steps, total_cpus, extra))
+        p = simulate(cost, Cluster.cpu(total_cpus), setting, steps)
+        preds[schedule] = {"setting": setting.label(), "samples_per_s": p.samples_per_s, "step_s": p.step_s,
+                           "trainer_idle": p.trainer_idle, "partial_share": p.partial_share}  # fmt: skip
+    sync = preds["sync"]["samples_per_s"]
+    for v in preds.values():
+        v["ratio_to_sync"] = v["samples_per_s"] / sync
+    stamp = {"cost": cost_path, "made_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    (out / "predictions.json").write_text(json.dumps({**stamp, "schedules": preds}, indent=1) + "\n")
+    for k, v in preds.items():
+        print(f"[bench] predicted {k}: {v['samples_per_s']:.1f} samples/s ({v['ratio_to_sync']:.2f}x sync)")
+    return preds
 
 
 def summarize(schedule: str, workload: str, run_dir: Path, sync_ref: dict[str, float] | None) -> dict[str, Any]:
@@ -188,8 +219,11 @@ def run_bench(
     total_cpus: int,
     sft_seconds: float | None,
     extra: list[str],
+    predict: str | None = None,
 ) -> list[dict[str, Any]]:
-    """``modes``: schedules (GRPO on each, against sync) or PPO placements (against each other), not both."""
+    """``modes``: schedules (GRPO on each, against sync) or PPO placements (against each other), not both.
+    ``predict``: a cost.json (``asyncrl profile``); every run is predicted before the first starts, and the table
+    gains the predicted samples/s and the error of each."""
     out_dir = Path(out)
     if modes and all(m in PPO_MODES for m in modes):  # PPO placements are measured against each other
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -206,6 +240,7 @@ def run_bench(
     wl = prepare_workload(workload, Path(work_dir), sft_seconds)
     results: list[dict[str, Any]] = []
     runs: dict[str, Path] = {}
+    preds = predict_schedules(predict, schedules, wl, out_dir, steps, total_cpus, extra) if predict else None
     for schedule in schedules:
         runs[schedule] = run_schedule(schedule, wl, out_dir, steps, total_cpus, extra)
     sync_ref = summarize("sync", workload, runs["sync"], None)
@@ -216,10 +251,23 @@ def run_bench(
         base = results[0]["samples_per_s"]
         for res in results:
             res["ratio_to_unshared"] = res["samples_per_s"] / base
-    write_results(results, out_dir, "bench", COLUMNS)
+    columns = COLUMNS
+    if preds is not None:
+        for res in results:
+            p = preds[res["schedule"]]
+            res["predicted_samples_per_s"] = p["samples_per_s"]
+            res["predicted_ratio"] = p["ratio_to_sync"]
+            res["prediction_error"] = (p["samples_per_s"] - res["samples_per_s"]) / res["samples_per_s"]
+        columns = [*COLUMNS[:4], *PREDICTION_COLUMNS, *COLUMNS[4:]]
+    write_results(results, out_dir, "bench", columns)
     return results
 
 
+PREDICTION_COLUMNS = [
+    ("predicted_samples_per_s", "{:.1f}"),
+    ("prediction_error", "{:+.1%}"),
+    ("predicted_ratio", "{:.2f}x"),
+]
 COLUMNS = [
     ("schedule", "{}"),
     *RATE_COLUMNS,

@@ -156,6 +156,7 @@ class Run:
         metrics["perf/throughput_tokens_per_s"] = float(batch.attention_mask_BL.sum()) / step_s
         metrics["perf/samples_per_s"] = len(samples) / step_s
         metrics.update(machine_cpu())
+        trace.append_work(self.dir, trace.work_record(tm.step, samples))
         t = self.cfg.rollout.trace
         if t.enable:  # a few of the step's samples, as consumed, in rollout_trace.jsonl
             recs = trace.records(

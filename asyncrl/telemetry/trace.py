@@ -19,6 +19,7 @@ from asyncrl.errors import UserInputError
 from asyncrl.types import Sample
 
 TRACE_FILE = "rollout_trace.jsonl"
+WORK_FILE = "work.jsonl"  # every step's work in lengths: what ``asyncrl profile`` fits the cost model on
 
 
 class TraceNotFoundError(UserInputError, FileNotFoundError):
@@ -97,12 +98,45 @@ def read(run_dir: str | Path, step: int | None = None) -> list[dict[str, Any]]:
 
 
 def truncate(run_dir: Path, last_step: int) -> None:
-    """Keep the records of steps <= ``last_step`` (0: none)."""
-    path = run_dir / TRACE_FILE
-    if not path.exists():
-        return
-    keep = [line for line in path.read_text(encoding="utf-8").splitlines() if json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    """Keep the trace's and the work record's lines of steps <= ``last_step`` (0: none)."""
+    for path in (run_dir / TRACE_FILE, run_dir / WORK_FILE):
+        if not path.exists():
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines()
+        keep = [line for line in lines if json.loads(line)["step"] <= last_step]
+        path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class WorkRecord:
+    """One step's work, every sample's lengths (``work.jsonl``, always written: a few bytes per sample).
+
+    ``group[i]`` numbers sample i's prompt group within the step (0, 1, ...); ``prompt_len``/``response_len`` are its
+    token counts; ``versions[i]`` how many weight versions wrote its response (2+: a partial rollout resumed it after a
+    sync)."""
+
+    step: int
+    group: list[int]
+    prompt_len: list[int]
+    response_len: list[int]
+    versions: list[int]  # distinct weight versions among each sample's tokens
+
+
+def work_record(step: int, samples: list[Sample]) -> WorkRecord:
+    ids: dict[str, int] = {}
+    group = [ids.setdefault(s.prompt.uid, len(ids)) for s in samples]
+    return WorkRecord(
+        step=step,
+        group=group,
+        prompt_len=[len(s.prompt.prompt_ids) for s in samples],
+        response_len=[len(s.response_ids) for s in samples],
+        versions=[len(set(s.versions)) for s in samples],
+    )
+
+
+def append_work(run_dir: Path, rec: WorkRecord) -> None:
+    with open(run_dir / WORK_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(asdict(rec)) + "\n")
 
 
 def format_step(recs: list[dict[str, Any]], width: int = 100) -> str:

@@ -29,18 +29,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from asyncrl.config import Config
 from asyncrl.config.specs import TrainerPlan
-from asyncrl.roles.team import RolloutSide
-from asyncrl.schedules.fully_async.producer import budget_of
-from asyncrl.schedules.fully_async.report import partial_metrics, processing_metrics, write_ledger_report
-from asyncrl.schedules.fully_async.rollouter import Rollouter
-from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
-from asyncrl.schedules.run import open_run
-from asyncrl.schedules.step import StepTimer, old_policy, staleness_metrics
-from asyncrl.supervision.supervisor import WorkerLostError
+from asyncrl.schedules.step import old_policy
 
 ROLLOUTER_STATE = "rollouter_state.pt"
 STOP_TIMEOUT_S = 60.0  # how long the clean-up waits for the Rollouter to stop before its worker is killed
@@ -55,6 +46,19 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
 
 
 def run_fully_async(cfg: Config) -> dict[str, Any]:
+    # imported here: the books (producer, staleness, queue, ledger) load without the engine and the run machinery,
+    # so the performance model (asyncrl.perf) starts in a fraction of the time
+    import torch
+
+    from asyncrl.roles.team import RolloutSide
+    from asyncrl.schedules.fully_async.producer import budget_of
+    from asyncrl.schedules.fully_async.report import partial_metrics, processing_metrics, write_ledger_report
+    from asyncrl.schedules.fully_async.rollouter import Rollouter
+    from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
+    from asyncrl.schedules.run import open_run
+    from asyncrl.schedules.step import StepTimer, staleness_metrics
+    from asyncrl.supervision.supervisor import WorkerLostError
+
     at = cfg.async_training
     with open_run(cfg, RolloutSide.STREAM, trainer_plan(cfg), Rollouter) as (run, algorithm, roles):
         stream: StreamSupervisor | None = None

@@ -106,15 +106,29 @@ class Producer:
         (new groups from the prompt, interrupted rows from where they stopped); score the groups that finished;
         queue finished groups in start order (``put_finished``). Returns whether anything happened (False: nothing
         to decode and nothing could be queued, so the caller may wait for admission)."""
+        groups, rows = self.to_decode()
+        if groups:
+            self.finish_decode(groups, decode(rows), score)
+        return self.put_finished(put_timeout_s, stop) or bool(groups)
+
+    def to_decode(self) -> tuple[list[InFlightGroup], list[Sample]]:
+        """The first half of a turn: admit new groups, then every unfinished group with its rows, in start order
+        (the performance model's simulator runs the turn in these halves, its decode on a virtual clock between)."""
         self.admit()
         groups = [g for g in self.inflight.values() if not g.finished]
-        if groups:
-            finished = self.decoded(groups, decode([s for g in groups for s in g.samples]))
-            score([s for g in finished for s in g.samples])  # rule rewards as each group finishes, before the queue
-            with self.lock:
-                for g in finished:
-                    self.ledger.generated(g.group_id)
-        return self.put_finished(put_timeout_s, stop) or bool(groups)
+        return groups, [s for g in groups for s in g.samples]
+
+    def finish_decode(
+        self, groups: list[InFlightGroup], out: list[Sample], score: Callable[[list[Sample]], Any]
+    ) -> list[InFlightGroup]:
+        """The second half: take the decoded rows, score the groups that finished (rule rewards, before the queue)
+        and record them generated; returns those groups."""
+        finished = self.decoded(groups, out)
+        score([s for g in finished for s in g.samples])
+        with self.lock:
+            for g in finished:
+                self.ledger.generated(g.group_id)
+        return finished
 
     def admit(self) -> None:
         """Start new groups while the staleness controller admits them and the decode batch has room."""

@@ -41,6 +41,7 @@ abandoned (never consumed, like drops) and their prompts re-issued as new groups
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Iterable
@@ -85,7 +86,7 @@ class StalenessBudget:
         """W: groups consumed in one sync window, i.e. per weight version."""
         return self.groups_per_update * self.trigger_parameter_sync_step
 
-    @property
+    @functools.cached_property  # asked at every admission check: computed once (the budget is frozen)
     def extra_groups(self) -> int:
         """floor(W * s): groups the Rollouter may run ahead of the trainer's window."""
         return math.floor(self.groups_per_version * Fraction(str(self.staleness_threshold)))

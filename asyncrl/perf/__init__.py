@@ -1,0 +1,12 @@
+"""The performance model: plan a run before renting the devices.
+
+- ``cost``: ``CostModel``, what one finished run costs per unit of work (decode per step, row and prefill token;
+  update per token; reward per row; weight sync per byte), each term fitted with its error, saved as ``cost.json``.
+- ``profile``: ``asyncrl profile RUN_DIR`` fits it from a run's own timeline, metrics and rollout trace; with
+  ``--probe`` it also measures this machine's thread scaling and weight-sync bandwidth.
+- ``clock``: a virtual clock on which processes share a pool of cores or run on devices of their own.
+- ``simulate``: every schedule's order of events on that clock; ``fully_async`` runs the real ``Producer`` (the
+  staleness controller, queue, ledger, refill and partial-rollout rules) with the engine replaced by the cost model.
+- ``plan``: ``asyncrl plan --cost cost.json --gpus N``: searches schedule x split x staleness x sync interval.
+- ``published``: the published setups the model is checked against, with their sources.
+"""

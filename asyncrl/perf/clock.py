@@ -1,0 +1,127 @@
+"""A virtual clock on which processes (Python generators) compute, wait for each other and share cores.
+
+A process yields what it does next:
+
+- ``Compute(seconds, threads, pool)``: work that takes ``seconds`` when it has its ``threads`` to itself. In a
+  shared pool (a CPU machine's cores, ``Clock(cores=...)``) every running computation is slowed by
+  ``min(1, cores / threads of all running)``: the threads are time-sliced and each computation moves at the pace of
+  its slowest thread. A pool of its own (``pool=None``: a role's own devices) never slows.
+- ``Wait(signal)``: until ``signal.fire()`` (at once if it fired since it was last ``clear``-ed).
+- ``Delay(seconds)``: wall time that takes no core (a network transfer, a sleep).
+
+``run`` advances to the next completion, hands it back to its process, and goes on until every process ended or
+``until`` says stop. Nothing here knows about RL: ``simulate`` builds the schedules on it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+Process = Generator[Any, Any, Any]
+
+
+@dataclass
+class Compute:
+    seconds: float
+    threads: float = 1.0
+    pool: str | None = "shared"
+
+
+@dataclass
+class Delay:
+    seconds: float
+
+
+@dataclass
+class Signal:
+    """A latch: ``fire`` wakes every waiter and stays set until ``clear``."""
+
+    name: str = ""
+    fired: bool = False
+    waiters: list[Process] = field(default_factory=list)
+
+
+@dataclass
+class Wait:
+    signal: Signal
+
+
+@dataclass
+class _Job:
+    proc: Process
+    left: float  # seconds of work left at full speed (Compute) or of wall time (Delay)
+    threads: float
+    shared: bool
+
+
+class Clock:
+    def __init__(self, cores: float | None = None):
+        self.cores = cores
+        self.now = 0.0
+        self._ready: deque[tuple[Process, Any]] = deque()
+        self._jobs: list[_Job] = []
+
+    def spawn(self, proc: Process) -> Process:
+        self._ready.append((proc, None))
+        return proc
+
+    @staticmethod
+    def clear(signal: Signal) -> None:
+        signal.fired = False
+
+    def fire(self, signal: Signal) -> None:
+        signal.fired = True
+        waiters, signal.waiters = signal.waiters, []
+        self._ready.extend((p, None) for p in waiters)
+
+    def _step(self, proc: Process, value: Any) -> None:
+        try:
+            op = proc.send(value)
+        except StopIteration:
+            return
+        if isinstance(op, Compute):
+            if op.seconds <= 0:
+                self._ready.append((proc, None))
+            else:
+                self._jobs.append(_Job(proc, op.seconds, op.threads, op.pool == "shared" and self.cores is not None))
+        elif isinstance(op, Delay):
+            if op.seconds <= 0:
+                self._ready.append((proc, None))
+            else:
+                self._jobs.append(_Job(proc, op.seconds, 0.0, False))
+        elif isinstance(op, Wait):
+            if op.signal.fired:
+                self._ready.append((proc, None))
+            else:
+                op.signal.waiters.append(proc)
+        else:
+            raise TypeError(f"Clock: a process yielded {op!r}; expected Compute, Delay or Wait")
+
+    def _rate(self) -> float:
+        demand = sum(j.threads for j in self._jobs if j.shared)
+        return 1.0 if self.cores is None or demand <= self.cores else self.cores / demand
+
+    def run(self, until: Callable[[], bool] = lambda: False, max_events: int = 10_000_000) -> float:
+        for _ in range(max_events):
+            while self._ready:
+                self._step(*self._ready.popleft())
+                if until():
+                    return self.now
+            if not self._jobs:
+                return self.now
+            shared_rate = self._rate()
+            rates = [shared_rate if j.shared else 1.0 for j in self._jobs]
+            dt = min(j.left / r for j, r in zip(self._jobs, rates))
+            self.now += dt
+            still: list[_Job] = []
+            for j, r in zip(self._jobs, rates):
+                j.left -= dt * r
+                if j.left <= 1e-12:
+                    self._ready.append((j.proc, None))
+                else:
+                    still.append(j)
+            self._jobs = still
+        raise RuntimeError(f"Clock.run: more than {max_events} events")

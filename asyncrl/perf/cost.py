@@ -1,0 +1,283 @@
+"""``CostModel``: what one finished run's work costs, per unit, with each term's fit error (``cost.json``).
+
+A term is linear in what the run did: ``seconds = sum(coef_k * x_k)`` over named regressors, fitted by least squares
+with non-negative coefficients over the run's measured steps (the first step, which pays one-off costs, left out).
+Its ``rel_err`` is the relative RMS error of the fit over those observations.
+
+The decode term is the built-in engine's own structure (``rollout.decode``): a call prefills each distinct prefix
+once, then runs one step per token of the longest row; a step costs a fixed part plus a part per row of the live
+batch, and the live batch drops its finished rows whenever at most half of it is still running. A run whose prompts
+are all alike in length cannot tell prefill from the call's fixed cost: without a probe a prefilled token is priced
+as a decoded position; ``--probe`` measures it. ``decode_segments``
+reproduces that from row lengths alone, so the simulator can price a decode of any rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asyncrl.errors import UserInputError
+
+COST_VERSION = 1
+
+
+class CostModelError(UserInputError, ValueError):
+    """A cost.json that is missing, not JSON, or lacks a field (names the file and the field)."""
+
+
+@dataclass(frozen=True)
+class Term:
+    """``seconds = sum(coef[k] * x[k])``; ``rel_err``: relative RMS error over the ``n`` observations it was fitted
+    on (0 for a term taken from elsewhere, ``n=0``)."""
+
+    names: tuple[str, ...]
+    coef: tuple[float, ...]
+    rel_err: float = 0.0
+    n: int = 0
+
+    def __call__(self, **x: float) -> float:
+        unknown = set(x) - set(self.names)
+        if unknown:
+            raise KeyError(f"Term{self.names}: no regressor {sorted(unknown)}")
+        return sum(c * x.get(k, 0.0) for k, c in zip(self.names, self.coef))
+
+    def get(self, name: str) -> float:
+        return self.coef[self.names.index(name)]
+
+    def scaled(self, factor: float) -> Term:
+        return Term(self.names, tuple(c * factor for c in self.coef), self.rel_err, self.n)
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {c:.3g}" for k, c in zip(self.names, self.coef))
+        err = f"fit error {100 * self.rel_err:.1f}% over {self.n} steps" if self.n else "not fitted"
+        return f"{parts} ({err})"
+
+
+def _nonneg_lstsq(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0: a regressor whose free coefficient comes out negative is dropped
+    and the rest refitted (a cost is never negative)."""
+    keep = [j for j in range(X.shape[1]) if np.any(X[:, j] != 0)]
+    coef = np.zeros(X.shape[1])
+    while keep:
+        sol, *_ = np.linalg.lstsq(X[:, keep], Y, rcond=None)
+        if np.all(sol >= 0):
+            coef[keep] = sol
+            break
+        keep = [k for k, c in zip(keep, sol) if c > min(sol)]  # drop the most negative one
+    return coef
+
+
+def fit_term(names: tuple[str, ...], rows: list[list[float]], y: list[float]) -> Term:
+    """``_nonneg_lstsq``, robust to a few disturbed observations (a step slowed by another job on the machine): an
+    observation more than 3x the median relative residual off (and over 15%) is left out and the fit redone, once.
+    ``rel_err`` is the relative RMS error over every observation, the ones left out included."""
+    if not y:
+        raise ValueError(f"fit_term{names}: no observations")
+    X, Y = np.asarray(rows, dtype=float), np.asarray(y, dtype=float)
+    coef = _nonneg_lstsq(X, Y)
+    rel = (X @ coef - Y) / np.maximum(np.abs(Y), 1e-9)
+    inliers = np.abs(rel) <= max(0.15, 3.0 * float(np.median(np.abs(rel))))
+    if 2 <= inliers.sum() < len(Y):
+        coef = _nonneg_lstsq(X[inliers], Y[inliers])
+        rel = (X @ coef - Y) / np.maximum(np.abs(Y), 1e-9)
+    return Term(names, tuple(float(c) for c in coef), float(np.sqrt(np.mean(rel**2))), len(y))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """``tokens`` decode steps of one call, each costing ``step + token x live`` (``live`` rows in the batch);
+    ``finished`` rows end within it."""
+
+    tokens: int
+    live: int
+    finished: int
+
+
+def decode_segments(remaining: list[int]) -> list[Segment]:
+    """The decode steps of one call over rows that still need ``remaining`` tokens each, as segments of a constant
+    live batch: the batch starts with every row and drops the finished ones when at most half of it is running."""
+    rem = sorted(r for r in remaining if r > 0)
+    if not rem:
+        return []
+    segs: list[Segment] = []
+    live, t, done = len(rem), 0, 0  # rows in the batch; steps so far; rows finished so far
+    total = len(rem)
+    while done < total:
+        # the step after which at most live // 2 rows run: the (total - live//2)-th shortest row's length
+        target_done = total - live // 2
+        end = rem[target_done - 1] if live > 1 else rem[-1]
+        end = max(end, t + 1)
+        fin = sum(1 for r in rem[done:] if r <= end)
+        segs.append(Segment(end - t, live, fin))
+        t, done = end, done + fin
+        live = total - done
+    return segs
+
+
+def decode_regressors(remaining: list[int], prefill_tokens: float) -> dict[str, float]:
+    """The decode term's regressors for one call: (call, step, token, prefill_token): the call, its decode steps,
+    the positions its steps ran (live rows per step) and the prompt tokens it prefilled."""
+    segs = decode_segments(remaining)
+    return {
+        "call": 1.0 if remaining else 0.0,
+        "step": float(sum(s.tokens for s in segs)),
+        "token": float(sum(s.tokens * s.live for s in segs)),
+        "prefill_token": float(prefill_tokens),
+    }
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """How this device's throughput changes with threads, and what a weight sync costs on it (``--probe``, or the
+    defaults: perfect scaling, no probe). ``*_serial``: Amdahl's serial fraction of each phase, from its seconds at
+    1 and ``threads`` threads; ``sync_*``: seconds of one weight sync = fixed + bytes / bytes_per_s."""
+
+    gen_serial: float = 0.0
+    train_serial: float = 0.0
+    sync_fixed_s: float = 0.0
+    sync_bytes_per_s: float = 1e9
+    measured: bool = False
+    notes: str = ""
+    prefill_token_s: float | None = None  # seconds per prefilled token on the run's threads (None: not probed)
+
+    def speed(self, phase: str, threads: float) -> float:
+        """Throughput on ``threads`` cores (fractional: time-sliced) relative to one core."""
+        s = self.gen_serial if phase == "gen" else self.train_serial
+        if threads <= 1.0:
+            return max(threads, 1e-9)
+        return 1.0 / (s + (1.0 - s) / threads)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """One run's work and what each unit of it cost on the device it ran on."""
+
+    source: str
+    schedule: str
+    # the work, per step
+    prompts_per_step: int
+    n: int
+    max_batch_size: int
+    max_new_tokens: int
+    ppo_mini_batch_size: int
+    # every trained group's (prompt length, its responses' lengths): the distribution with its tail, and the
+    # lengths within a group kept together (a hard prompt's rows are all long)
+    groups: tuple[tuple[int, tuple[int, ...]], ...]
+    update_keep: float  # the share of the samples' tokens the update processed (zero-advantage rows skipped)
+    shared_prefix: bool
+    # the device it ran on
+    device: str  # "cpu" or "cuda"
+    cores: int  # the machine's cores (cpu) or devices (cuda) the run had
+    gen_threads: int  # threads (cpu) or devices (cuda) the profiled generation ran on
+    train_threads: int
+    weight_bytes: int
+    # the fitted terms, in seconds
+    decode: Term  # one engine decode call (one chunk of max_batch_size rows): (call, step, token, prefill_token)
+    update: Term  # update_actor: (call, token)
+    train_other: Term  # the rest of timing_s/train (log-probs, the driver's round trip): (call, token)
+    prepare: Term  # (call,)
+    reward: Term  # scoring: (row,)
+    step_other: Term  # the step's remainder outside gen/prepare/train (metrics, logging): (call,)
+    scaling: Scaling = field(default_factory=Scaling)
+    version: int = COST_VERSION
+
+    @property
+    def rows_per_step(self) -> int:
+        return self.prompts_per_step * self.n
+
+    @property
+    def response_lengths(self) -> list[int]:
+        return [r for _, rs in self.groups for r in rs]
+
+    def describe(self) -> list[str]:
+        lens = np.asarray(self.response_lengths)
+        lines = [
+            f"work: {self.prompts_per_step} prompts x {self.n} per step; response length mean {lens.mean():.1f}, "
+            f"p50 {np.percentile(lens, 50):.0f}, p95 {np.percentile(lens, 95):.0f}, max {lens.max()} "
+            f"(of {self.max_new_tokens}); update keeps {100 * self.update_keep:.0f}% of the tokens",
+            f"device: {self.device}, {self.cores} cores/devices; generation on {self.gen_threads}, "
+            f"training on {self.train_threads}; weights {self.weight_bytes / 1e6:.1f} MB",
+            f"decode s/call = {self.decode.describe()}",
+            f"update s = {self.update.describe()}",
+            f"other train s = {self.train_other.describe()}",
+            f"prepare s = {self.prepare.describe()}",
+            f"reward s = {self.reward.describe()}",
+            f"step overhead s = {self.step_other.describe()}",
+        ]
+        sc = self.scaling
+        if sc.measured:
+            lines.append(
+                f"device probe: serial fraction gen {sc.gen_serial:.2f}, train {sc.train_serial:.2f}; weight sync "
+                f"{sc.sync_fixed_s * 1e3:.1f} ms + {sc.sync_bytes_per_s / 1e9:.2f} GB/s ({sc.notes})"
+            )
+        else:
+            lines.append("device probe: none (perfect thread scaling assumed; --probe measures it)")
+        return lines
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=1) + "\n")
+
+    @staticmethod
+    def load(path: str | Path) -> CostModel:
+        p = Path(path)
+        if not p.is_file():
+            raise CostModelError(f"cost model {p}: no such file (asyncrl profile RUN_DIR writes RUN_DIR/cost.json)")
+        try:
+            raw = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise CostModelError(f"cost model {p}: not JSON ({e})") from None
+        return from_dict(raw, str(p))
+
+
+def _term(raw: Any, where: str) -> Term:
+    if not isinstance(raw, dict) or not {"names", "coef"} <= set(raw):
+        raise CostModelError(f"{where}: a term needs 'names' and 'coef', got {raw!r:.80}")
+    if len(raw["names"]) != len(raw["coef"]):
+        raise CostModelError(f"{where}: {len(raw['names'])} names but {len(raw['coef'])} coefficients")
+    return Term(tuple(raw["names"]), tuple(float(c) for c in raw["coef"]), float(raw.get("rel_err", 0.0)),
+                int(raw.get("n", 0)))  # fmt: skip
+
+
+def from_dict(raw: Any, where: str) -> CostModel:
+    if not isinstance(raw, dict):
+        raise CostModelError(f"cost model {where}: expected a JSON object")
+    if raw.get("version") != COST_VERSION:
+        raise CostModelError(f"cost model {where}: version {raw.get('version')!r}, this asyncrl reads {COST_VERSION}")
+    kw: dict[str, Any] = {}
+    for f in fields(CostModel):
+        if f.name not in raw:
+            if f.name in ("scaling", "version"):
+                continue
+            raise CostModelError(f"cost model {where}: missing field {f.name!r}")
+        v = raw[f.name]
+        if f.name in ("decode", "update", "train_other", "prepare", "reward", "step_other"):
+            v = _term(v, f"cost model {where}: {f.name}")
+        elif f.name == "scaling":
+            known = {g.name for g in fields(Scaling)}
+            if not isinstance(v, dict) or set(v) - known:
+                raise CostModelError(f"cost model {where}: scaling has unknown keys {sorted(set(v) - known)}")
+            v = Scaling(**v)
+        elif f.name == "groups":
+            try:
+                v = tuple((int(p), tuple(int(r) for r in rs)) for p, rs in v)
+            except (TypeError, ValueError):
+                raise CostModelError(
+                    f"cost model {where}: groups must be [[prompt_len, [response_len, ...]], ...]"
+                ) from None
+            if not v:
+                raise CostModelError(f"cost model {where}: groups is empty")
+        kw[f.name] = v
+    model = CostModel(**kw)
+    for name in ("prompts_per_step", "n", "max_batch_size", "max_new_tokens", "cores", "gen_threads"):
+        value = getattr(model, name)
+        if not isinstance(value, int) or value < 1:
+            raise CostModelError(f"cost model {where}: {name} must be a positive integer, got {value!r}")
+    if not (0.0 < model.update_keep <= 1.0) or math.isnan(model.update_keep):
+        raise CostModelError(f"cost model {where}: update_keep must be in (0, 1], got {model.update_keep!r}")
+    return model

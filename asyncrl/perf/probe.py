@@ -1,0 +1,152 @@
+"""``asyncrl profile RUN_DIR --probe``: what a run cannot show about the machine it ran on, measured on the run's
+own model and prompts.
+
+- Thread scaling: one step's generation (the run's prompts x n, its sampling) and one update on those samples, at 1
+  thread and at the run's threads; Amdahl's serial fraction of each, so the model can price a phase on a thread
+  count the run did not use (a one-thread rollout worker beside a two-thread trainer).
+- Prefill: the seconds per prompt token of a prefill forward against the decode's per-position price (a resumed
+  partial row is prefilled again; a run whose prompts are all alike cannot separate the two).
+- Weight sync: a broadcast of the model's bytes between two processes over gloo on 127.0.0.1, at two sizes: the
+  fixed cost and the bandwidth.
+
+Median of ``repeats`` timings after a warm-up. CPU only (a GPU probe is not written: on GPUs give the cluster's
+interconnect to ``asyncrl plan``).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from asyncrl.perf.cost import CostModel, Scaling
+
+
+def _median(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def amdahl_serial(t1: float, tn: float, n: int) -> float:
+    """The serial fraction s with t1 / tn = 1 / (s + (1 - s) / n), clamped to [0, 1]."""
+    if n <= 1 or tn <= 0:
+        return 0.0
+    speedup = t1 / tn
+    s = (n / speedup - 1.0) / (n - 1.0)
+    return min(1.0, max(0.0, s))
+
+
+def _broadcast_worker(rank: int, port: int, sizes: list[int], repeats: int, out: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    res = []
+    for n in sizes:
+        t = torch.zeros(max(1, n // 4), dtype=torch.float32)
+        dist.broadcast(t, 0)  # warm-up
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.broadcast(t, 0)
+            dist.barrier()
+            times.append(time.perf_counter() - t0)
+        res.append(statistics.median(times))
+    if rank == 0:
+        Path(out).write_text(" ".join(f"{x:.9f}" for x in res))
+    dist.destroy_process_group()
+
+
+def probe_sync(weight_bytes: int, repeats: int = 5) -> tuple[float, float]:
+    """(fixed seconds, bytes per second) of a gloo broadcast between two processes on loopback."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    small, big = 4096, max(weight_bytes, 1 << 20)
+    with tempfile.TemporaryDirectory() as d:
+        out = str(Path(d) / "sync.txt")
+        mp.spawn(_broadcast_worker, args=(port, [small, big], repeats, out), nprocs=2, join=True)
+        t_small, t_big = (float(x) for x in Path(out).read_text().split())
+    bw = (big - small) / max(t_big - t_small, 1e-9)
+    return max(0.0, t_small - small / bw), bw
+
+
+def probe(cost: CostModel, run_dir: str | Path, repeats: int = 3) -> CostModel:
+    """``cost`` with its ``scaling`` measured on this machine (see the module docstring)."""
+    from asyncrl import losses
+    from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
+    from asyncrl.config import load_config
+    from asyncrl.data.collate import collate, group_ids, rewards_of
+    from asyncrl.data.dataset import PromptDataset
+    from asyncrl.data.rows import load_rows
+    from asyncrl.models.loading import load_model
+    from asyncrl.rewards.reward_fn import build_reward_fn
+    from asyncrl.rollout.engine import RolloutEngine
+    from asyncrl.rollout.sampling import SamplingParams
+    from asyncrl.trainer.update import fit
+
+    run = Path(run_dir)
+    cfg = load_config(str(run / "config.yaml"))
+    model, tok = load_model(run / "final")
+    rows = load_rows(cfg.data.train_files)[: cost.prompts_per_step]
+    dataset = PromptDataset(rows, tok, cfg.data.max_prompt_length)
+    prompts = [dataset[i] for i in range(len(dataset))]
+    params = SamplingParams.from_config(cfg.rollout)
+    engine = RolloutEngine(model, tok, max_batch_size=cfg.rollout.max_batch_size)
+    samples = engine.generate(prompts, params, seed=0)
+    build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize).score(samples)
+    batch = collate(samples, tok.pad_token_id)
+    adv = losses.compute_grpo_advantages(rewards_of(samples), group_ids(samples), norm_by_std=True)
+    spec = PPOClip.of(cfg.actor, cfg.algorithm.rollout_correction)
+    batch.policy = PolicyTarget(losses.broadcast_advantages(adv, batch.response_mask_BT), spec)
+    batch.old_logp_BT = batch.behav_logp_BT.clone()
+    threads = max(cost.gen_threads, cost.train_threads, 2)
+    before = torch.get_num_threads()
+    gen: dict[int, float] = {}
+    upd: dict[int, float] = {}
+    prefill: dict[int, float] = {}
+    ids = torch.tensor([p.prompt_ids[:8] * 2 for p in prompts for _ in range(cost.n)])  # prompts x n, 16 tokens
+    try:
+        for t in (1, threads):
+            torch.set_num_threads(t)
+            gen[t] = _median(lambda: engine.generate(prompts, params, seed=1), repeats)
+            m = copy.deepcopy(model)
+            opt = torch.optim.AdamW(m.parameters(), lr=1e-12)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+            upd[t] = _median(lambda m=m, opt=opt, sched=sched: fit(m, opt, sched, batch, cfg.actor, 1, 0), repeats)
+            with torch.no_grad():
+                prefill[t] = _median(lambda: model(input_ids=ids), repeats) / ids.numel()
+    finally:
+        torch.set_num_threads(before)
+    fixed, bw = probe_sync(cost.weight_bytes)
+    n = threads
+    scaling = Scaling(
+        gen_serial=amdahl_serial(gen[1], gen[n], n),
+        train_serial=amdahl_serial(upd[1], upd[n], n),
+        sync_fixed_s=fixed,
+        sync_bytes_per_s=bw,
+        measured=True,
+        notes=(
+            f"generate {gen[1]:.3f} s on 1 thread, {gen[n]:.3f} s on {n}; update {upd[1]:.3f} s / {upd[n]:.3f} s; "
+            f"prefill {prefill[n] * 1e6:.1f} us/token on {n}"
+        ),
+        prefill_token_s=prefill[n] if cost.gen_threads >= n else prefill[1],
+    )
+    return replace(cost, scaling=scaling)

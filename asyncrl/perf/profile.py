@@ -1,0 +1,207 @@
+"""``asyncrl profile RUN_DIR``: fit a ``CostModel`` from a finished run's own records.
+
+Read from the run directory: ``config.yaml`` (the work per step, the threads or devices each role had),
+``work.jsonl`` (every sample's prompt and response length, per step), ``metrics.jsonl`` (the driver's timings, the
+update's processed tokens) and ``timeline.json`` (each worker's ``generate``, ``reward`` and ``update_actor``
+spans). Fitted over the measured steps (the first, which pays one-off costs, left out):
+
+- decode seconds per engine call ~ call + step x decode steps + token x positions run (live rows per step plus
+  prefilled tokens), the regressors computed from each step's rows as the engine batches them (``cost``);
+- update seconds ~ call + token x processed tokens; the rest of the train call likewise;
+- reward seconds per scored row; prepare and the step's remaining driver time per step.
+
+Any schedule's run can be profiled; ``sync`` is the natural one (nothing overlaps, so each span is its phase's
+cost alone). ``--probe`` adds what the run cannot show: how this machine's phases scale with threads (the run's
+model on its own prompts at 1 and N threads) and the weight-sync bandwidth between two processes (gloo).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from asyncrl.errors import UserInputError
+from asyncrl.perf.cost import CostModel, Scaling, Term, decode_regressors, fit_term
+from asyncrl.telemetry.timeline import read_chrome_trace
+from asyncrl.telemetry.trace import WORK_FILE
+
+
+class ProfileError(UserInputError, ValueError):
+    """A run directory that cannot be profiled (names the file or what is missing)."""
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise ProfileError(f"profile: {path} not found (profile a finished run directory of this asyncrl)")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ProfileError(f"profile: {path} line {n} is not JSON ({e})") from None
+    return out
+
+
+def _weight_bytes(run: Path) -> int:
+    for d in (run / "final", *sorted((run / "checkpoints").glob("*/actor"))):
+        files = list(d.glob("*.safetensors")) if d.is_dir() else []
+        if files:
+            return sum(f.stat().st_size for f in files)
+    return 0
+
+
+def _chunks(rows: list[tuple[int, int, int]], size: int) -> list[list[tuple[int, int, int]]]:
+    """The engine's chunks of ``max_batch_size`` rows (grouped by prefix length when there is more than one)."""
+    if len(rows) > size:
+        rows = sorted(rows, key=lambda r: r[1])
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def generation_regressors(rec: dict[str, Any], max_batch_size: int, shared: bool) -> dict[str, float]:
+    """The decode term's regressors for one step's generation, summed over the engine's chunks."""
+    rows = list(zip(rec["group"], rec["prompt_len"], rec["response_len"]))
+    total: dict[str, float] = defaultdict(float)
+    for chunk in _chunks(rows, max_batch_size):
+        seen: set[int] = set()
+        prefill = 0
+        for g, p, _ in chunk:
+            if shared and g in seen:
+                continue
+            seen.add(g)
+            prefill += p
+        for k, v in decode_regressors([r for _, _, r in chunk], prefill).items():
+            total[k] += v
+    return dict(total)
+
+
+def _fit_decode(X: list[list[float]], y: list[float], prefill_s: float | None) -> Term:
+    """(call, step, token, prefill_token): with a probed prefill price, the rest fitted on what prefill leaves;
+    without, a prefilled token priced as a decoded position (the two fitted as one regressor)."""
+    if prefill_s is not None:
+        rest = fit_term(("call", "step", "token"), [x[:3] for x in X], [v - prefill_s * x[3] for x, v in zip(X, y)])
+        coef = (*rest.coef, prefill_s)
+    else:
+        rest = fit_term(("call", "step", "token"), [[x[0], x[1], x[2] + x[3]] for x in X], y)
+        coef = (*rest.coef, rest.coef[2])
+    pred = [sum(c * v for c, v in zip(coef, x)) for x in X]
+    rel = statistics.fmean(((p - v) / max(abs(v), 1e-9)) ** 2 for p, v in zip(pred, y)) ** 0.5
+    return Term(("call", "step", "token", "prefill_token"), coef, rel, len(y))
+
+
+def profile_run(run_dir: str | Path, scaling: Scaling | None = None) -> CostModel:
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise ProfileError(f"profile: {run} is not a directory (give a finished run's directory)")
+    from asyncrl.config import load_config
+
+    cfg_path = run / "config.yaml"
+    if not cfg_path.is_file():
+        raise ProfileError(f"profile: {cfg_path} not found (profile a finished run directory of this asyncrl)")
+    cfg = load_config(str(cfg_path))
+    works = {r["step"]: r for r in _read_jsonl(run / WORK_FILE)}
+    metrics = [m for m in _read_jsonl(run / "metrics.jsonl") if "timing_s/step" in m and m.get("step", 0) >= 1]
+    if not (run / "timeline.json").is_file():
+        raise ProfileError(f"profile: {run / 'timeline.json'} not found (the run's timeline)")
+    events = read_chrome_trace(run / "timeline.json")
+    body = [m for m in (metrics[1:] if len(metrics) > 2 else metrics) if m["step"] in works]
+    if len(body) < 2:
+        raise ProfileError(
+            f"profile: {run} has {len(body)} measured steps with a work record ({WORK_FILE}); at least 2 are needed "
+            f"(run 3 or more steps; runs of asyncrl before {WORK_FILE} existed cannot be profiled)"
+        )
+    schedule = cfg.trainer.schedule
+    gens: dict[int, list[float]] = defaultdict(list)
+    rewards: dict[int, float] = defaultdict(float)
+    updates: dict[int, float] = {}
+    for e in events:
+        if e.get("kind") != "span" or e.get("worker") == "driver":
+            continue
+        step = e.get("step")
+        dur = e["end_s"] - e["start_s"]
+        if e["name"] == "generate":
+            gens[step].append(dur)
+        elif e["name"] == "reward":
+            rewards[step] += dur
+        elif e["name"] == "update_actor":
+            updates[step] = updates.get(step, 0.0) + dur
+    if schedule == "fully_async":
+        raise ProfileError(
+            f"profile: {run} is a fully_async run; its decode calls do not line up with steps. Profile a sync, "
+            "one_step_off or two_step_off run (sync is the natural one: nothing overlaps)"
+        )
+    r = cfg.rollout
+    shared = bool(r.enable_prefix_caching)
+    X_dec, y_dec, X_up, y_up, X_oth, y_oth = [], [], [], [], [], []
+    y_rew, X_rew, prep, other, keep, prefill_tokens = [], [], [], [], [], []
+    names_dec = ("call", "step", "token", "prefill_token")
+    for m in body:
+        s, w = m["step"], works[m["step"]]
+        if not gens.get(s):
+            raise ProfileError(f"profile: step {s} has no generate span in {run / 'timeline.json'}")
+        reg = generation_regressors(w, r.max_batch_size, shared)
+        X_dec.append([reg[k] for k in names_dec])
+        y_dec.append(gens[s][0])  # the step's own generation (a held-out evaluation may follow it)
+        prefill_tokens.append(reg["prefill_token"])
+        tokens = float(m.get("perf/actor_tokens", 0.0))
+        upd = updates.get(s, m.get("timing_s/update_actor", 0.0))
+        X_up.append([1.0, tokens])
+        y_up.append(upd)
+        X_oth.append([1.0, tokens])
+        y_oth.append(max(0.0, m["timing_s/train"] - upd))
+        X_rew.append([float(len(w["response_len"]))])
+        y_rew.append(rewards.get(s, 0.0))
+        prep.append(m.get("timing_s/prepare", 0.0))
+        gen_s = m["timing_s/gen"] if schedule == "sync" else 0.0
+        other.append(max(0.0, m["timing_s/step"] - gen_s - m.get("timing_s/prepare", 0.0) - m["timing_s/train"]))
+        groups: dict[int, list[int]] = defaultdict(list)
+        plen: dict[int, int] = {}
+        for g, p, resp in zip(w["group"], w["prompt_len"], w["response_len"]):
+            groups[g].append(resp)
+            plen[g] = p
+        full = sum(plen[g] + sum(rs) for g, rs in groups.items()) if cfg.actor.shared_prefix else sum(
+            p + resp for p, resp in zip(w["prompt_len"], w["response_len"]))  # fmt: skip
+        if tokens > 0 and full > 0:
+            keep.append(min(1.0, tokens / full))
+    groups_all: list[tuple[int, tuple[int, ...]]] = []
+    for m in body:
+        w = works[m["step"]]
+        per: dict[int, list[int]] = defaultdict(list)
+        plen = {}
+        for g, p, resp in zip(w["group"], w["prompt_len"], w["response_len"]):
+            per[g].append(resp)
+            plen[g] = p
+        groups_all += [(plen[g], tuple(rs)) for g, rs in sorted(per.items())]
+    on_gpu = cfg.trainer.n_gpus_per_node > 0
+    trainer_units = (cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node) if on_gpu else int(cfg.trainer.cpus_per_worker)
+    rollout_units = (r.nnodes * r.n_gpus_per_node) if r.n_gpus_per_node > 0 else int(r.cpus_per_worker)
+    gen_units = trainer_units if schedule == "sync" else rollout_units
+    import os
+
+    return CostModel(
+        source=str(run),
+        schedule=schedule,
+        prompts_per_step=int(cfg.data.train_batch_size),
+        n=int(r.n),
+        max_batch_size=int(r.max_batch_size),
+        max_new_tokens=int(r.response_length),
+        ppo_mini_batch_size=int(cfg.actor.ppo_mini_batch_size),
+        groups=tuple(groups_all),
+        update_keep=statistics.mean(keep) if keep else 1.0,
+        shared_prefix=bool(cfg.actor.shared_prefix),
+        device="cuda" if on_gpu else "cpu",
+        cores=(cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node) if on_gpu else (os.cpu_count() or 1),
+        gen_threads=max(1, gen_units),
+        train_threads=max(1, trainer_units),
+        weight_bytes=_weight_bytes(run),
+        decode=_fit_decode(X_dec, y_dec, (scaling or Scaling()).prefill_token_s),
+        update=fit_term(("call", "token"), X_up, y_up),
+        train_other=fit_term(("call", "token"), X_oth, y_oth),
+        prepare=fit_term(("call",), [[1.0]] * len(prep), prep),
+        reward=fit_term(("row",), X_rew, y_rew),
+        step_other=fit_term(("call",), [[1.0]] * len(other), other),
+        scaling=scaling or Scaling(),
+    )

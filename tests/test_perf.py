@@ -1,0 +1,279 @@
+"""The performance model's parts on inputs the tests control: the decode structure against a step-by-step replay of
+the engine's batching rule, the fit on exact data, the virtual clock's sharing of cores, the schedules' overlap on
+separate devices against their closed forms, ``asyncrl profile`` on a real run, ``asyncrl plan``'s output, and
+one clear error per bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncrl.perf.clock import Clock, Compute, Delay, Signal, Wait
+from asyncrl.perf.cost import CostModel, CostModelError, Scaling, Term, decode_regressors, decode_segments, fit_term
+from asyncrl.perf.plan import candidates, make_plan, overrides, splits
+from asyncrl.perf.simulate import Cluster, Setting, median_step, simulate
+
+
+# ---- the decode structure --------------------------------------------------------------------------------------------
+def replay_engine(remaining: list[int]) -> tuple[int, int]:
+    """(steps, live-row steps) of the engine's rule, one step at a time (``rollout.decode``): every row is in the
+    batch at the first step; after a step, once at most half of the batch is running, the finished rows leave."""
+    rem = [r for r in remaining if r > 0]
+    if not rem:
+        return 0, 0
+    live, steps, row_steps, t = len(rem), 0, 0, 0
+    while True:
+        t += 1
+        steps += 1
+        row_steps += live
+        active = sum(r > t for r in rem)
+        if active == 0:
+            return steps, row_steps
+        if active <= live // 2:
+            live = active
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 40), min_size=0, max_size=30))
+def test_decode_segments_replay_the_engines_batching(remaining):
+    segs = decode_segments(remaining)
+    steps, row_steps = replay_engine(remaining)
+    assert sum(s.tokens for s in segs) == steps == max([0, *remaining])
+    assert sum(s.tokens * s.live for s in segs) == row_steps
+    assert sum(s.finished for s in segs) == sum(r > 0 for r in remaining)
+    reg = decode_regressors(remaining, prefill_tokens=7)
+    assert reg["step"] == steps and reg["token"] == row_steps and reg["prefill_token"] == 7
+
+
+def test_fit_recovers_exact_coefficients_and_never_goes_negative():
+    rows = [[1.0, float(x), float(x * x % 7)] for x in range(1, 12)]
+    y = [0.5 + 0.25 * r[1] + 0.125 * r[2] for r in rows]
+    term = fit_term(("call", "a", "b"), rows, y)
+    assert term.coef == pytest.approx((0.5, 0.25, 0.125), rel=1e-9)
+    assert term.rel_err < 1e-9 and term.n == 11
+    # y falls with x: a free fit's slope is negative; the cost's is held at 0
+    down = fit_term(("call", "x"), [[1.0, float(x)] for x in range(5)], [5.0 - x for x in range(5)])
+    assert min(down.coef) >= 0.0
+
+
+def test_fit_leaves_out_one_disturbed_observation():
+    rows = [[1.0, float(x)] for x in range(1, 20)]
+    y = [1.0 + 0.5 * x for x in range(1, 20)]
+    y[7] *= 3.0  # one step slowed by another job
+    term = fit_term(("call", "x"), rows, y)
+    assert term.coef == pytest.approx((1.0, 0.5), rel=1e-9)
+    assert term.rel_err > 0.1  # reported over every observation, the disturbed one included
+
+
+# ---- the clock -------------------------------------------------------------------------------------------------------
+def test_shared_cores_slow_every_computation_and_own_devices_do_not():
+    def job(seconds, threads, pool, done, name):
+        yield Compute(seconds, threads, pool)
+        done[name] = clock.now
+
+    for cores, pool, expect in ((2, "shared", (1.5, 1.5)), (2, None, (1.0, 1.0)), (4, "shared", (1.0, 1.0))):
+        clock, done = Clock(cores), {}
+        clock.spawn(job(1.0, 2, pool, done, "a"))
+        clock.spawn(job(1.0, 1, pool, done, "b"))
+        clock.run()
+        assert (done["a"], done["b"]) == pytest.approx(expect)  # 3 threads on 2 cores: each at 2/3 of its speed
+
+
+def test_signals_and_delays_order_processes():
+    clock, log, sig = Clock(None), [], Signal("go")
+
+    def waiter():
+        yield Wait(sig)
+        log.append(("woke", clock.now))
+
+    def firer():
+        yield Delay(2.0)
+        clock.fire(sig)
+        log.append(("fired", clock.now))
+
+    clock.spawn(waiter())
+    clock.spawn(firer())
+    clock.run()
+    assert log == [("fired", 2.0), ("woke", 2.0)]
+
+
+# ---- the schedules, on inputs whose answer is known ------------------------------------------------------------------
+def fixed_cost(gen_step_s: float, train_s: float, length: int = 10, n: int = 4, prompts: int = 8, **kw) -> CostModel:
+    """Every response ``length`` tokens; a decode step costs ``gen_step_s``, an update ``train_s``, nothing else."""
+    zero = Term(("call",), (0.0,))
+    base = dict(
+        source="test", schedule="sync", prompts_per_step=prompts, n=n, max_batch_size=1024, max_new_tokens=64,
+        ppo_mini_batch_size=prompts, groups=((5, (length,) * n),), update_keep=1.0, shared_prefix=True,
+        device="cuda", cores=2, gen_threads=1, train_threads=1, weight_bytes=0,
+        decode=Term(("call", "step", "token", "prefill_token"), (0.0, gen_step_s, 0.0, 0.0)),
+        update=Term(("call", "token"), (train_s, 0.0)), train_other=Term(("call", "token"), (0.0, 0.0)),
+        prepare=zero, reward=Term(("row",), (0.0,)), step_other=zero,
+    )  # fmt: skip
+    base.update(kw)
+    return CostModel(**base)
+
+
+def test_sync_is_the_sum_of_its_phases():
+    cost = fixed_cost(0.1, 2.0)  # generation 10 steps x 0.1 s = 1 s, update 2 s
+    p = simulate(cost, Cluster.gpus(2), Setting("sync", trainer=1), steps=6)
+    assert p.step_s == pytest.approx(3.0)
+    assert p.samples_per_s == pytest.approx(32 / 3.0)
+    assert p.staleness == {0: 6 * 32}
+
+
+@pytest.mark.parametrize("schedule", ["one_step_off", "two_step_off", "fully_async"])
+@pytest.mark.parametrize(("gen", "train"), [(0.1, 2.0), (0.3, 1.0)])
+def test_overlap_on_separate_devices_reaches_the_slower_phase(schedule, gen, train):
+    """Generation (10 x gen s) and training (train s) on devices of their own: in the steady state a step takes the
+    slower of the two, so the speed-up over sync is (gen + train) / max(gen, train)."""
+    cost = fixed_cost(gen, train)
+    setting = Setting(schedule, trainer=1, rollout=1, staleness_threshold=1.0)
+    sync = simulate(cost, Cluster.gpus(2), Setting("sync", trainer=1), steps=20)
+    p = simulate(cost, Cluster.gpus(2), setting, steps=20)
+    g = 10 * gen
+    assert median_step(p) == pytest.approx(max(g, train), rel=1e-6)  # the steady state (the run's ends differ)
+    assert sync.step_s / median_step(p) == pytest.approx((g + train) / max(g, train), rel=1e-6)
+    assert max(p.staleness) <= (2 if schedule == "two_step_off" else 1)
+
+
+def test_shared_cores_take_the_overlap_back():
+    """On 2 shared cores a 2-thread trainer beside a 1-thread rollout is time-sliced: with perfect thread scaling
+    the work is the same and one_step_off cannot beat sync."""
+    cost = fixed_cost(0.1, 1.0, gen_threads=2, train_threads=2)
+    sync = simulate(cost, Cluster.cpu(2), Setting("sync", trainer=2), steps=20)
+    p = simulate(cost, Cluster.cpu(2), Setting("one_step_off", trainer=2, rollout=1), steps=20)
+    assert p.samples_per_s <= sync.samples_per_s * 1.001
+    # with a large serial fraction one thread is as fast as two, and the overlap wins back some of it
+    serial = fixed_cost(0.1, 1.0, gen_threads=2, train_threads=2, scaling=Scaling(gen_serial=0.9, train_serial=0.9))
+    sync2 = simulate(serial, Cluster.cpu(2), Setting("sync", trainer=2), steps=20)
+    p2 = simulate(serial, Cluster.cpu(2), Setting("one_step_off", trainer=2, rollout=1), steps=20)
+    assert p2.samples_per_s > sync2.samples_per_s
+
+
+def test_partial_rollout_cuts_the_wait_for_the_long_tail_at_a_sync():
+    """One group in eight is 20x longer and the Rollouter may run a window ahead: without partial rollout a sync
+    waits for the running decode (the tail) to end; with it the decode is interrupted at once, and the cut rows
+    finish under the next version."""
+    groups = tuple([(5, (10,) * 4)] * 7 + [(5, (200,) * 4)])
+    cost = fixed_cost(0.01, 0.5, groups=groups, prompts=4)
+    common = dict(trainer=1, rollout=1, staleness_threshold=1.0, max_inflight_groups=8)
+    off = simulate(cost, Cluster.gpus(2), Setting("fully_async", **common, partial_rollout=False), steps=30)
+    on = simulate(cost, Cluster.gpus(2), Setting("fully_async", **common, partial_rollout=True), steps=30)
+
+    def pause(p):  # the park wait + the transfer (0 bytes here), per sync
+        return sum(s.end - s.start for s in p.spans if s.name == "sync_weights") / 30
+
+    assert on.partial_share > 0 and off.partial_share == 0
+    assert pause(on) < 0.05 < 0.3 < pause(off)  # a decode step is 0.01 s: the pause lands within pieces of it
+
+
+# ---- plan ------------------------------------------------------------------------------------------------------------
+def test_splits_hold_on_the_placement():
+    assert splits(Cluster.gpus(8)) == [(r, 8 - r) for r in range(1, 8)]
+    two = splits(Cluster.gpus(16, nodes=2))
+    assert (8, 8) in two and (2, 14) in two and all(r + t == 16 for r, t in two)
+    assert all(r % 2 == 0 and t % 2 == 0 for r, t in two)  # each pool is the same share of both nodes, or whole ones
+    for s in candidates(Cluster.gpus(16, nodes=2), ("sync", "fully_async")):
+        over = dict(o.split("=") for o in overrides(s, Cluster.gpus(16, nodes=2)))
+        used = int(over["trainer.nnodes"]) * int(over["trainer.n_gpus_per_node"])
+        if s.schedule != "sync":
+            used += int(over["rollout.nnodes"]) * int(over["rollout.n_gpus_per_node"])
+        assert used == 16
+
+
+def test_plan_ranks_overlap_first_when_it_pays():
+    cost = fixed_cost(0.1, 1.0)
+    plan = make_plan(cost, Cluster.gpus(4), steps=12, search_steps=6, refine=4)
+    assert plan.ranked[0].setting.schedule != "sync"
+    assert plan.ranked[0].samples_per_s > plan.sync.samples_per_s
+    assert [p.samples_per_s for p in plan.ranked] == sorted((p.samples_per_s for p in plan.ranked), reverse=True)
+
+
+# ---- the cost file and the commands ----------------------------------------------------------------------------------
+def test_cost_json_round_trips_and_bad_files_name_the_field(tmp_path):
+    cost = fixed_cost(0.1, 1.0)
+    path = tmp_path / "cost.json"
+    cost.save(path)
+    assert CostModel.load(path) == cost
+    raw = json.loads(path.read_text())
+    del raw["decode"]
+    path.write_text(json.dumps(raw))
+    with pytest.raises(CostModelError, match="missing field 'decode'"):
+        CostModel.load(path)
+    with pytest.raises(CostModelError, match="no such file"):
+        CostModel.load(tmp_path / "nope.json")
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "asyncrl.cli", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=300)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory):
+    """A real 5-step sync run of the micro model, its roles in this process."""
+    from asyncrl.config import load_config
+    from asyncrl.schedules import run_training
+    from tests.helpers import make_data, make_model, train_overrides
+
+    root = tmp_path_factory.mktemp("perf")
+    train, test = make_data(root)
+    model = make_model(root, train)
+    over = train_overrides(model, train, test, root / "run", 5) + ["trainer.backend=in_process", "trainer.test_freq=0"]
+    run_training(load_config(None, over))
+    return root / "run"
+
+
+def test_profile_and_plan_on_a_real_run(sync_run, tmp_path):
+    from asyncrl.perf.profile import profile_run
+
+    cost = profile_run(sync_run)
+    assert cost.schedule == "sync" and cost.prompts_per_step == 4 and cost.n == 4
+    assert len(cost.groups) == 4 * 4 and all(len(rs) == 4 for _, rs in cost.groups)  # steps 2..5, 4 groups each
+    assert cost.decode.n == 4 and all(c >= 0 for c in cost.decode.coef)
+    assert 0 < cost.update_keep <= 1 and cost.weight_bytes > 0
+    res = _cli("profile", str(sync_run), cwd=Path.cwd())
+    assert res.returncode == 0, res.stderr
+    assert "decode s/call" in res.stdout and "fit error" in res.stdout
+    res = _cli("plan", "--cost", str(sync_run / "cost.json"), "--cpus", "2", "--steps", "8", cwd=Path.cwd())
+    assert res.returncode == 0, res.stderr
+    assert "trainer.schedule=sync" in res.stdout
+
+
+def test_plan_command_prints_ranked_overrides(tmp_path):
+    path = tmp_path / "cost.json"
+    fixed_cost(0.1, 1.0).save(path)
+    res = _cli("plan", "--cost", str(path), "--gpus", "4", "--top", "3", "--out", str(tmp_path / "plan.png"),
+               "--json", str(tmp_path / "plan.json"), cwd=Path.cwd())  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "| 1 |" in res.stdout and "trainer.schedule=" in res.stdout
+    assert (tmp_path / "plan.png").stat().st_size > 0
+    rows = json.loads((tmp_path / "plan.json").read_text())
+    assert rows[0]["ratio_to_sync"] > 1.0 and any(
+        o.startswith("rollout.n_gpus_per_node=") for o in rows[0]["overrides"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plan", "--cost", "missing.json", "--gpus", "4"], "no such file"),
+        (["plan", "--cost", "COST", "--gpus", "3", "--nodes", "2"], "split evenly"),
+        (["plan", "--cost", "COST"], "one of --gpus"),
+        (["profile", "not_a_dir"], "is not a directory"),
+    ],
+)
+def test_bad_input_is_one_line(args, message, tmp_path):
+    path = tmp_path / "cost.json"
+    fixed_cost(0.1, 1.0).save(path)
+    res = _cli(*[str(path) if a == "COST" else a for a in args], cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert message in res.stderr and "Traceback" not in res.stderr
