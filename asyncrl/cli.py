@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 
@@ -147,6 +146,11 @@ def cmd_report(a: argparse.Namespace) -> None:
 
 
 def cmd_bench(a: argparse.Namespace) -> None:
+    if a.published:
+        from asyncrl_lab.perf_published import run_published
+
+        run_published()
+        return
     if a.decode:
         from asyncrl_lab.bench_decode import run_decode_bench
 
@@ -162,61 +166,6 @@ def cmd_bench(a: argparse.Namespace) -> None:
 
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     run_bench(modes, a.workload, a.out, a.steps, a.work_dir, a.cpus, a.sft_seconds, a.overrides, a.predict)
-
-
-def cmd_profile(a: argparse.Namespace) -> None:
-    from asyncrl.perf.profile import profile_run
-
-    cost = profile_run(a.run_dir)
-    if a.probe:
-        from asyncrl.perf.probe import probe
-
-        cost = profile_run(a.run_dir, probe(cost, a.run_dir).scaling)
-    out = Path(a.out) if a.out else Path(a.run_dir) / "cost.json"
-    cost.save(out)
-    print("\n".join(cost.describe()))
-    print(f"wrote {out}")
-
-
-def _cluster(a: argparse.Namespace):
-    from asyncrl.config import ConfigError
-    from asyncrl.perf.simulate import Cluster
-
-    kw = {"device_speed": a.device_speed}
-    if a.sync_gbps is not None:
-        kw["sync_bytes_per_s"] = a.sync_gbps * 1e9
-    if (a.gpus is None) == (a.cpus is None):
-        raise ConfigError("plan: give one of --gpus N (with --nodes M) or --cpus C")
-    if a.cpus is not None:
-        if a.cpus < 1:
-            raise ConfigError(f"plan: --cpus must be >= 1, got {a.cpus}")
-        from dataclasses import replace
-
-        return replace(Cluster.cpu(a.cpus), **kw)
-    if a.gpus < 2 or a.nodes < 1 or a.gpus % a.nodes:
-        raise ConfigError(f"plan: --gpus {a.gpus} --nodes {a.nodes}: need >= 2 GPUs split evenly over the nodes")
-    return Cluster.gpus(a.gpus, a.nodes, **kw)
-
-
-def cmd_plan(a: argparse.Namespace) -> None:
-    from asyncrl.config import ConfigError
-    from asyncrl.perf.cost import CostModel
-    from asyncrl.perf.plan import draw, format_plan, make_plan, overrides
-    from asyncrl.perf.simulate import SCHEDULES
-
-    cost = CostModel.load(a.cost)
-    schedules = tuple(x.strip() for x in a.schedules.split(",") if x.strip())
-    bad = [x for x in schedules if x not in SCHEDULES]
-    if bad or "sync" not in schedules:
-        raise ConfigError(f"plan: --schedules {a.schedules!r}: each of {', '.join(SCHEDULES)}, sync included")
-    plan = make_plan(cost, _cluster(a), schedules, steps=a.steps)
-    print(format_plan(plan, a.top))
-    if a.out:
-        draw(plan, Path(a.out))
-        print(f"wrote {a.out}")
-    if a.json:
-        rows = [{**p.row(plan.sync), "overrides": overrides(p.setting, plan.cluster)} for p in plan.ranked]
-        Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
 
 
 def cmd_demo(a: argparse.Namespace) -> None:
@@ -355,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--distill", action="store_true", help="bench distillation's schedules (configs/distill.yaml)")
     s.add_argument(
+        "--published", action="store_true", help="the performance model against peers' published speed-ups (no runs)"
+    )
+    s.add_argument(
         "--decode", action="store_true", help="decode tokens/s: built-in engine vs transformers generate vs vLLM"
     )
     s.add_argument("--model", default="runs/smollm2", help="with --decode: the model directory")
@@ -375,29 +327,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--work-dir", default="runs/bench_work", help="cached data + SFT models per workload")
     s.add_argument("--cpus", type=int, default=2, help="CPUs every run gets in total")
     s.add_argument("--sft-seconds", type=float, default=None, help="warm start length when a workload is prepared")
-    s.add_argument("--predict", default=None, help="a cost.json: predict every run first, then report the error")
+    s.add_argument(
+        "--predict",
+        default=None,
+        help="a cost.json, or 'auto' (profile the sync run, which runs first): predict every run before it starts, "
+        "then report the error",
+    )
     s.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every run")
     s.set_defaults(fn=cmd_bench)
 
-    s = sub.add_parser("profile", help="fit a cost model (cost.json) from a finished run's timeline and metrics")
-    s.add_argument("run_dir")
-    s.add_argument("--probe", action="store_true", help="also measure thread scaling, prefill and weight-sync cost")
-    s.add_argument("--out", default=None, help="where to write the cost model (default RUN_DIR/cost.json)")
-    s.set_defaults(fn=cmd_profile)
+    from asyncrl.schedules.perf.commands import add_parsers
 
-    s = sub.add_parser("plan", help="search schedule, split, staleness and sync interval for a cluster on a profile")
-    s.add_argument("--cost", required=True, help="a cost.json from asyncrl profile")
-    s.add_argument("--gpus", type=int, default=None, help="GPUs in all")
-    s.add_argument("--nodes", type=int, default=1, help="nodes the GPUs are on (evenly)")
-    s.add_argument("--cpus", type=int, default=None, help="instead of GPUs: one machine whose cores every role shares")
-    s.add_argument("--device-speed", type=float, default=1.0, help="each device's throughput against the profiled one")
-    s.add_argument("--sync-gbps", type=float, default=None, help="weight-sync bandwidth, GB/s (default: the probe's)")
-    s.add_argument("--schedules", default="sync,one_step_off,two_step_off,fully_async")
-    s.add_argument("--steps", type=int, default=30, help="simulated steps per setting (the first is left out)")
-    s.add_argument("--top", type=int, default=5)
-    s.add_argument("--out", default=None, help="a picture: the best plan's predicted timeline against sync")
-    s.add_argument("--json", default=None, help="every ranked setting with its overrides, as JSON")
-    s.set_defaults(fn=cmd_plan)
+    add_parsers(sub)  # profile, plan
 
     s = sub.add_parser("demo", help="data -> tiny model -> SFT warm start -> RL vs an SFT control; prints a table")
     s.add_argument("--out", default="runs/demo")

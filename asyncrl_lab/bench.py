@@ -140,14 +140,27 @@ def run_schedule(schedule: str, wl: Workload, out: Path, steps: int, total_cpus:
     return Path(cfg.trainer.default_local_dir)
 
 
+def profile_sync(run_dir: Path, out_dir: Path) -> str:
+    """``asyncrl profile RUN_DIR --probe`` of the sync run, written to ``out_dir/cost.json``."""
+    from asyncrl.schedules.perf.probe import probe
+    from asyncrl.schedules.perf.profile import profile_run
+
+    cost = profile_run(run_dir)
+    cost = profile_run(run_dir, probe(cost, run_dir).scaling)
+    path = out_dir / "cost.json"
+    cost.save(path)
+    print("\n".join(f"[bench] profile: {line}" for line in cost.describe()))
+    return str(path)
+
+
 def predict_schedules(
     cost_path: str, schedules: list[str], wl: Workload, out: Path, steps: int, total_cpus: int, extra: list[str]
 ) -> dict[str, dict[str, Any]]:
     """The performance model's prediction of every run, made before any of them starts (``predictions.json``)."""
     import time
 
-    from asyncrl.perf.cost import CostModel
-    from asyncrl.perf.simulate import Cluster, Setting, simulate
+    from asyncrl.schedules.perf.cost import CostModel
+    from asyncrl.schedules.perf.simulate import Cluster, Setting, simulate
 
     cost = CostModel.load(cost_path)
     preds: dict[str, dict[str, Any]] = {}
@@ -222,8 +235,9 @@ def run_bench(
     predict: str | None = None,
 ) -> list[dict[str, Any]]:
     """``modes``: schedules (GRPO on each, against sync) or PPO placements (against each other), not both.
-    ``predict``: a cost.json (``asyncrl profile``); every run is predicted before the first starts, and the table
-    gains the predicted samples/s and the error of each."""
+    ``predict``: a cost.json (``asyncrl profile``), every run predicted before the first starts; or "auto": the sync
+    run (first) is profiled with ``--probe`` and the others are predicted from it before they start. The table gains
+    the predicted samples/s, the error of each, and the predicted ratio to sync."""
     out_dir = Path(out)
     if modes and all(m in PPO_MODES for m in modes):  # PPO placements are measured against each other
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -240,9 +254,14 @@ def run_bench(
     wl = prepare_workload(workload, Path(work_dir), sft_seconds)
     results: list[dict[str, Any]] = []
     runs: dict[str, Path] = {}
-    preds = predict_schedules(predict, schedules, wl, out_dir, steps, total_cpus, extra) if predict else None
+    preds = None
+    if predict and predict != "auto":
+        preds = predict_schedules(predict, schedules, wl, out_dir, steps, total_cpus, extra)
     for schedule in schedules:
         runs[schedule] = run_schedule(schedule, wl, out_dir, steps, total_cpus, extra)
+        if predict == "auto" and schedule == "sync":  # profile this sync run, then predict the rest before they run
+            preds = predict_schedules(profile_sync(runs["sync"], out_dir), schedules, wl, out_dir, steps, total_cpus,
+                                      extra)  # fmt: skip
     sync_ref = summarize("sync", workload, runs["sync"], None)
     for schedule in schedules:
         res = sync_ref if schedule == "sync" else summarize(schedule, workload, runs[schedule], sync_ref)

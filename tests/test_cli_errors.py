@@ -37,6 +37,8 @@ from asyncrl.models.device import DeviceError
 from asyncrl.models.errors import ModelLoadError
 from asyncrl.models.gguf import GGUFConvertError
 from asyncrl.models.lora import LoraError
+from asyncrl.schedules.perf.cost import CostModelError
+from asyncrl.schedules.perf.profile import ProfileError
 from asyncrl.rewards.custom import RewardSpecError
 from asyncrl.rewards.registry import UnknownDataSourceError
 from asyncrl.rewards.remote import RewardServiceRejectedError, RewardServiceResponseError, RewardServiceUnavailableError
@@ -286,6 +288,19 @@ def rollout_worker_without_vllm(env: Env) -> Bad:
     return argv, ["rollout.engine=vllm", "not installed"]
 
 
+def cost_model_without_a_field(env: Env) -> Bad:
+    path = env.tmp / "cost.json"
+    path.write_text(json.dumps({"version": 1, "source": "x"}))
+    return ["plan", "--cost", str(path), "--cpus", "2"], [str(path), "missing field"]
+
+
+def profile_of_a_run_without_work_records(env: Env) -> Bad:
+    run = env.tmp / "old_run"
+    run.mkdir()
+    (run / "config.yaml").write_text("trainer:\n  schedule: sync\n")
+    return ["profile", str(run)], [str(run / "work.jsonl"), "not found"]
+
+
 RAY = (pytest.mark.ray,)
 CASES: list[tuple[type[UserInputError], Callable[[Env], Bad], tuple]] = [
     (ConfigError, bad_config, ()),
@@ -295,6 +310,8 @@ CASES: list[tuple[type[UserInputError], Callable[[Env], Bad], tuple]] = [
     (CheckpointError, incomplete_checkpoint, ()),
     (CheckpointError, torn_checkpoint, ()),
     (PlacementError, placement_on_unknown_pool, ()),
+    (CostModelError, cost_model_without_a_field, ()),
+    (ProfileError, profile_of_a_run_without_work_records, ()),
     (DeviceError, cuda_without_a_gpu, (pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),)),
     (TeacherUnavailableError, teacher_down, ()),
     (TeacherRequestError, teacher_replying(403, {"error": {"message": "no access"}}, "HTTP 403", "no access"), ()),

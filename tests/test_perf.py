@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.perf.clock import Clock, Compute, Delay, Signal, Wait
-from asyncrl.perf.cost import CostModel, CostModelError, Scaling, Term, decode_regressors, decode_segments, fit_term
-from asyncrl.perf.plan import candidates, make_plan, overrides, splits
-from asyncrl.perf.simulate import Cluster, Setting, median_step, simulate
+from asyncrl.schedules.perf.clock import Clock, Compute, Delay, Signal, Wait
+from asyncrl.schedules.perf.cost import CostModel, CostModelError, Scaling, Term, decode_regressors, decode_segments, fit_term
+from asyncrl.schedules.perf.plan import candidates, make_plan, overrides, splits
+from asyncrl.schedules.perf.simulate import Cluster, Setting, median_step, simulate
 
 
 # ---- the decode structure --------------------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ def sync_run(tmp_path_factory):
 
 
 def test_profile_and_plan_on_a_real_run(sync_run, tmp_path):
-    from asyncrl.perf.profile import profile_run
+    from asyncrl.schedules.perf.profile import profile_run
 
     cost = profile_run(sync_run)
     assert cost.schedule == "sync" and cost.prompts_per_step == 4 and cost.n == 4

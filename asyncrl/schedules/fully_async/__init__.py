@@ -47,7 +47,7 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
 
 def run_fully_async(cfg: Config) -> dict[str, Any]:
     # imported here: the books (producer, staleness, queue, ledger) load without the engine and the run machinery,
-    # so the performance model (asyncrl.perf) starts in a fraction of the time
+    # so the performance model (asyncrl.schedules.perf) starts in a fraction of the time
     import torch
 
     from asyncrl.roles.team import RolloutSide

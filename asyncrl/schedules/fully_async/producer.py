@@ -12,7 +12,8 @@ bottom (``Producer.step``):
     put finished groups into the queue, oldest first (blocking or dropping per drop_policy)
 
 ``rollouter.Rollouter`` is the worker that runs that loop on a generation thread with its engine; the protocol tests
-(tests/test_fully_async_protocol.py) run the same ``Producer`` with a scripted engine on a virtual clock.
+(tests/test_fully_async_protocol.py) run the same ``Producer`` in the performance model's simulator
+(``asyncrl.schedules.perf.simulate``), its engine priced on a virtual clock.
 
 At a weight sync the driver calls ``pause``: with ``partial_rollout`` the running decode is interrupted at its next
 step (the rows keep their tokens, log-probs and per-token versions and continue after the sync with the new weights);
@@ -70,7 +71,7 @@ class Producer:
 
     ``step`` is one turn of the generation loop (the module docstring): admit, decode (``decode`` is handed every
     unfinished row and returns them continued), queue what finished. The Rollouter runs it on its generation
-    thread with its engine; the protocol tests run the same code with a scripted engine on a virtual clock. The
+    thread with its engine; the performance model's simulator runs the same code on a virtual clock. The
     driver's side is ``take`` (a trainer step's groups), ``on_sync``, ``snapshot`` and ``restore``.
     """
 

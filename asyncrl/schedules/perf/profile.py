@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.errors import UserInputError
-from asyncrl.perf.cost import CostModel, Scaling, Term, decode_regressors, fit_term
+from asyncrl.schedules.perf.cost import CostModel, Scaling, Term, decode_regressors, fit_term
 from asyncrl.telemetry.timeline import read_chrome_trace
 from asyncrl.telemetry.trace import WORK_FILE
 
@@ -101,8 +101,8 @@ def profile_run(run_dir: str | Path, scaling: Scaling | None = None) -> CostMode
     cfg_path = run / "config.yaml"
     if not cfg_path.is_file():
         raise ProfileError(f"profile: {cfg_path} not found (profile a finished run directory of this asyncrl)")
+    works = {r["step"]: r for r in _read_jsonl(run / WORK_FILE)}  # first: a run of an older asyncrl has none
     cfg = load_config(str(cfg_path))
-    works = {r["step"]: r for r in _read_jsonl(run / WORK_FILE)}
     metrics = [m for m in _read_jsonl(run / "metrics.jsonl") if "timing_s/step" in m and m.get("step", 0) >= 1]
     if not (run / "timeline.json").is_file():
         raise ProfileError(f"profile: {run / 'timeline.json'} not found (the run's timeline)")

@@ -2,10 +2,10 @@
 
 A process yields what it does next:
 
-- ``Compute(seconds, threads, pool)``: work that takes ``seconds`` when it has its ``threads`` to itself. In a
+- ``Compute(seconds, threads, pool, kind)``: work that takes ``seconds`` when it has its ``threads`` to itself. In a
   shared pool (a CPU machine's cores, ``Clock(cores=...)``) every running computation is slowed by
   ``min(1, cores / threads of all running)``: the threads are time-sliced and each computation moves at the pace of
-  its slowest thread. A pool of its own (``pool=None``: a role's own devices) never slows.
+  its slowest thread. A pool of its own (``pool=None``: a role's own devices) never slows. ``kind`` names it.
 - ``Wait(signal)``: until ``signal.fire()`` (at once if it fired since it was last ``clear``-ed).
 - ``Delay(seconds)``: wall time that takes no core (a network transfer, a sleep).
 
@@ -28,6 +28,7 @@ class Compute:
     seconds: float
     threads: float = 1.0
     pool: str | None = "shared"
+    kind: str = ""  # what it is ("gen", "train", ...)
 
 
 @dataclass
@@ -55,6 +56,7 @@ class _Job:
     left: float  # seconds of work left at full speed (Compute) or of wall time (Delay)
     threads: float
     shared: bool
+    kind: str = ""
 
 
 class Clock:
@@ -86,7 +88,8 @@ class Clock:
             if op.seconds <= 0:
                 self._ready.append((proc, None))
             else:
-                self._jobs.append(_Job(proc, op.seconds, op.threads, op.pool == "shared" and self.cores is not None))
+                shared = op.pool == "shared" and self.cores is not None
+                self._jobs.append(_Job(proc, op.seconds, op.threads, shared, op.kind))
         elif isinstance(op, Delay):
             if op.seconds <= 0:
                 self._ready.append((proc, None))
@@ -100,9 +103,10 @@ class Clock:
         else:
             raise TypeError(f"Clock: a process yielded {op!r}; expected Compute, Delay or Wait")
 
-    def _rate(self) -> float:
+    def _rates(self) -> list[float]:
         demand = sum(j.threads for j in self._jobs if j.shared)
-        return 1.0 if self.cores is None or demand <= self.cores else self.cores / demand
+        fair = 1.0 if self.cores is None or demand <= self.cores else self.cores / demand
+        return [fair if j.shared else 1.0 for j in self._jobs]
 
     def run(self, until: Callable[[], bool] = lambda: False, max_events: int = 10_000_000) -> float:
         for _ in range(max_events):
@@ -112,8 +116,7 @@ class Clock:
                     return self.now
             if not self._jobs:
                 return self.now
-            shared_rate = self._rate()
-            rates = [shared_rate if j.shared else 1.0 for j in self._jobs]
+            rates = self._rates()
             dt = min(j.left / r for j, r in zip(self._jobs, rates))
             self.now += dt
             still: list[_Job] = []

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncrl.perf.cost import CostModel
-from asyncrl.perf.simulate import Cluster, Prediction, Setting, simulate
+from asyncrl.schedules.perf.cost import CostModel
+from asyncrl.schedules.perf.simulate import Cluster, Prediction, Setting, simulate
 
 STALENESS = (0.0, 0.5, 1.0)
 SYNC_EVERY = (1, 2, 4)

@@ -9,7 +9,7 @@ own model and prompts.
 - Weight sync: a broadcast of the model's bytes between two processes over gloo on 127.0.0.1, at two sizes: the
   fixed cost and the bandwidth.
 
-Median of ``repeats`` timings after a warm-up. CPU only (a GPU probe is not written: on GPUs give the cluster's
+Medians of several timings after a warm-up. CPU only (a GPU probe is not written: on GPUs give the cluster's
 interconnect to ``asyncrl plan``).
 """
 
@@ -20,22 +20,13 @@ import os
 import socket
 import statistics
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from asyncrl.perf.cost import CostModel, Scaling
-
-
-def _median(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from asyncrl.schedules.perf.cost import CostModel, Scaling
 
 
 def amdahl_serial(t1: float, tn: float, n: int) -> float:
@@ -88,8 +79,17 @@ def probe_sync(weight_bytes: int, repeats: int = 5) -> tuple[float, float]:
     return max(0.0, t_small - small / bw), bw
 
 
-def probe(cost: CostModel, run_dir: str | Path, repeats: int = 3) -> CostModel:
-    """``cost`` with its ``scaling`` measured on this machine (see the module docstring)."""
+@dataclass
+class Workloads:
+    """One step's generation, update and a prefill forward of the run, ready to time."""
+
+    generate: Callable[[], object]
+    update: Callable[[], object]
+    prefill: Callable[[], object]
+    prefill_tokens: int
+
+
+def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
     from asyncrl import losses
     from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
     from asyncrl.config import load_config
@@ -105,7 +105,7 @@ def probe(cost: CostModel, run_dir: str | Path, repeats: int = 3) -> CostModel:
     run = Path(run_dir)
     cfg = load_config(str(run / "config.yaml"))
     model, tok = load_model(run / "final")
-    rows = load_rows(cfg.data.train_files)[: cost.prompts_per_step]
+    rows = load_rows(cfg.data.train_files)[:prompts_per_step]
     dataset = PromptDataset(rows, tok, cfg.data.max_prompt_length)
     prompts = [dataset[i] for i in range(len(dataset))]
     params = SamplingParams.from_config(cfg.rollout)
@@ -117,24 +117,47 @@ def probe(cost: CostModel, run_dir: str | Path, repeats: int = 3) -> CostModel:
     spec = PPOClip.of(cfg.actor, cfg.algorithm.rollout_correction)
     batch.policy = PolicyTarget(losses.broadcast_advantages(adv, batch.response_mask_BT), spec)
     batch.old_logp_BT = batch.behav_logp_BT.clone()
+    trained = copy.deepcopy(model)
+    opt = torch.optim.AdamW(trained.parameters(), lr=1e-12)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    ids = torch.tensor([p.prompt_ids[:8] * 2 for p in prompts for _ in range(n)])  # prompts x n, 16 tokens each
+    calls = iter(range(1, 1 << 30))
+
+    def prefill():
+        with torch.no_grad():
+            return model(input_ids=ids)
+
+    return Workloads(
+        generate=lambda: engine.generate(prompts, params, seed=next(calls)),
+        update=lambda: fit(trained, opt, sched, batch, cfg.actor, 1, 0),
+        prefill=prefill,
+        prefill_tokens=ids.numel(),
+    )
+
+
+def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7) -> CostModel:
+    """``cost`` with its ``scaling`` measured on this machine (see the module docstring). The thread counts take
+    turns, one timing of each phase per turn, for ``rounds`` turns (medians): a machine whose speed drifts during
+    the probe then shifts both counts alike instead of one."""
+    w = workloads(run_dir, cost.prompts_per_step, cost.n)
     threads = max(cost.gen_threads, cost.train_threads, 2)
     before = torch.get_num_threads()
-    gen: dict[int, float] = {}
-    upd: dict[int, float] = {}
-    prefill: dict[int, float] = {}
-    ids = torch.tensor([p.prompt_ids[:8] * 2 for p in prompts for _ in range(cost.n)])  # prompts x n, 16 tokens
+    times: dict[tuple[str, int], list[float]] = {}
+    phases = {"gen": w.generate, "upd": w.update, "prefill": w.prefill}
     try:
-        for t in (1, threads):
-            torch.set_num_threads(t)
-            gen[t] = _median(lambda: engine.generate(prompts, params, seed=1), repeats)
-            m = copy.deepcopy(model)
-            opt = torch.optim.AdamW(m.parameters(), lr=1e-12)
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-            upd[t] = _median(lambda m=m, opt=opt, sched=sched: fit(m, opt, sched, batch, cfg.actor, 1, 0), repeats)
-            with torch.no_grad():
-                prefill[t] = _median(lambda: model(input_ids=ids), repeats) / ids.numel()
+        for r in range(rounds + 1):  # the first round warms up
+            for t in (1, threads):
+                torch.set_num_threads(t)
+                for name, fn in phases.items():
+                    t0 = time.perf_counter()
+                    fn()
+                    if r:
+                        times.setdefault((name, t), []).append(time.perf_counter() - t0)
     finally:
         torch.set_num_threads(before)
+    gen = {t: statistics.median(times[("gen", t)]) for t in (1, threads)}
+    upd = {t: statistics.median(times[("upd", t)]) for t in (1, threads)}
+    prefill = {t: statistics.median(times[("prefill", t)]) / w.prefill_tokens for t in (1, threads)}
     fixed, bw = probe_sync(cost.weight_bytes)
     n = threads
     scaling = Scaling(

@@ -1,0 +1,195 @@
+"""What the simulator is told: the cluster (``Cluster``), one run's schedule and knobs (``Setting``), what it answers
+(``Prediction``, ``Span``), the cost model's prices for one setting on one cluster (``Prices``) and the work, drawn
+from the profiled run's own groups (``Work``)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from asyncrl.schedules.perf.cost import CostModel, Segment
+
+SCHEDULES = ("sync", "one_step_off", "two_step_off", "fully_async")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where the simulated run goes. ``kind`` "cpu": ``cores`` shared by every role; "gpu": ``nodes`` x
+    ``gpus_per_node`` devices, each role on its own (a colocated sync uses all of them for both phases)."""
+
+    kind: str = "cpu"
+    cores: int = 2
+    nodes: int = 1
+    gpus_per_node: int = 8
+    device_speed: float = 1.0  # each device's throughput against the profiled device's
+    sync_bytes_per_s: float | None = None  # weight-sync bandwidth; None: the profile's probe (or 1 GB/s)
+    sync_fixed_s: float | None = None
+
+    @staticmethod
+    def cpu(cores: int) -> Cluster:
+        return Cluster("cpu", cores=cores)
+
+    @staticmethod
+    def gpus(total: int, nodes: int = 1, **kw) -> Cluster:
+        if total % nodes:
+            raise ValueError(f"--gpus {total} does not split evenly over --nodes {nodes}")
+        return Cluster("gpu", nodes=nodes, gpus_per_node=total // nodes, **kw)
+
+    @property
+    def devices(self) -> int:
+        return self.cores if self.kind == "cpu" else self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One run: a schedule and its knobs. ``rollout``/``trainer``: threads (cpu) or devices (gpu) of each role (a
+    sync run's generation runs on the trainer's)."""
+
+    schedule: str
+    trainer: int
+    rollout: int = 0
+    staleness_threshold: float = 0.0
+    trigger_parameter_sync_step: int = 1
+    require_batches: int = 1
+    partial_rollout: bool = False
+    max_inflight_groups: int = 0  # 0: rollout.max_batch_size // n, as the Rollouter does
+    max_queue_size: int = 0  # 0: the staleness window's budget, as the Rollouter does
+    drop_policy: str = "backpressure"
+
+    @staticmethod
+    def from_config(cfg) -> Setting:
+        """The setting a config runs: its schedule, each role's threads (CPU) or GPUs, the fully_async knobs."""
+        t, r, at = cfg.trainer, cfg.rollout, cfg.async_training
+        on_gpu = t.n_gpus_per_node > 0
+        trainer = t.nnodes * t.n_gpus_per_node if on_gpu else max(1, int(t.cpus_per_worker)) * t.num_workers
+        if t.schedule == "sync":
+            rollout = 0
+        elif on_gpu:
+            rollout = r.nnodes * r.n_gpus_per_node
+        else:
+            rollout = max(1, int(r.cpus_per_worker)) * r.num_workers
+        return Setting(
+            schedule=t.schedule,
+            trainer=trainer,
+            rollout=rollout,
+            staleness_threshold=float(at.staleness_threshold),
+            trigger_parameter_sync_step=int(at.trigger_parameter_sync_step),
+            require_batches=int(at.require_batches),
+            partial_rollout=bool(at.partial_rollout),
+            max_inflight_groups=int(at.max_inflight_groups or 0),
+            max_queue_size=int(at.max_queue_size or 0),
+            drop_policy=str(at.drop_policy),
+        )
+
+    def label(self) -> str:
+        if self.schedule == "sync":
+            return f"sync ({self.trainer})"
+        extra = ""
+        if self.schedule == "fully_async":
+            extra = (
+                f", staleness {self.staleness_threshold:g}, sync every {self.trigger_parameter_sync_step}"
+                f"{', partial' if self.partial_rollout else ''}"
+            )
+        return f"{self.schedule} ({self.rollout} gen / {self.trainer} train{extra})"
+
+
+@dataclass
+class Span:
+    worker: str
+    name: str
+    start: float
+    end: float
+    step: int
+
+
+@dataclass
+class Prediction:
+    setting: Setting
+    steps: int
+    step_s: float  # mean over the measured steps (the first left out, as the bench does)
+    samples_per_s: float
+    trainer_idle: float  # the share of the measured window the trainer computed nothing
+    rollout_idle: float  # the same for the rollout side (0 for sync: it is the trainer)
+    staleness: dict[int, int]  # staleness -> samples
+    partial_share: float  # the share of trained samples written by more than one weight version
+    spans: list[Span] = field(default_factory=list)
+    step_ends: list[float] = field(default_factory=list)
+
+    def row(self, sync: Prediction | None = None) -> dict[str, object]:
+        out: dict[str, object] = {
+            "setting": self.setting.label(),
+            "step_s": round(self.step_s, 4),
+            "samples_per_s": round(self.samples_per_s, 2),
+            "trainer_idle": round(self.trainer_idle, 3),
+            "rollout_idle": round(self.rollout_idle, 3),
+            "staleness_mean": round(_mean_staleness(self.staleness), 3),
+            "staleness_max": max(self.staleness) if self.staleness else 0,
+            "partial_share": round(self.partial_share, 3),
+        }
+        if sync is not None:
+            out["ratio_to_sync"] = round(self.samples_per_s / sync.samples_per_s, 3)
+        return out
+
+
+def _mean_staleness(st: dict[int, int]) -> float:
+    n = sum(st.values())
+    return sum(k * v for k, v in st.items()) / n if n else 0.0
+
+
+class Prices:
+    """The cost model's prices for one setting on one cluster."""
+
+    def __init__(self, cost: CostModel, cluster: Cluster, setting: Setting):
+        self.cost, self.cluster, self.setting = cost, cluster, setting
+        sc = cost.scaling
+        speed = max(cluster.device_speed, 1e-9)
+        if cluster.kind == "cpu":
+            gen_threads = setting.trainer if setting.schedule == "sync" else setting.rollout
+            self.gen_factor = sc.speed("gen", cost.gen_threads) / sc.speed("gen", gen_threads)
+            self.train_factor = sc.speed("train", cost.train_threads) / sc.speed("train", setting.trainer)
+            self.replicas, self.gen_threads, self.train_threads = 1, float(gen_threads), float(setting.trainer)
+            self.pool: str | None = "shared"
+        else:
+            # generation: one replica per device as profiled (rows split over them); training: tokens split
+            rollout_devices = setting.trainer if setting.schedule == "sync" else setting.rollout
+            self.replicas = max(1, rollout_devices // max(1, cost.gen_threads))
+            self.gen_factor = 1.0 / speed
+            self.train_factor = cost.train_threads / setting.trainer / speed
+            self.gen_threads = self.train_threads = 0.0
+            self.pool = None
+        self.sync_fixed = cluster.sync_fixed_s if cluster.sync_fixed_s is not None else sc.sync_fixed_s
+        bw = cluster.sync_bytes_per_s if cluster.sync_bytes_per_s is not None else sc.sync_bytes_per_s
+        self.sync_s = self.sync_fixed + cost.weight_bytes / bw
+
+    def segments_cost(self, seg: Segment, tokens: int) -> float:
+        d = self.cost.decode
+        return (d.get("step") + d.get("token") * seg.live) * tokens * self.gen_factor
+
+    def call_s(self, prefill_tokens: float) -> float:
+        d = self.cost.decode
+        return (d.get("call") + d.get("prefill_token") * prefill_tokens) * self.gen_factor
+
+    def train_s(self, tokens: float) -> float:
+        c = self.cost
+        return (c.update(call=1.0, token=tokens) + c.train_other(call=1.0, token=tokens)) * self.train_factor
+
+
+# ---- the work: groups drawn from the profile -------------------------------------------------------------------------
+class Work:
+    """Prompt groups drawn (seeded, with replacement) from the profiled run's own groups."""
+
+    def __init__(self, cost: CostModel, seed: int):
+        self.cost, self.rng = cost, random.Random(seed)
+        self.drawn: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
+
+    def group(self, epoch: int, index: int) -> tuple[int, tuple[int, ...]]:
+        key = (epoch, index)
+        if key not in self.drawn:
+            self.drawn[key] = self.cost.groups[self.rng.randrange(len(self.cost.groups))]
+        return self.drawn[key]
+
+    def update_tokens(self, groups: list[tuple[int, tuple[int, ...]]]) -> float:
+        full = 0
+        for p, rs in groups:
+            full += (p + sum(rs)) if self.cost.shared_prefix else sum(p + r for r in rs)
+        return full * self.cost.update_keep

@@ -1,0 +1,246 @@
+"""Every schedule's order of events on a virtual clock, with each engine and trainer call replaced by its price in a
+``CostModel``, on a described cluster.
+
+``sync``, ``one_step_off`` and ``two_step_off`` are written here as their modules' docstrings give their order of
+events (each step: what waits on what). ``fully_async`` runs the real producer: ``Producer.to_decode`` /
+``finish_decode`` / ``put_finished`` / ``take`` with the real ``StalenessController``, ``MessageQueue``,
+``PromptLedger``, ``should_refill`` rule and partial-rollout pause, the engine replaced by ``decode.decode``; the
+driver's side (take, prepare, train, park the Rollouter, sync, resume) is the loop of ``schedules.fully_async``.
+
+A decode call is priced by the engine's own structure (``cost.decode_segments``): one step per token of its
+longest row, each costing a fixed part plus a part per live row; rows split by group over the rollout replicas,
+which step together. A pause (partial rollout) or a refill cut stops it between steps; the rows keep what they
+have and continue, re-prefilled, in a later call.
+
+Clusters: ``Cluster.cpu(cores)``: every role shares the machine's cores (a computation on t threads among others
+moves at min(1, cores / all running threads) of its alone speed; its alone speed on t threads is Amdahl's law with
+the profile's measured serial fraction). ``Cluster.gpus(nodes, per_node)``: each role on devices of its own; a
+phase's seconds scale with the devices it has against those the profile ran on (generation: rows split over
+replicas; training: tokens split over data-parallel ranks), times ``device_speed``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+
+from asyncrl.schedules.fully_async.staleness import StalenessBudget
+from asyncrl.schedules.perf.clock import Clock, Compute, Delay, Signal, Wait
+from asyncrl.schedules.perf.cost import CostModel
+from asyncrl.schedules.perf.decode import Row, decode
+from asyncrl.schedules.perf.setting import SCHEDULES, Cluster, Prediction, Prices, Setting, Span, Work
+from asyncrl.schedules.perf.stream import StreamSim
+
+__all__ = ["SCHEDULES", "Cluster", "Fault", "Prediction", "Setting", "Sim", "median_step", "simulate"]
+
+
+# ---- the schedules ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fault:
+    """``kill``: the run is killed late and resumes from the checkpoint of the first sync at or after update
+    ``after_update``; ``takeover``: the Rollouter dies right after update ``after_update`` and a new one takes over."""
+
+    kind: str
+    after_update: int
+
+
+class Sim(StreamSim):
+    """One simulated run. ``steps``: trainer updates; ``dataset_size``: prompts per epoch of the fully_async
+    producer's sampler (shuffled with ``seed``; default: more than the run draws)."""
+
+    def __init__(
+        self,
+        cost: CostModel,
+        cluster: Cluster,
+        setting: Setting,
+        steps: int,
+        seed: int = 0,
+        dataset_size: int | None = None,
+        fault: Fault | None = None,
+    ):
+        if setting.schedule not in SCHEDULES:
+            raise ValueError(f"no schedule {setting.schedule!r} (known: {', '.join(SCHEDULES)})")
+        self.cost, self.cluster, self.setting, self.steps = cost, cluster, setting, steps
+        self.seed, self.fault, self.faulted = seed, fault, False
+        self.consumed: list[tuple[str, int, int]] = []  # fully_async: (group, controller's staleness, rows' own)
+        self._keys = 0
+        self.budget = StalenessBudget(
+            require_batches=setting.require_batches,
+            ppo_mini_batch_size=cost.ppo_mini_batch_size,
+            trigger_parameter_sync_step=setting.trigger_parameter_sync_step,
+            staleness_threshold=setting.staleness_threshold,
+        )
+        # enough prompts that the run never wraps an epoch (a smaller set is shuffled faster than a large one)
+        b = self.budget
+        self.dataset_size = dataset_size or (steps + 2) * b.groups_per_update + 2 * b.groups_per_window_budget + 4096
+        self.prices = Prices(cost, cluster, setting)
+        self.clock = Clock(cluster.cores if cluster.kind == "cpu" else None)
+        self.work = Work(cost, seed)
+        self.spans: list[Span] = []
+        self.step_ends: list[float] = []
+        self.staleness: Counter[int] = Counter()
+        self.partial = 0
+        self.samples = 0
+
+    # a timed span of a process
+    def busy(self, worker: str, name: str, step: int, op):
+        t0 = self.clock.now
+        yield op
+        self.spans.append(Span(worker, name, t0, self.clock.now, step))
+
+    def draw_batch(self, b: int) -> list[tuple[int, tuple[int, ...]]]:
+        return [self.work.group(0, b * 100_000 + i) for i in range(self.cost.prompts_per_step)]
+
+    def generate(self, worker: str, step: int, groups: list[tuple[int, tuple[int, ...]]]):
+        rows = [Row(r, p, g) for g, (p, rs) in enumerate(groups) for r in rs]
+        t0 = self.clock.now
+        yield from decode(self.clock, self.prices, rows)
+        self.spans.append(Span(worker, "generate", t0, self.clock.now, step))
+        n = len(rows)
+        yield from self.busy(worker, "reward", step, Compute(self.cost.reward(row=n), 1.0, self.prices.pool))
+
+    def trainer_step_tail(self, step: int, groups):
+        p = self.prices
+        yield from self.busy("driver", "prepare", step, Compute(self.cost.prepare(call=1.0), 1.0, p.pool))
+        tokens = self.work.update_tokens(groups)
+        yield from self.busy("trainer", "train", step, Compute(p.train_s(tokens), p.train_threads, p.pool, "train"))
+
+    def end_step(self, step: int, n_samples: int):
+        yield from self.busy("driver", "step_other", step, Compute(self.cost.step_other(call=1.0), 1.0,
+                                                                      self.prices.pool))  # fmt: skip
+        self.step_ends.append(self.clock.now)
+        self.samples += n_samples
+
+    # sync: generate (on the trainer), prepare, train
+    def sync(self):
+        for step in range(1, self.steps + 1):
+            groups = self.draw_batch(step)
+            yield from self.generate("trainer", step, groups)
+            yield from self.trainer_step_tail(step, groups)
+            self.staleness[0] += sum(len(rs) for _, rs in groups)
+            yield from self.end_step(step, sum(len(rs) for _, rs in groups))
+
+    def _rollout_worker(self, launch: list[Signal], done: list[Signal], batches: dict):
+        for b in range(1, self.steps + 1):
+            yield Wait(launch[b])
+            yield from self.generate("rollout", b, batches[b])
+            self.clock.fire(done[b])
+
+    def _push(self, step: int):
+        yield from self.busy("sync", "sync_weights", step, Delay(self.prices.sync_s))
+
+    # one_step_off: wait for batch t, sync, launch t+1, prepare and train t
+    def one_step_off(self):
+        S = self.steps
+        launch, done = [Signal(f"launch{b}") for b in range(S + 2)], [Signal(f"done{b}") for b in range(S + 2)]
+        batches = {b: self.draw_batch(b) for b in range(1, S + 1)}
+        self.clock.spawn(self._rollout_worker(launch, done, batches))
+        self.clock.fire(launch[1])
+        for step in range(1, S + 1):
+            yield Wait(done[step])
+            yield from self._push(step)
+            if step < S:
+                self.clock.fire(launch[step + 1])
+            yield from self.trainer_step_tail(step, batches[step])
+            n = sum(len(rs) for _, rs in batches[step])
+            self.staleness[0 if step == 1 else 1] += n
+            yield from self.end_step(step, n)
+
+    # two_step_off: batch t+1 prepared (on a driver thread) while t trains, t+2 generated
+    def two_step_off(self):
+        S = self.steps
+        launch, done = [Signal(f"launch{b}") for b in range(S + 3)], [Signal(f"done{b}") for b in range(S + 3)]
+        prepared = [Signal(f"prepared{b}") for b in range(S + 3)]
+        batches = {b: self.draw_batch(b) for b in range(1, S + 1)}
+        self.clock.spawn(self._rollout_worker(launch, done, batches))
+
+        def prepare(b: int):
+            yield Wait(done[b])
+            yield from self.busy("driver-prepare", "prepare", b, Compute(self.cost.prepare(call=1.0), 1.0,
+                                                                          self.prices.pool))  # fmt: skip
+            self.clock.fire(prepared[b])
+
+        self.clock.fire(launch[1])
+        self.clock.spawn(prepare(1))
+        if S >= 2:
+            self.clock.fire(launch[2])
+        p = self.prices
+        for step in range(1, S + 1):
+            yield Wait(prepared[step])
+            if step + 1 <= S:
+                yield Wait(done[step + 1])
+                yield from self._push(step)
+                if step + 2 <= S:
+                    self.clock.fire(launch[step + 2])
+                self.clock.spawn(prepare(step + 1))
+            tokens = self.work.update_tokens(batches[step])
+            yield from self.busy("trainer", "train", step, Compute(p.train_s(tokens), p.train_threads, p.pool, "train"))
+            n = sum(len(rs) for _, rs in batches[step])
+            self.staleness[min(step - 1, 2)] += n
+            yield from self.end_step(step, n)
+
+    def run(self) -> Prediction:
+        proc = getattr(self, self.setting.schedule)()
+        done = {"trainer": False}
+
+        def main():
+            yield from proc
+            done["trainer"] = True
+
+        self.clock.spawn(main())
+        self.clock.run(until=lambda: done["trainer"])
+        if not done["trainer"]:
+            books = self.producer.controller.metrics() if self.setting.schedule == "fully_async" else {}
+            raise RuntimeError(
+                f"simulation of {self.setting.label()} stalled after {len(self.step_ends)} steps {books}"
+            )
+        return self.prediction()
+
+    def prediction(self) -> Prediction:
+        ends = self.step_ends
+        first = 1 if len(ends) > 2 else 0
+        t0 = ends[first - 1] if first else 0.0
+        measured = len(ends) - first
+        window = ends[-1] - t0
+        step_s = window / measured
+        per_step = self.samples / len(ends)
+        return Prediction(
+            setting=self.setting,
+            steps=len(ends),
+            step_s=step_s,
+            samples_per_s=per_step / step_s,
+            trainer_idle=1.0 - _busy(self.spans, "trainer", t0, ends[-1]) / window,
+            rollout_idle=0.0
+            if self.setting.schedule == "sync"
+            else 1.0 - _busy(self.spans, "rollout", t0, ends[-1]) / window,
+            staleness=dict(sorted(self.staleness.items())),
+            partial_share=self.partial / max(1, sum(self.staleness.values())),
+            spans=self.spans,
+            step_ends=ends,
+        )
+
+
+def _busy(spans: list[Span], worker: str, t0: float, t1: float) -> float:
+    iv = sorted((max(s.start, t0), min(s.end, t1)) for s in spans if s.worker == worker and s.end > t0 and s.start < t1)
+    total, cur_s, cur_e = 0.0, None, None
+    for a, b in iv:
+        if cur_e is None or a > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = a, b
+        else:
+            cur_e = max(cur_e, b)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def simulate(cost: CostModel, cluster: Cluster, setting: Setting, steps: int = 30, seed: int = 0) -> Prediction:
+    """One setting's run of ``steps`` steps on ``cluster``."""
+    return Sim(cost, cluster, setting, steps, seed).run()
+
+
+def median_step(pred: Prediction) -> float:
+    ends = pred.step_ends
+    return statistics.median(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else ends[0]
