@@ -37,13 +37,13 @@ from asyncrl.models.device import DeviceError
 from asyncrl.models.errors import ModelLoadError
 from asyncrl.models.gguf import GGUFConvertError
 from asyncrl.models.lora import LoraError
-from asyncrl.schedules.perf.cost import CostModelError
-from asyncrl.schedules.perf.profile import ProfileError
 from asyncrl.rewards.custom import RewardSpecError
 from asyncrl.rewards.registry import UnknownDataSourceError
 from asyncrl.rewards.remote import RewardServiceRejectedError, RewardServiceResponseError, RewardServiceUnavailableError
 from asyncrl.roles.placement import PlacementError
 from asyncrl.rollout.vllm_engine import VllmEngineError
+from asyncrl.schedules.perf.cost import CostModelError
+from asyncrl.schedules.perf.profile import ProfileError
 from asyncrl.schedules.replay import ReplayError
 from asyncrl.schedules.skip import RolloutSkipError
 from asyncrl.teacher.launch import TeacherStartError

@@ -1,10 +1,11 @@
-"""The fully_async protocol, run by the performance model's simulator (``asyncrl.schedules.perf.simulate``), which drives the
-real producer: ``Producer.to_decode`` / ``finish_decode`` / ``put_finished`` (admission, one batched decode of every
-unfinished row, queueing in start order), ``take`` (the trainer's batches), ``on_sync``, ``snapshot`` and
-``restore`` (a kill -9 of the run resumed from its checkpoint; a dead Rollouter taken over mid-run) are the code the
-Rollouter and the driver run. Only the engine and the trainer are priced, on a virtual clock: a decode call runs
-until its rows end (their lengths drawn per group; some groups a long tail), a refill cut or a pause (partial
-rollout) stops it early, so generation and training interleave at any speeds without threads or wall time.
+"""The fully_async protocol, run by the performance model's simulator (``asyncrl.schedules.perf.simulate``),
+which drives the real producer: ``Producer.to_decode`` / ``finish_decode`` / ``put_finished`` (admission, one
+batched decode of every unfinished row, queueing in start order), ``take`` (the trainer's batches), ``on_sync``,
+``snapshot`` and ``restore`` (a kill -9 of the run resumed from its checkpoint; a dead Rollouter taken over mid-run)
+are the code the Rollouter and the driver run. Only the engine and the trainer are priced, on a virtual clock: a
+decode call runs until its rows end (their lengths drawn per group; some groups a long tail), a refill cut or a
+pause (partial rollout) stops it early, so generation and training interleave at any speeds without threads or wall
+time.
 
 Whatever the speeds: every consumed group is within the staleness bound (the controller's count and the versions the
 rows recorded agree), and every prompt of every epoch is trained on exactly once (with ``drop_policy=oldest``: once
@@ -19,10 +20,10 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.schedules.perf.cost import CostModel, Term
-from asyncrl.schedules.perf.simulate import Cluster, Fault, Setting, Sim
 from asyncrl.schedules.fully_async.ledger import parse_group_id
 from asyncrl.schedules.fully_async.staleness import StalenessBudget
+from asyncrl.schedules.perf.cost import CostModel, Term
+from asyncrl.schedules.perf.simulate import Cluster, Fault, Setting, Sim
 
 N = 2  # rows per group
 

@@ -16,7 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncrl.schedules.perf.clock import Clock, Compute, Delay, Signal, Wait
-from asyncrl.schedules.perf.cost import CostModel, CostModelError, Scaling, Term, decode_regressors, decode_segments, fit_term
+from asyncrl.schedules.perf.cost import (
+    CostModel,
+    CostModelError,
+    Scaling,
+    Term,
+    decode_regressors,
+    decode_segments,
+    fit_term,
+)
 from asyncrl.schedules.perf.plan import candidates, make_plan, overrides, splits
 from asyncrl.schedules.perf.simulate import Cluster, Setting, median_step, simulate
 
