@@ -2,8 +2,9 @@
 trainer split, the staleness threshold and the sync interval on the simulator; print the best few with their
 predicted speed-up over a colocated sync on the same devices and the config overrides that run them.
 
-The search is coarse then fine: every candidate runs ``search_steps`` simulated steps, the best ``refine`` of them
-run again for ``steps``; the table ranks those by samples/s.
+The search is coarse then fine: the pipelined schedules run ``search_steps`` simulated steps on every split, fully_async
+every knob on the best ``SPLITS`` splits of those; the best ``refine`` of all run again for ``steps``; the table ranks
+those (and sync) by samples/s.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from asyncrl.schedules.perf.cost import CostModel
 from asyncrl.schedules.perf.simulate import Cluster, Prediction, Setting, simulate
 
 STALENESS = (0.0, 0.5, 1.0)
+PIPELINED = ("one_step_off", "two_step_off")
+SPLITS = 3  # the splits whose fully_async knobs are searched
 SYNC_EVERY = (1, 2, 4)
 
 
@@ -109,12 +112,20 @@ def make_plan(
 ) -> Plan:
     cands = candidates(cluster, schedules)
     sync_setting = Setting("sync", trainer=cluster.devices)
-    coarse = [(simulate(cost, cluster, c, search_steps), c) for c in cands if c.schedule != "sync"]
+    # the split first: the pipelined schedules (one setting per split, cheap) rank the splits; fully_async's knobs
+    # are searched on the best SPLITS of them (on all splits when no pipelined schedule is asked for)
+    piped = [(simulate(cost, cluster, c, search_steps), c) for c in cands if c.schedule in PIPELINED]
+    best: dict[tuple[int, int], float] = {}
+    for p, c in piped:
+        best[c.rollout, c.trainer] = max(best.get((c.rollout, c.trainer), 0.0), p.samples_per_s)
+    keep = set(sorted(best, key=lambda k: -best[k])[:SPLITS]) if best else None
+    streams = [c for c in cands if c.schedule == "fully_async" and (keep is None or (c.rollout, c.trainer) in keep)]
+    coarse = piped + [(simulate(cost, cluster, c, search_steps), c) for c in streams]
     coarse.sort(key=lambda pc: -pc[0].samples_per_s)
     fine = [simulate(cost, cluster, c, steps) for _, c in coarse[:refine]]
     sync = simulate(cost, cluster, sync_setting, steps)
     ranked = sorted([*fine, *([sync] if "sync" in schedules else [])], key=lambda p: -p.samples_per_s)
-    return Plan(cluster, sync, ranked, len(cands))
+    return Plan(cluster, sync, ranked, len(piped) + len(streams) + 1)
 
 
 def format_plan(plan: Plan, top: int) -> str:
