@@ -142,11 +142,9 @@ def run_schedule(schedule: str, wl: Workload, out: Path, steps: int, total_cpus:
 
 def profile_sync(run_dir: Path, out_dir: Path) -> str:
     """``asyncrl profile RUN_DIR --probe`` of the sync run, written to ``out_dir/cost.json``."""
-    from asyncrl.schedules.perf.probe import probe
     from asyncrl.schedules.perf.profile import profile_run
 
-    cost = profile_run(run_dir)
-    cost = profile_run(run_dir, probe(cost, run_dir).scaling)
+    cost = profile_run(run_dir, probe=True)
     path = out_dir / "cost.json"
     cost.save(path)
     print("\n".join(f"[bench] profile: {line}" for line in cost.describe()))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from asyncrl.schedules.perf.cost import CostModel, Term
@@ -128,7 +128,7 @@ def fa_cost(step_s: float, median: float, sigma: float, update_s: float, other_s
 def sync_gen_seconds(step_s: float, median: float, sigma: float) -> float:
     """The colocated sync's generation of 512 x 16 rows on 128 GPUs (32 replicas): one batched call."""
     cost = fa_cost(step_s, median, sigma, 0.0, 0.0)
-    cost = CostModel(**{**cost.__dict__, "prompts_per_step": PROMPTS})
+    cost = replace(cost, prompts_per_step=PROMPTS)
     sim = Sim(cost, Cluster.gpus(128), Setting("sync", trainer=128), steps=3)
     p = sim.run()
     gens = [s.end - s.start for s in p.spans if s.name == "generate"]

@@ -262,21 +262,26 @@ def idle_fraction(events: Iterable[dict[str, Any]], worker: str, t0: float, t1: 
     """
     if not t1 > t0:
         raise ValueError(f"idle_fraction(worker={worker!r}): window end t1={t1} must be after t0={t0}")
-    intervals = sorted(
+    intervals = [
         (max(e["start_s"], t0), min(e["end_s"], t1))
         for e in events
         if e["worker"] == worker and is_busy(e) and e["end_s"] > t0 and e["start_s"] < t1
-    )
-    busy_s = 0.0
+    ]
+    return 1.0 - union_seconds(intervals) / (t1 - t0)
+
+
+def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Seconds covered by the union of ``(start, end)`` intervals (overlaps counted once)."""
+    total = 0.0
     cur_start: float | None = None
-    cur_end = t0
-    for start, end in intervals:
+    cur_end = 0.0
+    for start, end in sorted(intervals):
         if cur_start is None or start > cur_end:
             if cur_start is not None:
-                busy_s += cur_end - cur_start
+                total += cur_end - cur_start
             cur_start, cur_end = start, end
         else:
             cur_end = max(cur_end, end)
     if cur_start is not None:
-        busy_s += cur_end - cur_start
-    return 1.0 - busy_s / (t1 - t0)
+        total += cur_end - cur_start
+    return total

@@ -83,7 +83,11 @@ def records(
 
 
 def append(run_dir: Path, recs: list[TraceRecord]) -> None:
-    with open(run_dir / TRACE_FILE, "a", encoding="utf-8") as f:
+    _append_jsonl(run_dir / TRACE_FILE, recs)
+
+
+def _append_jsonl(path: Path, recs: list[Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
         for r in recs:
             f.write(json.dumps(asdict(r)) + "\n")
 
@@ -135,8 +139,7 @@ def work_record(step: int, samples: list[Sample]) -> WorkRecord:
 
 
 def append_work(run_dir: Path, rec: WorkRecord) -> None:
-    with open(run_dir / WORK_FILE, "a", encoding="utf-8") as f:
-        f.write(json.dumps(asdict(rec)) + "\n")
+    _append_jsonl(run_dir / WORK_FILE, [rec])
 
 
 def format_step(recs: list[dict[str, Any]], width: int = 100) -> str:

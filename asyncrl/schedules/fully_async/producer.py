@@ -27,9 +27,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncrl.config import AsyncTrainingConfig
 from asyncrl.data.sampler import EpochSampler
@@ -39,6 +39,7 @@ from asyncrl.schedules.fully_async.recovery import InFlightGroup, RollouterSnaps
 from asyncrl.schedules.fully_async.staleness import StalenessBudget, StalenessController
 from asyncrl.types import Prompt, Sample
 
+T = TypeVar("T")
 POLL_S = 0.02  # how often an idle generation thread re-checks admission and the queue, seconds
 # fully_async/count/<key>: every group admitted ends up consumed, dropped, queued or in flight; each is counted
 COUNT_KEYS = (
@@ -261,3 +262,24 @@ class Producer:
 def _blank(prompt: Prompt, version: int) -> Sample:
     """A row not started yet: the engine's ``resume`` continues it from the prompt."""
     return Sample(prompt, [], [], [], stop_reason="interrupted", start_version=version)
+
+
+def split_by_group(
+    rows: list[T], shares: int, key: Callable[[T], Hashable] = lambda s: s.prompt.uid
+) -> list[list[int]]:
+    """Row indices for ``shares`` ranks: whole groups (rows of one ``key``, by default one prompt, stay together and
+    share its prefill), cut into contiguous shares of about equal rows; share 0 is the Rollouter's own. Some may be
+    empty. The Rollouter splits its decode calls with it, the performance model its simulated ones."""
+    if shares <= 1:
+        return [list(range(len(rows)))]
+    groups: dict[Hashable, list[int]] = {}
+    for i, s in enumerate(rows):
+        groups.setdefault(key(s), []).append(i)
+    out: list[list[int]] = [[] for _ in range(shares)]
+    target = len(rows) / shares
+    k = 0
+    for members in groups.values():
+        if k < shares - 1 and out[k] and len(out[k]) + len(members) / 2 > target:
+            k += 1
+        out[k].extend(members)
+    return out

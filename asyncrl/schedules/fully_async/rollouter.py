@@ -22,7 +22,7 @@ from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
 from asyncrl.rollout.agent.tools import tool_schemas
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.schedules.fully_async.producer import POLL_S, Producer, budget_of, queue_for
+from asyncrl.schedules.fully_async.producer import POLL_S, Producer, budget_of, queue_for, split_by_group
 from asyncrl.schedules.fully_async.queue import QueueClosed
 from asyncrl.schedules.fully_async.recovery import RollouterSnapshot, StreamBatch, Takeover
 from asyncrl.types import PrefillStats, Sample
@@ -251,21 +251,3 @@ class Rollouter(RolloutWorker):
         if self._thread is not None:
             self._thread.join(timeout=STOP_JOIN_S)
         self.engine.clear_pause()
-
-
-def split_by_group(rows: list[Sample], shares: int) -> list[list[int]]:
-    """Row indices for ``shares`` ranks: whole groups (rows of one prompt stay together and share its prefill),
-    cut into contiguous shares of about equal rows; share 0 is the Rollouter's own. Some may be empty."""
-    if shares <= 1:
-        return [list(range(len(rows)))]
-    groups: dict[str, list[int]] = {}
-    for i, s in enumerate(rows):
-        groups.setdefault(s.prompt.uid, []).append(i)
-    out: list[list[int]] = [[] for _ in range(shares)]
-    target = len(rows) / shares
-    k = 0
-    for members in groups.values():
-        if k < shares - 1 and out[k] and len(out[k]) + len(members) / 2 > target:
-            k += 1
-        out[k].extend(members)
-    return out

@@ -2,10 +2,10 @@
 
 A process yields what it does next:
 
-- ``Compute(seconds, threads, pool, kind)``: work that takes ``seconds`` when it has its ``threads`` to itself. In a
+- ``Compute(seconds, threads, pool)``: work that takes ``seconds`` when it has its ``threads`` to itself. In a
   shared pool (a CPU machine's cores, ``Clock(cores=...)``) every running computation is slowed by
   ``min(1, cores / threads of all running)``: the threads are time-sliced and each computation moves at the pace of
-  its slowest thread. A pool of its own (``pool=None``: a role's own devices) never slows. ``kind`` names it.
+  its slowest thread. A pool of its own (``pool=None``: a role's own devices) never slows.
 - ``Wait(signal)``: until ``signal.fire()`` (at once if it fired since it was last ``clear``-ed).
 - ``Delay(seconds)``: wall time that takes no core (a network transfer, a sleep).
 
@@ -28,7 +28,6 @@ class Compute:
     seconds: float
     threads: float = 1.0
     pool: str | None = "shared"
-    kind: str = ""  # what it is ("gen", "train", ...)
 
 
 @dataclass
@@ -56,7 +55,6 @@ class _Job:
     left: float  # seconds of work left at full speed (Compute) or of wall time (Delay)
     threads: float
     shared: bool
-    kind: str = ""
 
 
 class Clock:
@@ -88,8 +86,7 @@ class Clock:
             if op.seconds <= 0:
                 self._ready.append((proc, None))
             else:
-                shared = op.pool == "shared" and self.cores is not None
-                self._jobs.append(_Job(proc, op.seconds, op.threads, shared, op.kind))
+                self._jobs.append(_Job(proc, op.seconds, op.threads, op.pool == "shared" and self.cores is not None))
         elif isinstance(op, Delay):
             if op.seconds <= 0:
                 self._ready.append((proc, None))

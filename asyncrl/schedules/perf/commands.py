@@ -33,11 +33,7 @@ def add_parsers(sub: Any) -> None:
 def profile_command(a: argparse.Namespace) -> None:
     from asyncrl.schedules.perf.profile import profile_run
 
-    cost = profile_run(a.run_dir)
-    if a.probe:
-        from asyncrl.schedules.perf.probe import probe
-
-        cost = profile_run(a.run_dir, probe(cost, a.run_dir).scaling)
+    cost = profile_run(a.run_dir, probe=a.probe)
     out = Path(a.out) if a.out else Path(a.run_dir) / "cost.json"
     cost.save(out)
     print("\n".join(cost.describe()))
@@ -56,9 +52,7 @@ def _cluster(a: argparse.Namespace):
     if a.cpus is not None:
         if a.cpus < 1:
             raise ConfigError(f"plan: --cpus must be >= 1, got {a.cpus}")
-        from dataclasses import replace
-
-        return replace(Cluster.cpu(a.cpus), **kw)
+        return Cluster.cpu(a.cpus, **kw)
     if a.gpus < 2 or a.nodes < 1 or a.gpus % a.nodes:
         raise ConfigError(f"plan: --gpus {a.gpus} --nodes {a.nodes}: need >= 2 GPUs split evenly over the nodes")
     return Cluster.gpus(a.gpus, a.nodes, **kw)

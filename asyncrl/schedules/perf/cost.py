@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,6 @@ class Term:
 
     def get(self, name: str) -> float:
         return self.coef[self.names.index(name)]
-
-    def scaled(self, factor: float) -> Term:
-        return Term(self.names, tuple(c * factor for c in self.coef), self.rel_err, self.n)
 
     def describe(self) -> str:
         parts = ", ".join(f"{k} {c:.3g}" for k, c in zip(self.names, self.coef))
@@ -132,6 +130,12 @@ def decode_regressors(remaining: list[int], prefill_tokens: float) -> dict[str, 
     }
 
 
+def update_positions(groups: Iterable[tuple[int, Sequence[int]]], shared_prefix: bool) -> int:
+    """Positions an update runs for these (prompt length, response lengths) groups, padding and skipped rows aside:
+    the prompt once per group with ``actor.shared_prefix``, once per response without."""
+    return sum((p if shared_prefix else p * len(rs)) + sum(rs) for p, rs in groups)
+
+
 @dataclass(frozen=True)
 class Scaling:
     """How this device's throughput changes with threads, and what a weight sync costs on it (``--probe``, or the
@@ -186,10 +190,6 @@ class CostModel:
     step_other: Term  # the step's remainder outside gen/prepare/train (metrics, logging): (call,)
     scaling: Scaling = field(default_factory=Scaling)
     version: int = COST_VERSION
-
-    @property
-    def rows_per_step(self) -> int:
-        return self.prompts_per_step * self.n
 
     @property
     def response_lengths(self) -> list[int]:

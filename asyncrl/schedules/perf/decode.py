@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from asyncrl.schedules.perf.clock import Clock, Compute
+from asyncrl.schedules.fully_async.producer import split_by_group
+from asyncrl.schedules.perf.clock import Compute
 from asyncrl.schedules.perf.cost import Segment, decode_segments
 from asyncrl.schedules.perf.setting import Prices
 
@@ -27,28 +28,9 @@ class Row:
 class Decoded:
     tokens: list[int]  # tokens each row generated in this call
     finished: list[bool]
-    seconds: float
-
-
-def split_rows(rows: list[Row], replicas: int) -> list[list[int]]:
-    """Rows by group (``shared``) into ``replicas`` contiguous shares of about equal size, as ``split_by_group``."""
-    if replicas <= 1:
-        return [list(range(len(rows)))]
-    out: list[list[int]] = [[] for _ in range(replicas)]
-    target, k, i = len(rows) / replicas, 0, 0
-    while i < len(rows):
-        j = i + 1
-        while j < len(rows) and rows[j].shared >= 0 and rows[j].shared == rows[i].shared:
-            j += 1
-        if k < replicas - 1 and out[k] and len(out[k]) + (j - i) / 2 > target:
-            k += 1
-        out[k].extend(range(i, j))
-        i = j
-    return out
 
 
 def decode(
-    clock: Clock,
     prices: Prices,
     rows: list[Row],
     stop: Callable[[], bool] = lambda: False,
@@ -57,9 +39,9 @@ def decode(
     """A process fragment (``yield from``): one engine call over ``rows`` split over the replicas, in chunks of
     ``max_batch_size`` rows per replica. ``stop()`` (a pause) and ``refill(n_active, n_rows)`` are checked between
     pieces; both cut the call there. Returns ``Decoded``."""
-    t0 = clock.now
     got = [0] * len(rows)
-    shares = split_rows(rows, prices.replicas)
+    # the Rollouter's own split: a blank group's rows stay together, a resumed row is a group of its own
+    shares = split_by_group(rows, prices.replicas, key=lambda r: r.shared if r.shared >= 0 else id(r))
     mbs = prices.cost.max_batch_size
     # every replica's chunks run one after another; the replicas step together
     plans = []
@@ -71,20 +53,19 @@ def decode(
     for c in range(n_calls):
         chunk_rows = [chunks[c] if c < len(chunks) else [] for chunks in plans]
         prefill = max(_prefill_tokens([rows[i] for i in ch]) for ch in chunk_rows)
-        yield Compute(prices.call_s(prefill), prices.gen_threads, prices.pool, "gen")
+        yield Compute(prices.call_s(prefill), prices.gen_threads, prices.pool)
         per_rep = [decode_segments([rows[i].need for i in ch]) for ch in chunk_rows]
-        order = [sorted(ch, key=lambda i: rows[i].need) for ch in chunk_rows]
         # the union of every replica's segment boundaries: between two, each replica's live batch is constant
         bounds = sorted({0} | {b for segs in per_rep for b in _ends(segs)})
         n0 = len(chunk_rows[0])
         for a, b in zip(bounds, bounds[1:]):
+            here = [seg for seg in (_seg_at(segs, a) for segs in per_rep) if seg is not None]  # constant up to b
             piece = max(1, (b - a) // PIECES)
             t = a
             while t < b:
                 u = min(b, t + piece)
-                cost = max((prices.segments_cost(_seg_at(segs, t), u - t) for segs in per_rep if _seg_at(segs, t)),
-                           default=0.0)  # fmt: skip
-                yield Compute(cost, prices.gen_threads, prices.pool, "gen")
+                cost = max((prices.segments_cost(seg, u - t) for seg in here), default=0.0)
+                yield Compute(cost, prices.gen_threads, prices.pool)
                 t = u
                 if t < b and stop():
                     cut = True
@@ -94,7 +75,7 @@ def decode(
                     got[i] = min(rows[i].need, t)
             if cut:
                 break
-            active0 = sum(1 for i in order[0] if rows[i].need > t)
+            active0 = sum(1 for i in chunk_rows[0] if rows[i].need > t)
             if stop() or (refill is not None and active0 and refill(active0, n0)):
                 cut = any(rows[i].need > t for ch in chunk_rows for i in ch)
                 if cut:
@@ -102,7 +83,7 @@ def decode(
         if cut:
             break
     finished = [got[i] >= rows[i].need for i in range(len(rows))]
-    return Decoded(got, finished, clock.now - t0)
+    return Decoded(got, finished)
 
 
 def _prefill_tokens(rows: list[Row]) -> float:

@@ -18,13 +18,15 @@ model on its own prompts at 1 and N threads) and the weight-sync bandwidth betwe
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from asyncrl.errors import UserInputError
-from asyncrl.schedules.perf.cost import CostModel, Scaling, Term, decode_regressors, fit_term
+from asyncrl.schedules.perf.cost import CostModel, Term, decode_regressors, fit_term, update_positions
 from asyncrl.telemetry.timeline import read_chrome_trace
 from asyncrl.telemetry.trace import WORK_FILE
 
@@ -78,6 +80,9 @@ def generation_regressors(rec: dict[str, Any], max_batch_size: int, shared: bool
     return dict(total)
 
 
+DECODE_NAMES = ("call", "step", "token", "prefill_token")
+
+
 def _fit_decode(X: list[list[float]], y: list[float], prefill_s: float | None) -> Term:
     """(call, step, token, prefill_token): with a probed prefill price, the rest fitted on what prefill leaves;
     without, a prefilled token priced as a decoded position (the two fitted as one regressor)."""
@@ -89,10 +94,22 @@ def _fit_decode(X: list[list[float]], y: list[float], prefill_s: float | None) -
         coef = (*rest.coef, rest.coef[2])
     pred = [sum(c * v for c, v in zip(coef, x)) for x in X]
     rel = statistics.fmean(((p - v) / max(abs(v), 1e-9)) ** 2 for p, v in zip(pred, y)) ** 0.5
-    return Term(("call", "step", "token", "prefill_token"), coef, rel, len(y))
+    return Term(DECODE_NAMES, coef, rel, len(y))
 
 
-def profile_run(run_dir: str | Path, scaling: Scaling | None = None) -> CostModel:
+def step_groups(rec: dict[str, Any]) -> list[tuple[int, tuple[int, ...]]]:
+    """One step's work record as (prompt length, its responses' lengths) per group, in group order."""
+    per: dict[int, list[int]] = defaultdict(list)
+    plen: dict[int, int] = {}
+    for g, p, resp in zip(rec["group"], rec["prompt_len"], rec["response_len"]):
+        per[g].append(resp)
+        plen[g] = p
+    return [(plen[g], tuple(rs)) for g, rs in sorted(per.items())]
+
+
+def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
+    """The cost model of a finished run; with ``probe``, this machine's ``Scaling`` measured too (``probe.probe``)
+    and the decode refitted with the measured prefill price."""
     run = Path(run_dir)
     if not run.is_dir():
         raise ProfileError(f"profile: {run} is not a directory (give a finished run's directory)")
@@ -103,6 +120,12 @@ def profile_run(run_dir: str | Path, scaling: Scaling | None = None) -> CostMode
         raise ProfileError(f"profile: {cfg_path} not found (profile a finished run directory of this asyncrl)")
     works = {r["step"]: r for r in _read_jsonl(run / WORK_FILE)}  # first: a run of an older asyncrl has none
     cfg = load_config(str(cfg_path))
+    schedule = cfg.trainer.schedule
+    if schedule == "fully_async":
+        raise ProfileError(
+            f"profile: {run} is a fully_async run; its decode calls do not line up with steps. Profile a sync, "
+            "one_step_off or two_step_off run (sync is the natural one: nothing overlaps)"
+        )
     metrics = [m for m in _read_jsonl(run / "metrics.jsonl") if "timing_s/step" in m and m.get("step", 0) >= 1]
     if not (run / "timeline.json").is_file():
         raise ProfileError(f"profile: {run / 'timeline.json'} not found (the run's timeline)")
@@ -113,7 +136,6 @@ def profile_run(run_dir: str | Path, scaling: Scaling | None = None) -> CostMode
             f"profile: {run} has {len(body)} measured steps with a work record ({WORK_FILE}); at least 2 are needed "
             f"(run 3 or more steps; runs of asyncrl before {WORK_FILE} existed cannot be profiled)"
         )
-    schedule = cfg.trainer.schedule
     gens: dict[int, list[float]] = defaultdict(list)
     rewards: dict[int, float] = defaultdict(float)
     updates: dict[int, float] = {}
@@ -128,60 +150,38 @@ def profile_run(run_dir: str | Path, scaling: Scaling | None = None) -> CostMode
             rewards[step] += dur
         elif e["name"] == "update_actor":
             updates[step] = updates.get(step, 0.0) + dur
-    if schedule == "fully_async":
-        raise ProfileError(
-            f"profile: {run} is a fully_async run; its decode calls do not line up with steps. Profile a sync, "
-            "one_step_off or two_step_off run (sync is the natural one: nothing overlaps)"
-        )
     r = cfg.rollout
     shared = bool(r.enable_prefix_caching)
-    X_dec, y_dec, X_up, y_up, X_oth, y_oth = [], [], [], [], [], []
-    y_rew, X_rew, prep, other, keep, prefill_tokens = [], [], [], [], [], []
-    names_dec = ("call", "step", "token", "prefill_token")
+    X_dec, y_dec, X_up, y_up, y_oth = [], [], [], [], []
+    y_rew, X_rew, prep, other, keep = [], [], [], [], []
+    groups_all: list[tuple[int, tuple[int, ...]]] = []
     for m in body:
         s, w = m["step"], works[m["step"]]
         if not gens.get(s):
             raise ProfileError(f"profile: step {s} has no generate span in {run / 'timeline.json'}")
         reg = generation_regressors(w, r.max_batch_size, shared)
-        X_dec.append([reg[k] for k in names_dec])
+        X_dec.append([reg[k] for k in DECODE_NAMES])
         y_dec.append(gens[s][0])  # the step's own generation (a held-out evaluation may follow it)
-        prefill_tokens.append(reg["prefill_token"])
         tokens = float(m.get("perf/actor_tokens", 0.0))
         upd = updates.get(s, m.get("timing_s/update_actor", 0.0))
-        X_up.append([1.0, tokens])
+        X_up.append([1.0, tokens])  # the update and the rest of the train call share their regressors
         y_up.append(upd)
-        X_oth.append([1.0, tokens])
         y_oth.append(max(0.0, m["timing_s/train"] - upd))
         X_rew.append([float(len(w["response_len"]))])
         y_rew.append(rewards.get(s, 0.0))
         prep.append(m.get("timing_s/prepare", 0.0))
         gen_s = m["timing_s/gen"] if schedule == "sync" else 0.0
         other.append(max(0.0, m["timing_s/step"] - gen_s - m.get("timing_s/prepare", 0.0) - m["timing_s/train"]))
-        groups: dict[int, list[int]] = defaultdict(list)
-        plen: dict[int, int] = {}
-        for g, p, resp in zip(w["group"], w["prompt_len"], w["response_len"]):
-            groups[g].append(resp)
-            plen[g] = p
-        full = sum(plen[g] + sum(rs) for g, rs in groups.items()) if cfg.actor.shared_prefix else sum(
-            p + resp for p, resp in zip(w["prompt_len"], w["response_len"]))  # fmt: skip
+        groups = step_groups(w)
+        groups_all += groups
+        full = update_positions(groups, cfg.actor.shared_prefix)
         if tokens > 0 and full > 0:
             keep.append(min(1.0, tokens / full))
-    groups_all: list[tuple[int, tuple[int, ...]]] = []
-    for m in body:
-        w = works[m["step"]]
-        per: dict[int, list[int]] = defaultdict(list)
-        plen = {}
-        for g, p, resp in zip(w["group"], w["prompt_len"], w["response_len"]):
-            per[g].append(resp)
-            plen[g] = p
-        groups_all += [(plen[g], tuple(rs)) for g, rs in sorted(per.items())]
     on_gpu = cfg.trainer.n_gpus_per_node > 0
     trainer_units = (cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node) if on_gpu else int(cfg.trainer.cpus_per_worker)
     rollout_units = (r.nnodes * r.n_gpus_per_node) if r.n_gpus_per_node > 0 else int(r.cpus_per_worker)
     gen_units = trainer_units if schedule == "sync" else rollout_units
-    import os
-
-    return CostModel(
+    cost = CostModel(
         source=str(run),
         schedule=schedule,
         prompts_per_step=int(cfg.data.train_batch_size),
@@ -193,15 +193,20 @@ def profile_run(run_dir: str | Path, scaling: Scaling | None = None) -> CostMode
         update_keep=statistics.mean(keep) if keep else 1.0,
         shared_prefix=bool(cfg.actor.shared_prefix),
         device="cuda" if on_gpu else "cpu",
-        cores=(cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node) if on_gpu else (os.cpu_count() or 1),
+        cores=trainer_units if on_gpu else (os.cpu_count() or 1),
         gen_threads=max(1, gen_units),
         train_threads=max(1, trainer_units),
         weight_bytes=_weight_bytes(run),
-        decode=_fit_decode(X_dec, y_dec, (scaling or Scaling()).prefill_token_s),
+        decode=_fit_decode(X_dec, y_dec, None),
         update=fit_term(("call", "token"), X_up, y_up),
-        train_other=fit_term(("call", "token"), X_oth, y_oth),
+        train_other=fit_term(("call", "token"), X_up, y_oth),
         prepare=fit_term(("call",), [[1.0]] * len(prep), prep),
         reward=fit_term(("row",), X_rew, y_rew),
         step_other=fit_term(("call",), [[1.0]] * len(other), other),
-        scaling=scaling or Scaling(),
     )
+    if probe:
+        from asyncrl.schedules.perf.probe import probe as measure
+
+        cost = measure(cost, run)
+        cost = replace(cost, decode=_fit_decode(X_dec, y_dec, cost.scaling.prefill_token_s))
+    return cost

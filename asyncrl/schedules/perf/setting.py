@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from asyncrl.schedules.perf.cost import CostModel, Segment
+from asyncrl.schedules.perf.cost import CostModel, Segment, update_positions
 
 SCHEDULES = ("sync", "one_step_off", "two_step_off", "fully_async")
 
@@ -26,8 +26,8 @@ class Cluster:
     sync_fixed_s: float | None = None
 
     @staticmethod
-    def cpu(cores: int) -> Cluster:
-        return Cluster("cpu", cores=cores)
+    def cpu(cores: int, **kw) -> Cluster:
+        return Cluster("cpu", cores=cores, **kw)
 
     @staticmethod
     def gpus(total: int, nodes: int = 1, **kw) -> Cluster:
@@ -157,9 +157,9 @@ class Prices:
             self.train_factor = cost.train_threads / setting.trainer / speed
             self.gen_threads = self.train_threads = 0.0
             self.pool = None
-        self.sync_fixed = cluster.sync_fixed_s if cluster.sync_fixed_s is not None else sc.sync_fixed_s
+        fixed = cluster.sync_fixed_s if cluster.sync_fixed_s is not None else sc.sync_fixed_s
         bw = cluster.sync_bytes_per_s if cluster.sync_bytes_per_s is not None else sc.sync_bytes_per_s
-        self.sync_s = self.sync_fixed + cost.weight_bytes / bw
+        self.sync_s = fixed + cost.weight_bytes / bw
 
     def segments_cost(self, seg: Segment, tokens: int) -> float:
         d = self.cost.decode
@@ -189,7 +189,4 @@ class Work:
         return self.drawn[key]
 
     def update_tokens(self, groups: list[tuple[int, tuple[int, ...]]]) -> float:
-        full = 0
-        for p, rs in groups:
-            full += (p + sum(rs)) if self.cost.shared_prefix else sum(p + r for r in rs)
-        return full * self.cost.update_keep
+        return update_positions(groups, self.cost.shared_prefix) * self.cost.update_keep

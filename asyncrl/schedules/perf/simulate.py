@@ -21,6 +21,7 @@ replicas; training: tokens split over data-parallel ranks), times ``device_speed
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from asyncrl.schedules.perf.cost import CostModel
 from asyncrl.schedules.perf.decode import Row, decode
 from asyncrl.schedules.perf.setting import SCHEDULES, Cluster, Prediction, Prices, Setting, Span, Work
 from asyncrl.schedules.perf.stream import StreamSim
+from asyncrl.telemetry.timeline import union_seconds
 
 __all__ = ["SCHEDULES", "Cluster", "Fault", "Prediction", "Setting", "Sim", "median_step", "simulate"]
 
@@ -64,7 +66,7 @@ class Sim(StreamSim):
         self.cost, self.cluster, self.setting, self.steps = cost, cluster, setting, steps
         self.seed, self.fault, self.faulted = seed, fault, False
         self.consumed: list[tuple[str, int, int]] = []  # fully_async: (group, controller's staleness, rows' own)
-        self._keys = 0
+        self._keys = itertools.count(1)  # fully_async: one per blank group decoded (its rows share a prefill)
         self.budget = StalenessBudget(
             require_batches=setting.require_batches,
             ppo_mini_batch_size=cost.ppo_mini_batch_size,
@@ -95,16 +97,23 @@ class Sim(StreamSim):
     def generate(self, worker: str, step: int, groups: list[tuple[int, tuple[int, ...]]]):
         rows = [Row(r, p, g) for g, (p, rs) in enumerate(groups) for r in rs]
         t0 = self.clock.now
-        yield from decode(self.clock, self.prices, rows)
+        yield from decode(self.prices, rows)
         self.spans.append(Span(worker, "generate", t0, self.clock.now, step))
         n = len(rows)
         yield from self.busy(worker, "reward", step, Compute(self.cost.reward(row=n), 1.0, self.prices.pool))
 
-    def trainer_step_tail(self, step: int, groups):
+    def prepare(self, worker: str, step: int):
+        yield from self.busy(worker, "prepare", step, Compute(self.cost.prepare(call=1.0), 1.0, self.prices.pool))
+
+    def train(self, step: int, groups: list[tuple[int, tuple[int, ...]]]):
         p = self.prices
-        yield from self.busy("driver", "prepare", step, Compute(self.cost.prepare(call=1.0), 1.0, p.pool))
-        tokens = self.work.update_tokens(groups)
-        yield from self.busy("trainer", "train", step, Compute(p.train_s(tokens), p.train_threads, p.pool, "train"))
+        yield from self.busy("trainer", "train", step,
+                             Compute(p.train_s(self.work.update_tokens(groups)), p.train_threads, p.pool))  # fmt: skip
+
+    def trainer_step_tail(self, step: int, groups: list[tuple[int, tuple[int, ...]]]):
+        """What the driver does with a generated batch: prepare it, then train on it."""
+        yield from self.prepare("driver", step)
+        yield from self.train(step, groups)
 
     def end_step(self, step: int, n_samples: int):
         yield from self.busy("driver", "step_other", step, Compute(self.cost.step_other(call=1.0), 1.0,
@@ -155,17 +164,15 @@ class Sim(StreamSim):
         batches = {b: self.draw_batch(b) for b in range(1, S + 1)}
         self.clock.spawn(self._rollout_worker(launch, done, batches))
 
-        def prepare(b: int):
+        def prepare_on_thread(b: int):
             yield Wait(done[b])
-            yield from self.busy("driver-prepare", "prepare", b, Compute(self.cost.prepare(call=1.0), 1.0,
-                                                                          self.prices.pool))  # fmt: skip
+            yield from self.prepare("driver-prepare", b)
             self.clock.fire(prepared[b])
 
         self.clock.fire(launch[1])
-        self.clock.spawn(prepare(1))
+        self.clock.spawn(prepare_on_thread(1))
         if S >= 2:
             self.clock.fire(launch[2])
-        p = self.prices
         for step in range(1, S + 1):
             yield Wait(prepared[step])
             if step + 1 <= S:
@@ -173,9 +180,8 @@ class Sim(StreamSim):
                 yield from self._push(step)
                 if step + 2 <= S:
                     self.clock.fire(launch[step + 2])
-                self.clock.spawn(prepare(step + 1))
-            tokens = self.work.update_tokens(batches[step])
-            yield from self.busy("trainer", "train", step, Compute(p.train_s(tokens), p.train_threads, p.pool, "train"))
+                self.clock.spawn(prepare_on_thread(step + 1))
+            yield from self.train(step, batches[step])
             n = sum(len(rs) for _, rs in batches[step])
             self.staleness[min(step - 1, 2)] += n
             yield from self.end_step(step, n)
@@ -222,18 +228,9 @@ class Sim(StreamSim):
 
 
 def _busy(spans: list[Span], worker: str, t0: float, t1: float) -> float:
-    iv = sorted((max(s.start, t0), min(s.end, t1)) for s in spans if s.worker == worker and s.end > t0 and s.start < t1)
-    total, cur_s, cur_e = 0.0, None, None
-    for a, b in iv:
-        if cur_e is None or a > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = a, b
-        else:
-            cur_e = max(cur_e, b)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
+    """Seconds of ``[t0, t1]`` in which ``worker`` ran a span."""
+    return union_seconds((max(s.start, t0), min(s.end, t1)) for s in spans if s.worker == worker and s.end > t0
+                         and s.start < t1)  # fmt: skip
 
 
 def simulate(cost: CostModel, cluster: Cluster, setting: Setting, steps: int = 30, seed: int = 0) -> Prediction:

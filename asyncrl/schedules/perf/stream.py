@@ -51,7 +51,7 @@ class StreamSim:
             for g in groups:
                 p, rs = self.work.group(g.epoch, g.index)
                 blank = all(len(x.response_ids) == 0 for x in g.samples)
-                shared = self.next_group_key() if blank else -1  # a blank group's rows share one prefill
+                shared = next(self._keys) if blank else -1  # a blank group's rows share one prefill
                 for k, x in enumerate(g.samples):
                     if x.stop_reason == "interrupted":
                         live.append(len(plan))
@@ -61,7 +61,6 @@ class StreamSim:
             t0 = self.clock.now
             version = s["version"]
             out = yield from decode(
-                self.clock,
                 self.prices,
                 [plan[i] for i in live],
                 stop=lambda: s["park"] and s["interrupt"],
@@ -89,16 +88,12 @@ class StreamSim:
             if producer.put_finished(0.0):
                 self.clock.fire(self.queued)
 
-    def next_group_key(self) -> int:
-        self._keys += 1
-        return self._keys
-
     def fully_async(self):
         """The driver's loop of ``schedules.fully_async``: take a batch, prepare, train; at the end of a sync window
         park the Rollouter (interrupting its decode with partial rollout), send the weights, resume it. A fault
         (``Fault``) kills the run and resumes it from its last checkpoint, or replaces the Rollouter mid-run, as
         ``recovery`` does."""
-        st, cost, p, fault = self.setting, self.cost, self.prices, self.fault
+        st, p, fault = self.setting, self.prices, self.fault
         s = self.state = {"version": 0, "park": False, "interrupt": False, "stop": False, "life": 0}
         self.parked, self.resumed = Signal("parked"), Signal("resumed")
         self.queued, self.admission = Signal("queued"), Signal("admission")
@@ -119,10 +114,7 @@ class StreamSim:
             if self.clock.now > t0:
                 self.spans.append(Span("driver", "wait_batch", t0, self.clock.now, step))
             self.clock.fire(self.admission)
-            yield from self.busy("driver", "prepare", step, Compute(cost.prepare(call=1.0), 1.0, p.pool))
-            groups = [self.work.group(g.epoch, g.index) for g in got.groups]
-            train = Compute(p.train_s(self.work.update_tokens(groups)), p.train_threads, p.pool, "train")
-            yield from self.busy("trainer", "train", step, train)
+            yield from self.trainer_step_tail(step, [self.work.group(g.epoch, g.index) for g in got.groups])
             n = sum(len(g.samples) for g in got.groups)
             for g, counted in zip(got.groups, got.staleness):
                 recorded = max(version - x.start_version for x in g.samples)
