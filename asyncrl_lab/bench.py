@@ -152,9 +152,17 @@ def profile_sync(run_dir: Path, out_dir: Path) -> str:
 
 
 def predict_schedules(
-    cost_path: str, schedules: list[str], wl: Workload, out: Path, steps: int, total_cpus: int, extra: list[str]
+    cost_path: str,
+    schedules: list[str],
+    wl: Workload,
+    out: Path,
+    steps: int,
+    total_cpus: int,
+    extra: list[str],
+    ref: str = "sync",
 ) -> dict[str, dict[str, Any]]:
-    """The performance model's prediction of every run, made before any of them starts (``predictions.json``)."""
+    """The performance model's prediction of every run, made before any of them starts (``predictions.json``);
+    ratios to ``ref``. A mode's engine must be the profile's (``+vllm`` modes from a vLLM run's profile)."""
     import time
 
     from asyncrl.schedules.perf.cost import CostModel
@@ -163,11 +171,17 @@ def predict_schedules(
     cost = CostModel.load(cost_path)
     preds: dict[str, dict[str, Any]] = {}
     for schedule in schedules:
-        setting = Setting.from_config(schedule_config(schedule, wl, out, steps, total_cpus, extra))
+        cfg = schedule_config(schedule, wl, out, steps, total_cpus, extra)
+        if cfg.rollout.engine != cost.engine:
+            raise ConfigError(
+                f"bench --predict: mode {schedule!r} runs rollout.engine={cfg.rollout.engine} but {cost_path} profiles "
+                f"a {cost.engine} run; give every mode the profile's engine (+{cost.engine})"
+            )
+        setting = Setting.from_config(cfg)
         p = simulate(cost, Cluster.cpu(total_cpus), setting, steps)
         preds[schedule] = {"setting": setting.label(), "samples_per_s": p.samples_per_s, "step_s": p.step_s,
                            "trainer_idle": p.trainer_idle, "partial_share": p.partial_share}  # fmt: skip
-    sync = preds["sync"]["samples_per_s"]
+    sync = preds[ref]["samples_per_s"]
     for v in preds.values():
         v["ratio_to_sync"] = v["samples_per_s"] / sync
     stamp = {"cost": cost_path, "made_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
@@ -243,9 +257,11 @@ def run_bench(
         return run_ppo_bench(modes, wl, out_dir, steps, total_cpus, extra)
     if any(m in PPO_MODES for m in modes):
         raise ConfigError(f"bench: ppo modes ({', '.join(PPO_MODES)}) are compared with each other only (got {modes})")
-    schedules = modes if "sync" in modes else ["sync", *modes]  # every figure is a ratio to sync, measured here
+    # every figure is a ratio to sync, measured here: the first sync mode given (sync+vllm for vLLM rows), else sync
+    ref = next((m for m in modes if m.split("+")[0] == "sync"), "sync")
+    schedules = modes if ref in modes else [ref, *modes]
     if UNSHARED in schedules:  # the baseline runs first, then sync (the reference of the ratios), then the rest
-        schedules = [UNSHARED, "sync", *(s for s in schedules if s not in (UNSHARED, "sync"))]
+        schedules = [UNSHARED, ref, *(s for s in schedules if s not in (UNSHARED, ref))]
     for s in schedules:
         schedule_overrides(s, total_cpus)  # unknown schedules fail before any work starts
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -254,15 +270,15 @@ def run_bench(
     runs: dict[str, Path] = {}
     preds = None
     if predict and predict != "auto":
-        preds = predict_schedules(predict, schedules, wl, out_dir, steps, total_cpus, extra)
+        preds = predict_schedules(predict, schedules, wl, out_dir, steps, total_cpus, extra, ref)
     for schedule in schedules:
         runs[schedule] = run_schedule(schedule, wl, out_dir, steps, total_cpus, extra)
-        if predict == "auto" and schedule == "sync":  # profile this sync run, then predict the rest before they run
-            preds = predict_schedules(profile_sync(runs["sync"], out_dir), schedules, wl, out_dir, steps, total_cpus,
-                                      extra)  # fmt: skip
-    sync_ref = summarize("sync", workload, runs["sync"], None)
+        if predict == "auto" and schedule == ref:  # profile this sync run, then predict the rest before they run
+            preds = predict_schedules(profile_sync(runs[ref], out_dir), schedules, wl, out_dir, steps, total_cpus,
+                                      extra, ref)  # fmt: skip
+    sync_ref = summarize(ref, workload, runs[ref], None)
     for schedule in schedules:
-        res = sync_ref if schedule == "sync" else summarize(schedule, workload, runs[schedule], sync_ref)
+        res = sync_ref if schedule == ref else summarize(schedule, workload, runs[schedule], sync_ref)
         results.append(res)
     if UNSHARED in runs:
         base = results[0]["samples_per_s"]

@@ -3,9 +3,9 @@ which drives the real producer: ``Producer.to_decode`` / ``finish_decode`` / ``p
 batched decode of every unfinished row, queueing in start order), ``take`` (the trainer's batches), ``on_sync``,
 ``snapshot`` and ``restore`` (a kill -9 of the run resumed from its checkpoint; a dead Rollouter taken over mid-run)
 are the code the Rollouter and the driver run. Only the engine and the trainer are priced, on a virtual clock: a
-decode call runs until its rows end (their lengths drawn per group; some groups a long tail), a refill cut or a
-pause (partial rollout) stops it early, so generation and training interleave at any speeds without threads or wall
-time.
+decode call runs until its rows end (their lengths drawn per group; some groups a long tail; batched as the
+built-in engine or as vLLM does), a refill cut or a pause (partial rollout) stops it early, so generation and
+training interleave at any speeds without threads or wall time.
 
 Whatever the speeds: every consumed group is within the staleness bound (the controller's count and the versions the
 rows recorded agree), and every prompt of every epoch is trained on exactly once (with ``drop_policy=oldest``: once
@@ -41,6 +41,8 @@ class Scenario:
     token_s: float  # virtual seconds per decode step
     train_s: float  # virtual seconds per update
     fault: Fault | None
+    engine: str = "builtin"  # vllm: continuous batching, max_num_seqs rows at a time
+    max_num_seqs: int = 0
 
     @property
     def total_updates(self) -> int:
@@ -73,6 +75,8 @@ def scenarios(draw, drop_policy: str = "backpressure"):
         token_s=draw(st.sampled_from([0.001, 0.1, 1.0])),
         train_s=draw(st.sampled_from([0.01, 1.0, 10.0])),
         fault=None if kind == "none" else Fault(kind, after),
+        engine=draw(st.sampled_from(["builtin", "vllm"])),
+        max_num_seqs=draw(st.sampled_from([0, 1, 3])),
     )
 
 
@@ -91,7 +95,7 @@ def cost_of(sc: Scenario, seed: int) -> CostModel:
         shared_prefix=True, device="cuda", cores=2, gen_threads=1, train_threads=1, weight_bytes=0,
         decode=Term(("call", "step", "token", "prefill_token"), (0.0, sc.token_s, 0.0, 0.0)),
         update=Term(("call", "token"), (sc.train_s, 0.0)), train_other=Term(("call", "token"), (0.0, 0.0)),
-        prepare=zero, reward=Term(("row",), (0.0,)), step_other=zero,
+        prepare=zero, reward=Term(("row",), (0.0,)), step_other=zero, engine=sc.engine, max_num_seqs=sc.max_num_seqs,
     )  # fmt: skip
 
 

@@ -4,16 +4,20 @@ A term is linear in what the run did: ``seconds = sum(coef_k * x_k)`` over named
 with non-negative coefficients over the run's measured steps (the first step, which pays one-off costs, left out).
 Its ``rel_err`` is the relative RMS error of the fit over those observations.
 
-The decode term is the built-in engine's own structure (``rollout.decode``): a call prefills each distinct prefix
-once, then runs one step per token of the longest row; a step costs a fixed part plus a part per row of the live
-batch, and the live batch drops its finished rows whenever at most half of it is still running. A run whose prompts
-are all alike in length cannot tell prefill from the call's fixed cost: without a probe a prefilled token is priced
-as a decoded position; ``--probe`` measures it. ``decode_segments``
-reproduces that from row lengths alone, so the simulator can price a decode of any rows.
+The decode term follows the run's engine (``rollout.engine``). The built-in engine (``rollout.decode``): a call of
+at most ``max_batch_size`` rows prefills each distinct prefix once, then runs one step per token of the longest row; a
+step costs a fixed part plus a part per row of the live batch, and the live batch drops its finished rows whenever
+at most half of it is still running. vLLM: one call takes every row, schedules at most ``max_num_seqs`` at a time
+and replaces a finished row by the next waiting one at the next step (continuous batching); every request is
+prefilled (its prefix cache shares nothing between requests scheduled together: BENCHMARKS.md, issue 18). A run
+whose prompts are all alike in length cannot tell prefill from the call's fixed cost: without a probe a prefilled
+token is priced as a decoded position; ``--probe`` measures it. ``decode_segments`` reproduces either rule from row
+lengths alone, so the simulator can price a decode of any rows.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -97,9 +101,18 @@ class Segment:
     finished: int
 
 
-def decode_segments(remaining: list[int]) -> list[Segment]:
+ENGINES = ("builtin", "vllm")
+
+
+def decode_segments(remaining: list[int], engine: str = "builtin", slots: int = 0) -> list[Segment]:
     """The decode steps of one call over rows that still need ``remaining`` tokens each, as segments of a constant
-    live batch: the batch starts with every row and drops the finished ones when at most half of it is running."""
+    live batch. ``builtin``: the batch starts with every row and drops the finished ones when at most half of it is
+    running. ``vllm``: at most ``slots`` rows run (0: all), in the call's order; a finished row leaves at once and
+    the next waiting row takes its place."""
+    if engine == "vllm":
+        return continuous_schedule([r for r in remaining if r > 0], slots)[0]
+    if engine != "builtin":
+        raise ValueError(f"decode_segments: no engine {engine!r} (known: {', '.join(ENGINES)})")
     rem = sorted(r for r in remaining if r > 0)
     if not rem:
         return []
@@ -118,10 +131,36 @@ def decode_segments(remaining: list[int]) -> list[Segment]:
     return segs
 
 
-def decode_regressors(remaining: list[int], prefill_tokens: float) -> dict[str, float]:
+def continuous_schedule(rem: list[int], slots: int) -> tuple[list[Segment], list[int]]:
+    """Continuous batching of rows needing ``rem`` tokens (all > 0), at most ``slots`` at once (0: all): rows start
+    in order as slots free, each segment ends where a running row finishes. Returns the segments and the step each
+    row starts at."""
+    slots = slots if 0 < slots < len(rem) else len(rem)
+    starts = [0] * len(rem)
+    running = sorted(rem[:slots])  # the step each running row finishes at
+    nxt = slots  # the next waiting row
+    segs: list[Segment] = []
+    t = 0
+    while running:
+        end = running[0]
+        fin = sum(1 for e in running if e == end)
+        if end > t:
+            segs.append(Segment(end - t, len(running), fin))
+        t = end
+        running = running[fin:]
+        for _ in range(min(fin, len(rem) - nxt)):  # the freed slots take the next waiting rows
+            starts[nxt] = t
+            bisect.insort(running, t + rem[nxt])
+            nxt += 1
+    return segs, starts
+
+
+def decode_regressors(
+    remaining: list[int], prefill_tokens: float, engine: str = "builtin", slots: int = 0
+) -> dict[str, float]:
     """The decode term's regressors for one call: (call, step, token, prefill_token): the call, its decode steps,
     the positions its steps ran (live rows per step) and the prompt tokens it prefilled."""
-    segs = decode_segments(remaining)
+    segs = decode_segments(remaining, engine, slots)
     return {
         "call": 1.0 if remaining else 0.0,
         "step": float(sum(s.tokens for s in segs)),
@@ -173,7 +212,9 @@ class CostModel:
     # every trained group's (prompt length, its responses' lengths): the distribution with its tail, and the
     # lengths within a group kept together (a hard prompt's rows are all long)
     groups: tuple[tuple[int, tuple[int, ...]], ...]
-    update_keep: float  # the share of the samples' tokens the update processed (zero-advantage rows skipped)
+    # positions the update processed per position of the samples: skipped zero-advantage rows lower it, padding
+    # raises it (above 1 where the update skips nothing)
+    update_keep: float
     shared_prefix: bool
     # the device it ran on
     device: str  # "cpu" or "cuda"
@@ -189,7 +230,18 @@ class CostModel:
     reward: Term  # scoring: (row,)
     step_other: Term  # the step's remainder outside gen/prepare/train (metrics, logging): (call,)
     scaling: Scaling = field(default_factory=Scaling)
+    engine: str = "builtin"  # rollout.engine: how a decode call batches its rows (decode_segments)
+    max_num_seqs: int = 0  # vllm: rows scheduled at once (0: every row of the call)
     version: int = COST_VERSION
+
+    def segments(self, remaining: list[int]) -> list[Segment]:
+        """``decode_segments`` by this run's engine."""
+        return decode_segments(remaining, self.engine, self.max_num_seqs)
+
+    @property
+    def chunk_rows(self) -> int | None:
+        """Rows one engine call takes at once: the built-in engine's ``max_batch_size``; vLLM takes them all."""
+        return None if self.engine == "vllm" else self.max_batch_size
 
     @property
     def response_lengths(self) -> list[int]:
@@ -200,7 +252,8 @@ class CostModel:
         lines = [
             f"work: {self.prompts_per_step} prompts x {self.n} per step; response length mean {lens.mean():.1f}, "
             f"p50 {np.percentile(lens, 50):.0f}, p95 {np.percentile(lens, 95):.0f}, max {lens.max()} "
-            f"(of {self.max_new_tokens}); update keeps {100 * self.update_keep:.0f}% of the tokens",
+            f"(of {self.max_new_tokens}); the update processes {self.update_keep:.2f} positions per sample position",
+            f"engine: {self.engine}" + (f" (max_num_seqs {self.max_num_seqs})" if self.engine == "vllm" else ""),
             f"device: {self.device}, {self.cores} cores/devices; generation on {self.gen_threads}, "
             f"training on {self.train_threads}; weights {self.weight_bytes / 1e6:.1f} MB",
             f"decode s/call = {self.decode.describe()}",
@@ -252,7 +305,7 @@ def from_dict(raw: Any, where: str) -> CostModel:
     kw: dict[str, Any] = {}
     for f in fields(CostModel):
         if f.name not in raw:
-            if f.name in ("scaling", "version"):
+            if f.name in ("scaling", "version", "engine", "max_num_seqs"):  # optional: their defaults
                 continue
             raise CostModelError(f"cost model {where}: missing field {f.name!r}")
         v = raw[f.name]
@@ -278,6 +331,8 @@ def from_dict(raw: Any, where: str) -> CostModel:
         value = getattr(model, name)
         if not isinstance(value, int) or value < 1:
             raise CostModelError(f"cost model {where}: {name} must be a positive integer, got {value!r}")
-    if not (0.0 < model.update_keep <= 1.0) or math.isnan(model.update_keep):
-        raise CostModelError(f"cost model {where}: update_keep must be in (0, 1], got {model.update_keep!r}")
+    if model.engine not in ENGINES:
+        raise CostModelError(f"cost model {where}: engine {model.engine!r} is not one of {', '.join(ENGINES)}")
+    if not (0.0 < model.update_keep < math.inf):
+        raise CostModelError(f"cost model {where}: update_keep must be a positive number, got {model.update_keep!r}")
     return model

@@ -1,7 +1,10 @@
 """A decode call on the virtual clock, priced by the engine's own structure (``cost.decode_segments``): one step per
-token of its longest row, each costing a fixed part plus a part per live row; rows split by group over the rollout
-replicas, which step together, in chunks of ``max_batch_size`` rows. A pause (partial rollout) or a refill cut stops
-it between pieces; the rows keep what they have and continue, re-prefilled, in a later call."""
+token; each step costs a fixed part plus a part per live row; rows split by group over the rollout replicas, which
+step together. The built-in engine runs them in chunks of ``max_batch_size`` rows, each chunk to its longest row;
+vLLM takes every row in one call, ``max_num_seqs`` at a time, a finished row's slot taken by the next at once. A
+pause (partial rollout) or a refill cut stops it between pieces; the rows keep what they have and continue,
+re-prefilled, in a later call.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from dataclasses import dataclass
 
 from asyncrl.schedules.fully_async.producer import split_by_group
 from asyncrl.schedules.perf.clock import Compute
-from asyncrl.schedules.perf.cost import Segment, decode_segments
+from asyncrl.schedules.perf.cost import Segment, continuous_schedule, decode_segments
 from asyncrl.schedules.perf.setting import Prices
 
 PIECES = 16  # a decode call is cut into at most this many pieces per segment: a pause lands within 1/16 of it
@@ -36,48 +39,55 @@ def decode(
     stop: Callable[[], bool] = lambda: False,
     refill: Callable[[int, int], bool] | None = None,
 ):
-    """A process fragment (``yield from``): one engine call over ``rows`` split over the replicas, in chunks of
-    ``max_batch_size`` rows per replica. ``stop()`` (a pause) and ``refill(n_active, n_rows)`` are checked between
-    pieces; both cut the call there. Returns ``Decoded``."""
+    """A process fragment (``yield from``): one engine call over ``rows`` split over the replicas, in the engine's
+    calls per replica (``CostModel.chunk_rows``). ``stop()`` (a pause) and ``refill(n_active, n_rows)`` are checked
+    between pieces; both cut the call there. Returns ``Decoded``."""
+    cost = prices.cost
     got = [0] * len(rows)
     # the Rollouter's own split: a blank group's rows stay together, a resumed row is a group of its own
     shares = split_by_group(rows, prices.replicas, key=lambda r: r.shared if r.shared >= 0 else id(r))
-    mbs = prices.cost.max_batch_size
+    size = cost.chunk_rows or max(1, len(rows))
     # every replica's chunks run one after another; the replicas step together
-    plans = []
-    for share in shares:
-        chunks = [share[i : i + mbs] for i in range(0, len(share), mbs)]
-        plans.append(chunks)
+    plans = [[share[i : i + size] for i in range(0, len(share), size)] for share in shares]
     n_calls = max((len(chunks) for chunks in plans), default=0)
     cut = False
     for c in range(n_calls):
         chunk_rows = [chunks[c] if c < len(chunks) else [] for chunks in plans]
-        prefill = max(_prefill_tokens([rows[i] for i in ch]) for ch in chunk_rows)
+        prefill = max(_prefill_tokens([rows[i] for i in ch], cost.engine) for ch in chunk_rows)
         yield Compute(prices.call_s(prefill), prices.gen_threads, prices.pool)
-        per_rep = [decode_segments([rows[i].need for i in ch]) for ch in chunk_rows]
+        per_rep, start = [], {}  # each replica's segments; the step each row starts at (vLLM: as slots free)
+        for ch in chunk_rows:
+            if cost.engine == "vllm":
+                segs, starts = continuous_schedule([rows[i].need for i in ch], cost.max_num_seqs)
+                start.update(zip(ch, starts))
+            else:
+                segs = decode_segments([rows[i].need for i in ch])
+            per_rep.append(segs)
         # the union of every replica's segment boundaries: between two, each replica's live batch is constant
         bounds = sorted({0} | {b for segs in per_rep for b in _ends(segs)})
         n0 = len(chunk_rows[0])
+        fine = cost.engine != "vllm" or len(bounds) <= 2 * PIECES  # many segments are fine-grained already
+
         for a, b in zip(bounds, bounds[1:]):
             here = [seg for seg in (_seg_at(segs, a) for segs in per_rep) if seg is not None]  # constant up to b
-            piece = max(1, (b - a) // PIECES)
+            piece = max(1, (b - a) // PIECES) if fine else b - a
             t = a
             while t < b:
                 u = min(b, t + piece)
-                cost = max((prices.segments_cost(seg, u - t) for seg in here), default=0.0)
-                yield Compute(cost, prices.gen_threads, prices.pool)
+                price = max((prices.segments_cost(seg, u - t) for seg in here), default=0.0)
+                yield Compute(price, prices.gen_threads, prices.pool)
                 t = u
                 if t < b and stop():
                     cut = True
                     break
             for ch in chunk_rows:
                 for i in ch:
-                    got[i] = min(rows[i].need, t)
+                    got[i] = _done(rows, start, i, t)
             if cut:
                 break
-            active0 = sum(1 for i in chunk_rows[0] if rows[i].need > t)
+            active0 = sum(1 for i in chunk_rows[0] if _done(rows, start, i, t) < rows[i].need)
             if stop() or (refill is not None and active0 and refill(active0, n0)):
-                cut = any(rows[i].need > t for ch in chunk_rows for i in ch)
+                cut = any(got[i] < rows[i].need for ch in chunk_rows for i in ch)
                 if cut:
                     break
         if cut:
@@ -86,11 +96,17 @@ def decode(
     return Decoded(got, finished)
 
 
-def _prefill_tokens(rows: list[Row]) -> float:
+def _done(rows: list[Row], start: dict[int, int], i: int, t: int) -> int:
+    """Tokens row ``i`` has after ``t`` steps of its call (it starts at ``start[i]``, 0 when absent)."""
+    return min(rows[i].need, max(0, t - start.get(i, 0)))
+
+
+def _prefill_tokens(rows: list[Row], engine: str) -> float:
+    """The call's prefill: a blank group's prompt once on the built-in engine, every request's prefix on vLLM."""
     seen: set[int] = set()
     total = 0
     for r in rows:
-        if r.shared >= 0:
+        if r.shared >= 0 and engine != "vllm":
             if r.shared in seen:
                 continue
             seen.add(r.shared)

@@ -7,7 +7,10 @@ own model and prompts.
 - Prefill: the seconds per prompt token of a prefill forward against the decode's per-position price (a resumed
   partial row is prefilled again; a run whose prompts are all alike cannot separate the two).
 - Weight sync: a broadcast of the model's bytes between two processes over gloo on 127.0.0.1, at two sizes: the
-  fixed cost and the bandwidth.
+  fixed cost and the bandwidth; with ``rollout.engine=vllm`` also the seconds vLLM takes to load the weights.
+
+The engine is the run's: with ``rollout.engine=vllm`` generation and prefill are timed on a vLLM engine built as the
+run configured it (the prefill as one-token generations of the prompts and of the prompts doubled).
 
 Medians of several timings after a warm-up. CPU only (a GPU probe is not written: on GPUs give the cluster's
 interconnect to ``asyncrl plan``).
@@ -81,26 +84,25 @@ def probe_sync(weight_bytes: int, repeats: int = 5) -> tuple[float, float]:
 
 @dataclass
 class Workloads:
-    """One step's generation, update and a prefill forward of the run, ready to time."""
+    """One step's generation, update and a prefill of the run, ready to time. ``prefill`` runs ``prefill_tokens``
+    tokens more than ``prefill_base`` (None: ``prefill`` alone is the prefill); ``apply``: a vLLM engine loading
+    the model's weights, what a weight sync costs beyond the wire (None on the built-in engine)."""
 
     generate: Callable[[], object]
     update: Callable[[], object]
     prefill: Callable[[], object]
     prefill_tokens: int
+    prefill_base: Callable[[], object] | None = None
+    apply: Callable[[], object] | None = None
 
 
 def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
-    from asyncrl import losses
-    from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
     from asyncrl.config import load_config
-    from asyncrl.data.collate import collate, group_ids, rewards_of
     from asyncrl.data.dataset import PromptDataset
     from asyncrl.data.rows import load_rows
     from asyncrl.models.loading import load_model
-    from asyncrl.rewards.reward_fn import build_reward_fn
     from asyncrl.rollout.engine import RolloutEngine
     from asyncrl.rollout.sampling import SamplingParams
-    from asyncrl.trainer.update import fit
 
     run = Path(run_dir)
     cfg = load_config(str(run / "config.yaml"))
@@ -109,17 +111,10 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
     dataset = PromptDataset(rows, tok, cfg.data.max_prompt_length)
     prompts = [dataset[i] for i in range(len(dataset))]
     params = SamplingParams.from_config(cfg.rollout)
+    if cfg.rollout.engine == "vllm":
+        return _vllm_workloads(cfg, run / "final", model, tok, prompts, params, n)
     engine = RolloutEngine(model, tok, max_batch_size=cfg.rollout.max_batch_size)
     samples = engine.generate(prompts, params, seed=0)
-    build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize).score(samples)
-    batch = collate(samples, tok.pad_token_id)
-    adv = losses.compute_grpo_advantages(rewards_of(samples), group_ids(samples), norm_by_std=True)
-    spec = PPOClip.of(cfg.actor, cfg.algorithm.rollout_correction)
-    batch.policy = PolicyTarget(losses.broadcast_advantages(adv, batch.response_mask_BT), spec)
-    batch.old_logp_BT = batch.behav_logp_BT.clone()
-    trained = copy.deepcopy(model)
-    opt = torch.optim.AdamW(trained.parameters(), lr=1e-12)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     ids = torch.tensor([p.prompt_ids[:8] * 2 for p in prompts for _ in range(n)])  # prompts x n, 16 tokens each
     calls = iter(range(1, 1 << 30))
 
@@ -129,23 +124,74 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
 
     return Workloads(
         generate=lambda: engine.generate(prompts, params, seed=next(calls)),
-        update=lambda: fit(trained, opt, sched, batch, cfg.actor, 1, 0),
+        update=_update_of(cfg, model, tok, samples),
         prefill=prefill,
         prefill_tokens=ids.numel(),
     )
 
 
-def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7) -> CostModel:
+def _update_of(cfg, model, tok, samples) -> Callable[[], object]:
+    """One update of ``model``'s copy on ``samples`` (GRPO advantages, the run's actor settings; lr 1e-12)."""
+    from asyncrl import losses
+    from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
+    from asyncrl.data.collate import collate, group_ids, rewards_of
+    from asyncrl.rewards.reward_fn import build_reward_fn
+    from asyncrl.trainer.update import fit
+
+    build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize).score(samples)
+    batch = collate(samples, tok.pad_token_id)
+    adv = losses.compute_grpo_advantages(rewards_of(samples), group_ids(samples), norm_by_std=True)
+    spec = PPOClip.of(cfg.actor, cfg.algorithm.rollout_correction)
+    batch.policy = PolicyTarget(losses.broadcast_advantages(adv, batch.response_mask_BT), spec)
+    batch.old_logp_BT = batch.behav_logp_BT.clone()
+    trained = copy.deepcopy(model)
+    opt = torch.optim.AdamW(trained.parameters(), lr=1e-12)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    return lambda: fit(trained, opt, sched, batch, cfg.actor, 1, 0)
+
+
+def _vllm_workloads(cfg, model_dir: Path, model, tok, prompts, params, n: int) -> Workloads:
+    """The run's vLLM engine (``rollout.*`` as configured) on its final weights: one step's generation; the
+    prefill as one-token generations of the prompts and of the prompts doubled (the difference is the extra
+    tokens' prefill); loading the model's weights into it (``update_weights``, as a sync does)."""
+    from asyncrl.config.specs import EngineSpec
+    from asyncrl.models.lora import synced_tensors
+    from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
+
+    spec = EngineSpec(replace(cfg.model, path=str(model_dir)), cfg.rollout, 2 * cfg.data.max_prompt_length,
+                      cfg.trainer.seed)  # fmt: skip
+    engine = VllmEngine(str(model_dir), tok, VllmOptions.from_spec(spec))
+    samples = engine.generate(prompts, params, seed=0)
+    one = replace(params, n=n, max_new_tokens=1)
+    doubled = [replace(p, prompt_ids=p.prompt_ids * 2) for p in prompts]
+    tensors = synced_tensors(model)
+    calls = iter(range(1, 1 << 30))
+    versions = iter(range(1, 1 << 30))
+    return Workloads(
+        generate=lambda: engine.generate(prompts, params, seed=next(calls)),
+        update=_update_of(cfg, model, tok, samples),
+        prefill=lambda: engine.generate(doubled, one, seed=next(calls)),
+        prefill_tokens=sum(len(p.prompt_ids) for p in prompts) * n,
+        prefill_base=lambda: engine.generate(prompts, one, seed=next(calls)),
+        apply=lambda: engine.update_weights(tensors, next(versions)),
+    )
+
+
+def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float = 240.0) -> CostModel:
     """``cost`` with its ``scaling`` measured on this machine (see the module docstring). The thread counts take
-    turns, one timing of each phase per turn, for ``rounds`` turns (medians): a machine whose speed drifts during
-    the probe then shifts both counts alike instead of one."""
+    turns, one timing of each phase per turn, for ``rounds`` turns (medians; fewer, at least 3, where ``rounds``
+    would take over ``budget_s``): a machine whose speed drifts during the probe then shifts both counts alike."""
     w = workloads(run_dir, cost.prompts_per_step, cost.n)
     threads = max(cost.gen_threads, cost.train_threads, 2)
     before = torch.get_num_threads()
     times: dict[tuple[str, int], list[float]] = {}
     phases = {"gen": w.generate, "upd": w.update, "prefill": w.prefill}
+    if w.prefill_base is not None:
+        phases["prefill_base"] = w.prefill_base
     try:
-        for r in range(rounds + 1):  # the first round warms up
+        r = 0
+        while r <= rounds:  # the first round warms up
+            t_round = time.perf_counter()
             for t in (1, threads):
                 torch.set_num_threads(t)
                 for name, fn in phases.items():
@@ -153,12 +199,28 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7) -> CostModel:
                     fn()
                     if r:
                         times.setdefault((name, t), []).append(time.perf_counter() - t0)
+            if r == 0:  # a slow model gets fewer rounds (at least 3): the probe stays within about budget_s
+                rounds = max(3, min(rounds, int(budget_s / max(time.perf_counter() - t_round, 1e-9))))
+            r += 1
     finally:
         torch.set_num_threads(before)
     gen = {t: statistics.median(times[("gen", t)]) for t in (1, threads)}
     upd = {t: statistics.median(times[("upd", t)]) for t in (1, threads)}
-    prefill = {t: statistics.median(times[("prefill", t)]) / w.prefill_tokens for t in (1, threads)}
+    prefill = {}
+    for t in (1, threads):
+        base = statistics.median(times[("prefill_base", t)]) if w.prefill_base is not None else 0.0
+        prefill[t] = max(0.0, statistics.median(times[("prefill", t)]) - base) / w.prefill_tokens
     fixed, bw = probe_sync(cost.weight_bytes)
+    apply_note = ""
+    if w.apply is not None:  # vLLM loads the weights after they arrive: a fixed cost of every sync
+        w.apply()
+        applied = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            w.apply()
+            applied.append(time.perf_counter() - t0)
+        fixed += statistics.median(applied)
+        apply_note = f"; vLLM loads the weights in {statistics.median(applied):.3f} s (added to the fixed cost)"
     n = threads
     scaling = Scaling(
         gen_serial=amdahl_serial(gen[1], gen[n], n),
@@ -168,7 +230,7 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7) -> CostModel:
         measured=True,
         notes=(
             f"generate {gen[1]:.3f} s on 1 thread, {gen[n]:.3f} s on {n}; update {upd[1]:.3f} s / {upd[n]:.3f} s; "
-            f"prefill {prefill[n] * 1e6:.1f} us/token on {n}"
+            f"prefill {prefill[n] * 1e6:.1f} us/token on {n}{apply_note}; {rounds} rounds"
         ),
         prefill_token_s=prefill[n] if cost.gen_threads >= n else prefill[1],
     )

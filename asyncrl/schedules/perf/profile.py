@@ -63,19 +63,24 @@ def _chunks(rows: list[tuple[int, int, int]], size: int) -> list[list[tuple[int,
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-def generation_regressors(rec: dict[str, Any], max_batch_size: int, shared: bool) -> dict[str, float]:
-    """The decode term's regressors for one step's generation, summed over the engine's chunks."""
+def generation_regressors(
+    rec: dict[str, Any], max_batch_size: int, shared: bool, engine: str = "builtin", slots: int = 0
+) -> dict[str, float]:
+    """The decode term's regressors for one step's generation, summed over the engine's calls: the built-in
+    engine's chunks of ``max_batch_size`` rows (a group's prompt prefilled once with ``shared``), or vLLM's one call
+    of every row, ``slots`` at a time (every request prefilled)."""
     rows = list(zip(rec["group"], rec["prompt_len"], rec["response_len"]))
     total: dict[str, float] = defaultdict(float)
-    for chunk in _chunks(rows, max_batch_size):
+    chunks = [rows] if engine == "vllm" else _chunks(rows, max_batch_size)
+    for chunk in chunks:
         seen: set[int] = set()
         prefill = 0
         for g, p, _ in chunk:
-            if shared and g in seen:
+            if shared and engine != "vllm" and g in seen:
                 continue
             seen.add(g)
             prefill += p
-        for k, v in decode_regressors([r for _, _, r in chunk], prefill).items():
+        for k, v in decode_regressors([r for _, _, r in chunk], prefill, engine, slots).items():
             total[k] += v
     return dict(total)
 
@@ -159,7 +164,7 @@ def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
         s, w = m["step"], works[m["step"]]
         if not gens.get(s):
             raise ProfileError(f"profile: step {s} has no generate span in {run / 'timeline.json'}")
-        reg = generation_regressors(w, r.max_batch_size, shared)
+        reg = generation_regressors(w, r.max_batch_size, shared, r.engine, r.max_num_seqs)
         X_dec.append([reg[k] for k in DECODE_NAMES])
         y_dec.append(gens[s][0])  # the step's own generation (a held-out evaluation may follow it)
         tokens = float(m.get("perf/actor_tokens", 0.0))
@@ -176,7 +181,7 @@ def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
         groups_all += groups
         full = update_positions(groups, cfg.actor.shared_prefix)
         if tokens > 0 and full > 0:
-            keep.append(min(1.0, tokens / full))
+            keep.append(tokens / full)  # padding included: what the fitted per-token price was paid on
     on_gpu = cfg.trainer.n_gpus_per_node > 0
     trainer_units = (cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node) if on_gpu else int(cfg.trainer.cpus_per_worker)
     rollout_units = (r.nnodes * r.n_gpus_per_node) if r.n_gpus_per_node > 0 else int(r.cpus_per_worker)
@@ -203,6 +208,8 @@ def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
         prepare=fit_term(("call",), [[1.0]] * len(prep), prep),
         reward=fit_term(("row",), X_rew, y_rew),
         step_other=fit_term(("call",), [[1.0]] * len(other), other),
+        engine=str(r.engine),
+        max_num_seqs=int(r.max_num_seqs) if r.engine == "vllm" else 0,
     )
     if probe:
         from asyncrl.schedules.perf.probe import probe as measure
