@@ -34,7 +34,8 @@ ASSUMPTIONS = [
     "verl one_step_off: the weight sync is inside the published step's remainder (not published apart)",
     "verl fully_async: response lengths log-normal (sigma 1.0), capped at 28,672 tokens, drawn per row",
     "verl fully_async: a decode step's price is fixed + 1/256 of it per live row (memory-bound decode), a prompt "
-    "token prefilled at 1/256 of a step; vLLM replicas of TP 4 (the recipe's gen_tp), 256 sequences each",
+    "token prefilled at 1/256 of a step; vLLM replicas of TP 4 (the recipe's gen_tp), continuous batching of at "
+    "most 256 sequences each",
     "verl fully_async: the table's step is one parameter version = 4 local updates of 128 prompts; the weight sync "
     "is outside it (logged apart as timing_s/param_sync), so the simulated sync costs 0",
 ]
@@ -122,6 +123,7 @@ def fa_cost(step_s: float, median: float, sigma: float, update_s: float, other_s
         decode=Term(("call", "step", "token", "prefill_token"), (0.0, step_s, step_s / 256, step_s / 256)),
         update=Term(("call", "token"), (update_s, 0.0)), train_other=Term(("call", "token"), (0.0, 0.0)),
         prepare=zero, reward=Term(("row",), (0.0,)), step_other=Term(("call",), (other_s,)),
+        engine="vllm", max_num_seqs=SEQS,
     )  # fmt: skip
 
 
@@ -156,12 +158,21 @@ def calibrate() -> tuple[float, float]:
         step_s = SYNC_128["gen"] / unit
         return step_s, fa_step(0.0, step_s, median, SIGMA)
 
-    lo, hi = 200.0, 12_000.0
-    for _ in range(9):  # the staleness-0 step falls as the median grows (the sync's tail weighs less)
-        mid = math.sqrt(lo * hi)
-        _, s = step_for(mid)
-        lo, hi = (mid, hi) if s > target else (lo, mid)
-    median = math.sqrt(lo * hi)
+    # a log grid of medians, then bisection where the simulated step crosses the target (else the closest point)
+    grid = [50.0 * 2**k for k in range(9)]  # 50 .. 12,800 tokens
+    steps = [step_for(m)[1] - target for m in grid]
+    best = min(range(len(grid)), key=lambda i: abs(steps[i]))
+    cross = [i for i in range(len(grid) - 1) if steps[i] * steps[i + 1] < 0]
+    if cross:
+        i = min(cross, key=lambda i: min(abs(steps[i]), abs(steps[i + 1])))
+        (lo, f_lo), hi = (grid[i], steps[i]), grid[i + 1]
+        for _ in range(6):
+            mid = math.sqrt(lo * hi)
+            f_mid = step_for(mid)[1] - target
+            lo, f_lo, hi = (mid, f_mid, hi) if f_mid * f_lo > 0 else (lo, f_lo, mid)
+        median = math.sqrt(lo * hi)
+    else:
+        median = grid[best]
     return step_for(median)[0], median
 
 
@@ -206,8 +217,9 @@ def run_published() -> list[dict[str, Any]]:
     calib = next(r for r in rows if "calibration" in r["setup"])
     if abs(calib["predicted_step"] / calib["published_step"] - 1) > 0.05:
         print(f"the calibration did not reach the published staleness-0 step: the simulated one stays at "
-              f"{calib['predicted_step']:.0f} s against {calib['published_step']:.0f} s over the medians searched, so "
-              "the fully_async rows are not a prediction this model can make (BENCHMARKS.md says why)")  # fmt: skip
+              f"{calib['predicted_step']:.0f} s against {calib['published_step']:.0f} s over the medians searched "
+              "(50 to 12,800 tokens), so the fully_async rows are not a prediction this model can make "
+              "(BENCHMARKS.md says why)")  # fmt: skip
     print("sources:\n" + "\n".join(f"- {k}: {v}" for k, v in SOURCES.items()))
     print("assumptions:\n" + "\n".join(f"- {a}" for a in ASSUMPTIONS))
     return rows

@@ -174,6 +174,17 @@ def test_sync_is_the_sum_of_its_phases():
     assert p.staleness == {0: 6 * 32}
 
 
+def test_prepare_is_priced_per_position_a_teacher_scores():
+    """Distillation's prepare waits for the teacher's knowledge of every prompt and response token: with 0.01 s per
+    position, 8 prompts x 4 rows of 5 + 10 positions add 4.8 s to a sync step."""
+    prepare = Term(("call", "token"), (0.5, 0.01))
+    cost = fixed_cost(0.1, 2.0, prepare=prepare)
+    p = simulate(cost, Cluster.gpus(2), Setting("sync", trainer=1), steps=6)
+    assert p.step_s == pytest.approx(1.0 + 0.5 + 0.01 * 8 * 4 * 15 + 2.0)
+    old = fixed_cost(0.1, 2.0, prepare=Term(("call",), (0.5,)))  # a profile from before the token regressor
+    assert simulate(old, Cluster.gpus(2), Setting("sync", trainer=1), steps=6).step_s == pytest.approx(3.5)
+
+
 @pytest.mark.parametrize(("engine", "steps"), [("builtin", 80), ("vllm", 50)])
 def test_a_decode_call_batches_as_its_engine(engine, steps):
     """Two groups of rows 10, 10, 40, 10 tokens, four rows at a time: the built-in engine runs two chunks of four to

@@ -226,13 +226,19 @@ class CostModel:
     decode: Term  # one engine decode call (one chunk of max_batch_size rows): (call, step, token, prefill_token)
     update: Term  # update_actor: (call, token)
     train_other: Term  # the rest of timing_s/train (log-probs, the driver's round trip): (call, token)
-    prepare: Term  # (call,)
+    prepare: Term  # advantages, critic values, a teacher's knowledge: (call, token) over the batch's positions
     reward: Term  # scoring: (row,)
     step_other: Term  # the step's remainder outside gen/prepare/train (metrics, logging): (call,)
     scaling: Scaling = field(default_factory=Scaling)
     engine: str = "builtin"  # rollout.engine: how a decode call batches its rows (decode_segments)
     max_num_seqs: int = 0  # vllm: rows scheduled at once (0: every row of the call)
     version: int = COST_VERSION
+
+    def prepare_s(self, positions: float) -> float:
+        """Seconds to prepare a batch of ``positions`` prompt + response tokens (a profile written before the
+        token regressor existed prices the call alone)."""
+        x = {"call": 1.0, "token": float(positions)}
+        return self.prepare(**{k: v for k, v in x.items() if k in self.prepare.names})
 
     def segments(self, remaining: list[int]) -> list[Segment]:
         """``decode_segments`` by this run's engine."""
@@ -259,7 +265,7 @@ class CostModel:
             f"decode s/call = {self.decode.describe()}",
             f"update s = {self.update.describe()}",
             f"other train s = {self.train_other.describe()}",
-            f"prepare s = {self.prepare.describe()}",
+            f"prepare s (advantages; a teacher's knowledge) = {self.prepare.describe()}",
             f"reward s = {self.reward.describe()}",
             f"step overhead s = {self.step_other.describe()}",
         ]

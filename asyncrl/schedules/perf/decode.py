@@ -64,32 +64,48 @@ def decode(
                 segs = decode_segments([rows[i].need for i in ch])
             per_rep.append(segs)
         # the union of every replica's segment boundaries: between two, each replica's live batch is constant
-        bounds = sorted({0} | {b for segs in per_rep for b in _ends(segs)})
+        ends = [_ends(segs) for segs in per_rep]
+        bounds = sorted({0} | {b for e in ends for b in e})
         n0 = len(chunk_rows[0])
-        fine = cost.engine != "vllm" or len(bounds) <= 2 * PIECES  # many segments are fine-grained already
-
-        for a, b in zip(bounds, bounds[1:]):
-            here = [seg for seg in (_seg_at(segs, a) for segs in per_rep) if seg is not None]  # constant up to b
-            piece = max(1, (b - a) // PIECES) if fine else b - a
+        # where a pause or a refill may cut: within every segment (the built-in engine's few), or at every k-th of
+        # vLLM's boundaries (one per finished row) when there are more than 4 x PIECES
+        every = 1 if cost.engine != "vllm" else max(1, (len(bounds) - 1) // (4 * PIECES))
+        ptr = [0] * len(per_rep)  # each replica's segment at the current step
+        fin0 = 0  # rows of replica 0's chunk finished so far
+        pending = 0.0  # priced steps not yet yielded
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:]), 1):
+            here = []
+            for r, segs in enumerate(per_rep):
+                while ptr[r] < len(segs) and ends[r][ptr[r]] <= a:
+                    if r == 0:
+                        fin0 += segs[ptr[r]].finished
+                    ptr[r] += 1
+                if ptr[r] < len(segs):
+                    here.append(segs[ptr[r]])
+            piece = max(1, (b - a) // PIECES) if every == 1 else b - a
             t = a
             while t < b:
                 u = min(b, t + piece)
-                price = max((prices.segments_cost(seg, u - t) for seg in here), default=0.0)
-                yield Compute(price, prices.gen_threads, prices.pool)
+                pending += max((prices.segments_cost(seg, u - t) for seg in here), default=0.0)
                 t = u
+                if t < b or k % every == 0 or k == len(bounds) - 1:
+                    yield Compute(pending, prices.gen_threads, prices.pool)
+                    pending = 0.0
                 if t < b and stop():
                     cut = True
                     break
-            for ch in chunk_rows:
-                for i in ch:
-                    got[i] = _done(rows, start, i, t)
             if cut:
                 break
-            active0 = sum(1 for i in chunk_rows[0] if _done(rows, start, i, t) < rows[i].need)
-            if stop() or (refill is not None and active0 and refill(active0, n0)):
-                cut = any(got[i] < rows[i].need for ch in chunk_rows for i in ch)
+            if k % every:
+                continue
+            done0 = fin0 + sum(s.finished for s, e in zip(per_rep[0][ptr[0] :], ends[0][ptr[0] :]) if e <= t)
+            if stop() or (refill is not None and n0 > done0 and refill(n0 - done0, n0)):
+                cut = any(_done(rows, start, i, t) < rows[i].need for ch in chunk_rows for i in ch)
                 if cut:
                     break
+        for ch in chunk_rows:
+            for i in ch:
+                got[i] = _done(rows, start, i, t if cut else bounds[-1])
         if cut:
             break
     finished = [got[i] >= rows[i].need for i in range(len(rows))]

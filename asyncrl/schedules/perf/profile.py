@@ -8,7 +8,8 @@ spans). Fitted over the measured steps (the first, which pays one-off costs, lef
 - decode seconds per engine call ~ call + step x decode steps + token x positions run (live rows per step plus
   prefilled tokens), the regressors computed from each step's rows as the engine batches them (``cost``);
 - update seconds ~ call + token x processed tokens; the rest of the train call likewise;
-- reward seconds per scored row; prepare and the step's remaining driver time per step.
+- reward seconds per scored row; prepare (advantages, a teacher's knowledge in distillation: the teacher's latency)
+  per step and per prompt + response token of the batch; the step's remaining driver time per step.
 
 Any schedule's run can be profiled; ``sync`` is the natural one (nothing overlaps, so each span is its phase's
 cost alone). ``--probe`` adds what the run cannot show: how this machine's phases scale with threads (the run's
@@ -158,7 +159,7 @@ def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
     r = cfg.rollout
     shared = bool(r.enable_prefix_caching)
     X_dec, y_dec, X_up, y_up, y_oth = [], [], [], [], []
-    y_rew, X_rew, prep, other, keep = [], [], [], [], []
+    y_rew, X_rew, prep, X_prep, other, keep = [], [], [], [], [], []
     groups_all: list[tuple[int, tuple[int, ...]]] = []
     for m in body:
         s, w = m["step"], works[m["step"]]
@@ -175,6 +176,7 @@ def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
         X_rew.append([float(len(w["response_len"]))])
         y_rew.append(rewards.get(s, 0.0))
         prep.append(m.get("timing_s/prepare", 0.0))
+        X_prep.append([1.0, float(sum(w["prompt_len"]) + sum(w["response_len"]))])
         gen_s = m["timing_s/gen"] if schedule == "sync" else 0.0
         other.append(max(0.0, m["timing_s/step"] - gen_s - m.get("timing_s/prepare", 0.0) - m["timing_s/train"]))
         groups = step_groups(w)
@@ -205,7 +207,7 @@ def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
         decode=_fit_decode(X_dec, y_dec, None),
         update=fit_term(("call", "token"), X_up, y_up),
         train_other=fit_term(("call", "token"), X_up, y_oth),
-        prepare=fit_term(("call",), [[1.0]] * len(prep), prep),
+        prepare=fit_term(("call", "token"), X_prep, prep),
         reward=fit_term(("row",), X_rew, y_rew),
         step_other=fit_term(("call",), [[1.0]] * len(other), other),
         engine=str(r.engine),

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from asyncrl.schedules.fully_async.staleness import StalenessBudget
 from asyncrl.schedules.perf.clock import Clock, Compute, Delay, Signal, Wait
-from asyncrl.schedules.perf.cost import CostModel
+from asyncrl.schedules.perf.cost import CostModel, update_positions
 from asyncrl.schedules.perf.decode import Row, decode
 from asyncrl.schedules.perf.setting import SCHEDULES, Cluster, Prediction, Prices, Setting, Span, Work
 from asyncrl.schedules.perf.stream import StreamSim
@@ -102,8 +102,9 @@ class Sim(StreamSim):
         n = len(rows)
         yield from self.busy(worker, "reward", step, Compute(self.cost.reward(row=n), 1.0, self.prices.pool))
 
-    def prepare(self, worker: str, step: int):
-        yield from self.busy(worker, "prepare", step, Compute(self.cost.prepare(call=1.0), 1.0, self.prices.pool))
+    def prepare(self, worker: str, step: int, groups: list[tuple[int, tuple[int, ...]]]):
+        positions = update_positions(groups, shared_prefix=False)  # every row's prompt and response (a teacher's)
+        yield from self.busy(worker, "prepare", step, Compute(self.cost.prepare_s(positions), 1.0, self.prices.pool))
 
     def train(self, step: int, groups: list[tuple[int, tuple[int, ...]]]):
         p = self.prices
@@ -112,7 +113,7 @@ class Sim(StreamSim):
 
     def trainer_step_tail(self, step: int, groups: list[tuple[int, tuple[int, ...]]]):
         """What the driver does with a generated batch: prepare it, then train on it."""
-        yield from self.prepare("driver", step)
+        yield from self.prepare("driver", step, groups)
         yield from self.train(step, groups)
 
     def end_step(self, step: int, n_samples: int):
@@ -166,7 +167,7 @@ class Sim(StreamSim):
 
         def prepare_on_thread(b: int):
             yield Wait(done[b])
-            yield from self.prepare("driver-prepare", b)
+            yield from self.prepare("driver-prepare", b, batches[b])
             self.clock.fire(prepared[b])
 
         self.clock.fire(launch[1])
