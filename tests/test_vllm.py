@@ -353,3 +353,25 @@ def test_fp8_rollout_colocated_in_sync(models):
     run_training(load_config(None, over))
     metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl") if m["step"] >= 1}
     assert all(m["rollout_corr/logprob_diff_mean"] > 1e-4 and "rollout_corr/is_mean" in m for m in metrics.values())
+
+
+def test_profile_of_a_vllm_run_prices_vllms_batching_and_probes_vllm(models):
+    """``asyncrl profile --probe`` of a sync run on vLLM: the cost model records the engine and its slot count, the
+    probe times generation and prefill on a vLLM engine and adds vLLM's weight load to the sync's fixed cost, and
+    the simulator prices the run's own setting from it."""
+    from asyncrl.schedules.perf.profile import profile_run
+    from asyncrl.schedules.perf.simulate import Cluster, Setting, simulate
+
+    root, a, _, train, test = models
+    run_dir = root / "run_profile_vllm"
+    over = train_overrides(a, train, test, run_dir, 4) + ["trainer.backend=in_process", "trainer.schedule=sync"]
+    over += ["rollout.engine=vllm", "rollout.gpu_memory_utilization=0.01", "rollout.max_num_seqs=5"]
+    cfg = load_config(None, over)
+    run_training(cfg)
+    cost = profile_run(run_dir, probe=True)
+    assert (cost.engine, cost.max_num_seqs, cost.chunk_rows) == ("vllm", 5, None)
+    assert cost.scaling.measured and "vLLM loads the weights" in cost.scaling.notes
+    assert cost.scaling.sync_fixed_s > 0 and cost.scaling.prefill_token_s is not None
+    assert any("engine: vllm (max_num_seqs 5)" in line for line in cost.describe())
+    p = simulate(cost, Cluster.cpu(2), Setting.from_config(cfg), steps=4)
+    assert p.samples_per_s > 0 and p.staleness == {0: 4 * cost.prompts_per_step * cost.n}

@@ -10,7 +10,7 @@ own model and prompts.
   fixed cost and the bandwidth; with ``rollout.engine=vllm`` also the seconds vLLM takes to load the weights.
 
 The engine is the run's: with ``rollout.engine=vllm`` generation and prefill are timed on a vLLM engine built as the
-run configured it (the prefill as one-token generations of the prompts and of the prompts doubled).
+run configured it (the prefill as one-token generations of the prompts and of their first halves).
 
 Medians of several timings after a warm-up. CPU only (a GPU probe is not written: on GPUs give the cluster's
 interconnect to ``asyncrl plan``).
@@ -152,27 +152,28 @@ def _update_of(cfg, model, tok, samples) -> Callable[[], object]:
 
 def _vllm_workloads(cfg, model_dir: Path, model, tok, prompts, params, n: int) -> Workloads:
     """The run's vLLM engine (``rollout.*`` as configured) on its final weights: one step's generation; the
-    prefill as one-token generations of the prompts and of the prompts doubled (the difference is the extra
-    tokens' prefill); loading the model's weights into it (``update_weights``, as a sync does)."""
+    prefill as one-token generations of the prompts and of their first halves (the difference is the second
+    halves' prefill; both within the run's ``max_model_len``); loading the model's weights into it
+    (``update_weights``, as a sync does)."""
     from asyncrl.config.specs import EngineSpec
     from asyncrl.models.lora import synced_tensors
     from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
 
-    spec = EngineSpec(replace(cfg.model, path=str(model_dir)), cfg.rollout, 2 * cfg.data.max_prompt_length,
+    spec = EngineSpec(replace(cfg.model, path=str(model_dir)), cfg.rollout, cfg.data.max_prompt_length,
                       cfg.trainer.seed)  # fmt: skip
     engine = VllmEngine(str(model_dir), tok, VllmOptions.from_spec(spec))
     samples = engine.generate(prompts, params, seed=0)
     one = replace(params, n=n, max_new_tokens=1)
-    doubled = [replace(p, prompt_ids=p.prompt_ids * 2) for p in prompts]
+    halves = [replace(p, prompt_ids=p.prompt_ids[: max(1, len(p.prompt_ids) // 2)]) for p in prompts]
     tensors = synced_tensors(model)
     calls = iter(range(1, 1 << 30))
     versions = iter(range(1, 1 << 30))
     return Workloads(
         generate=lambda: engine.generate(prompts, params, seed=next(calls)),
         update=_update_of(cfg, model, tok, samples),
-        prefill=lambda: engine.generate(doubled, one, seed=next(calls)),
-        prefill_tokens=sum(len(p.prompt_ids) for p in prompts) * n,
-        prefill_base=lambda: engine.generate(prompts, one, seed=next(calls)),
+        prefill=lambda: engine.generate(prompts, one, seed=next(calls)),
+        prefill_tokens=n * sum(len(p.prompt_ids) - len(h.prompt_ids) for p, h in zip(prompts, halves)),
+        prefill_base=lambda: engine.generate(halves, one, seed=next(calls)),
         apply=lambda: engine.update_weights(tensors, next(versions)),
     )
 
