@@ -118,7 +118,7 @@ def schedule_overrides(mode: str, total_cpus: int) -> list[str]:
     if schedule == "fully_async":
         # the Rollouter may run one sync window ahead (every sample <= 1 version stale), decoding the groups of two
         # trainer steps in one batch; with partial rollout a sync interrupts that batch's long tail instead of
-        # waiting for it (a refill cut needs a free group slot; the runs in BENCHMARKS.md, issue 39, made none)
+        # waiting for it (the refill rule never fires as written: docs/schedules/fully_async.md)
         over += ["async_training.staleness_threshold=1.0", "async_training.partial_rollout=true"]
     return over
 
