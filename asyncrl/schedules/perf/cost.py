@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -132,9 +132,9 @@ def decode_segments(remaining: list[int], engine: str = "builtin", slots: int = 
 
 
 def continuous_schedule(rem: list[int], slots: int) -> tuple[list[Segment], list[int]]:
-    """Continuous batching of rows needing ``rem`` tokens (all > 0), at most ``slots`` at once (0: all): rows start
-    in order as slots free, each segment ends where a running row finishes. Returns the segments and the step each
-    row starts at."""
+    """Continuous batching of rows needing ``rem`` tokens, at most ``slots`` at once (0: all): rows start in order as
+    slots free (a row needing 0 frees its slot at once), each segment ends where a running row finishes. Returns
+    the segments and the step each row starts at."""
     slots = slots if 0 < slots < len(rem) else len(rem)
     starts = [0] * len(rem)
     running = sorted(rem[:slots])  # the step each running row finishes at
@@ -153,6 +153,21 @@ def continuous_schedule(rem: list[int], slots: int) -> tuple[list[Segment], list
             bisect.insort(running, t + rem[nxt])
             nxt += 1
     return segs, starts
+
+
+def prefill_tokens(prefixes: Iterable[tuple[Hashable | None, int]], engine: str) -> int:
+    """Prompt tokens one engine call prefills, from each row's (prefix key, prefix length): the built-in engine
+    prefills the rows of one key (a group's shared prompt) once and a row keyed None alone; vLLM prefills every
+    request (its prefix cache shares nothing between requests scheduled together)."""
+    seen: set[Hashable] = set()
+    total = 0
+    for key, n in prefixes:
+        if key is not None and engine != "vllm":
+            if key in seen:
+                continue
+            seen.add(key)
+        total += n
+    return total
 
 
 def decode_regressors(
@@ -239,10 +254,6 @@ class CostModel:
         token regressor existed prices the call alone)."""
         x = {"call": 1.0, "token": float(positions)}
         return self.prepare(**{k: v for k, v in x.items() if k in self.prepare.names})
-
-    def segments(self, remaining: list[int]) -> list[Segment]:
-        """``decode_segments`` by this run's engine."""
-        return decode_segments(remaining, self.engine, self.max_num_seqs)
 
     @property
     def chunk_rows(self) -> int | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from asyncrl.schedules.fully_async.producer import split_by_group
 from asyncrl.schedules.perf.clock import Compute
-from asyncrl.schedules.perf.cost import Segment, continuous_schedule, decode_segments
+from asyncrl.schedules.perf.cost import Segment, continuous_schedule, decode_segments, prefill_tokens
 from asyncrl.schedules.perf.setting import Prices
 
 PIECES = 16  # a decode call is cut into at most this many pieces per segment: a pause lands within 1/16 of it
@@ -53,7 +53,7 @@ def decode(
     cut = False
     for c in range(n_calls):
         chunk_rows = [chunks[c] if c < len(chunks) else [] for chunks in plans]
-        prefill = max(_prefill_tokens([rows[i] for i in ch], cost.engine) for ch in chunk_rows)
+        prefill = max(prefill_tokens(_prefixes(rows, ch), cost.engine) for ch in chunk_rows)
         yield Compute(prices.call_s(prefill), prices.gen_threads, prices.pool)
         per_rep, start = [], {}  # each replica's segments; the step each row starts at (vLLM: as slots free)
         for ch in chunk_rows:
@@ -117,17 +117,9 @@ def _done(rows: list[Row], start: dict[int, int], i: int, t: int) -> int:
     return min(rows[i].need, max(0, t - start.get(i, 0)))
 
 
-def _prefill_tokens(rows: list[Row], engine: str) -> float:
-    """The call's prefill: a blank group's prompt once on the built-in engine, every request's prefix on vLLM."""
-    seen: set[int] = set()
-    total = 0
-    for r in rows:
-        if r.shared >= 0 and engine != "vllm":
-            if r.shared in seen:
-                continue
-            seen.add(r.shared)
-        total += r.prefix
-    return float(total)
+def _prefixes(rows: list[Row], idx: list[int]) -> list[tuple[int | None, int]]:
+    """(prefix key, prefix length) of each row: a blank group's rows share their group's key, a resumed row has none."""
+    return [(rows[i].shared if rows[i].shared >= 0 else None, rows[i].prefix) for i in idx]
 
 
 def _ends(segs: list[Segment]) -> list[int]:
@@ -136,13 +128,3 @@ def _ends(segs: list[Segment]) -> list[int]:
         t += s.tokens
         out.append(t)
     return out
-
-
-def _seg_at(segs: list[Segment], t: int) -> Segment | None:
-    """The segment that decodes token ``t + 1``."""
-    end = 0
-    for s in segs:
-        end += s.tokens
-        if t < end:
-            return s
-    return None

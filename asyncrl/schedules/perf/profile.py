@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.errors import UserInputError
-from asyncrl.schedules.perf.cost import CostModel, Term, decode_regressors, fit_term, update_positions
+from asyncrl.schedules.perf.cost import (
+    CostModel,
+    Term,
+    decode_regressors,
+    fit_term,
+    prefill_tokens,
+    update_positions,
+)
 from asyncrl.telemetry.timeline import read_chrome_trace
 from asyncrl.telemetry.trace import WORK_FILE
 
@@ -74,13 +81,7 @@ def generation_regressors(
     total: dict[str, float] = defaultdict(float)
     chunks = [rows] if engine == "vllm" else _chunks(rows, max_batch_size)
     for chunk in chunks:
-        seen: set[int] = set()
-        prefill = 0
-        for g, p, _ in chunk:
-            if shared and engine != "vllm" and g in seen:
-                continue
-            seen.add(g)
-            prefill += p
+        prefill = prefill_tokens(((g if shared else None, p) for g, p, _ in chunk), engine)
         for k, v in decode_regressors([r for _, _, r in chunk], prefill, engine, slots).items():
             total[k] += v
     return dict(total)
@@ -176,11 +177,11 @@ def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
         X_rew.append([float(len(w["response_len"]))])
         y_rew.append(rewards.get(s, 0.0))
         prep.append(m.get("timing_s/prepare", 0.0))
-        X_prep.append([1.0, float(sum(w["prompt_len"]) + sum(w["response_len"]))])
         gen_s = m["timing_s/gen"] if schedule == "sync" else 0.0
         other.append(max(0.0, m["timing_s/step"] - gen_s - m.get("timing_s/prepare", 0.0) - m["timing_s/train"]))
         groups = step_groups(w)
         groups_all += groups
+        X_prep.append([1.0, float(update_positions(groups, shared_prefix=False))])  # what a teacher scores
         full = update_positions(groups, cfg.actor.shared_prefix)
         if tokens > 0 and full > 0:
             keep.append(tokens / full)  # padding included: what the fitted per-token price was paid on
