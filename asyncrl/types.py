@@ -54,6 +54,7 @@ class Sample:
     turns: int = 1  # assistant turns begun
     tool_calls: int = 0
     tool_errors: int = 0  # tool calls that raised, timed out, named no known tool or did not parse
+    row: int = 0  # its number in its group (0 .. n-1): with the prompt's epoch and index, what its noise is drawn from
 
     @property
     def uid(self) -> str:

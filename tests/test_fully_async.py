@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import torch
 
 from asyncrl.config import load_config
 from asyncrl.data.collate import collate
+from asyncrl.models.loading import load_model
 from asyncrl.schedules import run_training, specs_for
 from asyncrl.schedules.fully_async.report import partial_metrics, processing_metrics
 from asyncrl.schedules.fully_async.rollouter import Rollouter
@@ -105,6 +107,47 @@ def test_drop_oldest_counts_every_dropped_group(setup):
     assert c["dropped_stale_samples"] == c["dropped_groups"] * 4
     assert dropped_in_ledger == summary["ledger"]["dropped"] == c["dropped_groups"]
     assert summary["ledger"]["lost"] == 0 and summary["ledger"]["duplicated"] == 0
+
+
+def test_fully_async_at_staleness_0_draws_the_same_tokens_and_weights_as_sync(setup, tmp_path):
+    """verl#6780's question: fully_async with no staleness budget is sync. Same data, same seed, in-process; a step
+    of fully_async takes require_batches x ppo_mini_batch_size groups, so 2 x 2 matches sync's train_batch_size 4. Each
+    row's sampling noise is its own (seeds.row_keys), so the Rollouter, decoding with weights synced into its own
+    engine, samples what sync's engine does; the trainer's weights after every step are then the same bit for bit."""
+    root, model, train, test = setup
+    over = [
+        "trainer.backend=in_process",
+        "trainer.record_consumed=true",
+        "trainer.save_freq=0",
+        "trainer.test_freq=0",
+        "trainer.logger=[jsonl]",
+        "rollout.response_length=8",
+        length_reward(tmp_path),  # every group has a gradient: the updates move the weights at every step
+    ]
+    fully_async = [
+        "trainer.schedule=fully_async",
+        "async_training.staleness_threshold=0",
+        "async_training.trigger_parameter_sync_step=1",
+        "async_training.require_batches=2",
+    ]
+    runs = {}
+    for name, extra in (("sync", []), ("fully_async", fully_async)):
+        runs[name] = tmp_path / name
+        run_training(load_config(None, train_overrides(model, train, test, runs[name], 3) + over + extra))
+    for step in (1, 2, 3):
+        rows = {}
+        for name, d in runs.items():
+            samples = pickle.loads((d / "consumed" / f"step_{step}.pkl").read_bytes())
+            assert all(s.start_version == step - 1 for s in samples)  # on-policy in both
+            rows[name] = [(s.uid, s.row, s.response_ids) for s in samples]
+        assert len(rows["sync"]) == 16 and len({tuple(r[2]) for r in rows["sync"]}) > 1
+        assert rows["fully_async"] == rows["sync"], f"step {step}: other prompts or other tokens"
+        prints = [json.loads((d / "consumed" / f"step_{step}.weights.json").read_text()) for d in runs.values()]
+        assert prints[0] == prints[1], f"step {step}: the weights after the update differ"
+    final = [load_model(str(d / "final"))[0].state_dict() for d in runs.values()]
+    start = load_model(str(model))[0].state_dict()
+    assert any(not torch.equal(start[k], final[0][k]) for k in start)  # the weights did move
+    assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
 
 
 def test_partial_rollout_keeps_tokens_from_both_versions(setup, tmp_path):

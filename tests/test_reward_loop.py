@@ -18,7 +18,7 @@ from asyncrl.rewards.loop import RewardLoop, build_reward_loop, merge_metrics
 from asyncrl.rewards.remote import RemoteReward, RewardServiceUnavailableError
 from asyncrl.rewards.reward_fn import RewardFn
 from asyncrl.rollout.decode import decode_batch
-from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.rollout.sampling import RowStreams, SamplingParams
 from asyncrl.schedules import run_training
 from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.types import Prompt, Sample
@@ -174,7 +174,7 @@ def test_the_decoder_reports_each_row_the_moment_it_ends():
             [tok("1 + 2 =")["input_ids"]] * 3,
             [6, 1, 3],  # row 1 ends first, then row 2, then row 0 (no eos in the way: it is masked below)
             SamplingParams(n=1, temperature=1.0, max_new_tokens=6),
-            torch.Generator().manual_seed(0),
+            RowStreams.of(0, [(0, 0, j) for j in range(3)], [0, 0, 0]),
             torch.tensor([-1]),  # an eos id no token has: rows end at their budget
             tok.pad_token_id,
             lambda: False,

@@ -91,6 +91,19 @@ def test_engine_logprobs_are_the_trainers(models, engine):
     assert [s.response_ids for s in again] == [s.response_ids for s in samples]  # a seed fixes the samples
 
 
+def test_a_prompt_samples_the_same_tokens_whatever_else_is_in_the_call(models, engine):
+    """Each request is seeded from its row's own key (seeds.row_keys), as the built-in engine draws: a prompt's n
+    rows sample the same alone as beside other prompts, and resuming a row continues it with new draws."""
+    _, a, _, _, _ = models
+    _, tok = load_model(a, for_training=False)
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=10)
+    together = engine.generate(prompts(tok), params, seed=5)
+    alone = engine.generate(prompts(tok)[2:3], params, seed=5)
+    assert [s.response_ids for s in alone] == [s.response_ids for s in together[6:9]]
+    assert [s.row for s in together[6:9]] == [0, 1, 2]
+    assert len({tuple(s.response_ids) for s in together}) > 4  # the rows of a group differ
+
+
 def test_weight_update_reaches_every_layer_and_resets_the_cache(models, engine):
     _, a, b, _, _ = models
     old, tok = load_model(a, for_training=False)

@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from asyncrl.rollout.kv_cache import PreallocatedCache
-from asyncrl.rollout.sampling import SamplingParams, sample_tokens
+from asyncrl.rollout.sampling import RowStreams, SamplingParams, sample_tokens
 from asyncrl.types import PrefillStats
 
 RUNNING, EOS, LENGTH, INTERRUPTED = 0, 1, 2, 3
@@ -98,7 +98,7 @@ def decode_batch(
     prefixes: list[list[int]],
     budgets: list[int],
     params: SamplingParams,
-    generator: torch.Generator,
+    streams: RowStreams,
     eos_ids_E: torch.Tensor,
     pad_id: int,
     should_stop: Callable[[], bool],
@@ -116,9 +116,10 @@ def decode_batch(
 
     With ``share_prefixes`` identical prefixes (exact token equality) are prefilled once, left-padded to the same
     width as all prefixes would be, and the KV cache, last logits, mask and positions are then expanded to every row;
-    sampling still draws over all rows with ``generator``, so tokens and log-probs match the unshared path (log-probs
-    up to float rounding). When every prefix is distinct, or a cache layer kind cannot be expanded (see
-    ``PreallocatedCache.can_batch_expand``), it is the plain path: every row prefilled, no expansion.
+    each row still draws from its own stream (``streams``, row ``b`` = ``prefixes[b]``), so tokens and log-probs
+    match the unshared path (log-probs up to float rounding). When every prefix is distinct, or a cache layer kind
+    cannot be expanded (see ``PreallocatedCache.can_batch_expand``), it is the plain path: every row prefilled, no
+    expansion.
 
     ``on_finish(row, tokens, logprobs, reason)`` is called the moment a row ends (eos or its budget), while the
     others go on decoding (the reward loop scores it meanwhile); interrupted rows are not reported.
@@ -158,8 +159,9 @@ def decode_batch(
     mask_bK = mask_BL.to(device)
     next_pos_b = pos_BL[:, -1].to(device) + 1
     for t in range(T):
-        # Sampling runs on the CPU (where the seeded generator lives); a no-op move for a CPU model.
-        tok_b, logp_b = sample_tokens(logits_bV.cpu(), params, generator)
+        # Sampling runs on the CPU (where the rows' noise is made); a no-op move for a CPU model.
+        uniforms_b = None if params.greedy else streams.uniforms(rows_b.tolist(), t)
+        tok_b, logp_b = sample_tokens(logits_bV.cpu(), params, uniforms_b)
         # Finished rows still in the batch write past their length here; those entries are never read.
         out_tok_BT[rows_b, t] = tok_b
         out_logp_BT[rows_b, t] = logp_b

@@ -23,7 +23,7 @@ from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
 from asyncrl.models.lora import is_lora, merged_update, require_adapter, synced_tensors
 from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_to_keep
 from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, WeightUpdateError, validate_update
-from asyncrl.rollout.sampling import SamplingParams, make_generator
+from asyncrl.rollout.sampling import RowStreams, SamplingParams
 from asyncrl.types import PrefillStats, Prompt, Sample
 
 logger = logging.getLogger(__name__)
@@ -88,12 +88,16 @@ class RolloutEngine(GatedEngine):
     ) -> list[Sample]:
         """``len(prompts) * params.n`` samples, prompt-major (prompt 0's n samples first).
 
-        Same ``seed`` and weights give identical samples; ``seed=None`` draws fresh randomness. ``on_sample`` gets
-        each finished sample the moment its row ends (the very object returned), while the others decode.
+        Same ``seed`` and weights give identical samples; ``seed=None`` draws fresh randomness. A row's noise is its
+        own (``RowStreams``: the prompt's epoch and index, its number ``j`` in the group), so a prompt samples the
+        same whatever else is in the call. ``on_sample`` gets each finished sample the moment its row ends (the very
+        object returned), while the others decode.
         """
         check_prompts(prompts, "RolloutEngine")
         rows = [prompt for prompt in prompts for _ in range(params.n)]
+        numbers = [j for _ in prompts for j in range(params.n)]
         prefixes = [row.prompt_ids for row in rows]
+        streams = RowStreams.of(seed, [(p.epoch, p.index, j) for p, j in zip(rows, numbers)], [0] * len(rows))
         budgets = [params.max_new_tokens] * len(rows)
         made: dict[int, Sample] = {}
 
@@ -106,6 +110,7 @@ class RolloutEngine(GatedEngine):
                 stop_reason=reason,
                 start_version=start_version,
                 response_text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                row=numbers[i],
             )
 
         def finished(i: int, tokens: list[int], logprobs: list[float], reason: str) -> None:
@@ -114,7 +119,7 @@ class RolloutEngine(GatedEngine):
 
         with self._gate.running():
             start_version = self.version
-            result = self._decode_all(prefixes, budgets, params, seed, on_row=finished if on_sample else None)
+            result = self._decode_all(prefixes, budgets, params, streams, on_row=finished if on_sample else None)
         return [
             made.get(i) or sample(i, tokens, logprobs, reason)
             for i, (tokens, logprobs, reason) in enumerate(zip(result.tokens, result.logprobs, result.stop_reasons))
@@ -143,9 +148,10 @@ class RolloutEngine(GatedEngine):
             return out
         prefixes = [samples[i].prompt.prompt_ids + samples[i].response_ids for i in todo]
         budgets = [params.max_new_tokens - len(samples[i].response_ids) for i in todo]
+        streams = row_streams([samples[i] for i in todo], seed)
         with self._gate.running():
             version = self.version
-            result = self._decode_all(prefixes, budgets, params, seed, refill)
+            result = self._decode_all(prefixes, budgets, params, streams, refill)
         for j, i in enumerate(todo):
             tokens = result.tokens[j]
             out[i] = extend_sample(
@@ -158,7 +164,7 @@ class RolloutEngine(GatedEngine):
         prefixes: list[list[int]],
         budgets: list[int],
         params: SamplingParams,
-        seed: int | None,
+        streams: RowStreams,
         refill: Callable[[int], bool] | None = None,
         on_row: Callable[[int, list[int], list[float], str], None] | None = None,
     ) -> DecodeResult:
@@ -171,7 +177,6 @@ class RolloutEngine(GatedEngine):
         boundary splits them. Sets ``last_prefill``.
         """
         self._check_positions(prefixes, budgets)
-        generator = make_generator(seed)
         order = list(range(len(prefixes)))
         if len(prefixes) > self.max_batch_size:
             order.sort(key=lambda i: len(prefixes[i]))
@@ -190,7 +195,7 @@ class RolloutEngine(GatedEngine):
                         [prefixes[i] for i in chunk],
                         [budgets[i] for i in chunk],
                         params,
-                        generator,
+                        streams.select(chunk),
                         self._eos_ids_E,
                         self.pad_id,
                         lambda: self._gate.pause_requested,
@@ -265,6 +270,12 @@ def check_prompts(prompts: list[Prompt], owner: str) -> None:
             raise ValueError(f"{owner}.generate: prompt index {prompt.index} has no tokens")
 
 
+def row_streams(samples: list[Sample], seed: int | None) -> RowStreams:
+    """Each sample's own noise, continuing where its response stopped (both engines' ``resume``)."""
+    rows = [(s.prompt.epoch, s.prompt.index, s.row) for s in samples]
+    return RowStreams.of(seed, rows, [len(s.response_ids) for s in samples])
+
+
 def resumable(
     samples: list[Sample], params: SamplingParams, tokenizer: PreTrainedTokenizerBase
 ) -> tuple[list[Sample], list[int]]:
@@ -307,4 +318,5 @@ def extend_sample(
         turns=sample.turns,
         tool_calls=sample.tool_calls,
         tool_errors=sample.tool_errors,
+        row=sample.row,
     )

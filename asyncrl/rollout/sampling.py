@@ -1,4 +1,5 @@
-"""Next-token sampling for a whole batch at once: temperature, top-k, top-p, then one multinomial draw per row.
+"""Next-token sampling for a whole batch at once: temperature, top-k, top-p, then one draw per row by inverting the
+row's cumulative distribution at its own uniform (``RowStreams``: a row's noise is its own, whatever batch it is in).
 
 The log-probability recorded for each sampled token is ``log_softmax(logits / temperature)`` over the FULL vocabulary,
 taken BEFORE top-k/top-p truncation. That is the quantity the trainer can recompute from its own forward pass (it knows
@@ -9,21 +10,36 @@ decoding (temperature 0) records ``log_softmax(logits)``, i.e. temperature 1.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
+from asyncrl import seeds
 from asyncrl.types import SamplingParams
 
-__all__ = ["SamplingParams", "filter_top_k", "filter_top_p", "make_generator", "sample_tokens"]
+__all__ = ["RowStreams", "SamplingParams", "filter_top_k", "filter_top_p", "sample_tokens"]
 
 
-def make_generator(seed: int | None) -> torch.Generator:
-    """A CPU generator seeded with ``seed``, or from OS entropy when ``seed`` is None (non-reproducible)."""
-    generator = torch.Generator(device="cpu")
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed)
-    return generator
+@dataclass(frozen=True)
+class RowStreams:
+    """Each row's own noise: the draw for row ``b``'s ``t``-th new token is ``seeds.uniform(keys[b], offsets[b] + t)``,
+    ``offsets[b]`` the tokens its response already has (0 for a new row, more for a resumed one)."""
+
+    keys: Sequence[int]
+    offsets: Sequence[int]
+
+    @classmethod
+    def of(cls, base: int | None, rows: Sequence[tuple[int, int, int]], offsets: Sequence[int]) -> RowStreams:
+        """Streams for rows ``(epoch, prompt index, row within its group)`` from ``base`` (None: the OS's entropy)."""
+        return cls(seeds.row_keys(seeds.fresh() if base is None else base, rows), list(offsets))
+
+    def select(self, rows: Sequence[int]) -> RowStreams:
+        return RowStreams([self.keys[i] for i in rows], [self.offsets[i] for i in rows])
+
+    def uniforms(self, rows: Sequence[int], t: int) -> torch.Tensor:
+        """The draws of ``rows`` (indices into these streams) for their ``t``-th new token, float64."""
+        return torch.tensor([seeds.uniform(self.keys[b], self.offsets[b] + t) for b in rows], dtype=torch.float64)
 
 
 def filter_top_k(logits_BV: torch.Tensor, k: int) -> torch.Tensor:
@@ -51,12 +67,14 @@ def filter_top_p(logits_BV: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def sample_tokens(
-    logits_BV: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    logits_BV: torch.Tensor, params: SamplingParams, uniforms_B: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; returns ``(tokens_B, logp_B)`` with the behaviour log-prob described in the module doc.
 
     ``logits_BV`` are the model's raw last-position logits; they are upcast to float32 so sampling and log-probs do
-    not depend on the model's compute dtype.
+    not depend on the model's compute dtype. Row ``b`` takes the first token whose cumulative probability (float64)
+    exceeds ``uniforms_B[b]`` of the total: a token of probability 0 (cut by top-k/top-p) is never taken. Greedy
+    decoding needs no uniforms.
     """
     logits_BV = logits_BV.float()
     if params.greedy:
@@ -71,5 +89,9 @@ def sample_tokens(
         probs_BV = torch.softmax(filtered_BV, dim=-1)
     else:
         probs_BV = logp_BV.exp()
-    tokens_B = torch.multinomial(probs_BV, 1, generator=generator).squeeze(-1)
+    if uniforms_B is None:
+        raise ValueError("sample_tokens: sampling at temperature > 0 needs one uniform per row")
+    cdf_BV = probs_BV.double().cumsum(-1)
+    target_B1 = (uniforms_B.double() * cdf_BV[:, -1])[:, None]
+    tokens_B = torch.searchsorted(cdf_BV, target_B1, right=True).squeeze(-1).clamp_(max=probs_BV.shape[-1] - 1)
     return tokens_B, logp_BV.gather(-1, tokens_B[:, None]).squeeze(-1)

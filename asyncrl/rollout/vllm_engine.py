@@ -29,12 +29,13 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from asyncrl import seeds
 from asyncrl.errors import UserInputError
 from asyncrl.models.fp8 import dequantize_sync, quantize_for_sync, sync_layout
 from asyncrl.models.loading import eos_token_ids
 from asyncrl.models.lora import LoraSpec, require_adapter, synced_tensors
 from asyncrl.models.overrides import hf_overrides_for
-from asyncrl.rollout.engine import check_prompts, extend_sample, resumable
+from asyncrl.rollout.engine import check_prompts, extend_sample, resumable, row_streams
 from asyncrl.rollout.gate import EngineGate, GatedEngine, validate_update
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
@@ -179,10 +180,12 @@ class VllmEngine(GatedEngine):
 
     # ---- generate / resume ----------------------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int | None = None) -> list[Sample]:
-        """``len(prompts) * params.n`` samples, prompt-major; each row its own request seeded from ``seed``."""
+        """``len(prompts) * params.n`` samples, prompt-major; each row its own request, seeded by its own key
+        (``row_streams``: its prompt's epoch and index, its number in the group), as the built-in engine keys it."""
         check_prompts(prompts, "VllmEngine")
-        rows = [prompt for prompt in prompts for _ in range(params.n)]
-        blank = [Sample(prompt=p, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted") for p in rows]
+        rows = [(prompt, j) for prompt in prompts for j in range(params.n)]
+        blank = [Sample(prompt=p, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted", row=j)
+                 for p, j in rows]  # fmt: skip
         self._sync_from_source()
         start_version = self._version
         out = self._run(blank, [params.max_new_tokens] * len(rows), params, seed, None)
@@ -225,6 +228,7 @@ class VllmEngine(GatedEngine):
             self._calls += 1
             version = self._version
             ids = [f"c{self._calls}-r{j}" for j in range(len(rows))]
+            streams = row_streams(rows, seed)
             got: dict[str, tuple[list[int], list[float]]] = {rid: ([], []) for rid in ids}
             reasons = dict.fromkeys(ids, "interrupted")
             prefill = PrefillStats()
@@ -234,7 +238,7 @@ class VllmEngine(GatedEngine):
                     self._engine.add_request(
                         rid,
                         self._tokens_prompt(prompt_token_ids=prefix),
-                        self._params_for(params, budgets[j], None if seed is None else (seed * 1_000_003 + j) % 2**63),
+                        self._params_for(params, budgets[j], request_seed(streams.keys[j], streams.offsets[j])),
                         lora_request=self.adapters and self.adapters.request,
                     )
             open_ids = set(ids)
@@ -380,6 +384,12 @@ def memory_options(options: VllmOptions, on_gpu: bool) -> dict[str, Any]:
 def _kv_cache_bytes(fraction: float) -> int:
     """``rollout.gpu_memory_utilization`` on a CPU machine: that share of the machine's memory for the KV cache."""
     return int(fraction * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def request_seed(key: int, offset: int) -> int:
+    """A vLLM request's seed: the row's key at the position its response has reached (a resumed row does not
+    repeat the draws of its first tokens)."""
+    return int(seeds.uniform(key, offset) * 2**53)
 
 
 def _sampled_logprobs(completion: Any, tokens: list[int], rid: str) -> list[float]:

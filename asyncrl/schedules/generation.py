@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from asyncrl import seeds
 from asyncrl.calls import Pending
 from asyncrl.rewards.loop import merge_metrics
 from asyncrl.roles.clients import RolloutClient
@@ -65,7 +64,7 @@ def launch_generation(
     workers = [i for i in range(k) if chunks[i]]
 
     def issue(i: int) -> Callable[[RolloutClient], Pending[Generation]]:
-        return lambda w: w.generate(chunks[i], params, seeds.rollout_worker(seed, i), step)
+        return lambda w: w.generate(chunks[i], params, seed, step)  # rows key their own noise (seeds.row_keys)
 
     again = [issue(i) for i in workers]
     return Launched([redo(rollouts[i]) for i, redo in zip(workers, again)], pool, workers, again)

@@ -39,7 +39,7 @@ def run_one_step_off(cfg: Config) -> dict[str, Any]:
         params, total = run.sampling(), cfg.trainer.total_training_steps
 
         def launch(b: int):
-            return skip.launch(roles.rollouts, run.next_prompts(), params, run.gen_seed(b), b, run.pool)
+            return skip.launch(roles.rollouts, run.next_prompts(), params, run.gen_seed(), b, run.pool)
 
         pending = launch(run.start_step)
         step, cursor = run.start_step - 1, None

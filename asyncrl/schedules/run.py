@@ -99,9 +99,11 @@ class Run:
     def sampling(self) -> SamplingParams:
         return SamplingParams.from_config(self.cfg.rollout)
 
-    def gen_seed(self, step: int) -> int:
-        """Generation seed depends on (trainer.seed, step) only, so a resumed run samples what the unbroken run did."""
-        return seeds.generation(self.cfg.trainer.seed, step)
+    def gen_seed(self) -> int:
+        """The base of every row's sampling noise (``seeds.row_keys``): a row's tokens depend on trainer.seed, its
+        prompt's epoch and index and its number in the group, not on the step, so a resumed run samples what the
+        unbroken run did and every schedule samples what sync does."""
+        return seeds.sampling(self.cfg.trainer.seed)
 
     # ---- metrics ---------------------------------------------------------------------------------------------------
 

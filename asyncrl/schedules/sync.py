@@ -36,7 +36,7 @@ def run_sync(cfg: Config) -> dict[str, Any]:
             tm = StepTimer(step)
             with tm("step"):
                 with tm("gen"):
-                    gen = skip.launch(roles.rollouts, run.next_prompts(), params, run.gen_seed(step), step).result()
+                    gen = skip.launch(roles.rollouts, run.next_prompts(), params, run.gen_seed(), step).result()
                     samples = gen.samples
                 with tm("prepare"):
                     prepared = algorithm.prepare(samples, step)()

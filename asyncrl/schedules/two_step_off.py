@@ -50,7 +50,7 @@ def run_two_step_off(cfg: Config) -> dict[str, Any]:
         def launch(b: int) -> Launched | Replayed:
             prompts = run.next_prompts()
             cursors[b] = run.sampler.state_dict()
-            return skip.launch(roles.rollouts, prompts, params, run.gen_seed(b), b, run.pool)
+            return skip.launch(roles.rollouts, prompts, params, run.gen_seed(), b, run.pool)
 
         def start_preparing(generated: Generated, b: int) -> Future[tuple[Prepared, Generated]]:
             finish = algorithm.prepare(generated.samples, b)  # issued here, in batch order; finished on the thread

@@ -113,11 +113,6 @@ def check_agent_loop(name: str) -> None:
         )
 
 
-def round_seed(seed: int | None, turn_round: int) -> int | None:
-    """The seed of a conversation's ``turn_round``-th continuation call (same seed, same conversation)."""
-    return None if seed is None or turn_round == 0 else (seed + 1_000_003 * turn_round) % (2**62)
-
-
 _OWN = frozenset({"engine", "multi_turn", "default_agent_loop", "_loops", "_tools", "last_prefill"})
 
 
@@ -230,7 +225,6 @@ class AgentEngine:
     ) -> list[Sample]:
         """Run the loops on the turns that just ended (``fresh``), continue those that go on, until none does or
         the engine is paused (then they stay "interrupted", tool outputs already appended)."""
-        turn_round = 0
         while True:
             going = self._decide(out, sorted(i for i in fresh if out[i].stop_reason == "eos"), params)
             if not going:
@@ -238,8 +232,7 @@ class AgentEngine:
                     if out[i].response_mask is not None:
                         out[i].response_text = conversation_text(self.engine.tokenizer, out[i])
                 return out
-            turn_round += 1
-            cont = self.engine.resume([out[i] for i in going], params, seed=round_seed(seed, turn_round), refill=refill)
+            cont = self.engine.resume([out[i] for i in going], params, seed=seed, refill=refill)
             self.last_prefill = self.last_prefill + self.engine.last_prefill
             for i, s in zip(going, cont):
                 out[i] = s

@@ -141,7 +141,7 @@ class Producer:
                 gid = self.ledger.issue(epoch, index)
                 version = self.controller.on_start(gid)
                 prompt = replace(self.prompt_of(epoch, index), epoch=epoch)
-                blank = [_blank(prompt, version) for _ in range(self.n)]
+                blank = [_blank(prompt, version, j) for j in range(self.n)]
                 self.inflight[gid] = InFlightGroup(gid, epoch, index, version, self.clock(), blank)
                 self.counts["started_groups"] += 1
 
@@ -259,9 +259,9 @@ class Producer:
         return out
 
 
-def _blank(prompt: Prompt, version: int) -> Sample:
-    """A row not started yet: the engine's ``resume`` continues it from the prompt."""
-    return Sample(prompt, [], [], [], stop_reason="interrupted", start_version=version)
+def _blank(prompt: Prompt, version: int, row: int) -> Sample:
+    """Row ``row`` of a group, not started yet: the engine's ``resume`` continues it from the prompt."""
+    return Sample(prompt, [], [], [], stop_reason="interrupted", start_version=version, row=row)
 
 
 def split_by_group(

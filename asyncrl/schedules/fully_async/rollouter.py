@@ -110,15 +110,15 @@ class Rollouter(RolloutWorker):
     def _decode(self, rows: list[Sample]) -> list[Sample]:
         """One batched decode of ``rows``; returns early when the driver interrupts it."""
         self._calls += 1
-        seed = seeds.rollouter_decode(self.spec.engine.seed, self._calls)
+        seed = seeds.sampling(self.spec.engine.seed)  # each row keys its own noise: as sync's rows
         running = sum(s.stop_reason == "interrupted" for s in rows)
         t0 = time.perf_counter()
         shares = split_by_group(rows, 1 + len(self.ranks))
         mine_running = sum(rows[i].stop_reason == "interrupted" for i in shares[0])
         refill = lambda n: self.books.should_refill(n, mine_running)  # noqa: E731 - this rank's rows
         remote = [
-            (share, h.call("resume_rows", [rows[i] for i in share], self.params, seed + k + 1))
-            for k, (share, h) in enumerate(zip(shares[1:], self.ranks))
+            (share, h.call("resume_rows", [rows[i] for i in share], self.params, seed))
+            for share, h in zip(shares[1:], self.ranks)
             if share
         ]
         mine = [rows[i] for i in shares[0]]
