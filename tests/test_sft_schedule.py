@@ -5,7 +5,8 @@ import math
 import pytest
 
 from asyncrl.config import ConfigError
-from asyncrl.schedules.sft import load_sft_config, lr_factor
+from asyncrl.models.tokenizer import build_char_tokenizer
+from asyncrl.schedules.sft import load_sft_config, lr_factor, sft_examples
 
 
 def test_warmup_is_linear_and_ignores_the_schedule():
@@ -33,3 +34,24 @@ def test_unknown_schedule_is_a_named_config_error():
         load_sft_config(None, ["data.train_files=[a]", "optim.lr_schedule=linear"])
     with pytest.raises(ConfigError, match="optim.min_lr_ratio"):
         load_sft_config(None, ["data.train_files=[a]", "optim.min_lr_ratio=1.5"])
+
+
+def test_the_target_is_the_reference_written_as_the_template_says():
+    rows = [{"prompt": [{"role": "user", "content": "4 + 7"}], "reward_model": {"ground_truth": "11"}}]
+    tok = build_char_tokenizer(["4 + 7 Answer: 11"])
+    cfg = load_sft_config(None, ["data.train_files=[a]", "data.response_template='Answer: {response}'"])
+    ((_, target),) = sft_examples(rows, tok, cfg.data)
+    assert target[-1] == tok.eos_token_id and tok.decode(target[:-1]) == "Answer: 11"
+    plain = load_sft_config(None, ["data.train_files=[a]"])
+    assert tok.decode(sft_examples(rows, tok, plain.data)[0][1][:-1]) == "11"
+
+
+@pytest.mark.parametrize("template", ["Answer:", "{answer} {response}", "{response"])
+def test_a_template_without_the_response_is_a_named_config_error(template):
+    with pytest.raises(ConfigError, match="data.response_template"):
+        load_sft_config(None, ["data.train_files=[a]", f"data.response_template='{template}'"])
+
+
+def test_an_override_that_is_not_yaml_names_itself():
+    with pytest.raises(ConfigError, match=r"override 'data.response_template=\{response': the value is not valid YAML"):
+        load_sft_config(None, ["data.train_files=[a]", "data.response_template={response"])

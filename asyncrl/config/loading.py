@@ -58,7 +58,13 @@ def load_config(
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"command-line override {item!r}: expected key=value (e.g. rollout.n=8)")
-        layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
+        try:
+            layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
+        except Exception as e:  # the value is parsed as YAML: an unbalanced brace or quote fails there
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConfigError(
+                f"command-line override {item!r}: the value is not valid YAML ({first}); quote it: key='value'"
+            ) from None
     merged = base
     for where, layer in layers:
         _renamed_key(layer, where)

@@ -35,6 +35,9 @@ class SFTDataConfig:
     val_files: list[str] = field(default_factory=list)
     val_max_samples: int = 500
     response_key: str = "ground_truth"  # reward_model.ground_truth, or a key of extra_info holding the target text
+    # the target as the model should write it: "{response}" is the text response_key names ("Answer: {response}" for
+    # a task whose prompt asks for that reply)
+    response_template: str = "{response}"
     batch_size: int = 64  # sequences per optimizer step
     max_prompt_length: int = 256
     max_response_length: int = 32
@@ -87,6 +90,12 @@ def validate_sft(cfg: SFTConfig) -> None:
     check(bool(d.train_files), "data.train_files", d.train_files, "a non-empty list of parquet/jsonl files")
     check(d.batch_size >= 1, "data.batch_size", d.batch_size, ">= 1")
     check(d.max_response_length >= 1, "data.max_response_length", d.max_response_length, ">= 1")
+    check(
+        "{response}" in d.response_template and _fills(d.response_template),
+        "data.response_template",
+        d.response_template,
+        'a format string with "{response}" and no other field',
+    )
     check(cfg.optim.lr > 0, "optim.lr", cfg.optim.lr, "> 0")
     check(cfg.optim.lr_schedule in LR_SCHEDULES, "optim.lr_schedule", cfg.optim.lr_schedule, " or ".join(LR_SCHEDULES))
     check(0.0 <= cfg.optim.min_lr_ratio <= 1.0, "optim.min_lr_ratio", cfg.optim.min_lr_ratio, "in [0, 1]")
@@ -99,6 +108,14 @@ def validate_sft(cfg: SFTConfig) -> None:
 
 
 LR_SCHEDULES = ("constant", "cosine")
+
+
+def _fills(template: str) -> bool:
+    try:
+        template.format(response="x")
+    except (KeyError, IndexError, ValueError):
+        return False
+    return True
 
 
 def lr_factor(step: int, progress: float, warmup_steps: int, schedule: str, min_lr_ratio: float) -> float:
@@ -148,13 +165,7 @@ def run_sft(cfg: SFTConfig, group_of: Callable[[Prompt], str] | None = None) -> 
         cfg.model.preset, rows, str(out / "init"), cfg.trainer.seed, cfg.data.response_key
     )
     model, tok = load_model(model_path)
-    eos = tok.eos_token_id
-    examples: list[tuple[list[int], list[int]]] = []
-    for i, row in enumerate(rows):
-        where = rows.where(i) if hasattr(rows, "where") else f"row {i}"
-        p = tokenize_messages(tok, row["prompt"], where=where)[-cfg.data.max_prompt_length :]
-        r = tok(_response_text(row, cfg.data.response_key, where), add_special_tokens=False)["input_ids"]
-        examples.append((p, (list(r) + [eos])[: cfg.data.max_response_length]))
+    examples = sft_examples(rows, tok, cfg.data)
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     o, t = cfg.optim, cfg.trainer
@@ -204,6 +215,19 @@ def run_sft(cfg: SFTConfig, group_of: Callable[[Prompt], str] | None = None) -> 
         )
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def sft_examples(rows: Any, tok: Any, d: SFTDataConfig) -> list[tuple[list[int], list[int]]]:
+    """(prompt tokens, target tokens + eos) per row: the target is ``data.response_template`` filled with the text
+    ``data.response_key`` names, cut to ``data.max_response_length``."""
+    examples = []
+    for i, row in enumerate(rows):
+        where = rows.where(i) if hasattr(rows, "where") else f"row {i}"
+        p = tokenize_messages(tok, row["prompt"], where=where)[-d.max_prompt_length :]
+        text = d.response_template.format(response=_response_text(row, d.response_key, where))
+        r = tok(text, add_special_tokens=False)["input_ids"]
+        examples.append((p, (list(r) + [tok.eos_token_id])[: d.max_response_length]))
+    return examples
 
 
 def _sft_loss(model: torch.nn.Module, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
