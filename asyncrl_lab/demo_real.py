@@ -49,12 +49,12 @@ def run_demo_real(
     runs = [_rl_run(root, train, schedule, seed, overrides or []) for schedule in schedules for seed in seeds]
     sft = _sft_control(root, train, runs[0]["train_s"])
     cfg = load_config(CONFIG, [f"model.path={MODEL_DIR}", *(overrides or [])])
-    accuracy = heldout(cfg, test, [MODEL_DIR, sft["model"], *[r["model"] for r in runs]])
+    scores = heldout(cfg, test, [MODEL_DIR, sft["model"], *[r["model"] for r in runs]])
     result = {
         "task": {"name": TASK, **TASK_KWARGS, "train": TRAIN_SIZE, "heldout": TEST_SIZE},
-        "before": {"accuracy": accuracy[MODEL_DIR]},
-        "sft": {**sft, "accuracy": accuracy[sft["model"]]},
-        "runs": [{**r, "accuracy": accuracy[r["model"]]} for r in runs],
+        "before": scores[MODEL_DIR],
+        "sft": {**sft, **scores[sft["model"]]},
+        "runs": [{**r, **scores[r["model"]]} for r in runs],
         "temperature": cfg.rollout.temperature,
         "total_wall_s": round(time.time() - t_start, 1),
     }
@@ -153,9 +153,10 @@ def _sft_control(root: Path, train: Path, seconds: float) -> dict[str, Any]:
     return r
 
 
-def heldout(cfg: Any, test: Path, models: list[str]) -> dict[str, float]:
-    """Greedy accuracy of each model directory on the held-out questions: the built-in engine, the run's reward and
-    response length, ``CPUS`` threads. One evaluation for the start, the control and every run's final weights."""
+def heldout(cfg: Any, test: Path, models: list[str]) -> dict[str, dict[str, Any]]:
+    """Greedy accuracy of each model directory on the held-out questions, in all and by ``KINDS``: the built-in
+    engine, the run's reward and response length, ``CPUS`` threads. One evaluation for the start, the control and
+    every run's final weights."""
     import torch
 
     from asyncrl.data.dataset import PromptDataset, load_rows
@@ -166,7 +167,7 @@ def heldout(cfg: Any, test: Path, models: list[str]) -> dict[str, float]:
 
     torch.set_num_threads(CPUS)
     reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)
-    out: dict[str, float] = {}
+    out: dict[str, dict[str, Any]] = {}
     for path in dict.fromkeys(models):
         model, tok = load_model(path, for_training=False)
         ds = PromptDataset(load_rows([str(test)]), tok, cfg.data.max_prompt_length)
@@ -176,10 +177,24 @@ def heldout(cfg: Any, test: Path, models: list[str]) -> dict[str, float]:
             [ds[i] for i in range(len(ds))],
             reward_fn,
             cfg.rollout.response_length,
+            group_of=question_kind,
         )
-        out[path] = res["accuracy"]
-        print(f"[demo-real] held-out accuracy of {path}: {res['accuracy']:.1%} ({int(res['n'])} questions)")
+        out[path] = {"accuracy": res["accuracy"], "by_kind": {k: v[0] for k, v in res["by_group"].items()}}
+        kinds = ", ".join(f"{k} {v[0]:.0%} of {v[1]}" for k, v in res["by_group"].items())
+        print(f"[demo-real] held-out accuracy of {path}: {res['accuracy']:.1%} of {int(res['n'])} ({kinds})")
     return out
+
+
+KINDS = ("sum", "difference >= 0", "difference < 0")
+
+
+def question_kind(prompt: Any) -> str:
+    """Which of ``KINDS`` a chain_sum question is, to show where a gain comes from (the base model often drops the
+    sign of a negative difference: "0 - 4 = 4")."""
+    expression = json.loads(prompt.extra_info["metadata"])["expression"]
+    if "+" in expression:
+        return KINDS[0]
+    return KINDS[1] if float(prompt.ground_truth) >= 0 else KINDS[2]
 
 
 def _by_schedule(runs: list[dict]) -> dict[str, dict[str, float | int | None]]:
@@ -214,22 +229,32 @@ def _print(r: dict) -> None:
 
     t = Table(title=f"asyncrl demo-real: SmolLM2-135M-Instruct on {TASK} {TASK_KWARGS}, {TEST_SIZE} held-out questions")
     reward = f"training reward (T={r['temperature']:g}, last {WINDOW} steps)"
-    for col in ("", "seeds", "held-out accuracy (greedy)", reward, "train s"):
+    for col in ("", "seeds", "held-out accuracy (greedy)", *KINDS, reward, "train s"):
         t.add_column(col, justify="left" if not col else "right")
-    t.add_row("before RL (the same model)", "", f"{r['before']['accuracy']:.1%}", "", "")
+
+    def kinds(rows: list[dict]) -> list[str]:
+        return [f"{statistics.fmean(x['by_kind'].get(k, 0.0) for x in rows):.0%}" for k in KINDS]
+
+    t.add_row("before RL (the same model)", "", f"{r['before']['accuracy']:.1%}", *kinds([r["before"]]), "", "")
     s = r["sft"]
     t.add_row(
-        f"SFT on reference answers ({s['samples']} samples)", "", f"{s['accuracy']:.1%}", "", f"{s['train_s']:.0f}"
+        f"SFT on reference answers ({s['samples']} samples)",
+        "",
+        f"{s['accuracy']:.1%}",
+        *kinds([s]),
+        "",
+        f"{s['train_s']:.0f}",
     )
     for name, g in r["schedules"].items():
         t.add_row(
             f"GRPO, {name}",
             str(g["seeds"]),
             _pm(g["accuracy_mean"], g["accuracy_std"], ".1%"),
+            *kinds([x for x in r["runs"] if x["schedule"] == name]),
             _pm(g["reward_last_mean"], g["reward_last_std"], ".3f"),
             f"{g['train_s_mean']:.0f}",
         )
-    Console(width=max(110, Console().width)).print(t)
+    Console(width=max(150, Console().width)).print(t)
     for run in r["runs"]:
         print(
             f"  {run['schedule']} seed {run['seed']}: {run['accuracy']:.1%} held out, reward "
