@@ -140,8 +140,8 @@ def _sft_control(root: Path, train: Path, seconds: float) -> dict[str, Any]:
     if done.is_file() and json.loads(done.read_text())["overrides"] == over:
         return json.loads(done.read_text())
     print(f"[demo-real] SFT control: the same model on the reference answers for {seconds:.0f} s")
-    summary = run_sft(load_sft_config(None, over))
     cfg = load_sft_config(None, over)
+    summary = run_sft(cfg)
     r = {
         "overrides": over,
         "model": str(out),

@@ -220,7 +220,7 @@ class Producer:
             self.counts["consumed_groups"] += len(ids)
         return StreamBatch(groups, staleness, proc)
 
-    def snapshot(self, calls: int, engine_version: int) -> RollouterSnapshot:
+    def snapshot(self, engine_version: int) -> RollouterSnapshot:
         with self.lock:
             return RollouterSnapshot(
                 queue=self.queue.snapshot(),
@@ -230,14 +230,13 @@ class Producer:
                 sampler=self.sampler.state_dict(),
                 processing_s=dict(self.processing_s),
                 counts=dict(self.counts),
-                calls=calls,
                 engine_version=engine_version,
                 skip=tuple(sorted(self.skip)),
             )
 
-    def restore(self, take: Takeover) -> int:
+    def restore(self, take: Takeover) -> None:
         """Load a snapshot, with a takeover's consumption replayed on top (``recovery``), continuing at the
-        takeover's version; returns the snapshot's decode-call count."""
+        takeover's version."""
         state = advance(take, self.budget) if take.consumed else take.snapshot
         self.controller.load_state_dict(state.controller)
         self.controller.on_sync(take.version)
@@ -248,7 +247,6 @@ class Producer:
         self.inflight = {g.group_id: g for g in state.inflight}
         self.processing_s = dict(state.processing_s)
         self.counts = Counter(state.counts)
-        return int(state.calls)
 
     def count_metrics(self) -> dict[str, float]:
         with self.lock:

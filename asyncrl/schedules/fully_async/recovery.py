@@ -71,7 +71,6 @@ class RollouterSnapshot:
     sampler: dict[str, Any]
     processing_s: dict[str, float]
     counts: dict[str, int]
-    calls: int
     engine_version: int
     skip: tuple[tuple[int, int], ...] = ()  # prompts the cursor passes over (``replay_consumed``; a tuple: old pickles)
 

@@ -57,7 +57,6 @@ class Rollouter(RolloutWorker):
         self._want_park = self._parked = self._stop = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._calls = 0
         self._busy_s, self._tokens = 0.0, 0  # seconds inside decode calls, tokens decoded, since ``take_metrics``
         self._prefill = PrefillStats()  # the engine's prefill counts since the last ``take_metrics``
         self._window_start = time.perf_counter()
@@ -109,7 +108,6 @@ class Rollouter(RolloutWorker):
 
     def _decode(self, rows: list[Sample]) -> list[Sample]:
         """One batched decode of ``rows``; returns early when the driver interrupts it."""
-        self._calls += 1
         seed = seeds.sampling(self.spec.engine.seed)  # each row keys its own noise: as sync's rows
         running = sum(s.stop_reason == "interrupted" for s in rows)
         t0 = time.perf_counter()
@@ -206,7 +204,7 @@ class Rollouter(RolloutWorker):
         with self._cv:
             if self._thread is not None and not self._parked:
                 raise RollouterError("snapshot: call pause() first (a snapshot of a running loop is inconsistent)")
-        return self.books.snapshot(self._calls, self.engine.version)
+        return self.books.snapshot(self.engine.version)
 
     def restore(self, state: RollouterSnapshot | Takeover) -> None:
         """Load a snapshot before ``start``; the engine must already hold the snapshot's weights version. A
@@ -220,7 +218,7 @@ class Rollouter(RolloutWorker):
                 f"restore: the snapshot was taken at version {take.snapshot.engine_version} (to continue at "
                 f"{take.version}) but the engine holds {self.engine.version}; sync the checkpoint's weights first"
             )
-        self._calls = self.books.restore(take)
+        self.books.restore(take)
 
     def take_metrics(self) -> dict[str, float]:
         """Counters and the idle ratio since the previous call (``rollouter/idle_ratio``)."""

@@ -101,7 +101,7 @@ class StreamSim:
         self.clock.spawn(self.rollouter(producer, 0))
         version, B, W = 0, self.budget.groups_per_update, st.trigger_parameter_sync_step
         # the books a fault restores from (a Rollouter's snapshot at each sync): taken only when a fault is simulated
-        base, since_base = (producer.snapshot(0, 0) if fault else None), []
+        base, since_base = (producer.snapshot(0) if fault else None), []
         checkpoint = None
         updates = 0
         step = 0
@@ -133,7 +133,7 @@ class StreamSim:
                 yield Delay(p.sync_s)
                 self.spans.append(Span("sync", "sync_weights", t1, self.clock.now, step))
                 producer.controller.on_sync(version)
-                base, since_base = (producer.snapshot(0, version) if fault else None), []
+                base, since_base = (producer.snapshot(version) if fault else None), []
                 if fault and fault.kind == "kill" and updates >= fault.after_update and checkpoint is None:
                     checkpoint = (copy.deepcopy(base), updates, version, len(self.consumed))
                 s["version"], s["park"] = version, False
