@@ -8,7 +8,8 @@ model: the same questions, never trained on, answered greedily by the built-in e
 The controls: the same model before RL, and SFT of it on the task's reference answers ("Answer: N", the reply the
 prompt asks for) for as many seconds as the first GRPO run trained. ``make demo-real`` runs one seed of sync;
 ``python -m asyncrl_lab.demo_real --seeds 1,2,3 --schedules sync,one_step_off,fully_async`` the seeds table
-(BENCHMARKS.md). A run already finished under ``--out`` with the same overrides is read back, not run again.
+(BENCHMARKS.md); an arm ``fully_async+async_training.partial_rollout=false`` is a schedule with its own overrides.
+A run already finished under ``--out`` with the same overrides is read back, not run again.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def run_demo_real(
     root = Path(out)
     train, test = prepare(root / "data")
     print(f"[demo-real] data: {train} ({TRAIN_SIZE} questions), {test} ({TEST_SIZE} held out)")
+    for schedule in schedules:  # a bad override or arm is a ConfigError now, not after the runs before it
+        load_config(CONFIG, run_overrides(root, train, schedule, seeds[0], overrides or [])[1])
     runs = [_rl_run(root, train, schedule, seed, overrides or []) for schedule in schedules for seed in seeds]
     sft = _sft_control(root, train, runs[0]["train_s"])
     cfg = load_config(CONFIG, [f"model.path={MODEL_DIR}", *(overrides or [])])
@@ -80,20 +83,7 @@ def prepare(data_dir: Path) -> tuple[Path, Path]:
 def _rl_run(root: Path, train: Path, schedule: str, seed: int, overrides: list[str]) -> dict[str, Any]:
     """One GRPO run (no in-run evaluation: ``heldout`` scores every model alike), or the one already finished there
     with the same overrides."""
-    from asyncrl_lab.bench import schedule_overrides
-
-    run_dir = root / f"{schedule}_seed{seed}"
-    over = [
-        f"model.path={MODEL_DIR}",
-        f"data.train_files=[{train}]",
-        "data.val_files=[]",
-        f"trainer.default_local_dir={run_dir}",
-        "trainer.resume_mode=disable",
-        f"trainer.seed={seed}",
-        "sync.timeout_s=120",
-        *schedule_overrides(SCHEDULES[schedule], CPUS),
-        *overrides,
-    ]
+    run_dir, over = run_overrides(root, train, schedule, seed, overrides)
     done = run_dir / "demo_real_run.json"
     if done.is_file() and json.loads(done.read_text())["overrides"] == over:
         print(f"[demo-real] {schedule} seed {seed}: finished before, read from {done}")
@@ -119,6 +109,29 @@ def _rl_run(root: Path, train: Path, schedule: str, seed: int, overrides: list[s
     }
     done.write_text(json.dumps(r, indent=2) + "\n")
     return r
+
+
+def run_overrides(root: Path, train: Path, arm: str, seed: int, overrides: list[str]) -> tuple[Path, list[str]]:
+    """The run directory and overrides of one GRPO run. ``arm`` is a schedule of ``SCHEDULES``, optionally with its
+    own overrides after a '+' ("fully_async+async_training.partial_rollout=false"); they come last, so they win."""
+    from asyncrl_lab.bench import schedule_overrides
+
+    name, *own = arm.split("+")
+    if name not in SCHEDULES:
+        raise ValueError(f"demo-real: unknown schedule {name!r} in {arm!r} (allowed: {', '.join(SCHEDULES)})")
+    run_dir = root / "+".join([f"{name}_seed{seed}", *own])
+    return run_dir, [
+        f"model.path={MODEL_DIR}",
+        f"data.train_files=[{train}]",
+        "data.val_files=[]",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.resume_mode=disable",
+        f"trainer.seed={seed}",
+        "sync.timeout_s=120",
+        *schedule_overrides(SCHEDULES[name], CPUS),
+        *overrides,
+        *own,
+    ]
 
 
 def _sft_control(root: Path, train: Path, seconds: float) -> dict[str, Any]:
@@ -268,11 +281,16 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m asyncrl_lab.demo_real", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/demo_real")
     p.add_argument("--seeds", default="1", help="comma-separated trainer.seed values")
-    p.add_argument("--schedules", default="sync", help=f"comma-separated, of {', '.join(SCHEDULES)}")
+    p.add_argument(
+        "--schedules",
+        default="sync",
+        help=f"comma-separated, of {', '.join(SCHEDULES)}; an arm adds its own overrides after a '+': "
+        "fully_async+async_training.partial_rollout=false",
+    )
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides of configs/real_grpo.yaml")
     a = p.parse_args(argv)
     schedules = tuple(a.schedules.split(","))
-    unknown = [s for s in schedules if s not in SCHEDULES]
+    unknown = [s for s in schedules if s.split("+")[0] not in SCHEDULES]
     if unknown:
         p.error(f"--schedules: unknown {unknown} (allowed: {', '.join(SCHEDULES)})")
     run_demo_real(a.out, a.overrides, tuple(int(s) for s in a.seeds.split(",")), schedules)
