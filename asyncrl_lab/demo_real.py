@@ -111,14 +111,21 @@ def _rl_run(root: Path, train: Path, schedule: str, seed: int, overrides: list[s
     return r
 
 
+def split_arm(arm: str) -> tuple[str, list[str]]:
+    """``"fully_async+key=value+..."`` -> ``("fully_async", ["key=value", ...])``; raises ``ValueError`` naming an
+    unknown schedule."""
+    name, *own = arm.split("+")
+    if name not in SCHEDULES:
+        raise ValueError(f"demo-real: unknown schedule {name!r} in {arm!r} (allowed: {', '.join(SCHEDULES)})")
+    return name, own
+
+
 def run_overrides(root: Path, train: Path, arm: str, seed: int, overrides: list[str]) -> tuple[Path, list[str]]:
     """The run directory and overrides of one GRPO run. ``arm`` is a schedule of ``SCHEDULES``, optionally with its
     own overrides after a '+' ("fully_async+async_training.partial_rollout=false"); they come last, so they win."""
     from asyncrl_lab.bench import schedule_overrides
 
-    name, *own = arm.split("+")
-    if name not in SCHEDULES:
-        raise ValueError(f"demo-real: unknown schedule {name!r} in {arm!r} (allowed: {', '.join(SCHEDULES)})")
+    name, own = split_arm(arm)
     run_dir = root / "+".join([f"{name}_seed{seed}", *own])
     return run_dir, [
         f"model.path={MODEL_DIR}",
@@ -290,9 +297,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides of configs/real_grpo.yaml")
     a = p.parse_args(argv)
     schedules = tuple(a.schedules.split(","))
-    unknown = [s for s in schedules if s.split("+")[0] not in SCHEDULES]
-    if unknown:
-        p.error(f"--schedules: unknown {unknown} (allowed: {', '.join(SCHEDULES)})")
+    try:
+        for arm in schedules:
+            split_arm(arm)
+    except ValueError as e:
+        p.error(f"--schedules: {e}")
     run_demo_real(a.out, a.overrides, tuple(int(s) for s in a.seeds.split(",")), schedules)
 
 

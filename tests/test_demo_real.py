@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl_lab.demo_real import CONFIG, _by_schedule, question_kind, run_overrides
+from asyncrl_lab.demo_real import CONFIG, _by_schedule, main, question_kind, run_overrides
 
 
 def test_an_arm_runs_in_its_own_directory_and_its_overrides_win(tmp_path):
@@ -30,6 +30,13 @@ def test_an_arm_runs_in_its_own_directory_and_its_overrides_win(tmp_path):
 def test_an_unknown_schedule_is_refused_with_its_name(tmp_path):
     with pytest.raises(ValueError, match="'fully_sync'.*allowed: sync, one_step_off, fully_async"):
         run_overrides(tmp_path, tmp_path / "t.parquet", "fully_sync+rollout.n=4", 1, [])
+
+
+def test_the_command_line_refuses_an_unknown_arm_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(tmp_path / "out"), "--schedules", "sync,bogus+rollout.n=4"])
+    assert exit_.value.code == 2 and "unknown schedule 'bogus'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing prepared, nothing run
 
 
 def test_each_arm_is_summarised_over_its_own_seeds():
