@@ -51,6 +51,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 LOGPROB_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.05}
 TEXTS = ["1 + 2 =", "7 - 3 =", "4 + 4 =", "9 - 5 ="]
 CORRECTION = RolloutCorrectionConfig()
+SCHEDULES = ["sync", "one_step_off", "two_step_off", "fully_async"]
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +206,7 @@ def micro_model(tmp_path_factory):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("schedule", ["sync", "one_step_off"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_short_in_process_run_completes_with_every_role_on_the_device(micro_model, schedule, device, dtype):
     from asyncrl.schedules import run_training
@@ -220,6 +221,22 @@ def test_a_short_in_process_run_completes_with_every_role_on_the_device(micro_mo
     metrics = [m for m in read_metrics(Path(cfg.trainer.default_local_dir) / "metrics.jsonl") if m["step"] > 0]
     assert len(metrics) == 3 and all(math.isfinite(m["actor/grad_norm"]) for m in metrics)
     assert all(math.isfinite(m["actor/pg_loss"]) for m in metrics)
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "dpo"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_ppo_and_online_dpo_run_in_process_with_every_role_on_the_device(micro_model, algorithm, device):
+    """The other roles' forwards on the device in bf16: PPO's critic (values, GAE) and online DPO's pairs."""
+    from asyncrl.schedules import run_training
+
+    root, model = micro_model
+    cfg = _config(root, model, "sync", device, "bfloat16")
+    cfg.algorithm.name = algorithm
+    cfg.trainer.default_local_dir = str(root / f"run_{algorithm}_{device}")
+    validate(cfg)
+    summary = run_training(cfg)
+    assert summary["steps"] == 3
+    assert all(w["device"].split(":")[0] == device for w in summary["placement"]["workers"])
 
 
 @pytest.mark.gpu
@@ -263,6 +280,48 @@ def test_bench_line_decode_and_update_on_cuda_beside_the_cpu(tok, capsys):
     assert all(v["decode_tok_s"] > 0 and v["update_s"] > 0 for v in line.values())
 
 
+@pytest.mark.gpu
+@CUDA
+def test_bench_line_every_schedule_in_process_on_cuda_in_bf16(tmp_path, capsys):
+    """Not a target: one line for BENCHMARKS.md, each schedule's in-process run on one GPU (every role on it, bf16),
+    tiny preset, 16 prompts x 8 samples x 32 tokens a step, 8 steps; wall seconds and the ratio to sync's."""
+    line = schedule_bench(tmp_path, "cuda", steps=8)
+    with capsys.disabled():
+        print(f"\nbench (in-process, {torch.cuda.get_device_name()}, bf16, tiny preset):", json.dumps(line))
+    assert all(v["wall_s"] > 0 for v in line.values())
+
+
+def schedule_bench(
+    root: Path, device: str, steps: int, preset: str = "tiny", prompts: int = 16, n: int = 8, tokens: int = 32
+) -> dict[str, dict[str, float]]:
+    """Every schedule in-process on ``device`` in bf16, ``prompts`` x ``n`` samples of up to ``tokens`` tokens a
+    step, after an untimed warm-up run (CUDA's start, kernels)."""
+    from asyncrl.data.dataset import load_rows
+    from asyncrl.schedules import run_training
+    from asyncrl.schedules.sft import init_model_from_rows
+    from asyncrl.telemetry.metrics import read_metrics
+
+    train, _ = _write_rows(root)
+    model = Path(init_model_from_rows(preset, load_rows([str(train)]), str(root / preset), 0))
+    line = {}
+    for schedule in ["warm-up", *SCHEDULES]:
+        (root / schedule).mkdir()
+        cfg = _config(root / schedule, model, schedule.replace("warm-up", "sync"), device, "bfloat16", steps=steps)
+        cfg.data.train_batch_size, cfg.rollout.n, cfg.rollout.response_length = prompts, n, tokens
+        cfg.actor.ppo_mini_batch_size, cfg.actor.ppo_micro_batch_size = prompts, 128
+        validate(cfg)
+        t0 = time.perf_counter()
+        summary = run_training(cfg)
+        wall = time.perf_counter() - t0
+        metrics = [m for m in read_metrics(Path(cfg.trainer.default_local_dir) / "metrics.jsonl") if m["step"] > 0]
+        assert summary["steps"] == steps and len(metrics) == steps, (schedule, summary["steps"], len(metrics))
+        line[schedule] = {"wall_s": round(wall, 2), "samples_per_s": round(steps * prompts * n / wall, 1)}
+    del line["warm-up"]
+    for v in line.values():
+        v["speedup_over_sync"] = round(line["sync"]["wall_s"] / v["wall_s"], 2)
+    return line
+
+
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -280,6 +339,29 @@ def test_to_device_moves_every_tensor_of_a_batch_and_copies_nothing_in_place(tok
     meta = to_device(batch, torch.device("meta"))  # a device every build has
     assert meta.input_ids_BL.device.type == "meta" and meta.policy.advantages_BT.device.type == "meta"
     assert batch.input_ids_BL.device.type == "cpu" and meta.prompt_width == batch.prompt_width
+
+
+def test_the_packed_forward_makes_no_tensor_on_the_cpu_when_its_model_is_elsewhere(tok):
+    """A CPU guard for CUDA: with the model and a packed micro-batch on the ``meta`` device, any tensor the forward
+    makes on the CPU (a mask, an index) fails as it would beside a CUDA model (the packed mask did, on an H100). The
+    padded layout cannot be checked so: transformers builds its mask from the 2D one with ``.item()``, which meta
+    tensors cannot answer (``test_a_short_in_process_run...[cuda-...]`` covers it on a GPU)."""
+    from asyncrl import losses
+    from asyncrl.data.collate import Batching, micro_batches
+    from asyncrl.trainer.forward import forward_logits
+
+    model = _model(tok, "cpu", torch.float32)
+    samples = RolloutEngine(model, tok).generate(_prompts(tok), SamplingParams(max_new_tokens=6, n=4), seed=0)
+    batch = collate(samples, tok.pad_token_id)
+    model.to("meta")
+    how = Batching(16, share_prefix=True, max_tokens=4096, knob="actor.ppo_max_token_len_per_gpu")
+    for _, mb in micro_batches(batch, how):
+        assert mb.packed is not None
+        mb = to_device(mb, torch.device("meta"))
+        logp = losses.logprobs_from_logits(forward_logits(model, mb, 1.0), mb.response_ids_BT)
+        assert logp.device.type == "meta" and logp.shape == mb.response_ids_BT.shape
+        (logp * mb.response_mask_BT).sum().backward()
+    assert all(p.grad is not None and p.grad.device.type == "meta" for p in model.parameters())
 
 
 BLOCKED = ("ray", "vllm", "omegaconf", "reasoning_gym", "math_verify")

@@ -42,11 +42,11 @@ class PackedInputs:
         segment that are the prompt or its own response. Padding sees only padding, so no row is fully masked."""
         seg, br = self.segment_RW, self.branch_RW
         W = seg.shape[1]
-        causal = torch.ones(W, W, dtype=torch.bool).tril()
+        causal = torch.ones(W, W, dtype=torch.bool, device=seg.device).tril()  # on the rows' device (CUDA)
         same_segment = seg[:, :, None] == seg[:, None, :]
         visible = (br[:, None, :] == 0) | (br[:, :, None] == br[:, None, :])
         allowed = same_segment & visible & causal
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=seg.device).masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask[:, None]
 
     @property
