@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from asyncrl.config import (
+    SCHEDULES,
     ActorConfig,
     Config,
     DataConfig,
@@ -51,7 +52,6 @@ DTYPES = [torch.float32, torch.bfloat16]
 LOGPROB_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.05}
 TEXTS = ["1 + 2 =", "7 - 3 =", "4 + 4 =", "9 - 5 ="]
 CORRECTION = RolloutCorrectionConfig()
-SCHEDULES = ["sync", "one_step_off", "two_step_off", "fully_async"]
 
 
 @pytest.fixture(scope="module")
