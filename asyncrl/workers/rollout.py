@@ -1,6 +1,7 @@
 """A rollout-only worker: the built-in engine over its own copy of the policy, fed new weights by the trainer.
 
-Used by the schedules with a rollout pool (one_step_off, two_step_off; the fully_async Rollouter builds on it). It
+Used by the schedules with a rollout pool (one_step_off, two_step_off; the fully_async Rollouter builds on it, and
+streams a share of its groups to the pool's other ranks: ``stream_*``, over ``asyncrl.workers.stream_loop``). It
 never trains; it receives weights over the sync group (``SyncReceiverMixin.receive_weights`` ->
 ``RolloutEngine.update_weights``), records the version that produced every token, and scores each sample's rule
 reward as soon as it is generated, so rewards are computed where the samples are, off the trainer's critical path.
@@ -9,7 +10,6 @@ reward as soon as it is generated, so rewards are computed where the samples are
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Generation, PrefillStats, Prompt, Sample
 from asyncrl.weights.endpoints import SyncReceiverMixin
+from asyncrl.workers.stream_loop import StreamLoop
 
 
 class RolloutWorker(SyncReceiverMixin):
@@ -46,28 +47,28 @@ class RolloutWorker(SyncReceiverMixin):
     def version(self) -> int:
         return self.engine.version
 
-    # ---- a rank of the fully_async Rollouter (which decodes a share of its rows here) -----------------------------
-    def resume_rows(self, rows: list[Sample], params: SamplingParams, seed: int) -> tuple[list[Sample], PrefillStats]:
-        """Decode ``rows`` (blank or partial) until each ends or a pause is requested; the engine's prefill counts."""
-        with self.timeline.span("generate", worker=self.name, version=self.engine.version, rows=len(rows)):
-            out = self.engine.resume(rows, params, seed=seed)
-        return out, self.engine.last_prefill
+    # ---- a rank of the fully_async Rollouter (which streams a share of its groups here) ----------------------------
+    def _stream(self) -> StreamLoop:
+        if getattr(self, "_stream_loop", None) is None:
+            self._stream_loop = StreamLoop(self.engine, self.timeline, self.name)
+        return self._stream_loop
 
-    def request_pause(self) -> None:
-        """Make a running ``resume_rows`` return at its next decode step (called while it runs: a threaded worker)."""
-        self.engine.request_pause()
+    def stream_submit(self, rows: list[Sample], params: SamplingParams, seed: int) -> None:
+        """Rows (blank or partial) that enter this rank's running decode at its next step."""
+        self._stream().submit(rows, params, seed)
 
-    def clear_pause(self) -> None:
-        self.engine.clear_pause()
+    def stream_wait(self, timeout_s: float) -> tuple[list[Sample], PrefillStats]:
+        """The rows that ended since the last call (waiting up to ``timeout_s`` for one), and the prefill counts."""
+        return self._stream().wait(timeout_s)
+
+    def stream_interrupt(self, timeout_s: float) -> list[Sample]:
+        """Every row this rank holds and nobody took yet: the ended ones, and the live ones partial."""
+        return self._stream().interrupt(timeout_s)
 
     def halt(self, timeout_s: float) -> None:
-        """Stop a decode a dead Rollouter left running here, and wait until the engine is idle (a weight sync
-        follows, which an engine refuses while it decodes)."""
-        self.engine.request_pause()
-        end = time.monotonic() + timeout_s
-        while self.engine.busy and time.monotonic() < end:
-            time.sleep(0.01)
-        self.engine.clear_pause()
+        """Drop the rows a dead Rollouter left streaming here (its replacement re-issues them), so the weight sync
+        that follows finds the engine idle."""
+        self._stream().interrupt(timeout_s)
 
     def save_checkpoint(self, directory: str) -> None:
         """Nothing of its own to save: its weights are the trainer's, re-sent after a resume."""

@@ -33,7 +33,7 @@ from asyncrl.workers.reward_model import RewardModelWorker
 from asyncrl.workers.rollout import RolloutWorker
 
 ROLLOUTER_CONCURRENCY = 4  # call threads of the producer: get_batch / pause / metrics while its generation runs
-RANK_CONCURRENCY = 2  # call threads of a Rollouter's other rollout rank: a pause reaches its running decode
+RANK_CONCURRENCY = 4  # call threads of a Rollouter's other rollout rank: a long poll, a submit, an interrupt, a sync
 
 
 @contextmanager

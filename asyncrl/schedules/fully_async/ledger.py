@@ -31,6 +31,7 @@ class PromptRecord:
     consumed: int = 0
     dropped: int = 0
     abandoned: int = 0  # in flight when the run was killed; the prompt is re-issued on resume
+    filtered: int = 0  # generated, then dropped by dynamic sampling (no reward spread): never trained, not lost
 
 
 @dataclass
@@ -44,6 +45,7 @@ class EpochReport:
     lost: list[int] = field(default_factory=list)  # issued, not open, never consumed nor dropped
     duplicated: list[int] = field(default_factory=list)  # consumed more than once
     dropped: list[int] = field(default_factory=list)  # evicted by drop_policy="oldest" (counted, not trained on)
+    filtered: list[int] = field(default_factory=list)  # dropped by dynamic sampling (no reward spread)
     open: list[int] = field(default_factory=list)  # still in flight or queued: the epoch is not over yet
 
     @property
@@ -57,7 +59,7 @@ class EpochReport:
 
     def summary(self) -> str:
         parts = [f"epoch {self.epoch}: {self.consumed_once}/{self.num_prompts} prompts consumed once"]
-        for name in ("never_issued", "lost", "duplicated", "dropped", "open"):
+        for name in ("never_issued", "lost", "duplicated", "dropped", "filtered", "open"):
             items = getattr(self, name)
             if items:
                 parts.append(f"{name} {len(items)} (e.g. {items[:5]})")
@@ -133,6 +135,12 @@ class PromptLedger:
             self._record(gid).dropped += 1
             self._open.pop(gid, None)
 
+    def filtered(self, group_ids: Iterable[str]) -> None:
+        """Groups dynamic sampling dropped (``algorithm.filter_groups``): generated, never trained, not lost."""
+        for gid in group_ids:
+            self._record(gid).filtered += 1
+            self._open.pop(gid, None)
+
     def abandoned(self, group_ids: Iterable[str]) -> None:
         """Groups lost in flight at a restart: their prompts go on the re-issue list (``to_reissue``)."""
         for gid in group_ids:
@@ -173,12 +181,14 @@ class PromptLedger:
                 continue
             if open_by_index[index]:
                 report.open.append(index)
-            elif rec.consumed == 0 and rec.dropped == 0:
+            elif rec.consumed == 0 and rec.dropped == 0 and rec.filtered == 0:
                 report.lost.append(index)
             if rec.consumed > 1:
                 report.duplicated.append(index)
             if rec.dropped:
                 report.dropped.append(index)
+            if rec.filtered and not rec.consumed:
+                report.filtered.append(index)
             report.consumed_once += rec.consumed == 1
         return report
 
@@ -190,7 +200,7 @@ class PromptLedger:
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-friendly: ``records`` rows are ``[epoch, index, issued, generated, queued, consumed, dropped,
-        abandoned]``."""
+        abandoned, filtered]`` (a row of a checkpoint older than ``filtered`` loads with 0)."""
         return {
             "records": [[e, i, *astuple(r)] for (e, i), r in sorted(self._records.items())],
             "open": dict(self._open),

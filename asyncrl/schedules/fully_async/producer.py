@@ -1,25 +1,32 @@
-"""The ``fully_async`` producer: streams prompt groups into the bounded queue.
+"""The ``fully_async`` producer: streams prompt groups into the bounded queue, one event at a time.
 
 ``Producer`` is its books and its loop in plain Python: the prompt stream (an ``EpochSampler`` plus prompts to
 re-issue), the ``StalenessController`` that admits new groups, the ``MessageQueue`` the trainer pulls from, the
-``PromptLedger`` that proves every prompt is trained on exactly once, and the groups in flight. Its loop, top to
-bottom (``Producer.step``):
+``PromptLedger`` that proves every prompt is trained on exactly once, and the groups in flight with the rollout rank
+each one's rows are on. Its loop (``Producer.turn``), one engine step at a time:
 
-    admit new groups while the controller allows (up to max_inflight_groups)
-    decode every unfinished row of every in-flight group in one batch:
-        new groups start from the prompt, interrupted rows continue from where they stopped
-    score the groups that finished (rule rewards)
-    put finished groups into the queue, oldest first (blocking or dropping per drop_policy)
+    place: groups whose rows are on no engine (interrupted at a sync, restored from a checkpoint) go back first, then
+        new groups while the controller admits them and a rank has free slots for their n rows (least loaded rank
+        first); the rows enter each engine's decode at its next step
+    advance every rank's engine one step (a remote rank: collect what it reported meanwhile); every row that ended
+        goes back to its group
+    a group whose n rows have ended is scored (rule rewards) and queued at once (dynamic sampling: a group without
+        a reward spread is dropped instead and its prompt recorded as filtered), whatever older groups are doing
 
-``rollouter.Rollouter`` is the worker that runs that loop on a generation thread with its engine; the protocol tests
-(tests/test_fully_async_protocol.py) run the same ``Producer`` in the performance model's simulator
-(``asyncrl.schedules.perf.simulate``), its engine priced on a virtual clock.
+So a finished row frees its slot at the step it ends and a new group takes it at the next: the engine never waits for
+a batch's longest row. Concurrency is per rank (``capacities``: each engine's rows at once) and at most
+``max_groups`` groups are in flight in all (``stream_concurrency``, which the performance model uses too).
 
-At a weight sync the driver calls ``pause``: with ``partial_rollout`` the running decode is interrupted at its next
-step (the rows keep their tokens, log-probs and per-token versions and continue after the sync with the new weights);
-without it the decode runs to the end first, so every response comes from one version. ``snapshot`` (only while
-parked) captures the queue, the in-flight rows, the controller, the ledger and the prompt cursor together: restoring
-it loses and repeats nothing.
+``rollouter.Rollouter`` runs the loop on its generation thread with its engines (``RankPort``: its own in-process,
+the other ranks' over calls); the performance model's simulator (``asyncrl.schedules.perf.stream``) runs the same
+``place`` / ``returned`` / ``finish`` / ``put_finished`` / ``take`` on a virtual clock, its engines priced per step.
+
+At a weight sync the Rollouter parks. With ``partial_rollout`` it interrupts every engine first: the rows come back
+with their tokens, log-probs and per-token versions, stay in their groups and are placed again after the sync (they
+continue with the new weights); without it no new group is placed and the live rows run to their end (``drain``), so
+every response comes from one version. ``snapshot`` (only while parked: no row is on an engine) captures the queue,
+the in-flight rows, the controller, the ledger and the prompt cursor together: restoring it loses and repeats
+nothing.
 """
 
 from __future__ import annotations
@@ -27,9 +34,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from asyncrl.config import AsyncTrainingConfig
 from asyncrl.data.sampler import EpochSampler
@@ -41,7 +48,7 @@ from asyncrl.types import Prompt, Sample
 
 T = TypeVar("T")
 POLL_S = 0.02  # how often an idle generation thread re-checks admission and the queue, seconds
-# fully_async/count/<key>: every group admitted ends up consumed, dropped, queued or in flight; each is counted
+# fully_async/count/<key>: every group admitted ends up consumed, dropped, filtered, queued or in flight
 COUNT_KEYS = (
     "started_groups",
     "queued_groups",
@@ -49,7 +56,7 @@ COUNT_KEYS = (
     "dropped_groups",
     "dropped_stale_samples",
     "interrupted_rows",
-    "refills",
+    "filtered_groups",
 )
 
 
@@ -67,13 +74,35 @@ def queue_for(at: AsyncTrainingConfig, budget: StalenessBudget) -> MessageQueue:
     return MessageQueue(at.max_queue_size or budget.groups_per_window_budget, at.drop_policy)
 
 
+class RankPort(Protocol):
+    """One rollout rank's engine as the producer's loop drives it (``asyncrl.rollout.streaming``): ``submit`` rows
+    (they enter at its next step), ``advance`` (the rows that ended since the last call; an in-process engine
+    decodes one step here), ``interrupt`` (every row it holds, partial)."""
+
+    def submit(self, rows: list[Sample]) -> None: ...
+
+    def advance(self) -> list[Sample]: ...
+
+    def interrupt(self) -> list[Sample]: ...
+
+
+def stream_concurrency(engine_rows: int, n: int, ranks: int, max_inflight_groups: int | None) -> tuple[list[int], int]:
+    """(rows each rank decodes at once, groups in flight in all): every engine kept at its own capacity
+    (``engine_rows``: the built-in engine's ``rollout.max_batch_size``, vLLM's ``max_num_seqs``),
+    ``async_training.max_inflight_groups`` (default: as many groups as the ranks' slots hold) capping the groups.
+    The Rollouter and the performance model both size the stream with this."""
+    per_rank = max(1, engine_rows)
+    groups = max_inflight_groups or max(1, ranks * max(1, per_rank // n))
+    return [per_rank] * max(1, ranks), groups
+
+
 class Producer:
     """The producer's books and its one loop, in plain Python: no thread, no engine, no clock of its own.
 
-    ``step`` is one turn of the generation loop (the module docstring): admit, decode (``decode`` is handed every
-    unfinished row and returns them continued), queue what finished. The Rollouter runs it on its generation
-    thread with its engine; the performance model's simulator runs the same code on a virtual clock. The
+    ``turn`` is one step of the generation loop (the module docstring) over the ranks' ``RankPort``s. The Rollouter
+    runs it on its generation thread; the performance model's simulator runs its parts on a virtual clock. The
     driver's side is ``take`` (a trainer step's groups), ``on_sync``, ``snapshot`` and ``restore``.
+    ``keep(samples)`` (dynamic sampling) says whether a scored group goes to the queue; None keeps every group.
     """
 
     def __init__(
@@ -83,11 +112,16 @@ class Producer:
         sampler: EpochSampler,
         prompt_of: Callable[[int, int], Prompt],
         n: int,
+        capacities: Sequence[int],
         max_groups: int,
         clock: Callable[[], float] = time.time,
+        keep: Callable[[list[Sample]], bool] | None = None,
     ):
+        if not capacities or min(capacities) < 1:
+            raise ValueError(f"Producer: every rank needs a capacity >= 1 row (got {list(capacities)})")
         self.budget, self.queue, self.sampler, self.prompt_of = budget, queue, sampler, prompt_of
-        self.n, self.max_groups, self.clock = n, max_groups, clock
+        self.n, self.max_groups, self.clock, self.keep = n, max_groups, clock, keep
+        self.capacities = list(capacities)
         self.controller = StalenessController(budget)
         self.ledger = PromptLedger()
         self.inflight: dict[str, InFlightGroup] = {}  # insertion order = start order
@@ -95,55 +129,89 @@ class Producer:
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNT_KEYS, 0))
         self.skip: set[tuple[int, int]] = set()  # prompts a dead predecessor issued and the trainer consumed
         self.lock = threading.Lock()  # the books, shared by the generation thread and the driver's calls
+        # where rows are: (prompt uid, row) -> (group id, rank) for every row on an engine; rows held per rank
+        self.placed: dict[tuple[str, int], tuple[str, int]] = {}
+        self.load = [0] * len(self.capacities)
+        self._finished_at: dict[str, float] = {}  # finished group -> when its last row ended
+        self._occupancy = Occupancy(self.capacities, clock)
+        self._wait = [0.0, 0]  # seconds finished groups waited for the queue, groups, since ``count_metrics``
+        self._admitted = [0, 0]  # groups admitted in the last whole version, and in the current one
 
     # ---- the loop --------------------------------------------------------------------------------------------------
-    def step(
+    def turn(
         self,
-        decode: Callable[[list[Sample]], list[Sample]],
+        ports: Sequence[RankPort],
         score: Callable[[list[Sample]], Any] = lambda samples: None,
         put_timeout_s: float = 0.0,
         stop: Callable[[], bool] = lambda: True,
+        place: bool = True,
     ) -> bool:
-        """One turn of the loop: admit new groups; decode every unfinished row of every in-flight group in one call
-        (new groups from the prompt, interrupted rows from where they stopped); score the groups that finished;
-        queue finished groups in start order (``put_finished``). Returns whether anything happened (False: nothing
-        to decode and nothing could be queued, so the caller may wait for admission)."""
-        groups, rows = self.to_decode()
-        if groups:
-            self.finish_decode(groups, decode(rows), score)
-        return self.put_finished(put_timeout_s, stop) or bool(groups)
+        """One step of the loop: place rows on the ranks (unless ``place`` is False: a drain), advance every rank,
+        return the rows that ended to their groups, score and queue the groups that finished. Returns whether
+        anything happened (False: nothing is decoding and nothing could be queued, so the caller may wait)."""
+        if place:
+            for rank, rows in self.place():
+                ports[rank].submit(rows)
+        moved = False
+        for rank, port in enumerate(ports):
+            ended = port.advance()
+            if ended:
+                moved = True
+                self.finish(self.returned(rank, ended), score)
+        return self.put_finished(put_timeout_s, stop) or moved or self.rows_out() > 0
 
-    def to_decode(self) -> tuple[list[InFlightGroup], list[Sample]]:
-        """The first half of a turn: admit new groups, then every unfinished group with its rows, in start order
-        (the performance model's simulator runs the turn in these halves, its decode on a virtual clock between)."""
-        self.admit()
-        groups = [g for g in self.inflight.values() if not g.finished]
-        return groups, [s for g in groups for s in g.samples]
+    def rows_out(self) -> int:
+        """Rows on the engines (submitted, not yet returned)."""
+        return sum(self.load)
 
-    def finish_decode(
-        self, groups: list[InFlightGroup], out: list[Sample], score: Callable[[list[Sample]], Any]
-    ) -> list[InFlightGroup]:
-        """The second half: take the decoded rows, score the groups that finished (rule rewards, before the queue)
-        and record them generated; returns those groups."""
-        finished = self.decoded(groups, out)
-        score([s for g in finished for s in g.samples])
+    def place(self) -> list[tuple[int, list[Sample]]]:
+        """Rows to submit, by rank: first the unfinished rows of groups on no engine (start order), then new groups
+        while the controller admits them, fewer than ``max_groups`` are in flight and a rank has room for ``n``
+        rows. A group's rows go to one rank (they share its prefill), the least loaded one with room."""
+        out: dict[int, list[Sample]] = {}
         with self.lock:
-            for g in finished:
-                self.ledger.generated(g.group_id)
-        return finished
+            on_engine = {gid for gid, _ in self.placed.values()}
+            for g in list(self.inflight.values()):
+                if g.group_id in on_engine or g.finished:
+                    continue
+                if not self._put_on_rank(g, out):
+                    return list(out.items())
+            while len(self.inflight) < self.max_groups and self._room(self.n) is not None:
+                if not self.controller.can_start():
+                    break
+                self._put_on_rank(self._admit_one(), out)
+        return list(out.items())
 
-    def admit(self) -> None:
-        """Start new groups while the staleness controller admits them and the decode batch has room."""
-        with self.lock:
-            while len(self.inflight) < self.max_groups and self.controller.can_start():
-                reissue = self.ledger.to_reissue()
-                epoch, index = reissue[0] if reissue else self._next_prompt()
-                gid = self.ledger.issue(epoch, index)
-                version = self.controller.on_start(gid)
-                prompt = replace(self.prompt_of(epoch, index), epoch=epoch)
-                blank = [_blank(prompt, version, j) for j in range(self.n)]
-                self.inflight[gid] = InFlightGroup(gid, epoch, index, version, self.clock(), blank)
-                self.counts["started_groups"] += 1
+    def _room(self, rows: int) -> int | None:
+        """The least loaded rank with ``rows`` free slots (an idle rank takes any group: a group larger than a rank
+        waits in its engine for slots), or None."""
+        free = [(load, r) for r, (load, cap) in enumerate(zip(self.load, self.capacities)) if cap - load >= rows]
+        free += [(0, r) for r, load in enumerate(self.load) if load == 0]
+        return min(free)[1] if free else None
+
+    def _put_on_rank(self, g: InFlightGroup, out: dict[int, list[Sample]]) -> bool:
+        rows = [s for s in g.samples if s.stop_reason == "interrupted"]
+        rank = self._room(len(rows))
+        if rank is None:
+            return False
+        for s in rows:
+            self.placed[(s.uid, s.row)] = (g.group_id, rank)
+        self.load[rank] += len(rows)
+        self._occupancy.update(self.load)
+        out.setdefault(rank, []).extend(rows)
+        return True
+
+    def _admit_one(self) -> InFlightGroup:
+        reissue = self.ledger.to_reissue()
+        epoch, index = reissue[0] if reissue else self._next_prompt()
+        gid = self.ledger.issue(epoch, index)
+        version = self.controller.on_start(gid)
+        prompt = replace(self.prompt_of(epoch, index), epoch=epoch)
+        blank = [_blank(prompt, version, j) for j in range(self.n)]
+        group = self.inflight[gid] = InFlightGroup(gid, epoch, index, version, self.clock(), blank)
+        self.counts["started_groups"] += 1
+        self._admitted[1] += 1
+        return group
 
     def _next_prompt(self) -> tuple[int, int]:
         while True:
@@ -152,24 +220,49 @@ class Producer:
                 return epoch, index
             self.skip.discard((epoch, index))
 
-    def decoded(self, groups: list[InFlightGroup], out: list[Sample]) -> list[InFlightGroup]:
-        """The rows of ``groups`` (in order) as the engine continued them; returns the groups now finished."""
+    def returned(self, rank: int, rows: list[Sample]) -> list[InFlightGroup]:
+        """Rows rank ``rank`` handed back (ended, or interrupted at a sync) go back to their groups; returns the
+        groups whose every row has now ended."""
+        done: list[InFlightGroup] = []
         with self.lock:
-            i = 0
-            for g in groups:
-                g.samples = out[i : i + len(g.samples)]
-                i += len(g.samples)
-            self.counts["interrupted_rows"] += sum(s.stop_reason == "interrupted" for s in out)
-        return [g for g in groups if g.finished]
+            for s in rows:
+                gid, where = self.placed.pop((s.uid, s.row), (None, None))
+                if gid is None or where != rank:
+                    raise RuntimeError(f"Producer: rank {rank} returned row {s.row} of prompt {s.uid}, not on it")
+                group = self.inflight[gid]
+                group.samples[s.row] = s
+                self.load[rank] -= 1
+                self.counts["interrupted_rows"] += s.stop_reason == "interrupted"
+                if group.finished and group not in done:
+                    done.append(group)
+            self._occupancy.update(self.load)
+        return done
 
-    def should_refill(self, n_active: int, n_rows: int) -> bool:
-        """Cut a decode short when its long tail left at most half the rows running and a new group could start:
-        the rows continue in the next call, batched with the new ones (same weights, so no version is mixed)."""
-        if n_active > n_rows // 2 or len(self.inflight) >= self.max_groups or not self.controller.can_start():
-            return False
+    def finish(self, groups: list[InFlightGroup], score: Callable[[list[Sample]], Any]) -> None:
+        """Score finished groups (rule rewards, before the queue) and record them generated; with dynamic sampling a
+        group without a reward spread leaves here, its slot already free and its prompt recorded as filtered."""
+        if not groups:
+            return
+        score([s for g in groups for s in g.samples])
         with self.lock:
-            self.counts["refills"] += 1
-        return True
+            now = self.clock()
+            for g in groups:
+                self.ledger.generated(g.group_id)
+                self._finished_at[g.group_id] = now
+                if self.keep is not None and not self.keep(g.samples):
+                    self.controller.on_dropped([g.group_id])
+                    self.ledger.filtered([g.group_id])
+                    del self.inflight[g.group_id]
+                    self._finished_at.pop(g.group_id)
+                    self.counts["filtered_groups"] += 1
+
+    def interrupted(self, ports: Sequence[RankPort], score: Callable[[list[Sample]], Any]) -> None:
+        """Take every row back from every rank, partial (a sync with partial rollout): they stay in their groups and
+        are placed again by the next ``place``. A rank may hand back rows that had ended too: their groups finish."""
+        for rank, port in enumerate(ports):
+            self.finish(self.returned(rank, port.interrupt()), score)
+        if self.rows_out():
+            raise RuntimeError(f"Producer: {self.rows_out()} rows still on the engines after interrupt")
 
     def put_finished(self, timeout_s: float, stop: Callable[[], bool] = lambda: True) -> bool:
         """Queue finished groups in start order, each waiting up to ``timeout_s`` at a time for room until ``stop()``
@@ -195,7 +288,12 @@ class Producer:
         self.controller.on_queued(gid)
         del self.inflight[gid]
         self.ledger.queued(gid)
-        self.processing_s[gid] = self.clock() - group.started_at
+        now = self.clock()
+        self.processing_s[gid] = now - group.started_at
+        finished_at = self._finished_at.pop(gid, None)
+        if finished_at is not None:  # None: finished before a restore
+            self._wait[0] += now - finished_at
+            self._wait[1] += 1
         self.counts["queued_groups"] += 1
         if dropped:
             self.controller.on_dropped(dropped)
@@ -220,8 +318,17 @@ class Producer:
             self.counts["consumed_groups"] += len(ids)
         return StreamBatch(groups, staleness, proc)
 
+    def on_sync(self, version: int) -> None:
+        """New groups start with ``version`` from now on (the engines hold its weights)."""
+        with self.lock:
+            if version != self.controller.version:
+                self._admitted = [self._admitted[1], 0]
+        self.controller.on_sync(version)
+
     def snapshot(self, engine_version: int) -> RollouterSnapshot:
         with self.lock:
+            if self.placed:
+                raise RuntimeError(f"Producer.snapshot: {len(self.placed)} rows are still on the engines")
             return RollouterSnapshot(
                 queue=self.queue.snapshot(),
                 inflight=list(self.inflight.values()),
@@ -246,14 +353,50 @@ class Producer:
         self.sampler.load_state_dict(state.sampler)
         self.inflight = {g.group_id: g for g in state.inflight}
         self.processing_s = dict(state.processing_s)
-        self.counts = Counter(state.counts)
+        self.counts = Counter(dict.fromkeys(COUNT_KEYS, 0))
+        self.counts.update({k: v for k, v in state.counts.items() if k in COUNT_KEYS})  # an older run's, renamed
+        self.placed, self.load = {}, [0] * len(self.capacities)
 
     def count_metrics(self) -> dict[str, float]:
+        """Counters and gauges since the last call: slot occupancy (rows on each rank's engine over its slots,
+        time-averaged), the seconds a finished group waited for the queue, the groups admitted per version."""
         with self.lock:
             out = {f"fully_async/count/{k}": float(v) for k, v in sorted(self.counts.items())}
             out["fully_async/count/queue_size"] = float(len(self.queue))
             out["fully_async/count/in_flight_groups"] = float(len(self.inflight))
+            occupancy = self._occupancy.take(self.load)
+            out["fully_async/slot_occupancy"] = sum(occupancy) / len(occupancy)
+            if len(occupancy) > 1:
+                out.update({f"fully_async/slot_occupancy/rank{r}": o for r, o in enumerate(occupancy)})
+            out["fully_async/queue_wait_s"] = self._wait[0] / self._wait[1] if self._wait[1] else 0.0
+            self._wait = [0.0, 0]
+            out["fully_async/admissions_per_version"] = float(self._admitted[0])
         out.update(self.controller.metrics())
+        return out
+
+
+class Occupancy:
+    """Rows on each rank's engine over its slots, averaged over time (seconds of ``clock``) since ``take``."""
+
+    def __init__(self, capacities: list[int], clock: Callable[[], float]):
+        self.capacities, self.clock = capacities, clock
+        self.since = self.last = clock()
+        self.area = [0.0] * len(capacities)
+        self.load = [0] * len(capacities)
+
+    def update(self, load: list[int]) -> None:
+        now = self.clock()
+        dt = now - self.last
+        for r, (held, cap) in enumerate(zip(self.load, self.capacities)):
+            self.area[r] += dt * min(held, cap) / cap
+        self.last, self.load = now, list(load)
+
+    def take(self, load: list[int]) -> list[float]:
+        """Each rank's occupancy since the last ``take`` (the current load if no time passed)."""
+        self.update(load)
+        span = self.last - self.since
+        out = [a / span if span > 0 else min(h, c) / c for a, h, c in zip(self.area, load, self.capacities)]
+        self.area, self.since = [0.0] * len(self.capacities), self.last
         return out
 
 

@@ -52,6 +52,7 @@ def write_ledger_report(run_dir: Path, dataset_size: int, ledger_state: dict[str
             "lost": rep.lost,
             "duplicated": rep.duplicated,
             "dropped": rep.dropped,
+            "filtered": rep.filtered,
             "open": len(rep.open),
             "never_issued": len(rep.never_issued),
             "complete": not rep.open and not rep.never_issued,
@@ -61,5 +62,6 @@ def write_ledger_report(run_dir: Path, dataset_size: int, ledger_state: dict[str
         "lost": sum(len(r["lost"]) for r in reports.values()),
         "duplicated": sum(len(r["duplicated"]) for r in reports.values()),
         "dropped": sum(len(r["dropped"]) for r in reports.values()),
+        "filtered": sum(len(r["filtered"]) for r in reports.values()),
         "epochs_complete": sum(r["complete"] for r in reports.values()),
     }

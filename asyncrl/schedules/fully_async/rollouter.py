@@ -1,12 +1,15 @@
-"""The ``fully_async`` Rollouter: the worker that runs the producer's loop (``producer.Producer.step``) on a
-generation thread with its own engine (own model copy, weights received over the sync group), parking between turns
-while the driver holds it (a weight sync, a checkpoint; ``rollouter/idle_ratio`` counts it). The driver calls in from
-Ray's actor threads (the actor is threaded); the books are guarded by the producer's lock.
+"""The ``fully_async`` Rollouter: the worker that runs the producer's loop (``producer.Producer.turn``) on a
+generation thread, one engine step a turn, with its own streaming engine (own model copy, weights received over the
+sync group), parking while the driver holds it (a weight sync, a checkpoint; ``rollouter/idle_ratio`` counts it).
+The driver calls in from Ray's actor threads (the actor is threaded); the books are guarded by the producer's lock.
 
-With ``rollout.num_workers`` > 1 the Rollouter drives the other rollout ranks (rollout workers on GPUs of their own,
-``attach_ranks``): each decode call splits its rows by group over the ranks, its own share decoded here (admitting new
-groups as rows finish) and the others' on theirs at the same time; a pause reaches every rank. The books stay here,
-so staleness, the ledger and recovery are those of one Rollouter; every rank receives each weight sync.
+With ``rollout.num_workers`` > 1 the Rollouter streams to the other rollout ranks too (rollout workers on GPUs of
+their own, ``attach_ranks``): each group goes whole to the least loaded rank with free slots, those ranks step on
+their own threads and hand back each row as it ends (``ports.RemotePort``). The books stay here, so staleness, the
+ledger and recovery are those of one Rollouter; every rank receives each weight sync.
+
+Parking for a sync: with partial rollout every rank is interrupted at its next step and the rows wait, partial, in
+their groups; without it no new row is placed and the live ones run to their end first.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
 from asyncrl.rollout.agent.tools import tool_schemas
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.schedules.fully_async.producer import POLL_S, Producer, budget_of, queue_for, split_by_group
+from asyncrl.schedules.fully_async.ports import LocalPort, RemotePort
+from asyncrl.schedules.fully_async.producer import POLL_S, Producer, RankPort, budget_of, queue_for, stream_concurrency
 from asyncrl.schedules.fully_async.queue import QueueClosed
 from asyncrl.schedules.fully_async.recovery import RollouterSnapshot, StreamBatch, Takeover
 from asyncrl.types import PrefillStats, Sample
 from asyncrl.workers.rollout import RolloutWorker
+from asyncrl.workers.stream_loop import BusySpan
 
 STOP_JOIN_S = 60.0  # how long ``stop`` waits for the generation thread to end (it stops at its next decode step)
 
@@ -49,18 +54,25 @@ class Rollouter(RolloutWorker):
             rows, self.engine.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts, tools=tools
         )
         sampler = EpochSampler(len(self.dataset), 1, seed=spec.engine.seed, shuffle=d.shuffle)
-        max_groups = at.max_inflight_groups or max(1, r.max_batch_size // r.n)
-        self.books = Producer(
-            budget, queue_for(at, budget), sampler, lambda _epoch, index: self.dataset[index], r.n, max_groups
-        )
+        self.budget, self.queue, self.sampler = budget, queue_for(at, budget), sampler
+        self.books = self._books(1)
         self._cv = threading.Condition()
-        self._want_park = self._parked = self._stop = False
+        self._want_park = self._parked = self._stop = self._interrupt = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._busy_s, self._tokens = 0.0, 0  # seconds inside decode calls, tokens decoded, since ``take_metrics``
-        self._prefill = PrefillStats()  # the engine's prefill counts since the last ``take_metrics``
         self._window_start = time.perf_counter()
-        self.ranks: list[Handle] = []  # the other rollout ranks this Rollouter decodes on (``attach_ranks``)
+        self.ranks: list[Handle] = []  # the other rollout ranks this Rollouter streams to (``attach_ranks``)
+        seed = seeds.sampling(spec.engine.seed)  # each row keys its own noise: as sync's rows
+        self.own = LocalPort(self.engine, self.params, seed, BusySpan(self.timeline, self.name))
+        self.ports: list[RankPort] = [self.own]
+
+    def _books(self, ranks: int) -> Producer:
+        r = self.spec.engine.rollout
+        capacities, max_groups = stream_concurrency(
+            self.engine.capacity, r.n, ranks, self.spec.async_training.max_inflight_groups
+        )
+        prompt_of = lambda _epoch, index: self.dataset[index]  # noqa: E731
+        return Producer(self.budget, self.queue, self.sampler, prompt_of, r.n, capacities, max_groups)
 
     def attach_ranks(self, ranks: list[Handle]) -> None:
         """Decode on these rollout workers too (``asyncrl.workers.rollout.RolloutWorker``: threaded, so a pause
@@ -68,6 +80,9 @@ class Rollouter(RolloutWorker):
         if self._thread is not None:
             raise RollouterError("attach_ranks: only before start()")
         self.ranks = list(ranks)
+        seed, timeout_s = seeds.sampling(self.spec.engine.seed), self.spec.async_training.pause_timeout_s
+        self.ports = [self.own, *(RemotePort(h, self.params, seed, timeout_s) for h in self.ranks)]
+        self.books = self._books(len(self.ports))  # before ``restore``: the books are still empty
 
     # ---- the generation thread -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -80,7 +95,8 @@ class Rollouter(RolloutWorker):
     def _run(self) -> None:
         try:
             while self._park_point():
-                if not self.books.step(self._decode, self._score, POLL_S, self._leave_put):
+                draining = self._want_park  # no partial rollout: the live rows end before the thread parks
+                if not self.books.turn(self.ports, self._score, POLL_S, self._leave_put, place=not draining):
                     self.books.controller.wait_for_admission(timeout=POLL_S)
         except QueueClosed:
             pass
@@ -92,48 +108,28 @@ class Rollouter(RolloutWorker):
                 self._cv.notify_all()
 
     def _park_point(self) -> bool:
-        """Wait here while the driver holds the thread; False when the thread should stop."""
+        """Wait here while the driver holds the thread; False when the thread should stop. A park interrupts every
+        rank first (partial rollout) or waits for the live rows to end (``_run`` places none meanwhile)."""
         with self._cv:
-            if self._want_park and not self._stop:
-                self._parked = True
-                self._cv.notify_all()
-                self._cv.wait_for(lambda: not self._want_park or self._stop)
-                self._parked = False
+            if not self._want_park or self._stop:
+                return not self._stop
+            interrupt = self._interrupt
+        if interrupt:
+            self.books.interrupted(self.ports, self._score)
+        elif self.books.rows_out():
+            return True  # draining
+        self.books.put_finished(0.0)
+        with self._cv:
+            self._parked = True
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: not self._want_park or self._stop)
+            self._parked = False
             return not self._stop
 
     def _leave_put(self) -> bool:
         """A full queue's put gives way to the driver (a park or a stop); the group stays in flight, finished."""
         with self._cv:
             return self._want_park or self._stop
-
-    def _decode(self, rows: list[Sample]) -> list[Sample]:
-        """One batched decode of ``rows``; returns early when the driver interrupts it."""
-        seed = seeds.sampling(self.spec.engine.seed)  # each row keys its own noise: as sync's rows
-        running = sum(s.stop_reason == "interrupted" for s in rows)
-        t0 = time.perf_counter()
-        shares = split_by_group(rows, 1 + len(self.ranks))
-        mine_running = sum(rows[i].stop_reason == "interrupted" for i in shares[0])
-        refill = lambda n: self.books.should_refill(n, mine_running)  # noqa: E731 - this rank's rows
-        remote = [
-            (share, h.call("resume_rows", [rows[i] for i in share], self.params, seed))
-            for share, h in zip(shares[1:], self.ranks)
-            if share
-        ]
-        mine = [rows[i] for i in shares[0]]
-        with self.timeline.span("generate", worker=self.name, version=self.engine.version, rows=running):
-            own = self.engine.resume(mine, self.params, seed=seed, refill=refill) if mine else []
-        self._prefill += self.engine.last_prefill
-        out: list[Sample] = list(rows)
-        for i, s in zip(shares[0], own):
-            out[i] = s
-        for share, pending in remote:
-            done, prefill = pending.result()
-            self._prefill += prefill
-            for i, s in zip(share, done):
-                out[i] = s
-        self._busy_s += time.perf_counter() - t0
-        self._tokens += sum(len(b.response_ids) - len(a.response_ids) for a, b in zip(rows, out))
-        return out
 
     def _score(self, samples: list[Sample]) -> None:
         with self.timeline.span("reward", worker=self.name):
@@ -166,7 +162,8 @@ class Rollouter(RolloutWorker):
                 )
 
     def pause(self, interrupt: bool) -> float:
-        """Hold the generation thread at its park point; ``interrupt`` stops a running decode at its next step.
+        """Hold the generation thread at its park point; ``interrupt`` takes every row back from the engines at
+        their next step (partial rollout), else the live rows run to their end first.
 
         Returns the seconds it took to park (without ``interrupt``: the rest of the running decode); raises after
         ``async_training.pause_timeout_s``.
@@ -174,16 +171,8 @@ class Rollouter(RolloutWorker):
         timeout_s = self.spec.async_training.pause_timeout_s
         t0 = time.perf_counter()
         with self._cv:
-            self._want_park = True
-        if interrupt:
-            self.engine.request_pause()
-            for h in self.ranks:
-                h.call("request_pause").result(timeout=timeout_s)
-        with self._cv:
+            self._want_park, self._interrupt = True, interrupt
             ok = self._cv.wait_for(lambda: self._parked, timeout_s)
-        self.engine.clear_pause()
-        for h in self.ranks if interrupt else ():
-            h.call("clear_pause").result(timeout=timeout_s)
         self._check_alive()
         if not ok:
             raise RollouterError(f"pause: the generation thread did not park within {timeout_s:g} s")
@@ -193,7 +182,7 @@ class Rollouter(RolloutWorker):
         """Let the parked thread go on, generating with ``version`` (the weights just received)."""
         if self.engine.version != version:
             raise RollouterError(f"resume_generation({version}): the engine holds version {self.engine.version}")
-        self.books.controller.on_sync(version)
+        self.books.on_sync(version)
         with self._cv:
             self._want_park = False
             self._cv.notify_all()
@@ -224,14 +213,17 @@ class Rollouter(RolloutWorker):
         """Counters and the idle ratio since the previous call (``rollouter/idle_ratio``)."""
         now = time.perf_counter()
         window = max(now - self._window_start, 1e-9)
-        idle = max(0.0, 1.0 - self._busy_s / window)
-        tokens_per_s = self._tokens / self._busy_s if self._busy_s > 0 else 0.0
-        self._busy_s, self._tokens, self._window_start = 0.0, 0, now
+        own = self.own
+        idle = max(0.0, 1.0 - own.busy_s / window)
+        tokens_per_s = own.tokens / own.busy_s if own.busy_s > 0 else 0.0
+        own.busy_s, own.tokens, self._window_start = 0.0, 0, now
         out = self.books.count_metrics()
         out["rollouter/idle_ratio"] = idle
         out["rollouter/busy_s"], out["perf/rollout_tokens_per_s"] = window * (1.0 - idle), tokens_per_s
-        out.update(self._prefill.metrics())  # a group's blank rows share one prompt's prefill
-        self._prefill = PrefillStats()
+        prefill = PrefillStats()
+        for port in self.ports:
+            prefill += port.take_prefill()
+        out.update(prefill.metrics())  # a group's blank rows share one prompt's prefill
         return out
 
     def ledger_state(self) -> dict[str, Any]:
@@ -242,10 +234,8 @@ class Rollouter(RolloutWorker):
         with self._cv:
             self._stop = True
             self._cv.notify_all()
-        self.engine.request_pause()
-        for h in self.ranks:
-            h.call("request_pause")
         self.books.queue.close()
         if self._thread is not None:
             self._thread.join(timeout=STOP_JOIN_S)
-        self.engine.clear_pause()
+        if not self._thread or not self._thread.is_alive():
+            self.engine.interrupt()  # rows still live when it stopped: their groups are in no snapshot after this

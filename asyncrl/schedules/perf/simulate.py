@@ -2,15 +2,14 @@
 ``CostModel``, on a described cluster.
 
 ``sync``, ``one_step_off`` and ``two_step_off`` are written here as their modules' docstrings give their order of
-events (each step: what waits on what). ``fully_async`` runs the real producer: ``Producer.to_decode`` /
-``finish_decode`` / ``put_finished`` / ``take`` with the real ``StalenessController``, ``MessageQueue``,
-``PromptLedger``, ``should_refill`` rule and partial-rollout pause, the engine replaced by ``decode.decode``; the
-driver's side (take, prepare, train, park the Rollouter, sync, resume) is the loop of ``schedules.fully_async``.
+events (each step: what waits on what). ``fully_async`` runs the real producer (``Producer.place`` / ``returned``
+/ ``finish`` / ``put_finished`` / ``take`` with the real ``StalenessController``, ``MessageQueue``, ``PromptLedger``
+and partial-rollout pause) over streaming engines priced per step (``stream``); the driver's side (take, prepare,
+train, park the Rollouter, sync, resume) is the loop of ``schedules.fully_async``.
 
-A decode call is priced by the engine's own structure (``cost.decode_segments``): one step per token of its
-longest row, each costing a fixed part plus a part per live row; rows split by group over the rollout replicas,
-which step together. A pause (partial rollout) or a refill cut stops it between steps; the rows keep what they
-have and continue, re-prefilled, in a later call.
+A decode call of the other schedules is priced by the engine's own structure (``cost.decode_segments``): one step
+per token of its longest row, each costing a fixed part plus a part per live row; rows split by group over the
+rollout replicas, which step together.
 
 Clusters: ``Cluster.cpu(cores)``: every role shares the machine's cores (a computation on t threads among others
 moves at min(1, cores / all running threads) of its alone speed; its alone speed on t threads is Amdahl's law with
@@ -21,7 +20,6 @@ replicas; training: tokens split over data-parallel ranks), times ``device_speed
 
 from __future__ import annotations
 
-import itertools
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -66,7 +64,6 @@ class Sim(StreamSim):
         self.cost, self.cluster, self.setting, self.steps = cost, cluster, setting, steps
         self.seed, self.fault, self.faulted = seed, fault, False
         self.consumed: list[tuple[str, int, int]] = []  # fully_async: (group, controller's staleness, rows' own)
-        self._keys = itertools.count(1)  # fully_async: one per blank group decoded (its rows share a prefill)
         self.budget = StalenessBudget(
             require_batches=setting.require_batches,
             ppo_mini_batch_size=cost.ppo_mini_batch_size,

@@ -1,20 +1,45 @@
-"""``fully_async`` on the virtual clock: the real producer (``Producer.to_decode`` / ``finish_decode`` /
-``put_finished`` / ``take`` with the real ``StalenessController``, ``MessageQueue``, ``PromptLedger``, refill rule and
-partial-rollout pause), the engine replaced by the priced ``decode``; the driver's loop is
+"""``fully_async`` on the virtual clock: the real producer (``Producer.place`` / ``returned`` / ``finish`` /
+``put_finished`` / ``take`` with the real ``StalenessController``, ``MessageQueue``, ``PromptLedger`` and
+partial-rollout pause) decides what each rank decodes; each rank's streaming engine is priced per step (a fixed part
+plus a part per live row, ``Prices.segments_cost``) and per admission (the new rows' prefill, a blank group's
+shared, ``Prices.call_s``), and the clock jumps from one row's end to the next: a row that ends frees its slot at
+that step and the producer places the next group at once, as the real engines do. The driver's loop is
 ``schedules.fully_async``'s. ``StreamSim`` is the part of ``simulate.Sim`` that runs it."""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 
 from asyncrl.data.sampler import EpochSampler
-from asyncrl.schedules.fully_async.producer import Producer
+from asyncrl.schedules.fully_async.producer import Producer, stream_concurrency
 from asyncrl.schedules.fully_async.queue import MessageQueue
 from asyncrl.schedules.fully_async.recovery import ConsumedBatch, Takeover
 from asyncrl.schedules.perf.clock import Clock, Compute, Delay, Signal, Wait
-from asyncrl.schedules.perf.decode import Row, decode
+from asyncrl.schedules.perf.cost import Segment, prefill_tokens
 from asyncrl.schedules.perf.setting import Span
 from asyncrl.types import Prompt, Sample
+
+PIECE_STEPS = 16  # the clock jumps at most this many decode steps at a time, so a pause lands within them
+
+
+@dataclass
+class SimRow:
+    """A row on a simulated engine: the sample it continues, the tokens it still needs and has made here."""
+
+    sample: Sample
+    need: int
+    made: int = 0
+
+
+@dataclass
+class SimRank:
+    """One simulated rollout rank: its rows, prefill seconds owed before its next step, the fraction of a step it
+    has paid for."""
+
+    rows: list[SimRow] = field(default_factory=list)
+    debt: float = 0.0
+    carry: float = 0.0
 
 
 class StreamSim:
@@ -26,60 +51,115 @@ class StreamSim:
         budget = self.budget
         queue = MessageQueue(st.max_queue_size or budget.groups_per_window_budget, st.drop_policy)
         sampler = EpochSampler(self.dataset_size, 1, seed=self.seed, shuffle=True)
-        max_groups = st.max_inflight_groups or max(1, cost.max_batch_size * self.prices.replicas // cost.n)
-        return Producer(budget, queue, sampler, _sim_prompt, cost.n, max_groups, clock=lambda: self.clock.now)
+        capacities, max_groups = stream_concurrency(
+            cost.stream_rows, cost.n, self.prices.replicas, st.max_inflight_groups
+        )
+        self.ranks = [SimRank() for _ in capacities]
+        return Producer(
+            budget, queue, sampler, _sim_prompt, cost.n, capacities, max_groups, clock=lambda: self.clock.now
+        )
+
+    def _step_s(self, rank: SimRank) -> float:
+        """Seconds of one decode step of ``rank`` (its live rows up to its slots; the rest wait)."""
+        live = min(len(rank.rows), self.cost.stream_rows)
+        return self.prices.segments_cost(Segment(1, live, 0), 1)
+
+    def _submit(self, rank: SimRank, rows: list[Sample]) -> None:
+        """Rows enter ``rank``: it owes their prefill (a blank group's rows share one) before its next step."""
+        prefixes = []
+        for x in rows:
+            p, lengths = self.work.group(x.prompt.epoch, x.prompt.index)
+            done = len(x.response_ids)
+            rank.rows.append(SimRow(x, max(0, lengths[x.row] - done)))
+            prefixes.append((x.prompt.uid if done == 0 else None, p + done))
+        rank.debt += self.prices.call_s(prefill_tokens(prefixes, self.cost.engine))
+
+    def _advance(self, seconds: float, version: int) -> list[list[Sample]]:
+        """Every rank decodes for ``seconds`` (its prefill debt first); returns the rows that ended, per rank."""
+        out: list[list[Sample]] = []
+        for rank in self.ranks:
+            left = seconds
+            pay = min(rank.debt, left)
+            rank.debt -= pay
+            left -= pay
+            ended: list[Sample] = []
+            if rank.rows and left > 0:
+                steps = left / self._step_s(rank) + rank.carry
+                whole = int(steps + 1e-6)
+                rank.carry = max(0.0, steps - whole)
+                slots = self.cost.stream_rows
+                for r in rank.rows[:slots]:
+                    r.made += min(whole, r.need - r.made)
+                ended = [self._row(r, version, "eos") for r in rank.rows[:slots] if r.made >= r.need]
+                rank.rows = [r for r in rank.rows if r.made < r.need]
+                if not rank.rows:
+                    rank.carry = 0.0
+            out.append(ended)
+        return out
+
+    def _next_event(self) -> float:
+        """Seconds (at full speed) until the first row on any rank ends, at most PIECES_S steps of that rank (a
+        pause lands within them)."""
+        best = float("inf")
+        for rank in self.ranks:
+            if rank.rows:
+                live = rank.rows[: self.cost.stream_rows]
+                k = min(r.need - r.made for r in live)
+                steps = max(0.0, min(k, PIECE_STEPS) - rank.carry)
+                best = min(best, rank.debt + steps * self._step_s(rank))
+        return best
+
+    @staticmethod
+    def _row(r: SimRow, version: int, reason: str) -> Sample:
+        x = r.sample
+        n = len(x.response_ids) + r.made
+        versions = x.versions + [version] if r.made else x.versions
+        return Sample(x.prompt, range(n), [], versions, reason, x.start_version, row=x.row)
+
+    def _interrupt(self, producer: Producer, version: int) -> None:
+        """Partial rollout: every rank's rows back to their groups, with what they have."""
+        for k, rank in enumerate(self.ranks):
+            back = [self._row(r, version, "eos" if r.made >= r.need else "interrupted") for r in rank.rows]
+            rank.rows, rank.debt, rank.carry = [], 0.0, 0.0
+            producer.finish(producer.returned(k, back), lambda _s: None)
 
     def rollouter(self, producer: Producer, life: int):
-        """The Rollouter's loop (``Rollouter._run``) on the clock; it ends when a fault replaced it (``life``)."""
+        """The Rollouter's loop (``Rollouter._run`` over ``Producer.turn``) on the clock, each rank's engine priced
+        per step between row ends; it ends when a fault replaced it (``life``)."""
         cost, s = self.cost, self.state
         while not s["stop"] and s["life"] == life:
             if s["park"]:
-                self.clock.fire(self.parked)
-                Clock.clear(self.resumed)
-                yield Wait(self.resumed)
-                continue
-            groups, rows = producer.to_decode()
-            if not groups:
+                if s["interrupt"]:
+                    self._interrupt(producer, s["version"])
+                if not producer.rows_out():  # else: drain, placing nothing, until the live rows end
+                    if producer.put_finished(0.0):
+                        self.clock.fire(self.queued)
+                    self.clock.fire(self.parked)
+                    Clock.clear(self.resumed)
+                    yield Wait(self.resumed)
+                    continue
+            else:
+                for k, rows in producer.place():
+                    self._submit(self.ranks[k], rows)
+            if not producer.rows_out():
                 if producer.put_finished(0.0):
                     self.clock.fire(self.queued)
                     continue
                 Clock.clear(self.admission)
                 yield Wait(self.admission)
                 continue
-            plan: list[Row] = []
-            live: list[int] = []
-            for g in groups:
-                p, rs = self.work.group(g.epoch, g.index)
-                blank = all(len(x.response_ids) == 0 for x in g.samples)
-                shared = next(self._keys) if blank else -1  # a blank group's rows share one prefill
-                for k, x in enumerate(g.samples):
-                    if x.stop_reason == "interrupted":
-                        live.append(len(plan))
-                        plan.append(Row(rs[k] - len(x.response_ids), p + len(x.response_ids), shared))
-                    else:
-                        plan.append(Row(0, 0, -1))
-            t0 = self.clock.now
-            version = s["version"]
-            out = yield from decode(
-                self.prices,
-                [plan[i] for i in live],
-                stop=lambda: s["park"] and s["interrupt"],
-                refill=producer.should_refill,
-            )
+            t0, version = self.clock.now, s["version"]
+            dt = self._next_event()
+            yield Compute(dt, self.prices.gen_threads, self.prices.pool)
             if s["life"] != life:  # died during the decode: its work is lost
                 return
             self.spans.append(Span("rollout", "generate", t0, self.clock.now, len(self.step_ends) + 1))
-            made = dict(zip(live, out.tokens))
-            done = dict(zip(live, out.finished))
-            new_rows: list[Sample] = []
-            for i, x in enumerate(rows):
-                if i in made:
-                    n = len(x.response_ids) + made[i]
-                    vs = x.versions + [version] if made[i] else x.versions
-                    x = Sample(x.prompt, range(n), x.logprobs, vs, "eos" if done[i] else "interrupted", x.start_version)
-                new_rows.append(x)
-            finished = producer.finish_decode(groups, new_rows, lambda _s: None)
-            n_fin = sum(len(g.samples) for g in finished)
+            n_fin = 0
+            for k, ended in enumerate(self._advance(dt, version)):
+                if ended:
+                    finished = producer.returned(k, ended)
+                    producer.finish(finished, lambda _s: None)
+                    n_fin += sum(len(g.samples) for g in finished)
             if n_fin:
                 yield from self.busy("rollout", "reward", len(self.step_ends) + 1,
                                      Compute(cost.reward(row=n_fin), 1.0, self.prices.pool))  # fmt: skip
@@ -132,7 +212,7 @@ class StreamSim:
                 yield Wait(self.parked)
                 yield Delay(p.sync_s)
                 self.spans.append(Span("sync", "sync_weights", t1, self.clock.now, step))
-                producer.controller.on_sync(version)
+                producer.on_sync(version)
                 base, since_base = (producer.snapshot(version) if fault else None), []
                 if fault and fault.kind == "kill" and updates >= fault.after_update and checkpoint is None:
                     checkpoint = (copy.deepcopy(base), updates, version, len(self.consumed))

@@ -1,0 +1,96 @@
+"""The Rollouter's rollout ranks as ``producer.RankPort``s: its own engine, stepped on its generation thread, and the
+pool's other ranks, which step on threads of their own (``asyncrl.workers.stream_loop``) and are reached by calls:
+a submit it does not wait for, and one long poll at a time for the rows that ended."""
+
+from __future__ import annotations
+
+import time
+
+from asyncrl.calls import Handle, Pending
+from asyncrl.rollout.streaming import StreamingEngine
+from asyncrl.types import PrefillStats, Sample, SamplingParams
+from asyncrl.workers.stream_loop import BusySpan
+
+WAIT_S = 0.5  # a remote rank's long poll, seconds: it returns at once when a row ends
+
+
+class LocalPort:
+    """The Rollouter's own engine: ``advance`` decodes one step on the calling (generation) thread."""
+
+    def __init__(self, engine: StreamingEngine, params: SamplingParams, seed: int, span: BusySpan):
+        self.engine, self.params, self.seed, self.span = engine, params, seed, span
+        self.busy_s, self.tokens = 0.0, 0  # seconds inside steps and tokens decoded, since ``take_counts``
+
+    def submit(self, rows: list[Sample]) -> None:
+        self.engine.submit(rows, self.params, self.seed)
+
+    def advance(self) -> list[Sample]:
+        live = self.engine.live_rows()
+        if not live:
+            return []
+        self.span.busy(live, self.engine.version)
+        t0 = time.perf_counter()
+        ended = self.engine.step()
+        self.busy_s += time.perf_counter() - t0
+        self.tokens += min(live, self.engine.capacity)
+        if not self.engine.live_rows():
+            self.span.idle()
+        return ended
+
+    def interrupt(self) -> list[Sample]:
+        self.span.idle()
+        return self.engine.interrupt()
+
+    def take_prefill(self) -> PrefillStats:
+        return self.engine.take_prefill()
+
+
+class RemotePort:
+    """Another rollout rank (a threaded ``RolloutWorker``): ``submit`` does not wait; ``advance`` collects the answer
+    of the outstanding long poll when it has come, and starts the next while the rank holds rows."""
+
+    def __init__(self, handle: Handle, params: SamplingParams, seed: int, timeout_s: float):
+        self.handle, self.params, self.seed, self.timeout_s = handle, params, seed, timeout_s
+        self.held = 0  # rows submitted there and not handed back
+        self._poll: Pending | None = None
+        self._submits: list[Pending] = []
+        self.prefill = PrefillStats()
+
+    def submit(self, rows: list[Sample]) -> None:
+        self._submits.append(self.handle.call("stream_submit", rows, self.params, self.seed))
+        self.held += len(rows)
+
+    def _check_submits(self) -> None:
+        for p in [p for p in self._submits if p.done()]:
+            self._submits.remove(p)
+            p.result()  # raises what the submit raised there
+
+    def advance(self) -> list[Sample]:
+        self._check_submits()
+        out: list[Sample] = []
+        if self._poll is not None and self._poll.done():
+            out = self._collect(self._poll.result())
+        if self._poll is None and self.held > 0:
+            self._poll = self.handle.call("stream_wait", WAIT_S)
+        return out
+
+    def _collect(self, got: tuple[list[Sample], PrefillStats]) -> list[Sample]:
+        rows, prefill = got
+        self._poll = None
+        self.prefill += prefill
+        self.held -= len(rows)
+        return rows
+
+    def interrupt(self) -> list[Sample]:
+        for p in self._submits:
+            p.result(timeout=self.timeout_s)
+        self._submits = []
+        rows = self.handle.call("stream_interrupt", self.timeout_s).result(timeout=self.timeout_s)
+        self.held -= len(rows)
+        if self._poll is not None:
+            rows = self._collect(self._poll.result(timeout=self.timeout_s)) + rows
+        return rows
+
+    def take_prefill(self) -> PrefillStats:
+        out, self.prefill = self.prefill, PrefillStats()
+        return out

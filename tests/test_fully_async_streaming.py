@@ -1,0 +1,142 @@
+"""The fully_async producer streams: a row that ends frees its slot at that step and a new group takes it at the next;
+a finished group is queued at once, whatever older groups are doing (``Producer.turn``, the loop the Rollouter runs).
+
+The engine here is scripted (every row's length is set by its prompt; one decode step per turn, the step count is the
+clock): what is checked is the producer's decisions, step by step, not a model's output.
+"""
+
+from __future__ import annotations
+
+from asyncrl.data.sampler import EpochSampler
+from asyncrl.schedules.fully_async.producer import Producer, stream_concurrency
+from asyncrl.schedules.fully_async.queue import MessageQueue
+from asyncrl.schedules.fully_async.staleness import StalenessBudget
+from asyncrl.types import Prompt, Sample
+
+
+class ScriptedEngine:
+    """A streaming engine whose rows end after ``length(prompt index)`` tokens; ``advance`` is one decode step."""
+
+    def __init__(self, capacity: int, length, clock: list[int]):
+        self.capacity, self.length, self.clock = capacity, length, clock
+        self.waiting: list[Sample] = []
+        self.live: list[Sample] = []
+        self.log: dict[int, list[int]] = {}  # step -> prompt indices decoding in it
+
+    def submit(self, rows: list[Sample]) -> None:
+        self.waiting.extend(rows)
+
+    def advance(self) -> list[Sample]:
+        while self.waiting and len(self.live) < self.capacity:
+            self.live.append(self.waiting.pop(0))
+        if not self.live:
+            return []
+        step = self.clock[0]
+        self.log[step] = [s.prompt.index for s in self.live]
+        self.live = [_grow(s, step) for s in self.live]
+        ended = [s for s in self.live if len(s.response_ids) >= self.length(s.prompt.index)]
+        self.live = [s for s in self.live if s not in ended]
+        return [_end(s) for s in ended]
+
+    def interrupt(self) -> list[Sample]:
+        back, self.live, self.waiting = self.live + self.waiting, [], []
+        return back
+
+
+def _grow(s: Sample, version: int) -> Sample:
+    return Sample(s.prompt, s.response_ids + [7], s.logprobs + [-1.0], s.versions + [0], "interrupted",
+                  s.start_version, row=s.row)  # fmt: skip
+
+
+def _end(s: Sample) -> Sample:
+    return Sample(s.prompt, s.response_ids, s.logprobs, s.versions, "eos", s.start_version, row=s.row)
+
+
+def producer(capacities: list[int], n: int, max_groups: int, clock: list[int], staleness: float = 10.0, keep=None):
+    budget = StalenessBudget(staleness_threshold=staleness)  # one group per update and per version
+    queue = MessageQueue(budget.groups_per_window_budget, "backpressure")
+    sampler = EpochSampler(1000, 1, seed=0, shuffle=False)
+    prompt = lambda _epoch, index: Prompt(index, [1, 2], "test", "")  # noqa: E731
+    return Producer(budget, queue, sampler, prompt, n, capacities, max_groups, clock=lambda: clock[0], keep=keep)
+
+
+def test_a_short_row_frees_its_slot_at_once_and_its_group_is_queued_before_the_long_ones_end():
+    """Capacity 4, n = 1, lengths [10, 1000, 1000, 1000], admission open: the short row ends at step 10, its group is
+    queued before step 12, and a fifth row is decoding at step 11 (the batch decoder held its slot to step 1000)."""
+    clock = [0]
+    lengths = [10, 1000, 1000, 1000]
+    engine = ScriptedEngine(4, lambda i: lengths[i] if i < len(lengths) else 1000, clock)
+    books = producer([4], n=1, max_groups=8, clock=clock)
+    queued_at: dict[int, int] = {}
+    for step in range(1, 13):
+        clock[0] = step
+        books.turn([engine])
+        for g in books.queue.snapshot().groups:
+            queued_at.setdefault(g.index, step)
+    assert engine.log[1] == [0, 1, 2, 3]
+    assert 0 in queued_at and queued_at[0] < 12, queued_at
+    assert 4 in engine.log[11], engine.log[11]  # the fifth row, admitted into the freed slot
+    assert len(engine.log[11]) == 4  # every slot busy
+    assert books.counts["started_groups"] == 5
+
+
+def test_groups_go_whole_to_the_least_loaded_rank_with_room_and_each_rank_is_kept_at_its_capacity():
+    clock = [0]
+    ranks = [ScriptedEngine(4, lambda i: 3 + i % 5, clock), ScriptedEngine(2, lambda i: 3 + i % 5, clock)]
+    capacities, max_groups = stream_concurrency(4, 2, 2, None)
+    assert (capacities, max_groups) == ([4, 4], 4)
+    books = producer([4, 2], n=2, max_groups=3, clock=clock)
+    where: dict[int, set[int]] = {}
+    for step in range(1, 40):
+        clock[0] = step
+        books.turn(ranks)
+        assert books.load[0] <= 4 and books.load[1] <= 2
+        for r, engine in enumerate(ranks):
+            for i in engine.log.get(step, []):
+                where.setdefault(i, set()).add(r)
+        assert len(books.inflight) <= 3
+    assert all(len(r) == 1 for r in where.values()), where  # a group's two rows on one rank
+    assert {0, 1} <= set().union(*where.values())
+    # enough finished that the trainer side can take them: nothing in flight is lost or doubled
+    got = books.take(1, 0, timeout_s=0.0)
+    assert got is not None and len(got.samples) == 2
+
+
+def test_interrupted_rows_keep_their_tokens_and_are_placed_again_and_a_snapshot_waits_for_them():
+    clock = [0]
+    engine = ScriptedEngine(4, lambda i: 50, clock)
+    books = producer([4], n=2, max_groups=2, clock=clock)
+    for step in range(1, 6):
+        clock[0] = step
+        books.turn([engine])
+    assert books.rows_out() == 4
+    try:
+        books.snapshot(0)
+        raise AssertionError("a snapshot with rows on an engine must be refused")
+    except RuntimeError as e:
+        assert "still on the engines" in str(e)
+    books.interrupted([engine], lambda samples: None)
+    assert books.rows_out() == 0 and books.counts["interrupted_rows"] == 4
+    rows = [s for g in books.inflight.values() for s in g.samples]
+    assert [len(s.response_ids) for s in rows] == [5, 5, 5, 5]
+    snap = books.snapshot(0)
+    assert len(snap.inflight) == 2
+    placed = books.place()
+    assert [len(r) for _, r in placed] == [4]  # the same rows again, no new group (max_groups = 2)
+    assert all(len(s.response_ids) == 5 for _, rows in placed for s in rows)
+
+
+def test_dynamic_sampling_drops_a_group_without_spread_and_frees_its_slot_at_once():
+    clock = [0]
+    engine = ScriptedEngine(2, lambda i: 2 if i % 2 == 0 else 4, clock)
+    keep = lambda samples: samples[0].prompt.index % 2 == 1  # noqa: E731 - even prompts: no reward spread
+    books = producer([2], n=1, max_groups=2, clock=clock, keep=keep)
+    for step in range(1, 3):
+        clock[0] = step
+        books.turn([engine])
+    assert books.counts["filtered_groups"] == 1  # prompt 0 ended at step 2 and was dropped
+    assert books.ledger.record(0, 0).filtered == 1
+    clock[0] = 3
+    books.turn([engine])
+    assert 2 in engine.log[3]  # its slot went to prompt 2 at the next step
+    assert all(g.index % 2 == 1 for g in books.queue.snapshot().groups)
