@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from asyncrl.types import PrefillStats, SamplingParams, Sample
+from asyncrl.types import PrefillStats, Sample, SamplingParams
 
 
 @runtime_checkable
