@@ -13,6 +13,7 @@ to run while a call is in flight (pause first, wait for the call to return, then
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
@@ -21,6 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from asyncrl.models.fp8 import dequantize_sync, sync_layout
 from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
 from asyncrl.models.lora import is_lora, merged_update, require_adapter, synced_tensors
+from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow
 from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_to_keep
 from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, WeightUpdateError, validate_update
 from asyncrl.rollout.rows import check_prompts, extend_sample, resumable, row_streams
@@ -86,6 +88,14 @@ class RolloutEngine(GatedEngine):
         self._params = dict(model.named_parameters(remove_duplicate=False))  # tied aliases included
         self._max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
         self._warned_positions = False
+        # streaming (asyncrl.rollout.streaming): the slot decoder, and the submitted rows not yet reported, by tag
+        self._stream = ContinuousDecoder(model, max_batch_size, self.eos_token_ids, self.pad_id, self._keep_last)
+        self._stream.share_prefixes = share_prefixes
+        self._stream_lock = threading.Lock()
+        self._stream_key: tuple[SamplingParams, int | None] | None = None  # the live rows' params and seed
+        self._streamed: dict[int, Sample] = {}  # rows in the decoder, as submitted
+        self._ready: list[tuple[int, Sample]] = []  # rows that need no decoding, reported at the next step
+        self._next_tag = 0
 
     # -------------------------------------------------------------------------------------------------- generate
 
@@ -236,6 +246,108 @@ class RolloutEngine(GatedEngine):
                 self._max_positions,
             )
 
+    # ------------------------------------------------------------------------- streaming (asyncrl.rollout.streaming)
+
+    @property
+    def capacity(self) -> int:
+        """Rows the streaming decoder decodes at once (a slot each): ``max_batch_size``."""
+        return self.max_batch_size
+
+    def submit(self, rows: list[Sample], params: SamplingParams, seed: int | None = None) -> None:
+        """Queue rows for the streaming decoder (any thread); they enter free slots at the next ``step``.
+
+        Row semantics are ``resume``'s: a sample that is not "interrupted" is reported unchanged at the next step, an
+        interrupted one already at ``max_new_tokens`` as "length" without decoding, the others continue their own
+        noise (``row_streams``). All rows held at once share one ``params`` and ``seed`` (ValueError naming both
+        otherwise); EngineBusyError during a generate/resume or a weight update; NotImplementedError for a model
+        with layers other than plain full attention.
+        """
+        if not rows:
+            return
+        self._stream.check_supported()
+        out, todo = resumable(rows, params, self.tokenizer)
+        streams = row_streams([rows[i] for i in todo], seed)
+        prefixes = [rows[i].prompt.prompt_ids + rows[i].response_ids for i in todo]
+        budgets = [params.max_new_tokens - len(rows[i].response_ids) for i in todo]
+        self._check_positions(prefixes, budgets)
+        with self._stream_lock:
+            if self._gate.held and self._stream_key != (params, seed):
+                assert self._stream_key is not None
+                live_params, live_seed = self._stream_key
+                raise ValueError(
+                    f"RolloutEngine.submit: params {params} and seed {seed} differ from the live rows' params "
+                    f"{live_params} and seed {live_seed} (interrupt() or drain() first)"
+                )
+            self._gate.hold(len(rows))
+            self._stream_key = (params, seed)
+            tag = self._next_tag
+            self._next_tag += len(rows)
+            decode = dict(zip(todo, range(len(todo))))
+            new: list[StreamRow] = []
+            for i, row in enumerate(rows):
+                j = decode.get(i)
+                if j is None:
+                    self._ready.append((tag + i, out[i]))
+                    continue
+                self._streamed[tag + i] = row
+                new.append(StreamRow(tag + i, prefixes[j], budgets[j], streams.keys[j], streams.offsets[j]))
+            self._stream.submit(new)  # under the lock: rows enter the inbox in tag order
+
+    def step(self) -> list[Sample]:
+        """One decode step over the streamed rows (waiting rows first enter free slots); the rows that ended in it
+        ("eos" or "length"), continued, one version (``self.version``) per new token."""
+        return [sample for _, sample in self._stream_step(None)]
+
+    def _stream_step(self, admit_below: int | None) -> list[tuple[int, Sample]]:
+        with self._stream_lock:
+            if not self._gate.held or self._stream_key is None:
+                return []
+            params = self._stream_key[0]
+            done = [(t, s) for t, s in self._ready if admit_below is None or t < admit_below]
+            self._ready = [(t, s) for t, s in self._ready if admit_below is not None and t >= admit_below]
+        ended = self._stream.step(params, admit_below)
+        with self._stream_lock:
+            for row, reason in ended:
+                done.append((row.tag, self._continued(row, reason)))
+            self._gate.release(len(done))
+        return done
+
+    def _continued(self, row: StreamRow, reason: str) -> Sample:
+        """The submitted sample of ``row`` with its new tokens appended (call under ``_stream_lock``)."""
+        versions = [self.version] * len(row.tokens)
+        return extend_sample(self._streamed.pop(row.tag), row.tokens, row.logprobs, versions, reason, self.tokenizer)
+
+    def interrupt(self) -> list[Sample]:
+        """Every submitted row not yet reported, in submission order: decoding or waiting ones continued so far and
+        "interrupted" (tokens, log-probs and versions kept), ones that needed no decoding in their final form. The
+        engine then holds no row (a weight update may follow)."""
+        with self._stream_lock:
+            out = self._ready + [(row.tag, self._continued(row, "interrupted")) for row in self._stream.interrupt()]
+            self._ready = []
+            self._gate.release(len(out))
+        return [sample for _, sample in sorted(out, key=lambda item: item[0])]
+
+    def drain(self) -> list[Sample]:
+        """Step until every row submitted before this call has ended; returns them in the order they ended (rows
+        submitted meanwhile wait for the next ``step``)."""
+        with self._stream_lock:
+            limit = self._next_tag
+        out: list[Sample] = []
+        while True:
+            with self._stream_lock:
+                left = any(t < limit for t in self._streamed) or any(t < limit for t, _ in self._ready)
+            if not left:
+                return out
+            out += [sample for _, sample in self._stream_step(limit)]
+
+    def live_rows(self) -> int:
+        """Streamed rows submitted and not yet reported (waiting or decoding)."""
+        return self._gate.held
+
+    def take_prefill(self) -> PrefillStats:
+        """The streaming decoder's prefill token counts since the last call (shared and unshared), then zero."""
+        return self._stream.take_prefill()
+
     # ---------------------------------------------------------------------------------------------------- weights
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
@@ -258,7 +370,8 @@ class RolloutEngine(GatedEngine):
 
         Every name and shape is checked before anything is copied, so a bad update leaves the weights and version
         untouched. With ``strict`` every parameter of ``state_dict_for_sync()`` must be present (a partial sync
-        would silently mix versions). Raises EngineBusyError during a generate/resume.
+        would silently mix versions). Raises EngineBusyError during a generate/resume or while streamed rows
+        are held (``interrupt`` or ``drain`` first).
         """
         items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
         if self.quantization == "fp8":  # values x block scales: the engine runs on the quantized weights
