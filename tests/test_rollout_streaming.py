@@ -151,7 +151,9 @@ def test_a_row_submitted_mid_stream_enters_at_the_next_step(endless, tok):
     engine.submit(late, PARAMS, seed=1)
     assert engine.live_rows() == 3
     assert engine.step() == []
+    assert not endless.training  # eval while streaming, the training flag back once the decoder is empty
     out = engine.interrupt()
+    assert endless.training
     assert [len(s.response_ids) for s in out] == [4, 4, 1]  # submission order; the late row drew at its first step
     assert all(s.stop_reason == "interrupted" for s in out)
     assert all(len(s.response_ids) == len(s.logprobs) == len(s.versions) for s in out)

@@ -22,15 +22,15 @@ past the buffers, or when the dead columns left of the longest live row outnumbe
 them every step; the move costs about one step's reading of the window).
 
 The buffers are zero-filled (masked garbage must be finite), grown when a row's prefix + budget needs more columns
-(with slack, so the window is moved back rarely) or more slots are used (doubling up to ``capacity``).
+(with slack, so the window is moved back rarely) or more slots are used (doubling up to ``capacity``). The model stays
+in eval mode from the first step until the decoder is empty again (then its training flag is restored): switching
+per step walks every module. ``submit`` is safe from any thread; ``step`` and ``interrupt`` run on one thread.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -66,19 +66,6 @@ class StreamRow:
         return seeds.uniform(self.key, self.offset + len(self.tokens))
 
 
-@contextmanager
-def _eval_mode(model: PreTrainedModel) -> Iterator[None]:
-    """The model in eval mode for the duration (restored after; no walk over the modules when already in eval)."""
-    was_training = model.training
-    if was_training:
-        model.eval()
-    try:
-        yield
-    finally:
-        if was_training:
-            model.train()
-
-
 class ContinuousDecoder:
     """``capacity`` slots decoding one token per step; rows enter from a thread-safe inbox (``submit``)."""
 
@@ -104,6 +91,7 @@ class ContinuousDecoder:
         self._pending: tuple[list[int], torch.Tensor] | None = None  # (slots, logits_AV) of the last forward
         self._cache: SlotCache | None = None
         self._prefill = PrefillStats()
+        self._restore_training = False  # the model was in training mode when streaming began: restore when idle
 
     # ---------------------------------------------------------------------------------------------- bookkeeping
 
@@ -141,6 +129,7 @@ class ContinuousDecoder:
             self._inbox.clear()
         rows = [row for row in self._slots if row is not None] + waiting
         self._slots, self._length, self._pending, self._cache = [], [], None, None
+        self._leave_eval()
         return sorted(rows, key=lambda row: row.tag)
 
     # ------------------------------------------------------------------------------------------------------ step
@@ -148,32 +137,48 @@ class ContinuousDecoder:
     def step(self, params: SamplingParams, admit_below: int | None = None) -> list[tuple[StreamRow, str]]:
         """One decode step (admitting waiting rows with ``tag < admit_below`` first, all when None); returns the rows
         that ended in it with their reason, "eos" or "length"."""
-        with torch.inference_mode(), _eval_mode(self.model):
-            admitted = self._admit(admit_below)
-            chunks = [chunk for chunk in (self._pending, admitted) if chunk is not None]
-            self._pending = None
-            if not chunks:
-                return []
-            slots_A = [s for chunk in chunks for s in chunk[0]]
-            logits_AV = chunks[0][1] if len(chunks) == 1 else torch.cat([chunk[1] for chunk in chunks])
-            rows_A = [self._slots[s] for s in slots_A]
-            uniforms_A = None
-            if not params.greedy:  # float64 draws made on the CPU, moved to the logits' device (a no-op on the CPU)
-                uniforms_A = torch.tensor([row.uniform() for row in rows_A if row is not None], dtype=torch.float64)
-                uniforms_A = uniforms_A.to(logits_AV.device)
-            tok_A, logp_A = sample_tokens(logits_AV, params, uniforms_A)
-            ended: list[tuple[StreamRow, str]] = []
-            for s, row, tok, logp in zip(slots_A, rows_A, tok_A.tolist(), logp_A.tolist()):
-                assert row is not None
-                row.tokens.append(tok)
-                row.logprobs.append(logp)
-                if tok in self.eos_ids or len(row.tokens) >= row.budget:
-                    ended.append((row, "eos" if tok in self.eos_ids else "length"))
-                    self._slots[s], self._length[s] = None, 0
-            self._settle()
-            if any(row is not None for row in self._slots):
-                self._forward()
-            return ended
+        if self.model.training:  # eval for the whole stream: ``train()`` walks every module (~6% of a tiny step)
+            self.model.eval()
+            self._restore_training = True
+        try:
+            with torch.inference_mode():
+                return self._step(params, admit_below)
+        finally:
+            if not self._slots and not self.waiting():
+                self._leave_eval()
+
+    def _leave_eval(self) -> None:
+        if self._restore_training:
+            self.model.train()
+            self._restore_training = False
+
+    def _step(self, params: SamplingParams, admit_below: int | None) -> list[tuple[StreamRow, str]]:
+        """Admit, sample every live row from its pending logits, end rows, settle the slots, feed the survivors."""
+        admitted = self._admit(admit_below)
+        chunks = [chunk for chunk in (self._pending, admitted) if chunk is not None]
+        self._pending = None
+        if not chunks:
+            return []
+        slots_A = [s for chunk in chunks for s in chunk[0]]
+        logits_AV = chunks[0][1] if len(chunks) == 1 else torch.cat([chunk[1] for chunk in chunks])
+        rows_A = [self._slots[s] for s in slots_A]
+        uniforms_A = None
+        if not params.greedy:  # float64 draws made on the CPU, moved to the logits' device (a no-op on the CPU)
+            uniforms_A = torch.tensor([row.uniform() for row in rows_A if row is not None], dtype=torch.float64)
+            uniforms_A = uniforms_A.to(logits_AV.device)
+        tok_A, logp_A = sample_tokens(logits_AV, params, uniforms_A)
+        ended: list[tuple[StreamRow, str]] = []
+        for s, row, tok, logp in zip(slots_A, rows_A, tok_A.tolist(), logp_A.tolist()):
+            assert row is not None
+            row.tokens.append(tok)
+            row.logprobs.append(logp)
+            if tok in self.eos_ids or len(row.tokens) >= row.budget:
+                ended.append((row, "eos" if tok in self.eos_ids else "length"))
+                self._slots[s], self._length[s] = None, 0
+        self._settle()
+        if any(row is not None for row in self._slots):
+            self._forward()
+        return ended
 
     def _admit(self, admit_below: int | None) -> tuple[list[int], torch.Tensor] | None:
         """Move waiting rows into free slots and prefill them; returns (their slots, their logits) or None."""
