@@ -8,6 +8,11 @@ Threading model: ``generate``/``resume`` run on one thread; ``request_pause`` ma
 running call return at the next decode step with the unfinished rows marked "interrupted". ``update_weights`` refuses
 to run while a call is in flight (pause first, wait for the call to return, then update, ``clear_pause`` and
 ``resume``), so every token's recorded version is exactly the weights that produced it.
+
+Streaming (``asyncrl.rollout.streaming``, fully_async's Producer): ``submit`` (any thread) queues rows for the slot
+decoder of ``asyncrl.rollout.continuous``, ``step``/``interrupt``/``drain`` run on the driver's thread. While rows are
+held, ``generate``/``resume``/``update_weights`` refuse (EngineBusyError); ``request_pause`` plays no part
+(``interrupt`` returns the partial rows at once).
 """
 
 from __future__ import annotations
