@@ -91,13 +91,16 @@ class ContinuousDecoder:
         self._pending: tuple[list[int], torch.Tensor] | None = None  # (slots, logits_AV) of the last forward
         self._cache: SlotCache | None = None
         self._prefill = PrefillStats()
+        self._unsupported: list[str] | None = None  # the model's cache layer kinds other than full attention
         self._restore_training = False  # the model was in training mode when streaming began: restore when idle
 
     # ---------------------------------------------------------------------------------------------- bookkeeping
 
     def check_supported(self) -> None:
         """NotImplementedError naming the layer kinds when the model has any but plain full attention."""
-        kinds = unsupported_layer_kinds(self.model.config)
+        if self._unsupported is None:
+            self._unsupported = unsupported_layer_kinds(self.model.config)
+        kinds = self._unsupported
         if kinds:
             raise NotImplementedError(
                 f"streaming decode (RolloutEngine.submit) supports full-attention layers only; this model has {kinds}"

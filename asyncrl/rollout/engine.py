@@ -94,8 +94,9 @@ class RolloutEngine(GatedEngine):
         self._max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
         self._warned_positions = False
         # streaming (asyncrl.rollout.streaming): the slot decoder, and the submitted rows not yet reported, by tag
-        self._stream = ContinuousDecoder(model, max_batch_size, self.eos_token_ids, self.pad_id, self._keep_last)
-        self._stream.share_prefixes = share_prefixes
+        self._stream = ContinuousDecoder(
+            model, max_batch_size, self.eos_token_ids, self.pad_id, self._keep_last, share_prefixes
+        )
         self._stream_lock = threading.Lock()
         self._stream_key: tuple[SamplingParams, int | None] | None = None  # the live rows' params and seed
         self._streamed: dict[int, Sample] = {}  # rows in the decoder, as submitted
