@@ -8,11 +8,17 @@ Threading model: ``generate``/``resume`` run on one thread; ``request_pause`` ma
 running call return at the next decode step with the unfinished rows marked "interrupted". ``update_weights`` refuses
 to run while a call is in flight (pause first, wait for the call to return, then update, ``clear_pause`` and
 ``resume``), so every token's recorded version is exactly the weights that produced it.
+
+Streaming (``asyncrl.rollout.streaming``, fully_async's Producer): ``submit`` (any thread) queues rows for the slot
+decoder of ``asyncrl.rollout.continuous``, ``step``/``interrupt``/``drain`` run on the driver's thread. While rows are
+held, ``generate``/``resume``/``update_weights`` refuse (EngineBusyError); ``request_pause`` plays no part
+(``interrupt`` returns the partial rows at once).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
@@ -21,15 +27,26 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from asyncrl.models.fp8 import dequantize_sync, sync_layout
 from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
 from asyncrl.models.lora import is_lora, merged_update, require_adapter, synced_tensors
+from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow
 from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_to_keep
 from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, WeightUpdateError, validate_update
+from asyncrl.rollout.rows import check_prompts, extend_sample, resumable, row_streams
 from asyncrl.rollout.sampling import RowStreams, SamplingParams
 from asyncrl.types import PrefillStats, Prompt, Sample
 
 logger = logging.getLogger(__name__)
 
 
-__all__ = ["EngineBusyError", "RolloutEngine", "SamplingParams", "WeightUpdateError"]
+__all__ = [
+    "EngineBusyError",
+    "RolloutEngine",
+    "SamplingParams",
+    "WeightUpdateError",
+    "check_prompts",
+    "extend_sample",
+    "resumable",
+    "row_streams",
+]
 
 
 class RolloutEngine(GatedEngine):
@@ -76,6 +93,15 @@ class RolloutEngine(GatedEngine):
         self._params = dict(model.named_parameters(remove_duplicate=False))  # tied aliases included
         self._max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
         self._warned_positions = False
+        # streaming (asyncrl.rollout.streaming): the slot decoder, and the submitted rows not yet reported, by tag
+        self._stream = ContinuousDecoder(
+            model, max_batch_size, self.eos_token_ids, self.pad_id, self._keep_last, share_prefixes
+        )
+        self._stream_lock = threading.Lock()
+        self._stream_key: tuple[SamplingParams, int | None] | None = None  # the live rows' params and seed
+        self._streamed: dict[int, Sample] = {}  # rows in the decoder, as submitted
+        self._ready: list[tuple[int, Sample]] = []  # rows that need no decoding, reported at the next step
+        self._next_tag = 0
 
     # -------------------------------------------------------------------------------------------------- generate
 
@@ -226,6 +252,108 @@ class RolloutEngine(GatedEngine):
                 self._max_positions,
             )
 
+    # ------------------------------------------------------------------------- streaming (asyncrl.rollout.streaming)
+
+    @property
+    def capacity(self) -> int:
+        """Rows the streaming decoder decodes at once (a slot each): ``max_batch_size``."""
+        return self.max_batch_size
+
+    def submit(self, rows: list[Sample], params: SamplingParams, seed: int | None = None) -> None:
+        """Queue rows for the streaming decoder (any thread); they enter free slots at the next ``step``.
+
+        Row semantics are ``resume``'s: a sample that is not "interrupted" is reported unchanged at the next step, an
+        interrupted one already at ``max_new_tokens`` as "length" without decoding, the others continue their own
+        noise (``row_streams``). All rows held at once share one ``params`` and ``seed`` (ValueError naming both
+        otherwise); EngineBusyError during a generate/resume or a weight update; NotImplementedError for a model
+        with layers other than plain full attention.
+        """
+        if not rows:
+            return
+        self._stream.check_supported()
+        out, todo = resumable(rows, params, self.tokenizer)
+        streams = row_streams([rows[i] for i in todo], seed)
+        prefixes = [rows[i].prompt.prompt_ids + rows[i].response_ids for i in todo]
+        budgets = [params.max_new_tokens - len(rows[i].response_ids) for i in todo]
+        self._check_positions(prefixes, budgets)
+        with self._stream_lock:
+            if self._gate.held and self._stream_key != (params, seed):
+                assert self._stream_key is not None
+                live_params, live_seed = self._stream_key
+                raise ValueError(
+                    f"RolloutEngine.submit: params {params} and seed {seed} differ from the live rows' params "
+                    f"{live_params} and seed {live_seed} (interrupt() or drain() first)"
+                )
+            self._gate.hold(len(rows))
+            self._stream_key = (params, seed)
+            tag = self._next_tag
+            self._next_tag += len(rows)
+            decode = dict(zip(todo, range(len(todo))))
+            new: list[StreamRow] = []
+            for i, row in enumerate(rows):
+                j = decode.get(i)
+                if j is None:
+                    self._ready.append((tag + i, out[i]))
+                    continue
+                self._streamed[tag + i] = row
+                new.append(StreamRow(tag + i, prefixes[j], budgets[j], streams.keys[j], streams.offsets[j]))
+            self._stream.submit(new)  # under the lock: rows enter the inbox in tag order
+
+    def step(self) -> list[Sample]:
+        """One decode step over the streamed rows (waiting rows first enter free slots); the rows that ended in it
+        ("eos" or "length"), continued, one version (``self.version``) per new token."""
+        return [sample for _, sample in self._stream_step(None)]
+
+    def _stream_step(self, admit_below: int | None) -> list[tuple[int, Sample]]:
+        with self._stream_lock:
+            if not self._gate.held or self._stream_key is None:
+                return []
+            params = self._stream_key[0]
+            done = [(t, s) for t, s in self._ready if admit_below is None or t < admit_below]
+            self._ready = [(t, s) for t, s in self._ready if admit_below is not None and t >= admit_below]
+        ended = self._stream.step(params, admit_below)
+        with self._stream_lock:
+            for row, reason in ended:
+                done.append((row.tag, self._continued(row, reason)))
+            self._gate.release(len(done))
+        return done
+
+    def _continued(self, row: StreamRow, reason: str) -> Sample:
+        """The submitted sample of ``row`` with its new tokens appended (call under ``_stream_lock``)."""
+        versions = [self.version] * len(row.tokens)
+        return extend_sample(self._streamed.pop(row.tag), row.tokens, row.logprobs, versions, reason, self.tokenizer)
+
+    def interrupt(self) -> list[Sample]:
+        """Every submitted row not yet reported, in submission order: decoding or waiting ones continued so far and
+        "interrupted" (tokens, log-probs and versions kept), ones that needed no decoding in their final form. The
+        engine then holds no row (a weight update may follow)."""
+        with self._stream_lock:
+            out = self._ready + [(row.tag, self._continued(row, "interrupted")) for row in self._stream.interrupt()]
+            self._ready = []
+            self._gate.release(len(out))
+        return [sample for _, sample in sorted(out, key=lambda item: item[0])]
+
+    def drain(self) -> list[Sample]:
+        """Step until every row submitted before this call has ended; returns them in the order they ended (rows
+        submitted meanwhile wait for the next ``step``)."""
+        with self._stream_lock:
+            limit = self._next_tag
+        out: list[Sample] = []
+        while True:
+            with self._stream_lock:
+                left = any(t < limit for t in self._streamed) or any(t < limit for t, _ in self._ready)
+            if not left:
+                return out
+            out += [sample for _, sample in self._stream_step(limit)]
+
+    def live_rows(self) -> int:
+        """Streamed rows submitted and not yet reported (waiting or decoding)."""
+        return self._gate.held
+
+    def take_prefill(self) -> PrefillStats:
+        """The streaming decoder's prefill token counts since the last call (shared and unshared), then zero."""
+        return self._stream.take_prefill()
+
     # ---------------------------------------------------------------------------------------------------- weights
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
@@ -248,7 +376,8 @@ class RolloutEngine(GatedEngine):
 
         Every name and shape is checked before anything is copied, so a bad update leaves the weights and version
         untouched. With ``strict`` every parameter of ``state_dict_for_sync()`` must be present (a partial sync
-        would silently mix versions). Raises EngineBusyError during a generate/resume.
+        would silently mix versions). Raises EngineBusyError during a generate/resume or while streamed rows
+        are held (``interrupt`` or ``drain`` first).
         """
         items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
         if self.quantization == "fp8":  # values x block scales: the engine runs on the quantized weights
@@ -261,62 +390,3 @@ class RolloutEngine(GatedEngine):
                 for name, tensor in items:
                     self._params[name].copy_(tensor)
             self.version = version
-
-
-def check_prompts(prompts: list[Prompt], owner: str) -> None:
-    """A prompt without tokens is an error naming its index (both engines' ``generate``)."""
-    for prompt in prompts:
-        if not prompt.prompt_ids:
-            raise ValueError(f"{owner}.generate: prompt index {prompt.index} has no tokens")
-
-
-def row_streams(samples: list[Sample], seed: int | None) -> RowStreams:
-    """Each sample's own noise, continuing where its response stopped (both engines' ``resume``)."""
-    rows = [(s.prompt.epoch, s.prompt.index, s.row) for s in samples]
-    return RowStreams.of(seed, rows, [len(s.response_ids) for s in samples])
-
-
-def resumable(
-    samples: list[Sample], params: SamplingParams, tokenizer: PreTrainedTokenizerBase
-) -> tuple[list[Sample], list[int]]:
-    """``resume``'s triage, for both engines: (the output list with every sample that needs no decoding in its final
-    form, the indices still to decode). Samples that are not "interrupted" stay as they are; an interrupted one
-    already at ``max_new_tokens`` becomes "length"."""
-    out = list(samples)
-    todo: list[int] = []
-    for i, s in enumerate(samples):
-        if s.stop_reason != "interrupted":
-            continue
-        if len(s.response_ids) >= params.max_new_tokens:
-            out[i] = extend_sample(s, [], [], [], "length", tokenizer)
-        else:
-            todo.append(i)
-    return out, todo
-
-
-def extend_sample(
-    sample: Sample,
-    tokens: list[int],
-    logprobs: list[float],
-    versions: list[int],
-    stop_reason: str,
-    tokenizer: PreTrainedTokenizerBase,
-) -> Sample:
-    """A copy of ``sample`` with a continuation the model generated appended (reward fields reset: the response
-    changed; a multi-turn sample's mask and counters carried on); both engines build their continued samples with
-    it."""
-    response_ids = sample.response_ids + tokens
-    return Sample(
-        prompt=sample.prompt,
-        response_ids=response_ids,
-        logprobs=sample.logprobs + logprobs,
-        versions=sample.versions + versions,
-        stop_reason=stop_reason,
-        start_version=sample.start_version,
-        response_text=tokenizer.decode(response_ids, skip_special_tokens=True),
-        response_mask=None if sample.response_mask is None else sample.response_mask + [1] * len(tokens),
-        turns=sample.turns,
-        tool_calls=sample.tool_calls,
-        tool_errors=sample.tool_errors,
-        row=sample.row,
-    )

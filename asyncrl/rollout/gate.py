@@ -30,6 +30,7 @@ class EngineGate:
         self._lock = threading.Lock()
         self._busy = False
         self._updating = False
+        self._held = 0  # streamed rows submitted and not yet reported (asyncrl.rollout.streaming)
 
     def request_pause(self) -> None:
         self._pause.set()
@@ -43,8 +44,29 @@ class EngineGate:
 
     @property
     def busy(self) -> bool:
-        """A generate/resume is running."""
-        return self._busy
+        """A generate/resume is running, or the engine holds streamed rows."""
+        return self._busy or self._held > 0
+
+    @property
+    def held(self) -> int:
+        """Streamed rows submitted and not yet reported (rows)."""
+        return self._held
+
+    def hold(self, rows: int) -> None:
+        """Count ``rows`` more streamed rows as held; refuses during a generate/resume or an update, so a streamed
+        row never decodes beside a batch call and every token's version is the weights that made it."""
+        with self._lock:
+            if self._busy or self._updating:
+                what = "a generate/resume" if self._busy else "update_weights"
+                raise EngineBusyError(f"{self.owner}.submit: cannot take streamed rows while {what} is running")
+            self._held += rows
+
+    def release(self, rows: int) -> None:
+        """``rows`` streamed rows were reported (ended, or interrupted)."""
+        with self._lock:
+            if rows > self._held:
+                raise RuntimeError(f"{self.owner}: releasing {rows} streamed rows, only {self._held} held")
+            self._held -= rows
 
     @contextmanager
     def running(self) -> Iterator[None]:
@@ -53,6 +75,11 @@ class EngineGate:
             if self._busy or self._updating:
                 what = "a generate/resume" if self._busy else "update_weights"
                 raise EngineBusyError(f"{self.owner}: cannot start a generate/resume while {what} is running")
+            if self._held:
+                raise EngineBusyError(
+                    f"{self.owner}: cannot start a generate/resume while the engine holds {self._held} streamed rows "
+                    "(interrupt() or drain() first)"
+                )
             self._busy = True
         try:
             yield
@@ -71,6 +98,11 @@ class EngineGate:
                 )
             if self._updating:
                 raise EngineBusyError(f"{self.owner}.update_weights(version={version}): another update is running")
+            if self._held:
+                raise EngineBusyError(
+                    f"{self.owner}.update_weights(version={version}) called while the engine holds {self._held} "
+                    "streamed rows; call interrupt() (or drain()) first"
+                )
             self._updating = True
         try:
             yield
@@ -97,7 +129,7 @@ class GatedEngine:
 
     @property
     def busy(self) -> bool:
-        """A generate/resume is running (safe to read from any thread)."""
+        """A generate/resume is running or streamed rows are held (safe to read from any thread)."""
         return self._gate.busy
 
 

@@ -1,0 +1,273 @@
+"""Continuous decoding for the built-in engine: rows enter free slots of a running decode and leave when they end.
+
+``decode_batch`` decodes a batch that only shrinks (one shared KV write pointer, rows cannot join). Here a fixed set
+of ``capacity`` slots decodes one token per step; rows wait in a thread-safe inbox and enter free slots at the next
+step, and a row that ends frees its slot for the next waiting one. The KV layout is ``slot_cache.SlotCache``'s: one
+write column ``p`` shared by all slots, each live slot's keys right-aligned ending at ``p`` (exactly left padding), so
+a step is a plain batched forward with a 2D mask and stock attention kernels.
+
+A step: (1) admit waiting rows into free slots: the distinct prefixes among them are prefilled once, left-padded as
+``decode.left_pad`` (a group's blank rows share one prefill), in a temporary cache whose keys are copied into every
+slot that uses them, right-aligned at ``p`` (moving the live window right first when a prefix is longer than ``p``);
+their last-position logits wait to be sampled. (2) Sample every live row from its pending logits, exactly as
+``decode_batch`` does (``sample_tokens`` on float32 logits, the row's own uniform from ``RowStreams`` at its offset +
+t), on the model's device: on the CPU that is the very computation ``decode_batch`` runs, so a streamed row draws the
+tokens a batched one draws (its logits differ from the batched ones by float rounding only: other padding). (3) Rows
+that drew an eos or filled their budget end and free their slots; when few rows are left (live + waiting <= half the
+slots in use) the live slots are packed to the front, as ``decode_batch`` drops finished rows, so a long tail does not
+pay for empty slots; trailing free slots are dropped for free. (4) One forward over the slots in use: live slots feed
+their new token, free slots among them feed the pad id with a mask that sees only their own column (outputs unused);
+``p`` moves on by one. Before it, the live window is moved back to the left edge (``relayout``) when column ``p`` is
+past the buffers, or when the dead columns left of the longest live row outnumber the live ones (the attention reads
+them every step; the move costs about one step's reading of the window).
+
+The buffers are zero-filled (masked garbage must be finite), grown when a row's prefix + budget needs more columns
+(with slack, so the window is moved back rarely) or more slots are used (doubling up to ``capacity``). The model stays
+in eval mode from the first step until the decoder is empty again (then its training flag is restored): switching
+per step walks every module. ``submit`` is safe from any thread; ``step`` and ``interrupt`` run on one thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from asyncrl import seeds
+from asyncrl.rollout.decode import _last_logits, left_pad, unique_prefixes
+from asyncrl.rollout.kv_cache import PreallocatedCache
+from asyncrl.rollout.sampling import sample_tokens
+from asyncrl.rollout.slot_cache import SlotCache, unsupported_layer_kinds
+from asyncrl.types import PrefillStats, SamplingParams
+
+MIN_DEAD_COLUMNS = 32  # tokens: dead columns below this are cheaper to keep than to move the window for
+
+
+@dataclass(eq=False)
+class StreamRow:
+    """One row to continue: ``prefix`` (prompt + response so far, tokens) for at most ``budget`` (>= 1) new tokens.
+
+    Its ``t``-th new token draws ``seeds.uniform(key, offset + t)`` (``RowStreams``' rule). ``tag`` is the caller's id
+    (submission order); ``tokens``/``logprobs`` grow as it decodes.
+    """
+
+    tag: int
+    prefix: list[int]
+    budget: int
+    key: int
+    offset: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    def uniform(self) -> float:
+        return seeds.uniform(self.key, self.offset + len(self.tokens))
+
+
+class ContinuousDecoder:
+    """``capacity`` slots decoding one token per step; rows enter from a thread-safe inbox (``submit``)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        capacity: int,
+        eos_ids: list[int],
+        pad_id: int,
+        keep_last: bool = True,
+        share_prefixes: bool = True,
+    ) -> None:
+        self.model = model
+        self.capacity = capacity
+        self.eos_ids = frozenset(eos_ids)
+        self.pad_id = pad_id
+        self.keep_last = keep_last
+        self.share_prefixes = share_prefixes
+        self._lock = threading.Lock()
+        self._inbox: deque[StreamRow] = deque()
+        self._slots: list[StreamRow | None] = []  # the batch of every forward: slot s is its row s
+        self._length: list[int] = []  # valid keys per slot, tokens (a free slot: 0)
+        self._pending: tuple[list[int], torch.Tensor] | None = None  # (slots, logits_AV) of the last forward
+        self._cache: SlotCache | None = None
+        self._prefill = PrefillStats()
+        self._unsupported: list[str] | None = None  # the model's cache layer kinds other than full attention
+        self._restore_training = False  # the model was in training mode when streaming began: restore when idle
+
+    # ---------------------------------------------------------------------------------------------- bookkeeping
+
+    def check_supported(self) -> None:
+        """NotImplementedError naming the layer kinds when the model has any but plain full attention."""
+        if self._unsupported is None:
+            self._unsupported = unsupported_layer_kinds(self.model.config)
+        kinds = self._unsupported
+        if kinds:
+            raise NotImplementedError(
+                f"streaming decode (RolloutEngine.submit) supports full-attention layers only; this model has {kinds}"
+            )
+
+    def submit(self, rows: list[StreamRow]) -> None:
+        """Queue rows (any thread); they enter free slots at a later ``step``, first come first served."""
+        with self._lock:
+            self._inbox.extend(rows)
+
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._inbox)
+
+    def decoding(self) -> int:
+        """Rows in slots."""
+        return sum(row is not None for row in self._slots)
+
+    def take_prefill(self) -> PrefillStats:
+        """Prefill token counts since the last call (``tokens`` run, ``unshared_tokens`` without sharing), then zero."""
+        stats, self._prefill = self._prefill, PrefillStats()
+        return stats
+
+    def interrupt(self) -> list[StreamRow]:
+        """Every row (decoding or waiting) with its tokens so far, in submission order; the decoder is then empty
+        and its buffers freed (the trainer may want the memory while weights are synced)."""
+        with self._lock:
+            waiting = list(self._inbox)
+            self._inbox.clear()
+        rows = [row for row in self._slots if row is not None] + waiting
+        self._slots, self._length, self._pending, self._cache = [], [], None, None
+        self._leave_eval()
+        return sorted(rows, key=lambda row: row.tag)
+
+    # ------------------------------------------------------------------------------------------------------ step
+
+    def step(self, params: SamplingParams, admit_below: int | None = None) -> list[tuple[StreamRow, str]]:
+        """One decode step (admitting waiting rows with ``tag < admit_below`` first, all when None); returns the rows
+        that ended in it with their reason, "eos" or "length"."""
+        if self.model.training:  # eval for the whole stream: ``train()`` walks every module (~6% of a tiny step)
+            self.model.eval()
+            self._restore_training = True
+        try:
+            with torch.inference_mode():
+                return self._step(params, admit_below)
+        finally:
+            if not self._slots and not self.waiting():
+                self._leave_eval()
+
+    def _leave_eval(self) -> None:
+        if self._restore_training:
+            self.model.train()
+            self._restore_training = False
+
+    def _step(self, params: SamplingParams, admit_below: int | None) -> list[tuple[StreamRow, str]]:
+        """Admit, sample every live row from its pending logits, end rows, settle the slots, feed the survivors."""
+        admitted = self._admit(admit_below)
+        chunks = [chunk for chunk in (self._pending, admitted) if chunk is not None]
+        self._pending = None
+        if not chunks:
+            return []
+        slots_A = [s for chunk in chunks for s in chunk[0]]
+        logits_AV = chunks[0][1] if len(chunks) == 1 else torch.cat([chunk[1] for chunk in chunks])
+        rows_A = [self._slots[s] for s in slots_A]
+        uniforms_A = None
+        if not params.greedy:  # float64 draws made on the CPU, moved to the logits' device (a no-op on the CPU)
+            uniforms_A = torch.tensor([row.uniform() for row in rows_A if row is not None], dtype=torch.float64)
+            uniforms_A = uniforms_A.to(logits_AV.device)
+        tok_A, logp_A = sample_tokens(logits_AV, params, uniforms_A)
+        ended: list[tuple[StreamRow, str]] = []
+        for s, row, tok, logp in zip(slots_A, rows_A, tok_A.tolist(), logp_A.tolist()):
+            assert row is not None
+            row.tokens.append(tok)
+            row.logprobs.append(logp)
+            if tok in self.eos_ids or len(row.tokens) >= row.budget:
+                ended.append((row, "eos" if tok in self.eos_ids else "length"))
+                self._slots[s], self._length[s] = None, 0
+        self._settle()
+        if any(row is not None for row in self._slots):
+            self._forward()
+        return ended
+
+    def _admit(self, admit_below: int | None) -> tuple[list[int], torch.Tensor] | None:
+        """Move waiting rows into free slots and prefill them; returns (their slots, their logits) or None."""
+        free = [s for s, row in enumerate(self._slots) if row is None]
+        free += range(len(self._slots), self.capacity)
+        rows: list[StreamRow] = []
+        with self._lock:
+            while self._inbox and len(rows) < len(free):
+                if admit_below is not None and self._inbox[0].tag >= admit_below:
+                    break
+                rows.append(self._inbox.popleft())
+        if not rows:
+            return None
+        device = next(self.model.parameters()).device
+        prefixes = [row.prefix for row in rows]
+        unique, index = unique_prefixes(prefixes) if self.share_prefixes else (prefixes, list(range(len(rows))))
+        ids_UW, mask_UW, pos_UW = left_pad(unique, self.pad_id)
+        W = ids_UW.shape[1]
+        prefilled = PreallocatedCache(self.model.config, capacity=W)
+        logits_UV = _last_logits(
+            self.model, ids_UW.to(device), mask_UW.to(device), pos_UW.to(device), prefilled, self.keep_last
+        )
+        self._prefill += PrefillStats(sum(map(len, unique)), sum(map(len, prefixes)))
+
+        if self._cache is None:
+            self._cache = SlotCache(self.model.config)
+        cache, used = self._cache, len(self._slots)
+        width = max(self._length, default=0)
+        slots_R = free[: len(rows)]
+        self._slots += [None] * (max(slots_R) + 1 - used)
+        self._length += [0] * (max(slots_R) + 1 - used)
+        need = max(len(row.prefix) + row.budget for row in rows)
+        n_rows, n_cols = cache.rows, cache.columns
+        if n_rows < len(self._slots):
+            n_rows = min(self.capacity, max(len(self._slots), 2 * n_rows))
+        if n_cols < need:
+            n_cols = need + max(need // 2, 16)
+        new_p = max(cache.p, W) if width else W
+        if (n_rows, n_cols) != (cache.rows, cache.columns):
+            new_p = max(width, W)  # new buffers: drop the dead columns on the way
+        cache.relayout(used, width, new_p, n_rows, n_cols, like=prefilled)
+        index_R = torch.tensor(index, dtype=torch.long)
+        cache.write_prefill(torch.tensor(slots_R, dtype=torch.long), prefilled, index_R)
+        for s, row in zip(slots_R, rows):
+            self._slots[s], self._length[s] = row, len(row.prefix)
+        if len(unique) < len(rows):
+            logits_UV = logits_UV.index_select(0, index_R.to(logits_UV.device))
+        return slots_R, logits_UV
+
+    def _settle(self) -> None:
+        """After rows ended: drop trailing free slots; pack the live ones to the front when few are left."""
+        while self._slots and self._slots[-1] is None:
+            self._slots.pop()
+            self._length.pop()
+        live = [s for s, row in enumerate(self._slots) if row is not None]
+        if not live:
+            if self._cache is not None:
+                self._cache.reset_window()
+            return
+        if len(live) < len(self._slots) and len(live) + self.waiting() <= len(self._slots) // 2:
+            assert self._cache is not None
+            self._cache.gather_slots(torch.tensor(live, dtype=torch.long), max(self._length))
+            self._slots = [self._slots[s] for s in live]
+            self._length = [self._length[s] for s in live]
+
+    def _forward(self) -> None:
+        """Feed every live slot its last token (free slots in the batch: the pad id, seeing only itself)."""
+        cache = self._cache
+        assert cache is not None
+        width = max(self._length)
+        p = cache.p
+        if p + 1 > cache.columns or p - width > max(width, MIN_DEAD_COLUMNS):
+            cache.relayout(len(self._slots), width, width, cache.rows, cache.columns)
+            p = width
+        device = next(self.model.parameters()).device
+        live = [row is not None for row in self._slots]
+        ids_S = torch.tensor([row.tokens[-1] if row is not None else self.pad_id for row in self._slots])
+        pos_S = torch.tensor([n if on else 0 for n, on in zip(self._length, live)])
+        start_S = torch.tensor([p - n if on else p for n, on in zip(self._length, live)])
+        mask_SK = torch.arange(p + 1, device=device)[None, :] >= start_S.to(device)[:, None]
+        logits_SV = _last_logits(
+            self.model, ids_S.to(device)[:, None], mask_SK, pos_S.to(device)[:, None], cache, self.keep_last
+        )
+        slots_A = [s for s, on in enumerate(live) if on]
+        for s in slots_A:
+            self._length[s] += 1
+        if len(slots_A) < len(live):
+            logits_SV = logits_SV.index_select(0, torch.tensor(slots_A, device=logits_SV.device))
+        self._pending = (slots_A, logits_SV)
