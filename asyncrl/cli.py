@@ -321,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --distill: comma-separated trainer.schedule values (default sync,one_step_off,two_step_off; "
         "sync is always run)",
     )
-    s.add_argument("--workload", default="demo", choices=["demo", "short", "long", "real"])
+    s.add_argument("--workload", default="demo", choices=["demo", "short", "long", "tail", "real"])
     s.add_argument("--steps", type=int, default=20, help="training steps per run (the first is left out of rates)")
     s.add_argument("--out", default="runs/bench")
     s.add_argument("--work-dir", default="runs/bench_work", help="cached data + SFT models per workload")

@@ -26,12 +26,13 @@ Figures per schedule (all ratios computed from runs in this one invocation, beca
 Workloads (``bench_common.prepare_workload``): ``demo`` is the demo's RL work (32 prompts x 8), ``short`` the same task
 at half the batch (short answers: update-heavy on a CPU);
 ``long`` is chain_sum with 2-24 terms answered step by step, a generation-heavy workload with a long tail of response
-lengths. ``--modes ppo_colocated,ppo_split`` measures PPO's two placements against each other instead (``bench_ppo``).
+lengths; ``tail`` answers each prompt either step by step or at once, so lengths vary 10x within a group. ``--modes ppo_colocated,ppo_split`` measures PPO's two placements against each other instead (``bench_ppo``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -116,9 +117,8 @@ def schedule_overrides(mode: str, total_cpus: int) -> list[str]:
         f"ray.num_cpus={total_cpus + 1}",
     ]
     if schedule == "fully_async":
-        # the Rollouter may run one sync window ahead (every sample <= 1 version stale), decoding the groups of two
-        # trainer steps in one batch; with partial rollout a sync interrupts that batch's long tail instead of
-        # waiting for it (the refill rule never fires as written: docs/schedules/fully_async.md)
+        # the Rollouter may run one sync window ahead (every sample <= 1 version stale), streaming the groups of two
+        # trainer steps; with partial rollout a sync interrupts the live rows instead of waiting for them
         over += ["async_training.staleness_threshold=1.0", "async_training.partial_rollout=true"]
     return over
 
@@ -138,7 +138,10 @@ def schedule_config(schedule: str, wl: Workload, out: Path, steps: int, total_cp
 def run_schedule(schedule: str, wl: Workload, out: Path, steps: int, total_cpus: int, extra: list[str]) -> Path:
     cfg = schedule_config(schedule, wl, out, steps, total_cpus, extra)
     run_one(cfg)
-    return Path(cfg.trainer.default_local_dir)
+    run_dir = Path(cfg.trainer.default_local_dir)
+    # the machine's load as the run ends (1-minute mean): a figure taken beside another job is not a figure
+    (run_dir / "load.json").write_text(json.dumps({"load_1m": os.getloadavg()[0]}) + "\n")
+    return run_dir
 
 
 def profile_sync(run_dir: Path, out_dir: Path) -> str:
@@ -225,6 +228,12 @@ def summarize(schedule: str, workload: str, run_dir: Path, sync_ref: dict[str, f
         else None,
         "trainer_peak_rss_gb": max(m.get("perf/trainer_peak_rss_gb", 0.0) for m in steps),
         "cpu_utilization": cpu_utilization(steps, body),
+        # fully_async: the Rollouter's slots decoding (rows on its engines over their slots, time-averaged)
+        "slot_occupancy": mean_of(body, "fully_async/slot_occupancy")
+        if any("fully_async/slot_occupancy" in m for m in body)
+        else None,
+        "load_1m": json.loads((run_dir / "load.json").read_text())["load_1m"] if (run_dir / "load.json").is_file()
+        else None,
     }
     ref = sync_ref or summary
     g, tr = ref["gen_s"], ref["train_s"]
@@ -307,6 +316,8 @@ COLUMNS = [
     *RATE_COLUMNS,
     ("ratio_to_unshared", "{:.2f}x"),
     ("cpu_utilization", "{:.2f}"),
+    ("slot_occupancy", "{:.2f}"),
+    ("load_1m", "{:.2f}"),
     ("core_limit", "{:.2f}x"),
     ("core_limit_fraction", "{:.2f}"),
     ("update_tokens", "{:.0f}"),

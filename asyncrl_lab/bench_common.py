@@ -48,13 +48,35 @@ def _chain_sum(out: Path, size: int, seed: int, test_size: int, terms: tuple[int
     )
 
 
+def _mixed_targets(path: Path, seed: int) -> Path:
+    """``path`` with ``extra_info.mixed``: for each row, at random, its step-by-step solution or its bare answer
+    (``#### N``); a model SFT-trained on it answers the same prompt either way, so a group's responses differ in
+    length by 10x and more (the ``tail`` workload)."""
+    import random
+
+    import pyarrow.parquet as pq
+
+    rng = random.Random(seed)
+    rows = pq.read_table(path).to_pylist()
+    for r in rows:
+        info = r["extra_info"]
+        info["mixed"] = info["solution"] if rng.random() < 0.5 else f"#### {info['answer']}"
+    out = path.with_name(path.stem + "_mixed.parquet")
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(rows), out)
+    return out
+
+
 def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Workload:
     """Data and an SFT-warmed tiny model for ``name``, built once under ``work_dir`` and reused by later benches.
 
     ``demo`` is the demo's RL work (configs/quickstart.yaml: 32 prompts x 8 samples of at most 16 tokens; short
     answers, so update-heavy on a CPU); ``short`` is the same task, data and model at half the batch; ``long`` is
     chain_sum with 2-24 terms answered step by step (running sums), a generation-heavy workload with a long tail of
-    response lengths.
+    response lengths; ``tail`` is chain_sum with 10-16 terms, each SFT target at random the step-by-step solution or
+    the bare answer, so the responses to one prompt range from a few tokens to a couple of hundred (a long tail within
+    every group: where a Rollouter that streams gains most).
     """
     from asyncrl.schedules.sft import load_sft_config, run_sft
 
@@ -85,10 +107,24 @@ def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Wo
             "data.max_prompt_length=192",
         ]
         secs = 180.0 if sft_seconds is None else sft_seconds
+    elif name == "tail":
+        train, test = _chain_sum(wdir / "data", 6000, 2, 100, terms=(10, 16))
+        train, test = _mixed_targets(train, 0), _mixed_targets(test, 1)
+        files = {"train": [str(train)], "val": [str(test)]}
+        sft_over = ["data.response_key=mixed", "data.max_response_length=256", "data.batch_size=16"]
+        train_over = [
+            "rollout.response_length=256",
+            "rollout.n=8",
+            "data.train_batch_size=2",
+            "actor.ppo_mini_batch_size=2",
+            "actor.ppo_micro_batch_size=32",
+            "data.max_prompt_length=192",
+        ]
+        secs = 180.0 if sft_seconds is None else sft_seconds
     elif name == "real":
         return _real_workload(wdir)
     else:
-        raise ValueError(f"bench: unknown workload {name!r} (allowed: demo, short, long, real)")
+        raise ValueError(f"bench: unknown workload {name!r} (allowed: demo, short, long, tail, real)")
     model_dir = wdir / "sft"
     if not (model_dir / "config.json").is_file():
         print(f"[bench] preparing workload {name!r}: SFT warm start for {secs:.0f} s -> {model_dir}")

@@ -220,6 +220,54 @@ def run_published() -> list[dict[str, Any]]:
               f"{calib['predicted_step']:.0f} s against {calib['published_step']:.0f} s over the medians searched "
               "(50 to 12,800 tokens), so the fully_async rows are not a prediction this model can make "
               "(BENCHMARKS.md says why)")  # fmt: skip
+    print_occupancy(occupancy_rows())
     print("sources:\n" + "\n".join(f"- {k}: {v}" for k, v in SOURCES.items()))
     print("assumptions:\n" + "\n".join(f"- {a}" for a in ASSUMPTIONS))
     return rows
+
+
+# ---- streaming: slot occupancy on a long tail ------------------------------------------------------------------------
+def occupancy_rows(slots: int = SEQS, sigma: float = SIGMA, median: float = 400.0, seed: int = 0) -> dict[str, Any]:
+    """One engine of ``slots`` rows, log-normal response lengths (``sigma``, ``median``; groups of N): the share of
+    slots decoding, time-averaged, and rows per second, for (a) batch calls of ``slots`` rows back to back, each as
+    long as its longest row (how the Rollouter decoded before it streamed), and (b) the streaming Rollouter
+    (``fully_async`` on the simulator: the real Producer placing a group whenever a slot frees; a trainer that never
+    holds it back). A decode step costs 1 (plus 1/256 per live row); prefill is free in both."""
+    cost = replace(
+        fa_cost(1.0, median, sigma, 0.0, 0.0),
+        groups=lengths(median, sigma, seed, groups=4096),
+        engine="builtin",
+        max_batch_size=slots,
+        max_num_seqs=0,
+        prompts_per_step=slots // N,
+        ppo_mini_batch_size=slots // N,
+        decode=Term(("call", "step", "token", "prefill_token"), (0.0, 1.0, 1 / 256, 0.0)),
+    )
+    rng = random.Random(seed)
+    busy = steps = seconds = 0.0
+    rows = 0
+    for _ in range(32):  # batch calls of `slots` rows drawn from the same groups
+        call = [r for _ in range(slots // N) for r in rng.choice(cost.groups)[1]]
+        longest = max(call)
+        busy, steps, rows = busy + sum(call), steps + longest, rows + len(call)
+        seconds += longest + sum(call) / 256  # each step 1, and 1/256 for each row still live in it
+    batch = {"occupancy": busy / (slots * steps), "rows_per_s": rows / seconds}
+    updates = 48  # one weight version for the whole run: no sync parks the Rollouter
+    setting = Setting(
+        "fully_async", trainer=1, rollout=1, staleness_threshold=1.0, trigger_parameter_sync_step=updates, partial_rollout=True
+    )
+    sim = Sim(cost, Cluster.gpus(2), setting, steps=updates, seed=seed)
+    pred = sim.run()
+    occ = sim.producer.count_metrics()["fully_async/slot_occupancy"]
+    stream = {"occupancy": occ, "rows_per_s": pred.samples_per_s}
+    return {"slots": slots, "sigma": sigma, "median": median, "batch": batch, "stream": stream,
+            "ratio": stream["rows_per_s"] / batch["rows_per_s"]}  # fmt: skip
+
+
+def print_occupancy(o: dict[str, Any]) -> None:
+    b, s = o["batch"], o["stream"]
+    print(f"\nstreaming on a long tail: one engine of {o['slots']} slots, log-normal lengths (sigma {o['sigma']:g}, "
+          f"median {o['median']:.0f} tokens, groups of {N}), a decode step priced 1 + 1/256 per live row")  # fmt: skip
+    print("| Rollouter | slot occupancy | rows per step-second | ratio |\n| --- | --- | --- | --- |")
+    print(f"| batch calls of {o['slots']} rows (before issue 49) | {b['occupancy']:.3f} | {b['rows_per_s']:.4f} | 1.00x |")
+    print(f"| streaming (fully_async now) | {s['occupancy']:.3f} | {s['rows_per_s']:.4f} | {o['ratio']:.2f}x |")

@@ -170,6 +170,7 @@ def test_partial_rollout_keeps_tokens_from_both_versions(setup, tmp_path):
     # pause below lands mid-decode.
     ro.engine.eos_token_ids = [10**9]
     ro.engine._eos_ids_E = torch.tensor(ro.engine.eos_token_ids)
+    ro.engine._stream.eos_ids = frozenset(ro.engine.eos_token_ids)  # the streaming decoder's copy
     ro.start()
     try:
         first = ro.get_batch(1, trainer_version=0)  # group A, all at version 0; B is decoding now
@@ -177,7 +178,7 @@ def test_partial_rollout_keeps_tokens_from_both_versions(setup, tmp_path):
         deadline = time.monotonic() + 60
         while not ro.engine.busy and time.monotonic() < deadline:
             time.sleep(0.005)
-        time.sleep(0.05)
+        time.sleep(0.05)  # a few steps into B
         ro.pause(interrupt=True)
         interrupted = [s for g in ro.books.inflight.values() for s in g.samples if s.stop_reason == "interrupted"]
         assert interrupted and all(0 < len(s.response_ids) < 400 for s in interrupted)
@@ -327,7 +328,7 @@ def test_one_rollouter_drives_two_rollout_ranks_with_one_set_of_books(setup, tmp
 
 
 def test_a_decode_splits_whole_groups_over_the_ranks():
-    from asyncrl.schedules.fully_async.rollouter import split_by_group
+    from asyncrl.schedules.fully_async.producer import split_by_group
     from asyncrl.types import Prompt, Sample
 
     def row(index: int) -> Sample:

@@ -84,7 +84,7 @@ def test_groups_go_whole_to_the_least_loaded_rank_with_room_and_each_rank_is_kep
     clock = [0]
     ranks = [ScriptedEngine(4, lambda i: 3 + i % 5, clock), ScriptedEngine(2, lambda i: 3 + i % 5, clock)]
     capacities, max_groups = stream_concurrency(4, 2, 2, None)
-    assert (capacities, max_groups) == ([4, 4], 4)
+    assert (capacities, max_groups) == ([4, 4], 8)
     books = producer([4, 2], n=2, max_groups=3, clock=clock)
     where: dict[int, set[int]] = {}
     for step in range(1, 40):

@@ -86,13 +86,16 @@ class RankPort(Protocol):
     def interrupt(self) -> list[Sample]: ...
 
 
-def stream_concurrency(engine_rows: int, n: int, ranks: int, max_inflight_groups: int | None) -> tuple[list[int], int]:
+def stream_concurrency(
+    engine_rows: int, n: int, ranks: int, max_inflight_groups: int | None
+) -> tuple[list[int], int]:
     """(rows each rank decodes at once, groups in flight in all): every engine kept at its own capacity
-    (``engine_rows``: the built-in engine's ``rollout.max_batch_size``, vLLM's ``max_num_seqs``),
-    ``async_training.max_inflight_groups`` (default: as many groups as the ranks' slots hold) capping the groups.
-    The Rollouter and the performance model both size the stream with this."""
+    (``engine_rows``: the built-in engine's ``rollout.max_batch_size``, vLLM's ``max_num_seqs``); groups capped by
+    ``async_training.max_inflight_groups``, by default one per slot: a group on an engine holds at least one slot,
+    so the slots bind first (on a long tail most groups in flight are down to a row or two, and a cap of slots / n
+    groups would leave most slots idle). The Rollouter and the performance model both size the stream with this."""
     per_rank = max(1, engine_rows)
-    groups = max_inflight_groups or max(1, ranks * max(1, per_rank // n))
+    groups = max_inflight_groups or max(1, ranks * per_rank)
     return [per_rank] * max(1, ranks), groups
 
 
