@@ -125,17 +125,17 @@ class VllmStreaming:
         ``max_model_len``; EngineBusyError during ``update_weights``."""
         if not rows:
             return
+        ready, todo = resumable(rows, params, self.tokenizer)
         max_len = int(self.options.max_model_len)
-        for s in rows:
+        for s in (rows[i] for i in todo):  # vLLM would refuse them at the step, on the decoding thread
             n = len(s.prompt.prompt_ids) + len(s.response_ids)
-            if not s.prompt.prompt_ids or (s.stop_reason == "interrupted" and n >= max_len):
+            if not s.prompt.prompt_ids or n >= max_len:
                 raise ValueError(
                     f"VllmEngine.submit: row {s.row} of prompt index {s.prompt.index} has a prefix of {n} tokens; "
                     f"it needs 1 to {max_len - 1} (rollout.max_model_len {max_len})"
                 )
         if not self.live_rows():
             self._sync_from_source()  # colocated and stale: copy the trainer's weights in while nothing is held
-        ready, todo = resumable(rows, params, self.tokenizer)
         streams = row_streams([rows[i] for i in todo], seed)
         with self._stream_lock:
             if self._frozen:
