@@ -10,6 +10,7 @@ with the vLLM engine in the rollout role.
 from __future__ import annotations
 
 import gc
+import random
 import threading
 from dataclasses import replace
 
@@ -20,12 +21,13 @@ pytest.importorskip("vllm", reason="the vllm extra is not installed (pip install
 
 from asyncrl.config import SCHEDULES, load_config  # noqa: E402
 from asyncrl.models.loading import load_model  # noqa: E402
-from asyncrl.rollout.gate import WeightUpdateError  # noqa: E402
+from asyncrl.rollout.gate import EngineBusyError, WeightUpdateError  # noqa: E402
 from asyncrl.rollout.sampling import SamplingParams  # noqa: E402
+from asyncrl.rollout.streaming import StreamingEngine  # noqa: E402
 from asyncrl.rollout.vllm_engine import VllmEngine, VllmEngineError, VllmOptions  # noqa: E402
 from asyncrl.schedules import run_training  # noqa: E402
 from asyncrl.telemetry.metrics import read_metrics  # noqa: E402
-from asyncrl.types import Prompt  # noqa: E402
+from asyncrl.types import Prompt, Sample  # noqa: E402
 from tests.helpers import length_reward, make_data, make_model, sharpen_attention, train_overrides  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -191,6 +193,124 @@ def test_bad_input_gives_one_clear_error(models, engine, tmp_path, monkeypatch):
     monkeypatch.setattr(vllm, "__version__", "0.1.0")
     with pytest.raises(VllmEngineError, match="0.1.0"):
         VllmEngine(str(a), tok, OPTIONS)
+
+
+STREAM = SamplingParams(n=2, temperature=1.0, max_new_tokens=16)
+
+
+def blank_rows(tok, n_prompts: int = 3, n: int = 2) -> list[Sample]:
+    return [Sample(p, [], [], [], "interrupted", row=j) for p in prompts(tok, n_prompts) for j in range(n)]
+
+
+@pytest.fixture
+def stream(engine):
+    """The module's engine for a streaming test; whatever the test leaves held is interrupted (later tests need it
+    idle: it refuses generate/resume/update_weights while it holds streamed rows)."""
+    yield engine
+    if engine.live_rows():
+        engine.interrupt()
+
+
+def run_out(engine: VllmEngine) -> list[Sample]:
+    out: list[Sample] = []
+    for _ in range(200):
+        if not engine.live_rows():
+            return out
+        out += engine.step()
+    raise AssertionError(f"{engine.live_rows()} rows still live after 200 steps")
+
+
+def test_a_row_submitted_mid_stream_finishes(models, stream):
+    """Rows submitted after a few steps of others enter the running decode and end; a row that needs no decoding
+    (ended, or interrupted at max_new_tokens) is reported at the next step as resume would report it."""
+    _, a, _, _, _ = models
+    _, tok = load_model(a, for_training=False)
+    assert isinstance(stream, StreamingEngine) and stream.capacity == OPTIONS.max_num_seqs
+    rows = blank_rows(tok)
+    stream.take_prefill()
+    stream.submit(rows[:4], STREAM, seed=3)
+    first = [s for _ in range(3) for s in stream.step()]
+    assert stream.live_rows() == 4 - len(first)
+    other = prompts(tok, 4)[3]  # rows that need no decoding: one that ended, one interrupted at max_new_tokens
+    ended = Sample(other, [5, 6], [-1.0, -1.0], [0, 0], "eos", row=0)
+    full = Sample(other, [5] * 16, [-1.0] * 16, [0] * 16, "interrupted", row=1)
+    stream.submit([rows[5], ended, full], STREAM, seed=3)
+    assert stream.live_rows() == 4 - len(first) + 3
+    next_step = stream.step()
+    assert [(s.row, s.stop_reason) for s in next_step if s.prompt is other] == [(0, "eos"), (1, "length")]
+    assert any(s is ended for s in next_step)  # reported unchanged
+    out = first + [s for s in next_step if s.prompt is not other] + run_out(stream)
+    assert sorted((s.prompt.index, s.row) for s in out) == sorted((s.prompt.index, s.row) for s in rows[:4] + [rows[5]])
+    assert all(s.stop_reason in ("eos", "length") and 0 < len(s.response_ids) <= 16 for s in out)
+    assert all(len(s.logprobs) == len(s.response_ids) and s.versions == [0] * len(s.response_ids) for s in out)
+    prefill = stream.take_prefill()
+    assert prefill.unshared_tokens == sum(len(s.prompt.prompt_ids) for s in out) and stream.take_prefill().tokens == 0
+
+
+def test_interrupt_returns_partial_rows_and_resubmitting_finishes_them(models, stream):
+    """interrupt() hands back every held row continued so far ("interrupted": tokens, log-probs and versions kept);
+    while rows are held the engine refuses a weight update, a batched call and other params; after the interrupt a
+    weight update goes through and the resubmitted rows end with the new version on their new tokens, the tokens
+    ``resume`` draws for the same rows and seed."""
+    _, a, _, _, _ = models
+    model, tok = load_model(a, for_training=False)
+    weights = {n: p.detach() for n, p in model.named_parameters()}
+    rows = blank_rows(tok)
+    stream.submit(rows, STREAM, seed=4)
+    ended = [s for _ in range(5) for s in stream.step()]
+    with pytest.raises(EngineBusyError, match="streamed row"):
+        stream.update_weights(weights, version=1)
+    with pytest.raises(EngineBusyError, match="streamed row"):
+        stream.generate(prompts(tok, 1), STREAM, seed=4)
+    with pytest.raises(ValueError, match="differ"):
+        stream.submit(rows[:1], replace(STREAM, temperature=0.5), seed=4)
+    with pytest.raises(ValueError, match="seed 5"):
+        stream.submit(rows[:1], STREAM, seed=5)
+    cut = stream.interrupt()
+    assert stream.live_rows() == 0 and len(cut) + len(ended) == len(rows)
+    assert all(s.stop_reason == "interrupted" for s in cut)
+    assert all(len(s.response_ids) == len(s.logprobs) == len(s.versions) for s in cut)
+    assert any(0 < len(s.response_ids) < 16 for s in cut)
+    stream.update_weights(weights, version=1)  # the same weights under a new version
+    try:
+        batched = stream.resume(cut, STREAM, seed=4)
+        stream.submit(cut, STREAM, seed=4)
+        done = {(s.prompt.index, s.row): s for s in run_out(stream)}
+    finally:
+        if stream.live_rows():
+            stream.interrupt()
+        stream.update_weights(weights, version=0)
+    assert len(done) == len(cut)
+    for before, again in zip(cut, batched):
+        after, k = done[(before.prompt.index, before.row)], len(before.response_ids)
+        assert after.response_ids[:k] == before.response_ids and after.logprobs[:k] == before.logprobs
+        assert after.versions == [0] * k + [1] * (len(after.response_ids) - k)
+        assert after.stop_reason in ("eos", "length") and len(after.response_ids) <= 16
+        assert after.response_ids == again.response_ids  # the same continuation as resume's
+
+
+def test_a_streamed_row_draws_the_tokens_of_generate(models, stream):
+    """Each row submitted alone at a random step, beside whatever else is decoding then: its tokens are those
+    ``generate`` samples for it with the same seed (vLLM seeds each request from the row's own key; any difference
+    would come from the batch changing the logits)."""
+    _, a, _, _, _ = models
+    _, tok = load_model(a, for_training=False)
+    reference = {(s.prompt.index, s.row): s for s in stream.generate(prompts(tok, 4), STREAM, seed=6)}
+    rows = blank_rows(tok, 4)
+    rng = random.Random(0)
+    rng.shuffle(rows)
+    out: list[Sample] = []
+    for row in rows:
+        stream.submit([row], STREAM, seed=6)
+        out += [s for _ in range(rng.randint(0, 3)) for s in stream.step()]
+    out += stream.drain()
+    assert stream.live_rows() == 0 and len(out) == len(rows)
+    differ = [s for s in out if s.response_ids != reference[(s.prompt.index, s.row)].response_ids]
+    print(f"streamed vs generate, same seed: {len(differ)} of {len(out)} rows differ")
+    assert not differ
+    for s in out:
+        gap = max(abs(x - y) for x, y in zip(s.logprobs, reference[(s.prompt.index, s.row)].logprobs))
+        assert gap < 1e-4, gap
 
 
 # Tests that start engines of their own come after every test of the module's ``engine``: when vLLM tears an engine

