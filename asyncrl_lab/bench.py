@@ -26,7 +26,8 @@ Figures per schedule (all ratios computed from runs in this one invocation, beca
 Workloads (``bench_common.prepare_workload``): ``demo`` is the demo's RL work (32 prompts x 8), ``short`` the same task
 at half the batch (short answers: update-heavy on a CPU);
 ``long`` is chain_sum with 2-24 terms answered step by step, a generation-heavy workload with a long tail of response
-lengths; ``tail`` answers each prompt either step by step or at once, so lengths vary 10x within a group. ``--modes ppo_colocated,ppo_split`` measures PPO's two placements against each other instead (``bench_ppo``).
+lengths; ``tail`` answers each prompt either step by step or at once, so lengths vary 10x within a group.
+``--modes ppo_colocated,ppo_split`` measures PPO's two placements against each other instead (``bench_ppo``).
 """
 
 from __future__ import annotations
@@ -232,7 +233,8 @@ def summarize(schedule: str, workload: str, run_dir: Path, sync_ref: dict[str, f
         "slot_occupancy": mean_of(body, "fully_async/slot_occupancy")
         if any("fully_async/slot_occupancy" in m for m in body)
         else None,
-        "load_1m": json.loads((run_dir / "load.json").read_text())["load_1m"] if (run_dir / "load.json").is_file()
+        "load_1m": json.loads((run_dir / "load.json").read_text())["load_1m"]
+        if (run_dir / "load.json").is_file()
         else None,
     }
     ref = sync_ref or summary

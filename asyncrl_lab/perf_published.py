@@ -142,8 +142,15 @@ def fa_step(staleness: float, step_s: float, median: float, sigma: float, versio
     step, gen_wait, update = ABLATION[staleness]
     other = (step - gen_wait - update) / LOCAL_UPDATES
     cost = fa_cost(step_s, median, sigma, update / LOCAL_UPDATES, other)
-    setting = Setting("fully_async", trainer=64, rollout=64, staleness_threshold=staleness,
-                      trigger_parameter_sync_step=LOCAL_UPDATES, require_batches=4, partial_rollout=True)  # fmt: skip
+    setting = Setting(
+        "fully_async",
+        trainer=64,
+        rollout=64,
+        staleness_threshold=staleness,
+        trigger_parameter_sync_step=LOCAL_UPDATES,
+        require_batches=4,
+        partial_rollout=True,
+    )
     p = simulate(cost, Cluster.gpus(128, nodes=16, sync_bytes_per_s=1e30), setting, steps=versions * LOCAL_UPDATES)
     ends = p.step_ends[LOCAL_UPDATES - 1 :: LOCAL_UPDATES]  # the end of each version
     return (ends[-1] - ends[1]) / (len(ends) - 2)
@@ -254,20 +261,35 @@ def occupancy_rows(slots: int = SEQS, sigma: float = SIGMA, median: float = 400.
     batch = {"occupancy": busy / (slots * steps), "rows_per_s": rows / seconds}
     updates = 48  # one weight version for the whole run: no sync parks the Rollouter
     setting = Setting(
-        "fully_async", trainer=1, rollout=1, staleness_threshold=1.0, trigger_parameter_sync_step=updates, partial_rollout=True
+        "fully_async",
+        trainer=1,
+        rollout=1,
+        staleness_threshold=1.0,
+        trigger_parameter_sync_step=updates,
+        partial_rollout=True,
     )
     sim = Sim(cost, Cluster.gpus(2), setting, steps=updates, seed=seed)
     pred = sim.run()
     occ = sim.producer.count_metrics()["fully_async/slot_occupancy"]
     stream = {"occupancy": occ, "rows_per_s": pred.samples_per_s}
-    return {"slots": slots, "sigma": sigma, "median": median, "batch": batch, "stream": stream,
-            "ratio": stream["rows_per_s"] / batch["rows_per_s"]}  # fmt: skip
+    return {
+        "slots": slots,
+        "sigma": sigma,
+        "median": median,
+        "batch": batch,
+        "stream": stream,
+        "ratio": stream["rows_per_s"] / batch["rows_per_s"],
+    }
 
 
 def print_occupancy(o: dict[str, Any]) -> None:
     b, s = o["batch"], o["stream"]
-    print(f"\nstreaming on a long tail: one engine of {o['slots']} slots, log-normal lengths (sigma {o['sigma']:g}, "
-          f"median {o['median']:.0f} tokens, groups of {N}), a decode step priced 1 + 1/256 per live row")  # fmt: skip
+    print(
+        f"\nstreaming on a long tail: one engine of {o['slots']} slots, log-normal lengths (sigma {o['sigma']:g}, "
+        f"median {o['median']:.0f} tokens, groups of {N}), a decode step priced 1 + 1/256 per live row"
+    )
     print("| Rollouter | slot occupancy | rows per step-second | ratio |\n| --- | --- | --- | --- |")
-    print(f"| batch calls of {o['slots']} rows (before issue 49) | {b['occupancy']:.3f} | {b['rows_per_s']:.4f} | 1.00x |")
+    print(
+        f"| batch calls of {o['slots']} rows (before issue 49) | {b['occupancy']:.3f} | {b['rows_per_s']:.4f} | 1.00x |"
+    )
     print(f"| streaming (fully_async now) | {s['occupancy']:.3f} | {s['rows_per_s']:.4f} | {o['ratio']:.2f}x |")

@@ -107,7 +107,8 @@ def test_a_replacement_rollouter_loses_and_repeats_no_prompt(cfg, seed):
     assert sorted(prompts) == [(0, i) for i in range(PROMPTS)] and set(prompts.values()) == {1}
     assert all(trained - start <= 1 for _, start, trained in d.taken)  # max_staleness = ceil(1.0) = 1
     assert report.exactly_once, report.summary()
-    consumed = {(row[0], row[1]): row[5] for row in ledger["records"]}  # [epoch, index, issued, generated, queued, consumed, ...]
+    # a record row: [epoch, index, issued, generated, queued, consumed, ...]
+    consumed = {(row[0], row[1]): row[5] for row in ledger["records"]}
     assert all(consumed[(0, i)] == 1 for i in range(PROMPTS))
 
 

@@ -86,9 +86,7 @@ class RankPort(Protocol):
     def interrupt(self) -> list[Sample]: ...
 
 
-def stream_concurrency(
-    engine_rows: int, n: int, ranks: int, max_inflight_groups: int | None
-) -> tuple[list[int], int]:
+def stream_concurrency(engine_rows: int, n: int, ranks: int, max_inflight_groups: int | None) -> tuple[list[int], int]:
     """(rows each rank decodes at once, groups in flight in all): every engine kept at its own capacity
     (``engine_rows``: the built-in engine's ``rollout.max_batch_size``, vLLM's ``max_num_seqs``); groups capped by
     ``async_training.max_inflight_groups``, by default one per slot: a group on an engine holds at least one slot,
