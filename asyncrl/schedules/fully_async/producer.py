@@ -134,6 +134,12 @@ class Producer:
         self.placed: dict[tuple[str, int], tuple[str, int]] = {}
         self.load = [0] * len(self.capacities)
         self._finished_at: dict[str, float] = {}  # finished group -> when its last row ended
+        # indexes over ``inflight`` (the loop runs once per decode step: no scan of every group in flight), each
+        # group id -> its start order: groups with unfinished rows on no engine, and finished groups not yet queued
+        self._order: dict[str, int] = {}
+        self._unplaced: dict[str, int] = {}
+        self._done: dict[str, int] = {}
+        self._out: Counter[str] = Counter()  # group id -> its rows on an engine
         self._occupancy = Occupancy(self.capacities, clock)
         self._wait = [0.0, 0]  # seconds finished groups waited for the queue, groups, since ``count_metrics``
         self._admitted = [0, 0]  # groups admitted in the last whole version, and in the current one
@@ -171,11 +177,8 @@ class Producer:
         rows. A group's rows go to one rank (they share its prefill), the least loaded one with room."""
         out: dict[int, list[Sample]] = {}
         with self.lock:
-            on_engine = {gid for gid, _ in self.placed.values()}
-            for g in list(self.inflight.values()):
-                if g.group_id in on_engine or g.finished:
-                    continue
-                if not self._put_on_rank(g, out):
+            for gid in sorted(self._unplaced, key=self._unplaced.__getitem__):
+                if not self._put_on_rank(self.inflight[gid], out):
                     return list(out.items())
             while len(self.inflight) < self.max_groups and self._room(self.n) is not None:
                 if not self.controller.can_start():
@@ -197,6 +200,8 @@ class Producer:
             return False
         for s in rows:
             self.placed[(s.uid, s.row)] = (g.group_id, rank)
+        self._unplaced.pop(g.group_id, None)
+        self._out[g.group_id] += len(rows)
         self.load[rank] += len(rows)
         self._occupancy.update(self.load)
         out.setdefault(rank, []).extend(rows)
@@ -210,6 +215,7 @@ class Producer:
         prompt = replace(self.prompt_of(epoch, index), epoch=epoch)
         blank = [_blank(prompt, version, j) for j in range(self.n)]
         group = self.inflight[gid] = InFlightGroup(gid, epoch, index, version, self.clock(), blank)
+        self._order[gid] = self.counts["started_groups"]
         self.counts["started_groups"] += 1
         self._admitted[1] += 1
         return group
@@ -233,9 +239,14 @@ class Producer:
                 group = self.inflight[gid]
                 group.samples[s.row] = s
                 self.load[rank] -= 1
+                self._out[gid] -= 1
                 self.counts["interrupted_rows"] += s.stop_reason == "interrupted"
-                if group.finished and group not in done:
-                    done.append(group)
+                if self._out[gid] == 0:  # every row of the group is back
+                    del self._out[gid]
+                    if group.finished:
+                        done.append(group)
+                    else:
+                        self._unplaced[gid] = self._order[gid]
             self._occupancy.update(self.load)
         return done
 
@@ -254,8 +265,11 @@ class Producer:
                     self.controller.on_dropped([g.group_id])
                     self.ledger.filtered([g.group_id])
                     del self.inflight[g.group_id]
+                    del self._order[g.group_id]
                     self._finished_at.pop(g.group_id)
                     self.counts["filtered_groups"] += 1
+                else:
+                    self._done[g.group_id] = self._order[g.group_id]
 
     def interrupted(self, ports: Sequence[RankPort], score: Callable[[list[Sample]], Any]) -> None:
         """Take every row back from every rank, partial (a sync with partial rollout): they stay in their groups and
@@ -269,7 +283,7 @@ class Producer:
         """Queue finished groups in start order, each waiting up to ``timeout_s`` at a time for room until ``stop()``
         says to leave it (still in flight, finished). Returns whether any was queued."""
         moved = False
-        for gid in [g.group_id for g in self.inflight.values() if g.finished]:
+        for gid in sorted(self._done, key=self._done.__getitem__):
             group = self.inflight[gid]
             while True:
                 with self.lock:  # the put and its bookkeeping are one step for the driver's calls
@@ -287,7 +301,7 @@ class Producer:
     def _queued(self, group: InFlightGroup, dropped: tuple[str, ...]) -> None:
         gid = group.group_id
         self.controller.on_queued(gid)
-        del self.inflight[gid]
+        del self.inflight[gid], self._order[gid], self._done[gid]
         self.ledger.queued(gid)
         now = self.clock()
         self.processing_s[gid] = now - group.started_at
@@ -353,6 +367,10 @@ class Producer:
         self.queue.restore(state.queue)
         self.sampler.load_state_dict(state.sampler)
         self.inflight = {g.group_id: g for g in state.inflight}
+        self._order = {gid: k for k, gid in enumerate(self.inflight)}
+        self._unplaced = {gid: self._order[gid] for gid, g in self.inflight.items() if not g.finished}
+        self._done = {gid: self._order[gid] for gid, g in self.inflight.items() if g.finished}
+        self._out = Counter()
         self.processing_s = dict(state.processing_s)
         self.counts = Counter(dict.fromkeys(COUNT_KEYS, 0))
         self.counts.update({k: v for k, v in state.counts.items() if k in COUNT_KEYS})  # an older run's, renamed

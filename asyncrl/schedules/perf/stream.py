@@ -9,6 +9,7 @@ that step and the producer places the next group at once, as the real engines do
 from __future__ import annotations
 
 import copy
+import heapq
 from dataclasses import dataclass, field
 
 from asyncrl.data.sampler import EpochSampler
@@ -25,21 +26,34 @@ PIECE_STEPS = 16  # the clock jumps at most this many decode steps at a time, so
 
 @dataclass
 class SimRow:
-    """A row on a simulated engine: the sample it continues, the tokens it still needs and has made here."""
+    """A row on a simulated engine: the sample it continues, the tokens it still needs, the rank's step count when
+    it took a slot."""
 
     sample: Sample
     need: int
-    made: int = 0
+    start: int = 0
 
 
 @dataclass
 class SimRank:
-    """One simulated rollout rank: its rows, prefill seconds owed before its next step, the fraction of a step it
-    has paid for."""
+    """One simulated rollout rank: ``t`` decode steps done (and the fraction of the next one paid for), its rows in
+    slots as a heap by the step they end at, rows waiting for a slot, prefill seconds owed before its next step."""
 
-    rows: list[SimRow] = field(default_factory=list)
-    debt: float = 0.0
+    slots: int
+    t: int = 0
     carry: float = 0.0
+    debt: float = 0.0
+    live: list[tuple[int, int, SimRow]] = field(default_factory=list)
+    waiting: list[SimRow] = field(default_factory=list)
+
+    def fill(self) -> None:
+        while self.waiting and len(self.live) < self.slots:
+            r = self.waiting.pop(0)
+            r.start = self.t
+            heapq.heappush(self.live, (self.t + r.need, id(r), r))
+
+    def made(self, r: SimRow) -> int:
+        return min(r.need, self.t - r.start) if r.start >= 0 else 0
 
 
 class StreamSim:
@@ -54,25 +68,26 @@ class StreamSim:
         capacities, max_groups = stream_concurrency(
             cost.stream_rows, cost.n, self.prices.replicas, st.max_inflight_groups
         )
-        self.ranks = [SimRank() for _ in capacities]
+        self.ranks = [SimRank(c) for c in capacities]
         return Producer(
             budget, queue, sampler, _sim_prompt, cost.n, capacities, max_groups, clock=lambda: self.clock.now
         )
 
     def _step_s(self, rank: SimRank) -> float:
-        """Seconds of one decode step of ``rank`` (its live rows up to its slots; the rest wait)."""
-        live = min(len(rank.rows), self.cost.stream_rows)
-        return self.prices.segments_cost(Segment(1, live, 0), 1)
+        """Seconds of one decode step of ``rank`` with its live rows."""
+        return self.prices.segments_cost(Segment(1, len(rank.live), 0), 1)
 
     def _submit(self, rank: SimRank, rows: list[Sample]) -> None:
-        """Rows enter ``rank``: it owes their prefill (a blank group's rows share one) before its next step."""
+        """Rows enter ``rank`` (a slot at its next step, or wait for one): it owes their prefill (a blank group's rows
+        share one) before that step."""
         prefixes = []
         for x in rows:
             p, lengths = self.work.group(x.prompt.epoch, x.prompt.index)
             done = len(x.response_ids)
-            rank.rows.append(SimRow(x, max(0, lengths[x.row] - done)))
+            rank.waiting.append(SimRow(x, max(0, lengths[x.row] - done), -1))
             prefixes.append((x.prompt.uid if done == 0 else None, p + done))
         rank.debt += self.prices.call_s(prefill_tokens(prefixes, self.cost.engine))
+        rank.fill()
 
     def _advance(self, seconds: float, version: int) -> list[list[Sample]]:
         """Every rank decodes for ``seconds`` (its prefill debt first); returns the rows that ended, per rank."""
@@ -83,44 +98,46 @@ class StreamSim:
             rank.debt -= pay
             left -= pay
             ended: list[Sample] = []
-            if rank.rows and left > 0:
+            if rank.live and left > 0:
                 steps = left / self._step_s(rank) + rank.carry
                 whole = int(steps + 1e-6)
                 rank.carry = max(0.0, steps - whole)
-                slots = self.cost.stream_rows
-                for r in rank.rows[:slots]:
-                    r.made += min(whole, r.need - r.made)
-                ended = [self._row(r, version, "eos") for r in rank.rows[:slots] if r.made >= r.need]
-                rank.rows = [r for r in rank.rows if r.made < r.need]
-                if not rank.rows:
+                rank.t += whole
+                while rank.live and rank.live[0][0] <= rank.t:
+                    _, _, r = heapq.heappop(rank.live)
+                    ended.append(self._row(r, r.need, version, "eos"))
+                rank.fill()
+                if not rank.live:
                     rank.carry = 0.0
             out.append(ended)
         return out
 
     def _next_event(self) -> float:
-        """Seconds (at full speed) until the first row on any rank ends, at most PIECES_S steps of that rank (a
+        """Seconds (at full speed) until the first row on any rank ends, at most PIECE_STEPS steps of that rank (a
         pause lands within them)."""
         best = float("inf")
         for rank in self.ranks:
-            if rank.rows:
-                live = rank.rows[: self.cost.stream_rows]
-                k = min(r.need - r.made for r in live)
+            if rank.live:
+                k = rank.live[0][0] - rank.t
                 steps = max(0.0, min(k, PIECE_STEPS) - rank.carry)
                 best = min(best, rank.debt + steps * self._step_s(rank))
         return best
 
     @staticmethod
-    def _row(r: SimRow, version: int, reason: str) -> Sample:
+    def _row(r: SimRow, made: int, version: int, reason: str) -> Sample:
         x = r.sample
-        n = len(x.response_ids) + r.made
-        versions = x.versions + [version] if r.made else x.versions
+        n = len(x.response_ids) + made
+        versions = x.versions + [version] if made else x.versions
         return Sample(x.prompt, range(n), [], versions, reason, x.start_version, row=x.row)
 
     def _interrupt(self, producer: Producer, version: int) -> None:
         """Partial rollout: every rank's rows back to their groups, with what they have."""
         for k, rank in enumerate(self.ranks):
-            back = [self._row(r, version, "eos" if r.made >= r.need else "interrupted") for r in rank.rows]
-            rank.rows, rank.debt, rank.carry = [], 0.0, 0.0
+            back = []
+            for r in [r for _, _, r in rank.live] + rank.waiting:
+                made = rank.made(r)
+                back.append(self._row(r, made, version, "eos" if made >= r.need else "interrupted"))
+            rank.live, rank.waiting, rank.debt, rank.carry = [], [], 0.0, 0.0
             producer.finish(producer.returned(k, back), lambda _s: None)
 
     def rollouter(self, producer: Producer, life: int):
