@@ -8,8 +8,9 @@ clock): what is checked is the producer's decisions, step by step, not a model's
 from __future__ import annotations
 
 from asyncrl.data.sampler import EpochSampler
-from asyncrl.schedules.fully_async.producer import Producer, stream_concurrency
+from asyncrl.schedules.fully_async.producer import Producer
 from asyncrl.schedules.fully_async.queue import MessageQueue
+from asyncrl.schedules.fully_async.slots import stream_concurrency
 from asyncrl.schedules.fully_async.staleness import StalenessBudget
 from asyncrl.types import Prompt, Sample
 

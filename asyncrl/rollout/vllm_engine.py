@@ -26,7 +26,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,12 +36,12 @@ from asyncrl.errors import UserInputError
 from asyncrl.models.fp8 import dequantize_sync, quantize_for_sync, sync_layout
 from asyncrl.models.loading import eos_token_ids
 from asyncrl.models.lora import LoraSpec, require_adapter, synced_tensors
-from asyncrl.models.overrides import hf_overrides_for
 from asyncrl.rollout.engine import check_prompts, extend_sample, resumable, row_streams
 from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, validate_update
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
 from asyncrl.rollout.vllm_model import eos_of, expected_params, refresh_tied_cpu_layers
+from asyncrl.rollout.vllm_options import VllmOptions, memory_options
 from asyncrl.rollout.vllm_stream import VllmStreaming, budget_left, read_output
 from asyncrl.types import PrefillStats, Prompt, Sample
 
@@ -58,40 +57,6 @@ _PROCESS_LOCK = threading.RLock()
 
 class VllmEngineError(UserInputError, RuntimeError):
     """vLLM is missing, the wrong version, could not start on the model, or returned something unusable."""
-
-
-@dataclass(frozen=True)
-class VllmOptions:
-    """The engine options a run sets (``rollout.*`` in the config, under vLLM's names)."""
-
-    dtype: str = "float32"
-    max_num_seqs: int = 256
-    max_model_len: int = 512
-    enforce_eager: bool = True
-    enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = 0.05  # on CPU: the KV cache's share of the machine's memory
-    max_num_batched_tokens: int | None = None  # null: max_num_seqs x max_model_len on CPU, vLLM's default on a GPU
-    seed: int = 0
-    hf_overrides: dict[str, Any] = field(default_factory=dict)  # model.override_config (RoPE scaling, ...)
-    quantization: str | None = None  # rollout.quantization: "fp8" syncs arrive quantized and are dequantized
-
-    @classmethod
-    def from_spec(cls, spec: Any) -> VllmOptions:
-        """From an ``EngineSpec`` (``asyncrl.config.specs``)."""
-        r, m = spec.rollout, spec.model
-        max_len = r.max_model_len or spec.max_prompt_length + r.response_length
-        return cls(
-            dtype=m.dtype,
-            max_num_seqs=r.max_num_seqs,
-            max_model_len=max_len,
-            enforce_eager=r.enforce_eager,
-            enable_prefix_caching=r.enable_prefix_caching,
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            max_num_batched_tokens=r.max_num_batched_tokens,
-            seed=spec.seed,
-            hf_overrides=hf_overrides_for(m.path, m.override_config),
-            quantization=r.quantization,
-        )
 
 
 def import_vllm() -> Any:
@@ -386,26 +351,6 @@ def _start_llm(vllm: Any, model_path: str, options: VllmOptions, lora: LoraSpec 
     finally:
         torch.set_num_threads = set_threads
         torch.set_num_threads(threads)
-
-
-def memory_options(options: VllmOptions, on_gpu: bool) -> dict[str, Any]:
-    """How vLLM sizes its KV cache and its step, on a GPU (the device's share, vLLM's own step size unless
-    ``rollout.max_num_batched_tokens`` says) or on the CPU (the share of the machine's memory, in bytes, and room for
-    every scheduled sequence's whole prefix in one step: vLLM 0.32 on CPU crashes, "CPU Generator does not use
-    offset", when it splits the prefill of a request that has its own seed)."""
-    batched = options.max_num_batched_tokens
-    if on_gpu:
-        out: dict[str, Any] = {"gpu_memory_utilization": options.gpu_memory_utilization}
-        return {**out, "max_num_batched_tokens": batched} if batched is not None else out
-    return {
-        "kv_cache_memory_bytes": _kv_cache_bytes(options.gpu_memory_utilization),
-        "max_num_batched_tokens": batched or options.max_num_seqs * options.max_model_len,
-    }
-
-
-def _kv_cache_bytes(fraction: float) -> int:
-    """``rollout.gpu_memory_utilization`` on a CPU machine: that share of the machine's memory for the KV cache."""
-    return int(fraction * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def request_seed(key: int, offset: int) -> int:

@@ -34,19 +34,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from asyncrl.config import AsyncTrainingConfig
 from asyncrl.data.sampler import EpochSampler
 from asyncrl.schedules.fully_async.ledger import PromptLedger
 from asyncrl.schedules.fully_async.queue import Group, MessageQueue
 from asyncrl.schedules.fully_async.recovery import InFlightGroup, RollouterSnapshot, StreamBatch, Takeover, advance
+from asyncrl.schedules.fully_async.slots import Occupancy, RankPort
 from asyncrl.schedules.fully_async.staleness import StalenessBudget, StalenessController
 from asyncrl.types import Prompt, Sample
 
-T = TypeVar("T")
 POLL_S = 0.02  # how often an idle generation thread re-checks admission and the queue, seconds
 # fully_async/count/<key>: every group admitted ends up consumed, dropped, filtered, queued or in flight
 COUNT_KEYS = (
@@ -72,29 +72,6 @@ def budget_of(at: AsyncTrainingConfig, ppo_mini_batch_size: int) -> StalenessBud
 def queue_for(at: AsyncTrainingConfig, budget: StalenessBudget) -> MessageQueue:
     """The bounded queue: ``max_queue_size`` (default the budget's window) and the full-queue policy."""
     return MessageQueue(at.max_queue_size or budget.groups_per_window_budget, at.drop_policy)
-
-
-class RankPort(Protocol):
-    """One rollout rank's engine as the producer's loop drives it (``asyncrl.rollout.streaming``): ``submit`` rows
-    (they enter at its next step), ``advance`` (the rows that ended since the last call; an in-process engine
-    decodes one step here), ``interrupt`` (every row it holds, partial)."""
-
-    def submit(self, rows: list[Sample]) -> None: ...
-
-    def advance(self) -> list[Sample]: ...
-
-    def interrupt(self) -> list[Sample]: ...
-
-
-def stream_concurrency(engine_rows: int, n: int, ranks: int, max_inflight_groups: int | None) -> tuple[list[int], int]:
-    """(rows each rank decodes at once, groups in flight in all): every engine kept at its own capacity
-    (``engine_rows``: the built-in engine's ``rollout.max_batch_size``, vLLM's ``max_num_seqs``); groups capped by
-    ``async_training.max_inflight_groups``, by default one per slot: a group on an engine holds at least one slot,
-    so the slots bind first (on a long tail most groups in flight are down to a row or two, and a cap of slots / n
-    groups would leave most slots idle). The Rollouter and the performance model both size the stream with this."""
-    per_rank = max(1, engine_rows)
-    groups = max_inflight_groups or max(1, ranks * per_rank)
-    return [per_rank] * max(1, ranks), groups
 
 
 class Producer:
@@ -394,52 +371,6 @@ class Producer:
         return out
 
 
-class Occupancy:
-    """Rows on each rank's engine over its slots, averaged over time (seconds of ``clock``) since ``take``."""
-
-    def __init__(self, capacities: list[int], clock: Callable[[], float]):
-        self.capacities, self.clock = capacities, clock
-        self.since = self.last = clock()
-        self.area = [0.0] * len(capacities)
-        self.load = [0] * len(capacities)
-
-    def update(self, load: list[int]) -> None:
-        now = self.clock()
-        dt = now - self.last
-        for r, (held, cap) in enumerate(zip(self.load, self.capacities)):
-            self.area[r] += dt * min(held, cap) / cap
-        self.last, self.load = now, list(load)
-
-    def take(self, load: list[int]) -> list[float]:
-        """Each rank's occupancy since the last ``take`` (the current load if no time passed)."""
-        self.update(load)
-        span = self.last - self.since
-        out = [a / span if span > 0 else min(h, c) / c for a, h, c in zip(self.area, load, self.capacities)]
-        self.area, self.since = [0.0] * len(self.capacities), self.last
-        return out
-
-
 def _blank(prompt: Prompt, version: int, row: int) -> Sample:
     """Row ``row`` of a group, not started yet: the engine's ``resume`` continues it from the prompt."""
     return Sample(prompt, [], [], [], stop_reason="interrupted", start_version=version, row=row)
-
-
-def split_by_group(
-    rows: list[T], shares: int, key: Callable[[T], Hashable] = lambda s: s.prompt.uid
-) -> list[list[int]]:
-    """Row indices for ``shares`` ranks: whole groups (rows of one ``key``, by default one prompt, stay together and
-    share its prefill), cut into contiguous shares of about equal rows; share 0 is the Rollouter's own. Some may be
-    empty. The Rollouter splits its decode calls with it, the performance model its simulated ones."""
-    if shares <= 1:
-        return [list(range(len(rows)))]
-    groups: dict[Hashable, list[int]] = {}
-    for i, s in enumerate(rows):
-        groups.setdefault(key(s), []).append(i)
-    out: list[list[int]] = [[] for _ in range(shares)]
-    target = len(rows) / shares
-    k = 0
-    for members in groups.values():
-        if k < shares - 1 and out[k] and len(out[k]) + len(members) / 2 > target:
-            k += 1
-        out[k].extend(members)
-    return out

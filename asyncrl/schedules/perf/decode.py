@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from asyncrl.schedules.fully_async.producer import split_by_group
+from asyncrl.schedules.fully_async.slots import split_by_group
 from asyncrl.schedules.perf.clock import Compute
 from asyncrl.schedules.perf.cost import Segment, continuous_schedule, decode_segments, prefill_tokens
 from asyncrl.schedules.perf.setting import Prices

@@ -13,9 +13,10 @@ import heapq
 from dataclasses import dataclass, field
 
 from asyncrl.data.sampler import EpochSampler
-from asyncrl.schedules.fully_async.producer import Producer, stream_concurrency
+from asyncrl.schedules.fully_async.producer import Producer
 from asyncrl.schedules.fully_async.queue import MessageQueue
 from asyncrl.schedules.fully_async.recovery import ConsumedBatch, Takeover
+from asyncrl.schedules.fully_async.slots import stream_concurrency
 from asyncrl.schedules.perf.clock import Clock, Compute, Delay, Signal, Wait
 from asyncrl.schedules.perf.cost import Segment, prefill_tokens
 from asyncrl.schedules.perf.setting import Span
