@@ -1,7 +1,9 @@
-"""Rewards: answer extraction, built-in scorers (reasoning-gym, math-verify), user functions, and batch scoring."""
+"""Rewards: answer extraction, built-in scorers (reasoning-gym, math-verify), user functions, batch scoring, DAPO's
+overlong shaping."""
 
 from asyncrl.rewards.custom import RewardSpecError, load_custom_function
 from asyncrl.rewards.extract import extract_answer
+from asyncrl.rewards.overlong import OverlongShaping, overlong_penalty
 from asyncrl.rewards.registry import (
     MATH_DATA_SOURCES,
     UnknownDataSourceError,
@@ -15,11 +17,13 @@ from asyncrl.rewards.scorers import math_verify_score, reasoning_gym_score
 
 __all__ = [
     "MATH_DATA_SOURCES",
+    "OverlongShaping",
     "RewardFn",
     "RewardSpecError",
     "UnknownDataSourceError",
     "build_reward_fn",
     "extract_answer",
+    "overlong_penalty",
     "get_scorer",
     "known_data_sources",
     "load_custom_function",

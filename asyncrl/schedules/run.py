@@ -28,6 +28,7 @@ from asyncrl.data.sampler import EpochSampler
 from asyncrl.evaluation import evaluate_prompts
 from asyncrl.models.loading import check_model_dir
 from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
+from asyncrl.rewards.overlong import overlong_metrics
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.roles.clients import RoleClient, TrainerClient
 from asyncrl.roles.placement import sync_backend
@@ -154,7 +155,8 @@ class Run:
         """Everything logged for a step: sample statistics, the given parts, timings and throughput (the driver's
         ``timing_s/step`` must be set)."""
         step_s = tm.timings["timing_s/step"]
-        metrics = {**sample_metrics(samples, batch), **{k: v for p in parts for k, v in p.items()}, **tm.timings}
+        metrics = {**sample_metrics(samples, batch), **overlong_metrics(samples)}
+        metrics.update({**{k: v for p in parts for k, v in p.items()}, **tm.timings})
         metrics["perf/throughput_tokens_per_s"] = float(batch.attention_mask_BL.sum()) / step_s
         metrics["perf/samples_per_s"] = len(samples) / step_s
         metrics.update(machine_cpu())
