@@ -17,6 +17,7 @@ from asyncrl.config.schema import (
     Config,
     CriticConfig,
     DataConfig,
+    FilterGroupsConfig,
     ModelConfig,
     OverlongBufferConfig,
     RewardConfig,
@@ -92,6 +93,8 @@ class RollouterSpec(RolloutSpec):
     data: DataConfig = field(default_factory=DataConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     ppo_mini_batch_size: int = 1  # groups per optimizer step: the unit of the staleness budget
+    # dynamic sampling: which finished groups are queued (asyncrl.rewards.filtering.keep_group with its metric)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,9 @@ def role_specs(cfg: Config, needs: TrainerNeeds, plan: TrainerPlan) -> RoleSpecs
             plan=plan,
         ),
         rollout=RolloutSpec(engine, reward),
-        rollouter=RollouterSpec(engine, reward, cfg.data, cfg.async_training, cfg.actor.ppo_mini_batch_size),
+        rollouter=RollouterSpec(
+            engine, reward, cfg.data, cfg.async_training, cfg.actor.ppo_mini_batch_size, cfg.algorithm.filter_groups
+        ),
         critic=CriticSpec(cfg.critic, cfg.model, t.seed, t.device),
         reward_model=RewardModelSpec(cfg.reward_model, cfg.model.path, t.device),
     )

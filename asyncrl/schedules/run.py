@@ -71,7 +71,9 @@ class Run:
             self.val = PromptDataset(
                 rows, self.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts, tools=tools
             )
-        self.sampler = EpochSampler(len(self.train), d.train_batch_size, seed=cfg.trainer.seed, shuffle=d.shuffle)
+        # prompts drawn per generation call: a step's batch, or with dynamic sampling one of its generation batches
+        gen_batch_size = d.gen_batch_size or d.train_batch_size
+        self.sampler = EpochSampler(len(self.train), gen_batch_size, seed=cfg.trainer.seed, shuffle=d.shuffle)
         self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)  # evaluation
         self.version = 0  # the trainer's weight version, as it last reported it
         self.consumed_version = 0
@@ -91,6 +93,8 @@ class Run:
 
     # ---- data ----------------------------------------------------------------------------------------------------
     def next_prompts(self) -> list[Prompt]:
+        """The next generation batch's prompts (``data.gen_batch_size``, or ``data.train_batch_size``) from the one
+        stream whose cursor a checkpoint records."""
         out = []
         for epoch, index in self.sampler.next_batch():
             p = self.train[index]
