@@ -17,8 +17,9 @@ Held-out accuracy is scored without it: it counts correct answers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from asyncrl.config import RewardConfig
+from asyncrl.config.specs import RewardSpec
 from asyncrl.types import Sample
 
 
@@ -40,12 +41,12 @@ class OverlongShaping:
     log: bool = False
 
     @classmethod
-    def of(cls, reward: Any) -> OverlongShaping | None:
-        """The shaping a role's reward spec asks for (``asyncrl.config.specs.RewardSpec``), or None: a plain
-        ``RewardConfig`` (a test's, evaluation's) and a disabled buffer shape nothing."""
-        ob = getattr(reward, "overlong_buffer", None)
-        if ob is None or not ob.enable:
+    def of(cls, reward: RewardConfig) -> OverlongShaping | None:
+        """The shaping a role's reward spec asks for (a ``RewardSpec``), or None: a plain ``RewardConfig`` (a
+        test's, evaluation's) and a disabled buffer shape nothing."""
+        if not isinstance(reward, RewardSpec) or not reward.overlong_buffer.enable:
             return None
+        ob = reward.overlong_buffer
         return cls(reward.max_resp_len, ob.len, ob.penalty_factor, ob.log)
 
     def penalty(self, length: int) -> float:
