@@ -20,6 +20,7 @@ from asyncrl.rewards.filtering import group_by_prompt, keep_group
 from asyncrl.schedules import run_training
 from asyncrl.telemetry.metrics import read_metrics
 from tests.helpers import make_data, make_model, train_overrides
+from tests.test_schedule_matrix import undocumented_metrics
 
 DATA_SIZE = 64
 REWARD = """
@@ -116,6 +117,8 @@ def test_every_trained_batch_is_full_of_groups_with_a_spread_and_the_counts_add_
         assert m["staleness/max"] == staleness[step - 1], step
         assert m["reward/overlong_reward_mean"] <= 0 and 0 <= m["reward/overlong_frac"] <= 1
     assert filtered > 0  # the even-answer prompts were dropped
+    logged = {k for m in metrics.values() for k in m}
+    assert not undocumented_metrics(logged), f"metrics missing from docs/metrics.md: {undocumented_metrics(logged)}"
 
 
 def test_a_resumed_run_draws_and_trains_what_the_unbroken_run_did(setup, sync_run):
