@@ -31,6 +31,7 @@ VERL_NAMES: dict[str, str] = {
     "data.train_files": "data.train_files",
     "data.val_files": "data.val_files",
     "data.train_batch_size": "data.train_batch_size",
+    "data.gen_batch_size": "data.gen_batch_size (verl's DAPO recipe)",
     "data.val_batch_size": "data.val_batch_size",
     "data.val_max_samples": "data.val_max_samples",
     "data.max_prompt_length": "data.max_prompt_length",
@@ -105,6 +106,9 @@ VERL_NAMES: dict[str, str] = {
     "algorithm.lam": "algorithm.lam",
     "algorithm.rollout_correction.rollout_is": "algorithm.rollout_correction.rollout_is",
     "algorithm.rollout_correction.rollout_is_threshold": "algorithm.rollout_correction.rollout_is_threshold",
+    "algorithm.filter_groups.enable": "algorithm.filter_groups.enable",
+    "algorithm.filter_groups.metric": "algorithm.filter_groups.metric",
+    "algorithm.filter_groups.max_num_gen_batches": "algorithm.filter_groups.max_num_gen_batches",
     "reward.custom_function": "custom_reward_function.path + custom_reward_function.name (here one 'file.py:fn')",
     "reward.binarize": NONE + "ours: turns the partial credit of reasoning-gym's scorers into 0/1",
     "reward.async_loop": "reward_model.launch_reward_fn_async (verl scores a whole batch in a background process)",
@@ -196,6 +200,14 @@ VERL_NAMES: dict[str, str] = {
     "reward_model.weight": NONE + "ours: reward = rule_weight x rule + weight x sigmoid(logit)",
     "reward_model.rule_weight": NONE + "as reward_model.weight",
     "reward_model.micro_batch_size": "reward_model.micro_batch_size_per_gpu",
+    "reward_model.reward_manager": "reward_model.reward_manager (naive | dapo; prime and batch are not built)",
+    "reward_model.reward_kwargs.overlong_buffer_cfg.enable": "reward_model.reward_kwargs.overlong_buffer_cfg.enable",
+    "reward_model.reward_kwargs.overlong_buffer_cfg.len": "reward_model.reward_kwargs.overlong_buffer_cfg.len",
+    "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": (
+        "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor"
+    ),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.log": "reward_model.reward_kwargs.overlong_buffer_cfg.log",
+    "reward_model.reward_kwargs.max_resp_len": "reward_model.reward_kwargs.max_resp_len (required there)",
     "placement.pools": "resource_pool_spec",
     "placement.roles": "mapping (role -> pool)",
 }

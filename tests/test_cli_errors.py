@@ -38,10 +38,12 @@ from asyncrl.models.errors import ModelLoadError
 from asyncrl.models.gguf import GGUFConvertError
 from asyncrl.models.lora import LoraError
 from asyncrl.rewards.custom import RewardSpecError
+from asyncrl.rewards.filtering import FilterMetricError
 from asyncrl.rewards.registry import UnknownDataSourceError
 from asyncrl.rewards.remote import RewardServiceRejectedError, RewardServiceResponseError, RewardServiceUnavailableError
 from asyncrl.roles.placement import PlacementError
 from asyncrl.rollout.vllm_engine import VllmEngineError
+from asyncrl.schedules.dynamic_sampling import DynamicSamplingError
 from asyncrl.schedules.perf.cost import CostModelError
 from asyncrl.schedules.perf.profile import ProfileError
 from asyncrl.schedules.replay import ReplayError
@@ -264,6 +266,25 @@ def skip_dump_of_another_run(env: Env) -> Bad:
     return argv, [f"rollout.skip.dump_dir {dump}", "data.max_prompt_length (dumped 64, this run 128)"]
 
 
+def constant_reward(env: Env) -> str:
+    """``reward.custom_function=...`` of a reward that is the same for every response: no group has a spread."""
+    path = env.tmp / "constant.py"
+    path.write_text("def constant(data_source, solution_str, ground_truth, extra_info):\n    return 0.5\n")
+    return f"reward.custom_function={path}:constant"
+
+
+def dynamic_sampling_that_never_fills(env: Env) -> Bad:
+    over = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=2"]
+    argv = run_args(env, constant_reward(env), *over)
+    return argv, ["algorithm.filter_groups.max_num_gen_batches=2", "step 1 generated 2 generation batches"]
+
+
+def dynamic_sampling_on_a_metric_no_sample_has(env: Env) -> Bad:
+    over = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=accuracy"]
+    argv = run_args(env, constant_reward(env), *over)
+    return argv, ["algorithm.filter_groups.metric='accuracy'", "has no such value"]
+
+
 def cluster_too_small(env: Env) -> Bad:
     argv = run_args(env, "trainer.cpus_per_worker=4", f"ray.num_cpus={RAY_CPUS}", backend="ray")
     return argv, ["4 CPUs", f"has {RAY_CPUS}", "ray.num_cpus"]
@@ -325,6 +346,8 @@ CASES: list[tuple[type[UserInputError], Callable[[Env], Bad], tuple]] = [
     (LoraError, adapter_of_another_rank, ()),
     (VllmEngineError, vllm_missing, ()),
     (RolloutSkipError, skip_dump_of_another_run, ()),
+    (DynamicSamplingError, dynamic_sampling_that_never_fills, ()),
+    (FilterMetricError, dynamic_sampling_on_a_metric_no_sample_has, ()),
     # on a real Ray cluster: the CPU check needs the cluster's size; a rollout actor whose constructor raised answers
     # with Ray's ActorDiedError, which carries only the text of the error
     (PlacementError, cluster_too_small, RAY),

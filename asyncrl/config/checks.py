@@ -28,9 +28,8 @@ ALGORITHM_SECTIONS = {
     "distill": ("teacher", "distill"),
     "dpo": ("dpo",),
 }
-SECTION_DEFAULTS = {
+SECTION_DEFAULTS = {  # reward_model is checked apart: its reward manager is every algorithm's
     "critic": CriticConfig,
-    "reward_model": RewardModelConfig,
     "teacher": TeacherConfig,
     "distill": DistillConfig,
     "dpo": DpoConfig,
@@ -53,6 +52,8 @@ def validate(cfg: Config) -> None:
     check_trainer_ranks(cfg)
     _check_async_training(cfg)
     _check_algorithm(cfg)
+    _check_dynamic_sampling(cfg)
+    _check_reward_shaping(cfg)
     _check_sections_read(cfg)  # after the ranges: a bad value is named even in a section the run would not read
 
 
@@ -83,9 +84,89 @@ def _check_algorithm(cfg: Config) -> None:
         )
 
 
+def _check_dynamic_sampling(cfg: Config) -> None:
+    """``algorithm.filter_groups`` and ``data.gen_batch_size``: what the batch schedules' dynamic sampling
+    (``asyncrl.schedules.dynamic_sampling``) can honour. The keys are accepted while ``enable`` is false, as verl's
+    DAPO scripts set them whether or not they turn it on."""
+    fg, d, schedule = cfg.algorithm.filter_groups, cfg.data, cfg.trainer.schedule
+    key = "algorithm.filter_groups.enable"
+    if schedule == "fully_async":
+        check(
+            not fg.enable,
+            key,
+            fg.enable,
+            "false when trainer.schedule=fully_async (its Rollouter does not filter groups yet; sync, one_step_off "
+            "and two_step_off do)",
+        )
+        check(
+            d.gen_batch_size is None,
+            "data.gen_batch_size",
+            d.gen_batch_size,
+            "null when trainer.schedule=fully_async (its Rollouter admits one group at a time)",
+        )
+    if not fg.enable:
+        check(
+            d.gen_batch_size in (None, d.train_batch_size),
+            "data.gen_batch_size",
+            d.gen_batch_size,
+            f"null or data.train_batch_size ({d.train_batch_size}) unless algorithm.filter_groups.enable is true "
+            "(without dynamic sampling every generated prompt is trained)",
+        )
+        return
+    check(
+        cfg.algorithm.name != "distill",
+        key,
+        fg.enable,
+        "false when algorithm.name=distill (it learns from the teacher; its rewards are only logged)",
+    )
+    skip = cfg.rollout.skip
+    if skip.enable and skip.action == "repeat":
+        raise ConfigError(
+            "config keys algorithm.filter_groups.enable and rollout.skip.action: dynamic sampling cannot run with "
+            "rollout.skip.action=repeat (replaying one dump for every generation batch would train its groups twice "
+            "in one batch, and a dump without a group to keep would never fill one); use rollout.skip.action=cache "
+            "or turn one of them off"
+        )
+    rm = cfg.reward_model
+    if fg.metric in ("seq_reward", "seq_final_reward") and cfg.algorithm.name == "ppo" and rm.enable:
+        check(
+            False,
+            "algorithm.filter_groups.metric",
+            fg.metric,
+            "acc or score when reward_model.enable is true (the reward model scores on the trainer, after groups "
+            "are filtered, so a sequence's full reward is not known yet)",
+        )
+
+
+def _check_reward_shaping(cfg: Config) -> None:
+    """The DAPO reward manager's overlong penalty: its buffer fits in the response, and the algorithm learns from
+    rewards."""
+    kw = cfg.reward_model.reward_kwargs
+    ob, key = kw.overlong_buffer_cfg, "reward_model.reward_kwargs.overlong_buffer_cfg"
+    if not ob.enable:
+        return
+    check(
+        cfg.algorithm.name != "distill",
+        f"{key}.enable",
+        ob.enable,
+        "false when algorithm.name=distill (it learns from the teacher; its rewards are only logged)",
+    )
+    max_resp_len = kw.max_resp_len or cfg.rollout.response_length
+    where = "reward_model.reward_kwargs.max_resp_len" if kw.max_resp_len else "rollout.response_length"
+    check(ob.len <= max_resp_len, f"{key}.len", ob.len, f"<= the max_resp_len it ends at ({where}: {max_resp_len})")
+
+
 def _check_sections_read(cfg: Config) -> None:
-    """A section the chosen algorithm or schedule never reads is an error, not silently ignored."""
+    """A section the chosen algorithm or schedule never reads is an error, not silently ignored. Of
+    ``reward_model``, only the reward model's own keys are ppo's: its reward manager is every algorithm's."""
     name = cfg.algorithm.name
+    rm = cfg.reward_model
+    if "reward_model" not in ALGORITHM_SECTIONS[name] and rm.reward_model_part != RewardModelConfig().reward_model_part:
+        raise ConfigError(
+            f"config section reward_model: set, but algorithm.name={name} never reads it (only ppo does; of it, "
+            "every algorithm reads reward_model.reward_manager and reward_model.reward_kwargs); remove it or "
+            "choose that algorithm"
+        )
     for section, default in SECTION_DEFAULTS.items():
         if section not in ALGORITHM_SECTIONS.get(name, ()) and getattr(cfg, section) != default():
             users = [a for a, secs in ALGORITHM_SECTIONS.items() if section in secs]

@@ -59,7 +59,7 @@ def load_config(
         if "=" not in item:
             raise ConfigError(f"command-line override {item!r}: expected key=value (e.g. rollout.n=8)")
         try:
-            layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
+            layers.append((f"override {item!r}", OmegaConf.from_dotlist([_without_hydra_prefix(item)])))
         except Exception as e:  # the value is parsed as YAML: an unbalanced brace or quote fails there
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ConfigError(
@@ -78,6 +78,13 @@ def load_config(
         raise ConfigError(_describe(e, "config")) from None
     (validate_fn or validate)(cfg)
     return cfg
+
+
+def _without_hydra_prefix(item: str) -> str:
+    """``+key=value`` / ``++key=value`` as ``key=value``: verl's scripts add keys its YAML lacks with Hydra's ``+``
+    (``+reward_model.reward_kwargs.max_resp_len=...``); every key exists in this tree, so adding and setting are one,
+    and a key the tree does not have is still an unknown key."""
+    return item[2:] if item.startswith("++") else item[1:] if item.startswith("+") else item
 
 
 def _describe(e: Exception, where: str) -> str:

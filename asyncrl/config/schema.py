@@ -33,7 +33,10 @@ from asyncrl.config.training import (
     CriticModelConfig,
     DistillConfig,
     DpoConfig,
+    FilterGroupsConfig,
     OptimConfig,
+    OverlongBufferConfig,
+    RewardKwargsConfig,
     RewardModelConfig,
     RolloutCorrectionConfig,
     TeacherConfig,
@@ -54,6 +57,8 @@ class DataConfig(Checked):
     train_files: list[str] = field(default_factory=list)  # parquet/jsonl in verl's schema
     val_files: list[str] = field(default_factory=list)  # held-out rows for val/accuracy (empty: no evaluation)
     train_batch_size: int = 16  # prompts per training step (each gets rollout.n responses)
+    # prompts per generation call with algorithm.filter_groups (verl's DAPO key); null = train_batch_size
+    gen_batch_size: int | None = None
     val_batch_size: int = 512  # prompts per eval generation call
     val_max_samples: int = -1  # evaluate on at most this many held-out prompts (-1 = all)
     max_prompt_length: int = 256  # tokens
@@ -63,6 +68,7 @@ class DataConfig(Checked):
     RULES = {
         "train_files": rule(bool, "a non-empty list of parquet/jsonl files"),
         "train_batch_size": POSITIVE_INT,
+        "gen_batch_size": or_null(POSITIVE_INT),
         "val_batch_size": POSITIVE_INT,
         "max_prompt_length": POSITIVE_INT,
         "overlong_prompts": one_of(("error", "filter")),
@@ -213,14 +219,17 @@ __all__ = [
     "DataConfig",
     "DistillConfig",
     "DpoConfig",
+    "FilterGroupsConfig",
     "GenRMConfig",
     "ModelConfig",
     "MultiTurnConfig",
     "OptimConfig",
+    "OverlongBufferConfig",
     "PlacementConfig",
     "PoolConfig",
     "RayConfig",
     "RewardConfig",
+    "RewardKwargsConfig",
     "RewardModelConfig",
     "RolloutConfig",
     "RolloutCorrectionConfig",

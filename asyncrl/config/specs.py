@@ -9,7 +9,7 @@ runs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from asyncrl.config.schema import (
     ActorConfig,
@@ -17,7 +17,9 @@ from asyncrl.config.schema import (
     Config,
     CriticConfig,
     DataConfig,
+    FilterGroupsConfig,
     ModelConfig,
+    OverlongBufferConfig,
     RewardConfig,
     RewardModelConfig,
     RolloutConfig,
@@ -58,12 +60,30 @@ class EngineSpec:
     device: str = "auto"  # trainer.device: resolved where the engine runs (asyncrl.models.device)
 
 
+@dataclass
+class RewardSpec(RewardConfig):
+    """What a role that scores rule rewards is given: the ``reward`` section, and the reward manager's shaping
+    resolved from ``reward_model.reward_manager`` / ``reward_kwargs`` (verl's keys; the role never sees
+    ``reward_model``, whose reward model is ppo's). Read by ``asyncrl.rewards.overlong.OverlongShaping.of``."""
+
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # enabled: the DAPO manager's
+    max_resp_len: int = 0  # tokens the overlong buffer ends at (reward_kwargs.max_resp_len or rollout.response_length)
+
+    @classmethod
+    def of(cls, cfg: Config) -> RewardSpec:
+        rm = cfg.reward_model
+        kw = rm.reward_kwargs
+        shaping = kw.overlong_buffer_cfg if rm.reward_manager == "dapo" else OverlongBufferConfig()
+        section = {f.name: getattr(cfg.reward, f.name) for f in fields(RewardConfig)}
+        return cls(**section, overlong_buffer=shaping, max_resp_len=kw.max_resp_len or cfg.rollout.response_length)
+
+
 @dataclass(frozen=True)
 class RolloutSpec:
     """A rollout worker: its engine, and the rule reward it scores each sample with where it was made."""
 
     engine: EngineSpec
-    reward: RewardConfig
+    reward: RewardConfig  # a RewardSpec when built by role_specs
 
 
 @dataclass(frozen=True)
@@ -73,6 +93,8 @@ class RollouterSpec(RolloutSpec):
     data: DataConfig = field(default_factory=DataConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     ppo_mini_batch_size: int = 1  # groups per optimizer step: the unit of the staleness budget
+    # dynamic sampling: which finished groups are queued (asyncrl.rewards.filtering.keep_group with its metric)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 
 @dataclass(frozen=True)
@@ -81,7 +103,7 @@ class TrainerSpec:
     generates) with, and what the algorithm and the schedule decided for it."""
 
     engine: EngineSpec
-    reward: RewardConfig
+    reward: RewardConfig  # a RewardSpec when built by role_specs
     actor: ActorConfig
     strategy: str  # ddp | fsdp2, with several ranks
     record_consumed: bool  # fingerprint the weights after every update (asyncrl replay)
@@ -127,10 +149,11 @@ class RoleSpecs:
 def role_specs(cfg: Config, needs: TrainerNeeds, plan: TrainerPlan) -> RoleSpecs:
     t = cfg.trainer
     engine = EngineSpec(cfg.model, cfg.rollout, cfg.data.max_prompt_length, t.seed, t.device)
+    reward = RewardSpec.of(cfg)
     return RoleSpecs(
         trainer=TrainerSpec(
             engine=engine,
-            reward=cfg.reward,
+            reward=reward,
             actor=cfg.actor,
             strategy=t.strategy,
             record_consumed=t.record_consumed,
@@ -138,8 +161,10 @@ def role_specs(cfg: Config, needs: TrainerNeeds, plan: TrainerPlan) -> RoleSpecs
             needs=needs,
             plan=plan,
         ),
-        rollout=RolloutSpec(engine, cfg.reward),
-        rollouter=RollouterSpec(engine, cfg.reward, cfg.data, cfg.async_training, cfg.actor.ppo_mini_batch_size),
+        rollout=RolloutSpec(engine, reward),
+        rollouter=RollouterSpec(
+            engine, reward, cfg.data, cfg.async_training, cfg.actor.ppo_mini_batch_size, cfg.algorithm.filter_groups
+        ),
         critic=CriticSpec(cfg.critic, cfg.model, t.seed, t.device),
         reward_model=RewardModelSpec(cfg.reward_model, cfg.model.path, t.device),
     )

@@ -7,7 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from asyncrl.config.errors import check
-from asyncrl.config.rules import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Checked, between, one_of, or_null, rule
+from asyncrl.config.rules import (
+    NON_NEGATIVE,
+    POSITIVE,
+    POSITIVE_INT,
+    Checked,
+    at_least,
+    between,
+    one_of,
+    or_null,
+    rule,
+)
 from asyncrl.losses.correction import IS_LEVELS
 from asyncrl.losses.distill_loss import REVERSE_KL_ESTIMATORS, TAIL_MODES
 from asyncrl.losses.dpo import DPO_LOSSES
@@ -17,6 +27,7 @@ from asyncrl.losses.utils import LOSS_AGG_MODES
 DISTILL_LOSSES = ("forward_kl", "jsd", "reverse_kl")
 DROP_POLICIES = ("backpressure", "oldest")  # a full fully_async queue: the producer waits | the oldest is dropped
 TOKENIZER_CHECKS = ("auto", "fingerprint", "probe")
+REWARD_MANAGERS = ("naive", "dapo")  # verl's names; its prime and batch managers are not built
 
 
 @dataclass
@@ -83,6 +94,28 @@ class RolloutCorrectionConfig(Checked):
 
 
 @dataclass
+class FilterGroupsConfig(Checked):
+    """``algorithm.filter_groups``: dynamic sampling as DAPO does it (verl's keys). A group (the ``rollout.n`` samples
+    of one prompt) whose ``metric`` is equal across its samples teaches GRPO nothing (its advantages are all zero),
+    so it is dropped before the trainer, and more prompts are generated until the batch holds
+    ``data.train_batch_size`` groups (``asyncrl.rewards.filtering`` is the rule, ``asyncrl.schedules.dynamic_sampling``
+    the loop)."""
+
+    enable: bool = False
+    # what must differ within a group (asyncrl.rewards.filtering.metric_value): acc (the reward function's "acc", or
+    # its score when it returns none) | score (the reward function's score, before overlong shaping and binarize) |
+    # seq_reward (the sample's reward as trained: after shaping) | seq_final_reward (the same here: no KL in the
+    # reward) | any other key the reward function returns in its dict
+    metric: str = "acc"
+    max_num_gen_batches: int = 0  # generation batches per step before the run stops with an error (0 = no limit)
+
+    RULES = {
+        "metric": rule(lambda v: bool(str(v).strip()), "a metric name: acc, score, seq_reward, seq_final_reward, ..."),
+        "max_num_gen_batches": at_least(0, " (0 = no limit)"),
+    }
+
+
+@dataclass
 class AlgorithmConfig(Checked):
     name: str = "grpo"  # grpo | ppo (critic + GAE) | distill (on-policy distillation from a teacher) | dpo (online)
     adv_estimator: str | None = None  # verl's name; null = the algorithm's own (grpo: grpo, ppo: gae)
@@ -90,6 +123,7 @@ class AlgorithmConfig(Checked):
     gamma: float = 1.0  # gae: discount per response token
     lam: float = 1.0  # gae: lambda (bias/variance trade-off of the advantage estimate)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
     RULES = {"gamma": between(0, 1), "lam": between(0, 1)}  # name: checks.py (it picks the sections read)
 
@@ -214,17 +248,64 @@ class CriticConfig(Checked):
 
 
 @dataclass
+class OverlongBufferConfig(Checked):
+    """``reward_model.reward_kwargs.overlong_buffer_cfg`` (verl's DAPO reward manager): a response of L tokens that
+    runs into the last ``len`` tokens before ``max_resp_len`` loses reward linearly, down to ``-penalty_factor`` at
+    ``max_resp_len``: penalty = min(-(L - (max_resp_len - len)) / len * penalty_factor, 0), added to its score
+    (``asyncrl.rewards.overlong``)."""
+
+    enable: bool = False
+    len: int = 0  # tokens: the buffer before max_resp_len where the penalty grows (>= 1 when enabled)
+    penalty_factor: float = 0.0  # reward units: the penalty at L = max_resp_len
+    log: bool = False  # also record it per sample: reward_extra overlong_reward (and overlong: 1.0 when < 0)
+
+    RULES = {"len": NON_NEGATIVE, "penalty_factor": NON_NEGATIVE}
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        check(not self.enable or self.len >= 1, f"{key}.len", self.len, ">= 1 when overlong_buffer_cfg.enable")
+
+
+@dataclass
+class RewardKwargsConfig(Checked):
+    """``reward_model.reward_kwargs``: the reward manager's arguments, as verl passes them (only the DAPO manager's
+    exist here)."""
+
+    overlong_buffer_cfg: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    max_resp_len: int | None = None  # tokens; null = rollout.response_length (verl's recipes pass max_response_length)
+
+    RULES = {"max_resp_len": or_null(POSITIVE_INT)}
+
+
+@dataclass
 class RewardModelConfig(Checked):
+    """``reward_model``: PPO's reward model (``enable`` .. ``micro_batch_size``, read only by ppo) and, as in verl, the
+    reward manager that turns every algorithm's rule scores into rewards (``reward_manager``, ``reward_kwargs``)."""
+
     enable: bool = False
     path: str | None = None  # a sequence-classification directory (e.g. from `asyncrl train-rm`)
     weight: float = 1.0  # reward = rule_weight * rule reward + weight * sigmoid(reward-model logit)
     rule_weight: float = 1.0  # weight of the rule reward added to the reward model's score
     micro_batch_size: int = 64  # samples per reward-model forward
+    reward_manager: str = "naive"  # naive (the rule score is the reward) | dapo (+ overlong_buffer_cfg's penalty)
+    reward_kwargs: RewardKwargsConfig = field(default_factory=RewardKwargsConfig)
 
-    RULES = {"micro_batch_size": POSITIVE_INT}
+    RULES = {"micro_batch_size": POSITIVE_INT, "reward_manager": one_of(REWARD_MANAGERS)}
 
     def check(self, key: str) -> None:
         super().check(key)
         check(
             not self.enable or bool(self.path), f"{key}.path", self.path, "a model directory when reward_model.enable"
         )
+        enabled = self.reward_kwargs.overlong_buffer_cfg.enable
+        check(
+            not enabled or self.reward_manager == "dapo",
+            f"{key}.reward_manager",
+            self.reward_manager,
+            f"dapo when {key}.reward_kwargs.overlong_buffer_cfg.enable is true (only the DAPO manager shapes rewards)",
+        )
+
+    @property
+    def reward_model_part(self) -> tuple:
+        """The fields of the reward *model* (ppo only), apart from the reward manager every algorithm reads."""
+        return (self.enable, self.path, self.weight, self.rule_weight, self.micro_batch_size)

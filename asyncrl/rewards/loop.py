@@ -29,8 +29,9 @@ from typing import Any
 
 from asyncrl.config import RewardConfig
 from asyncrl.rewards.genrm import GenerativeReward
+from asyncrl.rewards.overlong import OverlongShaping
 from asyncrl.rewards.remote import RemoteReward, RewardServiceUnavailableError
-from asyncrl.rewards.reward_fn import RewardFn
+from asyncrl.rewards.reward_fn import RewardFn, build_reward_fn
 from asyncrl.types import Sample
 
 
@@ -131,7 +132,15 @@ class RewardLoop:
 
 def build_reward_loop(cfg: RewardConfig, reward_fn: RewardFn) -> RewardLoop | None:
     """The run's reward loop (``reward.async_loop``, a ``reward.remote_url`` or a ``reward.genrm.url``), or None: score
-    after generation."""
+    after generation.
+
+    Every role that scores (rollout workers, the sync trainer, the fully_async Rollouter) calls this with its spec's
+    reward, once, right after ``build_reward_fn``: so it is also where ``reward_fn`` gets the reward manager's shaping
+    that a ``RewardSpec`` carries (``OverlongShaping.of``; a plain ``RewardConfig`` leaves ``reward_fn`` as built).
+    """
+    shaping = OverlongShaping.of(cfg)
+    if shaping is not None:
+        reward_fn.overlong = shaping
     if not cfg.async_loop and not cfg.remote_url and not cfg.genrm.url:
         return None
     remote: RemoteReward | GenerativeReward | None = None
@@ -140,6 +149,13 @@ def build_reward_loop(cfg: RewardConfig, reward_fn: RewardFn) -> RewardLoop | No
     elif cfg.genrm.url:
         remote = GenerativeReward(cfg.genrm, cfg.timeout_s, cfg.remote_max_retries, cfg.remote_backoff_s)
     return RewardLoop(reward_fn, cfg.max_concurrency, cfg.timeout_s, remote)
+
+
+def build_scorer(cfg: RewardConfig) -> RewardFn | RewardLoop:
+    """What scores a role's samples, from its reward spec alone: the reward function with the manager's shaping, on
+    the reward loop when the spec asks for one (the one call a scoring role needs)."""
+    reward_fn = build_reward_fn(cfg.custom_function, binarize=cfg.binarize, overlong=OverlongShaping.of(cfg))
+    return build_reward_loop(cfg, reward_fn) or reward_fn
 
 
 def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:

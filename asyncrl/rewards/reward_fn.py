@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from asyncrl.rewards.custom import ScoreFn, load_custom_function
+from asyncrl.rewards.overlong import OverlongShaping
 from asyncrl.rewards.registry import get_scorer
 from asyncrl.types import Sample
 
@@ -70,9 +71,16 @@ class RewardFn:
     (for Ray): only the spec travels, the function is re-imported on the other side.
     """
 
-    def __init__(self, custom_function: str | None = None, max_logged_errors: int = 5, binarize: bool = False):
+    def __init__(
+        self,
+        custom_function: str | None = None,
+        max_logged_errors: int = 5,
+        binarize: bool = False,
+        overlong: OverlongShaping | None = None,
+    ):
         self.custom_function = custom_function
         self.binarize = binarize  # reward = 1.0 for a full score, else 0.0 (the raw score stays in reward_extra)
+        self.overlong = overlong  # the DAPO manager's length penalty, added after binarize (asyncrl.rewards.overlong)
         self.max_logged_errors = max_logged_errors
         self._custom: ScoreFn | None = load_custom_function(custom_function) if custom_function else None
         self.failed_total = 0
@@ -145,6 +153,8 @@ class RewardFn:
         if self.binarize:
             extra = {**extra, "score": reward}
             reward = 1.0 if reward >= 1.0 - 1e-6 else 0.0
+        if self.overlong is not None:
+            reward, extra = self.overlong.apply(sample, reward, extra)
         sample.reward, sample.reward_failed, sample.reward_extra = reward, False, extra
 
     def finish_batch(self) -> dict[str, float]:
@@ -161,9 +171,11 @@ class RewardFn:
     __call__ = score
 
 
-def build_reward_fn(custom_function: str | None = None, binarize: bool = False) -> RewardFn:
+def build_reward_fn(
+    custom_function: str | None = None, binarize: bool = False, overlong: OverlongShaping | None = None
+) -> RewardFn:
     """A ``RewardFn``; a bad ``custom_function`` spec raises ``RewardSpecError`` here, at start-up."""
-    return RewardFn(custom_function or None, binarize=binarize)
+    return RewardFn(custom_function or None, binarize=binarize, overlong=overlong)
 
 
 async def _awaited(result: Any) -> Any:

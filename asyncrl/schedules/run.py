@@ -28,6 +28,7 @@ from asyncrl.data.sampler import EpochSampler
 from asyncrl.evaluation import evaluate_prompts
 from asyncrl.models.loading import check_model_dir
 from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
+from asyncrl.rewards.overlong import overlong_metrics
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.roles.clients import RoleClient, TrainerClient
 from asyncrl.roles.placement import sync_backend
@@ -70,7 +71,9 @@ class Run:
             self.val = PromptDataset(
                 rows, self.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts, tools=tools
             )
-        self.sampler = EpochSampler(len(self.train), d.train_batch_size, seed=cfg.trainer.seed, shuffle=d.shuffle)
+        # prompts drawn per generation call: a step's batch, or with dynamic sampling one of its generation batches
+        gen_batch_size = d.gen_batch_size or d.train_batch_size
+        self.sampler = EpochSampler(len(self.train), gen_batch_size, seed=cfg.trainer.seed, shuffle=d.shuffle)
         self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)  # evaluation
         self.version = 0  # the trainer's weight version, as it last reported it
         self.consumed_version = 0
@@ -90,6 +93,8 @@ class Run:
 
     # ---- data ----------------------------------------------------------------------------------------------------
     def next_prompts(self) -> list[Prompt]:
+        """The next generation batch's prompts (``data.gen_batch_size``, or ``data.train_batch_size``) from the one
+        stream whose cursor a checkpoint records."""
         out = []
         for epoch, index in self.sampler.next_batch():
             p = self.train[index]
@@ -154,7 +159,8 @@ class Run:
         """Everything logged for a step: sample statistics, the given parts, timings and throughput (the driver's
         ``timing_s/step`` must be set)."""
         step_s = tm.timings["timing_s/step"]
-        metrics = {**sample_metrics(samples, batch), **{k: v for p in parts for k, v in p.items()}, **tm.timings}
+        metrics = {**sample_metrics(samples, batch), **overlong_metrics(samples)}
+        metrics.update({**{k: v for p in parts for k, v in p.items()}, **tm.timings})
         metrics["perf/throughput_tokens_per_s"] = float(batch.attention_mask_BL.sum()) / step_s
         metrics["perf/samples_per_s"] = len(samples) / step_s
         metrics.update(machine_cpu())

@@ -11,7 +11,9 @@ run's samples. ``action``:
 - ``repeat``: a step without a dump reuses the latest dumped batch before it (training again on the same samples;
   the prompt check is skipped), so one dumped step feeds a whole run.
 
-Reused samples keep the weight versions they were generated with, so staleness is reported as it really is.
+Reused samples keep the weight versions they were generated with, so staleness is reported as it really is. With
+dynamic sampling (``algorithm.filter_groups``) a step may generate several batches: the second and later are dumped
+as ``step_N_genG.pkl``, and ``cache`` reuses each; ``repeat`` cannot fill a batch that way (a config error).
 Not in ``fully_async``, whose Rollouter streams groups rather than generating batches (a config error).
 """
 
@@ -58,7 +60,18 @@ def generation_key(cfg: Config) -> dict[str, Any]:
         "trainer.schedule": t.schedule,
         "trainer.seed": t.seed,
         "trainer.num_workers": t.num_workers,
+        # dynamic sampling decides which prompts each later step draws: named only when on, so a dump directory
+        # written before these keys existed still matches a run without them
+        **_dynamic_sampling_key(cfg),
     }
+
+
+def _dynamic_sampling_key(cfg: Config) -> dict[str, Any]:
+    fg = cfg.algorithm.filter_groups
+    if not fg.enable:
+        return {}
+    gen_batch_size = cfg.data.gen_batch_size or cfg.data.train_batch_size
+    return {"algorithm.filter_groups.metric": fg.metric, "data.gen_batch_size": gen_batch_size}
 
 
 @dataclass
@@ -106,9 +119,10 @@ class RolloutSkip:
         else:
             path.write_text(json.dumps(key, indent=1) + "\n")
 
-    def _dump(self, step: int) -> Path:
+    def _dump(self, step: int, gen_batch: int = 1) -> Path:
+        """A step's first generation batch's dump; with dynamic sampling, its later ones beside it."""
         assert self.dir is not None
-        return self.dir / f"step_{step}.pkl"
+        return self.dir / (f"step_{step}.pkl" if gen_batch == 1 else f"step_{step}_gen{gen_batch}.pkl")
 
     def launch(
         self,
@@ -118,11 +132,13 @@ class RolloutSkip:
         seed: int,
         step: int,
         pool: RolloutPool | None = None,
+        gen_batch: int = 1,
     ) -> Launched | Replayed:
-        """Step ``step``'s batch: generated (and dumped), or read back from the dump."""
+        """Step ``step``'s batch (its ``gen_batch``-th generation batch with dynamic sampling): generated (and
+        dumped), or read back from the dump. ``repeat`` never meets a ``gen_batch`` > 1 (a config error)."""
         if self.dir is None:
             return launch_generation(rollouts, prompts, params, seed, step, pool)
-        path = self._dump(step)
+        path = self._dump(step, gen_batch)
         if path.exists():
             samples = pickle.loads(path.read_bytes())
             drawn = sorted(p.index for p in prompts)
@@ -130,7 +146,8 @@ class RolloutSkip:
             if drawn != dumped:
                 raise RolloutSkipError(
                     f"rollout.skip: {path} holds prompts {dumped[:5]}... but this run drew {drawn[:5]}... for step "
-                    f"{step} (the data or its order changed since the dump)"
+                    f"{step} (the data, its order or the rewards that dynamic sampling filters on changed since the "
+                    "dump)"
                 )
             return Replayed(samples)
         if self.action == "repeat":

@@ -6,6 +6,8 @@ the generation of batch t+2. Per step, top to bottom:
 
     wait for batch t's preparation (started during the previous step)             timing_s/wait_prev_prepare
     wait for batch t+1's generation                                                timing_s/wait_prev_gen
+      (algorithm.filter_groups: groups without a reward spread dropped, more generated with the same weights
+      until the batch is full)
     sync the trainer's weights v(t-1) to the rollout pool                          timing_s/sync_rollout_weights
     launch generation of batch t+2 (with v(t-1)); start preparing batch t+1
     update on batch t -> v(t)                                                      timing_s/train
@@ -25,6 +27,7 @@ from asyncrl.algorithms import Prepared
 from asyncrl.config import Config
 from asyncrl.config.specs import TrainerPlan
 from asyncrl.roles.team import RolloutSide
+from asyncrl.schedules.dynamic_sampling import BatchFiller
 from asyncrl.schedules.generation import Generated, Launched
 from asyncrl.schedules.run import open_run
 from asyncrl.schedules.skip import Replayed, RolloutSkip
@@ -43,20 +46,24 @@ def run_two_step_off(cfg: Config) -> dict[str, Any]:
         ThreadPoolExecutor(1, "prepare") as pool,
     ):
         sync = run.start_weight_sync(roles)
-        skip = RolloutSkip(cfg)
+        skip, filler = RolloutSkip(cfg), BatchFiller(cfg)
         params, total = run.sampling(), cfg.trainer.total_training_steps
         cursors: dict[int, dict] = {run.start_step - 1: run.sampler.state_dict()}  # batch b -> cursor after it
 
-        def launch(b: int) -> Launched | Replayed:
+        def launch(b: int, g: int = 1) -> Launched | Replayed:
+            """Batch b's g-th generation batch (g > 1: dynamic sampling's, drawn before batch b+1's first)."""
             prompts = run.next_prompts()
             cursors[b] = run.sampler.state_dict()
-            return skip.launch(roles.rollouts, prompts, params, run.gen_seed(), b, run.pool)
+            return skip.launch(roles.rollouts, prompts, params, run.gen_seed(), b, run.pool, gen_batch=g)
+
+        def fill(b: int, first: Launched | Replayed) -> Generated:
+            return filler.fill(b, first, lambda g: launch(b, g))
 
         def start_preparing(generated: Generated, b: int) -> Future[tuple[Prepared, Generated]]:
             finish = algorithm.prepare(generated.samples, b)  # issued here, in batch order; finished on the thread
             return pool.submit(lambda: (finish(), generated))
 
-        preparing = start_preparing(launch(run.start_step).result(), run.start_step)
+        preparing = start_preparing(fill(run.start_step, launch(run.start_step)), run.start_step)
         pending = launch(run.start_step + 1) if run.start_step < total else None
         step = run.start_step - 1
         for step in range(run.start_step, total + 1):
@@ -69,7 +76,7 @@ def run_two_step_off(cfg: Config) -> dict[str, Any]:
                 if pending is not None:  # batch step+1 is generated: prepare it while this step trains
                     try:  # the pool replaces a rollout worker that died; past its budget, stop after a checkpoint
                         with tm("wait_prev_gen"):
-                            generated = pending.result()
+                            generated = fill(step + 1, pending)
                         with tm("sync_rollout_weights"):
                             sync_metrics = sync.metrics((run.pool or sync).push(run.version))
                     except WorkerLostError:
