@@ -100,8 +100,8 @@ def test_filter_keys_without_enable_load_as_verl_scripts_set_them():
         ),
         (["data.gen_batch_size=0"], "config key data.gen_batch_size must be >= 1 or null (got 0)"),
         (
-            [*VERL_DAPO, "trainer.schedule=fully_async"],
-            "config key algorithm.filter_groups.enable must be false when trainer.schedule=fully_async",
+            [*VERL_DAPO, "trainer.schedule=fully_async", "data.gen_batch_size=null"],
+            "config key algorithm.filter_groups.max_num_gen_batches must be 0 when trainer.schedule=fully_async",
         ),
         (
             ["trainer.schedule=fully_async", "data.gen_batch_size=8"],

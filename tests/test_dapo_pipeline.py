@@ -9,6 +9,7 @@ and an accuracy that depends on the response text otherwise, so filtering happen
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from asyncrl.checkpoint import load_driver_state
 from asyncrl.config import load_config
 from asyncrl.rewards.filtering import group_by_prompt, keep_group
 from asyncrl.schedules import run_training
+from asyncrl.schedules.fully_async.ledger import parse_group_id
 from asyncrl.telemetry.metrics import read_metrics
 from tests.helpers import make_data, make_model, train_overrides
 from tests.test_schedule_matrix import undocumented_metrics
@@ -150,3 +152,42 @@ def test_rollout_skip_replays_every_generation_batch_of_a_step(setup):
     for step in (1, 2):
         ours = [(s.uid, s.row, s.reward) for s in consumed(second, step)]
         assert ours == [(s.uid, s.row, s.reward) for s in consumed(first, step)], step
+
+
+def test_fully_async_drops_each_group_without_a_spread_as_it_finishes_and_the_ledger_accounts_for_it(setup):
+    """fully_async filters group by group: a finished group without a reward spread leaves the Rollouter at once (its
+    slots already free) and is recorded as filtered; every trained step is full of groups with a spread; every
+    prompt issued is trained, filtered or still open (queued or in flight), none lost or trained twice."""
+    run_dir = setup[0] / "fully_async"
+    over = dapo_overrides(
+        setup,
+        run_dir,
+        3,
+        "trainer.schedule=fully_async",
+        "algorithm.filter_groups.max_num_gen_batches=0",
+        "async_training.staleness_threshold=1.0",
+        "async_training.require_batches=2",  # 2 x ppo_mini_batch_size 2 = data.train_batch_size groups a step
+        "trainer.save_freq=0",
+    )
+    summary = run_training(load_config(None, over))
+    cfg = load_config(str(run_dir / "config.yaml"))
+    groups = cfg.data.train_batch_size
+    trained = set()
+    for step in (1, 2, 3):
+        batch = group_by_prompt(consumed(run_dir, step))
+        assert len(batch) == groups and all(len(g) == cfg.rollout.n for g in batch), step
+        assert all(keep_group(g, "acc") and len({s.reward for s in g}) > 1 for g in batch), step
+        uids = {g[0].uid for g in batch}
+        assert not uids & trained, step
+        trained |= uids
+    counts, ledger = summary["counts"], summary["ledger"]
+    assert counts["filtered_groups"] > 0  # the even-answer prompts
+    assert counts["consumed_groups"] == 3 * groups
+    assert ledger["lost"] == 0 and ledger["duplicated"] == 0 and ledger["filtered"] == counts["filtered_groups"]
+    state = json.loads((run_dir / "ledger.json").read_text())["ledger"]
+    issued = sum(row[2] for row in state["records"])
+    closed = sum(row[5] + row[8] for row in state["records"])  # consumed + filtered
+    assert issued == closed + len(state["open"])  # every issued group: trained, filtered, or still open
+    assert {parse_group_id(g)[:2] for g in state["open"]}.isdisjoint(
+        {(int(u.split(":")[0]), int(u.split(":")[1])) for u in trained}
+    )

@@ -92,11 +92,11 @@ def _check_dynamic_sampling(cfg: Config) -> None:
     key = "algorithm.filter_groups.enable"
     if schedule == "fully_async":
         check(
-            not fg.enable,
-            key,
-            fg.enable,
-            "false when trainer.schedule=fully_async (its Rollouter does not filter groups yet; sync, one_step_off "
-            "and two_step_off do)",
+            fg.max_num_gen_batches == 0,
+            "algorithm.filter_groups.max_num_gen_batches",
+            fg.max_num_gen_batches,
+            "0 when trainer.schedule=fully_async (its Rollouter streams groups and drops each one without a reward "
+            "spread as it finishes; there are no generation batches to count)",
         )
         check(
             d.gen_batch_size is None,

@@ -14,6 +14,7 @@ their groups; without it no new row is placed and the live ones run to their end
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from asyncrl.calls import Handle
 from asyncrl.config.specs import RollouterSpec
 from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
+from asyncrl.rewards.filtering import keep_group
 from asyncrl.rollout.agent.tools import tool_schemas
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.schedules.fully_async.ports import LocalPort, RemotePort
@@ -73,7 +75,9 @@ class Rollouter(RolloutWorker):
             self.engine.capacity, r.n, ranks, self.spec.async_training.max_inflight_groups
         )
         prompt_of = lambda _epoch, index: self.dataset[index]  # noqa: E731
-        return Producer(self.budget, self.queue, self.sampler, prompt_of, r.n, capacities, max_groups)
+        fg = self.spec.filter_groups  # dynamic sampling: a group without a reward spread is dropped as it finishes
+        keep = functools.partial(keep_group, metric=fg.metric) if fg.enable else None
+        return Producer(self.budget, self.queue, self.sampler, prompt_of, r.n, capacities, max_groups, keep=keep)
 
     def attach_ranks(self, ranks: list[Handle]) -> None:
         """Decode on these rollout workers too (``asyncrl.workers.rollout.RolloutWorker``: threaded, so a pause
