@@ -144,7 +144,7 @@ def test_resume_leaves_finished_samples_alone_and_closes_full_ones_as_length(mod
 
 
 def test_refill_cuts_a_decode_short_and_greedy_continuation_is_unchanged(tok, model):
-    """``refill`` interrupts between decode steps (for the fully_async Rollouter to batch new rows in); resuming the
+    """``refill`` interrupts between decode steps; resuming the
     interrupted rows with the same weights gives exactly the uninterrupted greedy output."""
     engine = RolloutEngine(model, tok)
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=NEW_TOKENS)

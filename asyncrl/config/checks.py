@@ -161,7 +161,10 @@ def _check_sections_read(cfg: Config) -> None:
     ``reward_model``, only the reward model's own keys are ppo's: its reward manager is every algorithm's."""
     name = cfg.algorithm.name
     rm = cfg.reward_model
-    if "reward_model" not in ALGORITHM_SECTIONS[name] and rm.reward_model_part != RewardModelConfig().reward_model_part:
+    if (
+        "reward_model" not in ALGORITHM_SECTIONS.get(name, ())
+        and rm.reward_model_part != RewardModelConfig().reward_model_part
+    ):
         raise ConfigError(
             f"config section reward_model: set, but algorithm.name={name} never reads it (only ppo does; of it, "
             "every algorithm reads reward_model.reward_manager and reward_model.reward_kwargs); remove it or "

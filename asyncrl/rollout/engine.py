@@ -160,8 +160,9 @@ class RolloutEngine(GatedEngine):
     ) -> list[Sample]:
         """Continue "interrupted" samples with the current weights until eos or ``max_new_tokens`` in total.
 
-        ``refill(n_active)`` (optional, polled between decode steps) interrupts the call early when it returns True,
-        e.g. when few rows are still running and new work is waiting; the unfinished rows come back "interrupted".
+        ``refill(n_active)`` (optional, polled between decode steps) interrupts the call early when it returns True;
+        the unfinished rows come back "interrupted". No schedule cuts a call this way since fully_async streams
+        (``submit``/``step``); tests use it to stop a decode after a chosen number of steps.
 
         Returns new Sample objects in input order: the response so far plus the continuation (tokens, log-probs, and
         versions = the current version), with the original ``start_version``. One continuation per sample

@@ -113,7 +113,7 @@ def check_agent_loop(name: str) -> None:
         )
 
 
-_OWN = frozenset({"engine", "multi_turn", "default_agent_loop", "_loops", "_tools", "last_prefill"})
+_OWN = frozenset({"engine", "multi_turn", "default_agent_loop", "_loops", "_tools", "last_prefill", "_stream_args"})
 
 
 class AgentEngine:
@@ -214,6 +214,42 @@ class AgentEngine:
         first = self.engine.resume(samples, params, seed=seed, refill=refill)
         self.last_prefill = self.engine.last_prefill
         return self._converse(list(first), live, params, seed, refill)
+
+    # ---- streaming (``asyncrl.rollout.streaming``; fully_async's Rollouter) ------------------------------------------
+    def submit(self, rows: list[Sample], params: Any, seed: int | None = None) -> None:
+        """As the engine's: the rows enter at its next step; a row whose turn ends with a tool call goes on."""
+        for s in rows:
+            self.loop_for(s.prompt)  # an unknown agent_name fails here, not mid-stream
+        self._stream_args = (params, seed)
+        self.engine.submit(rows, params, seed)
+
+    def step(self) -> list[Sample]:
+        """One engine step; a row whose turn ended and whose loop goes on (a tool call) gets the tool's output
+        appended and is submitted again at once (its next turn enters at the next step); the rows whose whole
+        conversation ended are returned."""
+        ended = self.engine.step()
+        if not ended:
+            return ended
+        params, seed = self._stream_args
+        going = set(self._decide(ended, [i for i, s in enumerate(ended) if s.stop_reason == "eos"], params))
+        if going:
+            self.engine.submit([ended[i] for i in sorted(going)], params, seed)
+        done = [s for i, s in enumerate(ended) if i not in going]
+        for s in done:
+            if s.response_mask is not None:
+                s.response_text = conversation_text(self.engine.tokenizer, s)
+        return done
+
+    def interrupt(self) -> list[Sample]:
+        """Every row the engine holds, partial (mid-turn, or at the start of a turn with a tool's output appended)."""
+        return self.engine.interrupt()
+
+    def drain(self) -> list[Sample]:
+        """Steps until every conversation held has ended."""
+        out: list[Sample] = []
+        while self.engine.live_rows():
+            out += self.step()
+        return out
 
     def _converse(
         self,
