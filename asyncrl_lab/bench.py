@@ -83,8 +83,14 @@ def schedule_overrides(mode: str, total_cpus: int) -> list[str]:
     the overlap won; since prefix sharing neither placement wins in every schedule (both measured in BENCHMARKS.md).
     ``+vllm`` (or ``+builtin``) sets ``rollout.engine``; ``+lora`` trains a LoRA adapter (``LORA_OVERRIDES``) instead of
     every weight; ``+dp2`` trains on two data-parallel ranks that split the trainer's cores (``trainer.num_workers``),
-    ``+fsdp2`` the same two ranks sharded (``trainer.strategy=fsdp2``).
+    ``+fsdp2`` the same two ranks sharded (``trainer.strategy=fsdp2``); ``+key=value`` overrides that mode's run alone
+    (``fully_async+async_training.staleness_threshold=2``).
     """
+    if "=" in mode:  # ``fully_async+async_training.staleness_threshold=2``: overrides of this mode's run alone
+        base, *parts = mode.split("+")
+        keys = [p for p in parts if "=" in p]
+        plain = "+".join([base, *(p for p in parts if "=" not in p)])
+        return schedule_overrides(plain, total_cpus) + keys
     schedule, *mods = mode.split("+")
     for mod in mods:
         if mod not in ENGINES + MODIFIERS:

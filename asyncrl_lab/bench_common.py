@@ -112,11 +112,13 @@ def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Wo
         train, test = _mixed_targets(train, 0), _mixed_targets(test, 1)
         files = {"train": [str(train)], "val": [str(test)]}
         sft_over = ["data.response_key=mixed", "data.max_response_length=256", "data.batch_size=16"]
+        # 8 prompts x 4 samples a step: a sync window of 8 groups, so a Rollouter one window ahead holds up to 16
+        # groups (64 rows) whose lengths range over 10x and more
         train_over = [
             "rollout.response_length=256",
-            "rollout.n=8",
-            "data.train_batch_size=2",
-            "actor.ppo_mini_batch_size=2",
+            "rollout.n=4",
+            "data.train_batch_size=8",
+            "actor.ppo_mini_batch_size=8",
             "actor.ppo_micro_batch_size=32",
             "data.max_prompt_length=192",
         ]
