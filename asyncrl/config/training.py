@@ -139,7 +139,7 @@ class AsyncTrainingConfig(Checked):
     max_queue_size: int | None = None  # groups; null = the staleness budget (never fills while synced)
     partial_rollout: bool = True  # at a sync, interrupt in-flight generations and resume them with the new weights
     compute_prox_log_prob: bool = False  # decoupled PPO: old = the weights at the start of the sync window
-    max_inflight_groups: int | None = None  # groups generated at once; null = rollout.max_batch_size // rollout.n
+    max_inflight_groups: int | None = None  # groups in flight; null = one per slot of the rollout ranks
     get_batch_timeout_s: float = 600.0  # the trainer's longest wait for one step's groups before the run fails
     pause_timeout_s: float = 600.0  # the longest wait for the Rollouter to park for a weight sync
 
