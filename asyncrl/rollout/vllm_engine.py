@@ -37,7 +37,7 @@ from asyncrl.models.fp8 import dequantize_sync, quantize_for_sync, sync_layout
 from asyncrl.models.loading import eos_token_ids
 from asyncrl.models.lora import LoraSpec, require_adapter, synced_tensors
 from asyncrl.rollout.engine import check_prompts, extend_sample, resumable, row_streams
-from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, validate_update
+from asyncrl.rollout.gate import EngineGate, GatedEngine, validate_update
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
 from asyncrl.rollout.vllm_model import eos_of, expected_params, refresh_tied_cpu_layers
@@ -191,12 +191,7 @@ class VllmEngine(VllmStreaming, GatedEngine):
         refill: Callable[[int], bool] | None,
     ) -> list[Sample]:
         """One request per row (prefix = prompt + response so far), stepped until done or paused/refilled."""
-        with self._gate.running():
-            if self.live_rows():  # their requests would be stepped (and their outputs dropped) by this call
-                raise EngineBusyError(
-                    f"VllmEngine: cannot start a generate/resume while {self.live_rows()} streamed row(s) are held; "
-                    "interrupt() or drain() them first"
-                )
+        with self._gate.running():  # refuses while streamed rows are held: this call would step their requests
             # OpenMP's thread count is per calling thread: vLLM's CPU attention plans with torch.get_num_threads() and
             # runs with this thread's OpenMP count, and aborts when they differ (a Rollouter decodes on its own thread)
             torch.set_num_threads(torch.get_num_threads())
@@ -293,7 +288,7 @@ class VllmEngine(VllmStreaming, GatedEngine):
         items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
         if self.options.quantization == "fp8":  # values x block scales: vLLM runs on the quantized weights
             items = dequantize_sync(items, f"VllmEngine.update_weights(version={version})")
-        with self._gate.updating(version), self._no_rows_held(version):
+        with self._gate.updating(version):  # refuses while streamed rows are held
             if self.adapters is not None:
                 require_adapter([name for name, _ in items], f"VllmEngine.update_weights(version={version})")
             validate_update(items, self._params, self._synced(), strict)

@@ -20,17 +20,16 @@ budget, seeded ``request_seed(key, offset)`` from the row's own key (``row_strea
 streamed row draws the noise it draws in ``generate``/``resume``; a row not "interrupted" is reported unchanged and an
 interrupted one at ``max_new_tokens`` ends "length", both at the next ``step()``. Rows keep their ``start_version``.
 
-Threads: ``submit`` and ``live_rows`` from any thread (a lock guards the inbox and the held count); ``step``,
-``interrupt`` and ``drain`` from the one thread that decodes. A step holds the engine's gate as a generate does, so
-``update_weights`` (which also refuses while any row is held), ``generate`` and ``resume`` cannot run inside it.
+Threads: ``submit`` and ``live_rows`` from any thread (a lock guards the inbox); ``step``, ``interrupt`` and ``drain``
+from the one thread that decodes. The engine's gate counts the held rows (``EngineGate.hold``/``release``, as the
+built-in engine's): while any is held ``update_weights``, ``generate`` and ``resume`` refuse, and ``submit`` refuses
+during them, so a step never meets a weight update.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +37,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from asyncrl.rollout.engine import extend_sample, resumable, row_streams
-from asyncrl.rollout.gate import EngineBusyError, EngineGate
+from asyncrl.rollout.gate import EngineGate
 from asyncrl.types import PrefillStats, Sample, SamplingParams
 
 FINISH = {"stop": "eos", "length": "length", "abort": "interrupted"}  # vLLM's finish reason -> the row's stop reason
@@ -92,9 +91,7 @@ class VllmStreaming:
         self._stream_lock = threading.Lock()
         self._inbox: list[_Row] = []  # submitted, not yet taken by a step (any thread appends)
         self._ready: list[Sample] = []  # submitted rows that need no decoding, reported at the next step
-        self._held = 0  # submitted and not yet reported
         self._stream_key: tuple[SamplingParams, int | None] | None = None  # the held rows' params and seed
-        self._frozen = False  # update_weights is running
         self._waiting: deque[_Row] = deque()  # taken from the inbox, waiting for a slot (decode thread only)
         self._live: dict[str, _Row] = {}  # request id -> row decoding in vLLM (decode thread only)
         self._submitted = 0
@@ -108,8 +105,7 @@ class VllmStreaming:
 
     def live_rows(self) -> int:
         """Rows submitted and not yet reported (waiting, decoding, or ended and not yet returned)."""
-        with self._stream_lock:
-            return self._held
+        return self._gate.held
 
     def take_prefill(self) -> PrefillStats:
         """Prefix tokens of streamed rows prefilled since the last call, and what prefilling each would have run
@@ -122,7 +118,7 @@ class VllmStreaming:
     def submit(self, rows: list[Sample], params: SamplingParams, seed: int | None = None) -> None:
         """Queue ``rows`` (blank or interrupted) for the next ``step``; safe from any thread. Raises ValueError when
         ``params``/``seed`` differ from those of the rows already held, or a row's prefix leaves no room in
-        ``max_model_len``; EngineBusyError during ``update_weights``."""
+        ``max_model_len``; EngineBusyError during ``update_weights`` or a generate/resume."""
         if not rows:
             return
         ready, todo = resumable(rows, params, self.tokenizer)
@@ -138,14 +134,13 @@ class VllmStreaming:
             self._sync_from_source()  # colocated and stale: copy the trainer's weights in while nothing is held
         streams = row_streams([rows[i] for i in todo], seed)
         with self._stream_lock:
-            if self._frozen:
-                raise EngineBusyError("VllmEngine.submit called while update_weights is running")
-            if self._held and self._stream_key != (params, seed):
+            if self._gate.held and self._stream_key != (params, seed):
                 live_params, live_seed = self._stream_key or (None, None)
                 raise ValueError(
                     f"VllmEngine.submit: params {params} and seed {seed} differ from the live rows' params "
                     f"{live_params} and seed {live_seed}; interrupt() or drain() them first"
                 )
+            self._gate.hold(len(rows))
             self._stream_key = (params, seed)
             base, self._submitted = self._submitted, self._submitted + len(rows)
             todo_set = set(todo)
@@ -154,15 +149,13 @@ class VllmStreaming:
                 _Row(base + i, rows[i], params, streams.keys[j], streams.offsets[j], budget_left(rows[i], params))
                 for j, i in enumerate(todo)
             ]
-            self._held += len(rows)
 
     # ---- step / drain / interrupt -----------------------------------------------------------------------------------
     def step(self) -> list[Sample]:
         """Move submitted rows into free slots, run one vLLM step, return the rows that ended in it (plus the
         submitted rows that needed no decoding)."""
-        with self._stream_lock:
-            if not self._held:
-                return []
+        if not self._gate.held:
+            return []
         return self._advance(take_inbox=True)
 
     def drain(self) -> list[Sample]:
@@ -188,25 +181,23 @@ class VllmStreaming:
         self._live.clear()
         self._waiting.clear()
         out = [s for _, s in sorted(cut + waiting, key=lambda pair: pair[0])] + ready
-        with self._stream_lock:
-            self._held -= len(out)
+        self._gate.release(len(out))
         return out
 
     def _advance(self, take_inbox: bool) -> list[Sample]:
-        with self._gate.running():  # refuses during update_weights / generate / resume; they refuse during a step
+        """One step; called only while rows are held, so no weight update or batched call can run beside it."""
+        with self._stream_lock:
+            ready, self._ready = self._ready, []
+            if take_inbox:
+                self._waiting.extend(self._inbox)
+                self._inbox = []
+        try:
+            out = ready + self._decode_step()
+        except BaseException:
             with self._stream_lock:
-                ready, self._ready = self._ready, []
-                if take_inbox:
-                    self._waiting.extend(self._inbox)
-                    self._inbox = []
-            try:
-                out = ready + self._decode_step()
-            except BaseException:
-                with self._stream_lock:
-                    self._ready = ready + self._ready  # still held: a later step or interrupt reports them
-                raise
-            with self._stream_lock:
-                self._held -= len(out)
+                self._ready = ready + self._ready  # still held: a later step or interrupt reports them
+            raise
+        self._gate.release(len(out))
         return out
 
     def _decode_step(self) -> list[Sample]:
@@ -243,23 +234,6 @@ class VllmStreaming:
 
     def _finish(self, row: _Row, reason: str) -> Sample:
         return extend_sample(row.sample, row.tokens, row.logprobs, row.versions, reason, self.tokenizer)
-
-    # ---- weight updates ---------------------------------------------------------------------------------------------
-    @contextmanager
-    def _no_rows_held(self, version: int) -> Iterator[None]:
-        """For ``update_weights``: refuse while any streamed row is held, and refuse ``submit`` until it is done."""
-        with self._stream_lock:
-            if self._held:
-                raise EngineBusyError(
-                    f"VllmEngine.update_weights(version={version}) called while the engine holds {self._held} "
-                    "streamed row(s) (submitted and not yet reported); interrupt() or drain() first"
-                )
-            self._frozen = True
-        try:
-            yield
-        finally:
-            with self._stream_lock:
-                self._frozen = False
 
 
 def budget_left(row: Sample, params: SamplingParams) -> int:
