@@ -328,7 +328,7 @@ def test_one_rollouter_drives_two_rollout_ranks_with_one_set_of_books(setup, tmp
 
 
 def test_a_decode_splits_whole_groups_over_the_ranks():
-    from asyncrl.schedules.fully_async.slots import split_by_group
+    from asyncrl.schedules.perf.decode import split_by_group
     from asyncrl.types import Prompt, Sample
 
     def row(index: int) -> Sample:
@@ -344,5 +344,5 @@ def test_a_decode_splits_whole_groups_over_the_ranks():
             assert all(
                 sum(rows[i].prompt.uid == g for i in share) == sum(r.prompt.uid == g for r in rows) for g in groups
             )
-        assert shares[0], "the Rollouter's own share is never empty"
+        assert shares[0], "the first share is never empty"
     assert [len(s) for s in split_by_group(rows, 2)] == [8, 10] or [len(s) for s in split_by_group(rows, 2)] == [10, 8]

@@ -43,7 +43,8 @@ class BusySpan:
 
 
 class StreamLoop:
-    """Steps ``engine`` on a daemon thread while it holds rows (started by the first ``submit``)."""
+    """Steps ``engine`` on a daemon thread while it holds rows (started by the first ``submit``; it lives as long as
+    the worker's process)."""
 
     def __init__(self, engine: StreamingEngine, timeline: Timeline, worker: str):
         self.engine = engine
@@ -53,7 +54,6 @@ class StreamLoop:
         self._want_interrupt = False
         self._interrupted: list[Sample] | None = None
         self._error: BaseException | None = None
-        self._stop = False
         self._thread: threading.Thread | None = None
 
     def submit(self, rows: list[Sample], params: SamplingParams, seed: int | None) -> None:
@@ -90,11 +90,6 @@ class StreamLoop:
             raise StreamLoopError(f"interrupt: the rank's engine did not stop within {timeout_s:g} s")
         return back
 
-    def stop(self) -> None:
-        with self._cv:
-            self._stop = True
-            self._cv.notify_all()
-
     def _check(self) -> None:
         if self._error is not None:
             raise StreamLoopError(f"the rank's stepping thread failed: {self._error!r}") from self._error
@@ -103,9 +98,7 @@ class StreamLoop:
         try:
             while True:
                 with self._cv:
-                    self._cv.wait_for(lambda: self._stop or self._want_interrupt or self.engine.live_rows() > 0)
-                    if self._stop:
-                        return
+                    self._cv.wait_for(lambda: self._want_interrupt or self.engine.live_rows() > 0)
                     if self._want_interrupt:
                         self._interrupted = self.engine.interrupt()
                         self._want_interrupt = False

@@ -19,7 +19,7 @@ class LocalPort:
 
     def __init__(self, engine: StreamingEngine, params: SamplingParams, seed: int, span: BusySpan):
         self.engine, self.params, self.seed, self.span = engine, params, seed, span
-        self.busy_s, self.tokens = 0.0, 0  # seconds inside steps and tokens decoded, since ``take_counts``
+        self.busy_s, self.tokens = 0.0, 0  # seconds in steps, tokens decoded, since the Rollouter's take_metrics
 
     def submit(self, rows: list[Sample]) -> None:
         self.engine.submit(rows, self.params, self.seed)

@@ -1,15 +1,13 @@
 """Where the fully_async producer's rows go: the rollout ranks as the loop drives them (``RankPort``), how many rows
 and groups the stream holds (``stream_concurrency``: one rule for the Rollouter and the performance model), the
-slots' occupancy over time, and how a batch splits by group over ranks (the other schedules' decode calls)."""
+slots' occupancy over time."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
-from typing import Protocol, TypeVar
+from collections.abc import Callable
+from typing import Protocol
 
 from asyncrl.types import Sample
-
-T = TypeVar("T")
 
 
 class RankPort(Protocol):
@@ -58,24 +56,3 @@ class Occupancy:
         out = [a / span if span > 0 else min(h, c) / c for a, h, c in zip(self.area, load, self.capacities)]
         self.area, self.since = [0.0] * len(self.capacities), self.last
         return out
-
-
-def split_by_group(
-    rows: list[T], shares: int, key: Callable[[T], Hashable] = lambda s: s.prompt.uid
-) -> list[list[int]]:
-    """Row indices for ``shares`` ranks: whole groups (rows of one ``key``, by default one prompt, stay together and
-    share its prefill), cut into contiguous shares of about equal rows; share 0 is the Rollouter's own. Some may be
-    empty. The Rollouter splits its decode calls with it, the performance model its simulated ones."""
-    if shares <= 1:
-        return [list(range(len(rows)))]
-    groups: dict[Hashable, list[int]] = {}
-    for i, s in enumerate(rows):
-        groups.setdefault(key(s), []).append(i)
-    out: list[list[int]] = [[] for _ in range(shares)]
-    target = len(rows) / shares
-    k = 0
-    for members in groups.values():
-        if k < shares - 1 and out[k] and len(out[k]) + len(members) / 2 > target:
-            k += 1
-        out[k].extend(members)
-    return out

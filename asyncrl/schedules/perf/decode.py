@@ -8,14 +8,15 @@ re-prefilled, in a later call.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import TypeVar
 
-from asyncrl.schedules.fully_async.slots import split_by_group
 from asyncrl.schedules.perf.clock import Compute
 from asyncrl.schedules.perf.cost import Segment, continuous_schedule, decode_segments, prefill_tokens
 from asyncrl.schedules.perf.setting import Prices
 
+T = TypeVar("T")
 PIECES = 16  # a decode call is cut into at most this many pieces per segment: a pause lands within 1/16 of it
 
 
@@ -127,4 +128,25 @@ def _ends(segs: list[Segment]) -> list[int]:
     for s in segs:
         t += s.tokens
         out.append(t)
+    return out
+
+
+def split_by_group(
+    rows: list[T], shares: int, key: Callable[[T], Hashable] = lambda s: s.prompt.uid
+) -> list[list[int]]:
+    """Row indices for ``shares`` ranks: whole groups (rows of one ``key``, by default one prompt, stay together and
+    share its prefill), cut into contiguous shares of about equal rows. Some may be empty. The simulated decode
+    calls of the batch schedules split their rows over the rollout replicas with it."""
+    if shares <= 1:
+        return [list(range(len(rows)))]
+    groups: dict[Hashable, list[int]] = {}
+    for i, s in enumerate(rows):
+        groups.setdefault(key(s), []).append(i)
+    out: list[list[int]] = [[] for _ in range(shares)]
+    target = len(rows) / shares
+    k = 0
+    for members in groups.values():
+        if k < shares - 1 and out[k] and len(out[k]) + len(members) / 2 > target:
+            k += 1
+        out[k].extend(members)
     return out
