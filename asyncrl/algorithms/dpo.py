@@ -20,6 +20,7 @@ from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained, Traine
 from asyncrl.config import Config, DpoConfig
 from asyncrl.data.collate import Objective, TrainBatch, collate
 from asyncrl.losses.dpo import dpo_loss, sequence_logratios
+from asyncrl.rewards.filtering import group_by_prompt
 from asyncrl.types import Sample
 
 
@@ -73,12 +74,10 @@ class Pairs:
 
 def make_pairs(samples: list[Sample]) -> Pairs:
     """One pair per group (``Sample.uid``), in order of first appearance; failed rewards never enter a pair."""
-    groups: dict[object, list[Sample]] = {}
-    for s in samples:
-        groups.setdefault(s.uid, []).append(s)
+    groups = group_by_prompt(samples)
     chosen, rejected = [], []
     ties = failed = 0
-    for members in groups.values():
+    for members in groups:
         scored = [s for s in members if not s.reward_failed]
         if not scored:
             failed += 1
