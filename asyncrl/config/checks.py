@@ -151,7 +151,7 @@ def _check_reward_shaping(cfg: Config) -> None:
         ob.enable,
         "false when algorithm.name=distill (it learns from the teacher; its rewards are only logged)",
     )
-    max_resp_len = kw.max_resp_len or cfg.rollout.response_length
+    max_resp_len = kw.max_resp_len_for(cfg.rollout.response_length)
     where = "reward_model.reward_kwargs.max_resp_len" if kw.max_resp_len else "rollout.response_length"
     check(ob.len <= max_resp_len, f"{key}.len", ob.len, f"<= the max_resp_len it ends at ({where}: {max_resp_len})")
 

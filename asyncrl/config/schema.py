@@ -74,6 +74,11 @@ class DataConfig(Checked):
         "overlong_prompts": one_of(("error", "filter")),
     }
 
+    @property
+    def prompts_per_generation(self) -> int:
+        """Prompts one generation call draws: ``gen_batch_size``, else ``train_batch_size``."""
+        return self.gen_batch_size or self.train_batch_size
+
 
 @dataclass
 class ModelConfig(Checked):

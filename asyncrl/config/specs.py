@@ -75,7 +75,7 @@ class RewardSpec(RewardConfig):
         kw = rm.reward_kwargs
         shaping = kw.overlong_buffer_cfg if rm.reward_manager == "dapo" else OverlongBufferConfig()
         section = {f.name: getattr(cfg.reward, f.name) for f in fields(RewardConfig)}
-        return cls(**section, overlong_buffer=shaping, max_resp_len=kw.max_resp_len or cfg.rollout.response_length)
+        return cls(**section, overlong_buffer=shaping, max_resp_len=kw.max_resp_len_for(cfg.rollout.response_length))
 
 
 @dataclass(frozen=True)

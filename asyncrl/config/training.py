@@ -276,6 +276,10 @@ class RewardKwargsConfig(Checked):
 
     RULES = {"max_resp_len": or_null(POSITIVE_INT)}
 
+    def max_resp_len_for(self, response_length: int) -> int:
+        """Tokens the overlong buffer ends at: ``max_resp_len``, else the run's ``rollout.response_length``."""
+        return self.max_resp_len or response_length
+
 
 @dataclass
 class RewardModelConfig(Checked):

@@ -115,10 +115,6 @@ class ContinuousDecoder:
         with self._lock:
             return len(self._inbox)
 
-    def decoding(self) -> int:
-        """Rows in slots."""
-        return sum(row is not None for row in self._slots)
-
     def take_prefill(self) -> PrefillStats:
         """Prefill token counts since the last call (``tokens`` run, ``unshared_tokens`` without sharing), then zero."""
         stats, self._prefill = self._prefill, PrefillStats()

@@ -72,8 +72,7 @@ class Run:
                 rows, self.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts, tools=tools
             )
         # prompts drawn per generation call: a step's batch, or with dynamic sampling one of its generation batches
-        gen_batch_size = d.gen_batch_size or d.train_batch_size
-        self.sampler = EpochSampler(len(self.train), gen_batch_size, seed=cfg.trainer.seed, shuffle=d.shuffle)
+        self.sampler = EpochSampler(len(self.train), d.prompts_per_generation, seed=cfg.trainer.seed, shuffle=d.shuffle)
         self.reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)  # evaluation
         self.version = 0  # the trainer's weight version, as it last reported it
         self.consumed_version = 0

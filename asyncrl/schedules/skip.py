@@ -70,8 +70,7 @@ def _dynamic_sampling_key(cfg: Config) -> dict[str, Any]:
     fg = cfg.algorithm.filter_groups
     if not fg.enable:
         return {}
-    gen_batch_size = cfg.data.gen_batch_size or cfg.data.train_batch_size
-    return {"algorithm.filter_groups.metric": fg.metric, "data.gen_batch_size": gen_batch_size}
+    return {"algorithm.filter_groups.metric": fg.metric, "data.gen_batch_size": cfg.data.prompts_per_generation}
 
 
 @dataclass
