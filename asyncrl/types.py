@@ -152,7 +152,8 @@ class SamplingParams:
     def from_config(cls, rollout: Any) -> SamplingParams:
         """The training-time sampling of a run's ``rollout`` config section (one place, every schedule)."""
         r = rollout
-        return cls(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.response_length)
+        top_k = max(r.top_k, 0)  # verl's vLLM recipes write -1 for off
+        return cls(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=top_k, max_new_tokens=r.response_length)
 
     @property
     def greedy(self) -> bool:

@@ -164,6 +164,12 @@ def test_a_replaced_key_in_a_yaml_file_names_the_file(tmp_path):
         (["algorithm.name=ppo", "algorithm.adv_estimator=grpo"], "must be gae or null when algorithm.name=ppo"),
         (["algorithm.name=kto"], "config key algorithm.name must be one of grpo, ppo, distill, dpo"),
         (["dpo.beta=0.5"], "config section dpo: set, but algorithm.name=grpo never reads it"),
+        (["ref.fsdp_config.param_offload=true"], "config section ref: set, but algorithm.name=grpo with actor.use_kl"),
+        (["actor.fsdp_config.fsdp_size=2"], "actor.fsdp_config.fsdp_size must be -1 or trainer.num_workers (1)"),
+        (["actor.ulysses_sequence_parallel_size=2"], "must be 1 (Ulysses sequence parallelism is not built)"),
+        (["rollout.tensor_model_parallel_size=2"], "must be 1 (one GPU per rollout worker; tensor-parallel"),
+        (["rollout.dtype=int8"], "config key rollout.dtype must be"),
+        (["rollout.top_k=-2"], "config key rollout.top_k must be >= -1 (0 or -1 = off)"),
         (["algorithm.name=dpo", "rollout.n=1"], "config key rollout.n must be >= 2 when algorithm.name=dpo"),
         (["algorithm.name=dpo", "dpo.loss_type=hinge"], "config key dpo.loss_type must be one of sigmoid, ipo"),
         (["algorithm.name=dpo", "actor.use_kl_loss=true"], "actor.use_kl_loss must be false when algorithm.name=dpo"),
@@ -196,3 +202,13 @@ def test_every_shipped_training_config_loads(path):
     """Every configs/*.yaml that `asyncrl train` reads passes the checks (sft_tiny.yaml is `asyncrl sft`'s)."""
     cfg = load_config(str(path), [])
     assert cfg.trainer.total_training_steps >= 1
+
+
+def test_verls_off_values_and_a_read_ref_section_load():
+    """verl's vLLM recipes write top_k=-1 for off; the ref section loads where a reference model is kept."""
+    from asyncrl.types import SamplingParams
+
+    cfg = load_config(None, BASE + ["rollout.top_k=-1", "actor.use_kl_loss=true", "ref.fsdp_config.param_offload=true"])
+    assert SamplingParams.from_config(cfg.rollout).top_k == 0
+    assert cfg.ref.fsdp_config.param_offload
+

@@ -17,6 +17,7 @@ from asyncrl.config.schema import (
     CriticConfig,
     DistillConfig,
     DpoConfig,
+    RefConfig,
     RewardModelConfig,
     TeacherConfig,
 )
@@ -177,6 +178,11 @@ def _check_sections_read(cfg: Config) -> None:
                 f"config section {section}: set, but algorithm.name={name} never reads it (only "
                 f"{' | '.join(users)} does); remove it or choose that algorithm"
             )
+    if not (cfg.actor.use_kl_loss or name == "dpo") and cfg.ref != RefConfig():
+        raise ConfigError(
+            f"config section ref: set, but algorithm.name={name} with actor.use_kl_loss=false keeps no reference "
+            "model (only a KL loss or dpo reads it); remove it or set actor.use_kl_loss=true"
+        )
     if cfg.trainer.schedule != "fully_async" and cfg.async_training != AsyncTrainingConfig():
         raise ConfigError(
             f"config section async_training: set, but trainer.schedule={cfg.trainer.schedule} never reads it (only "

@@ -16,6 +16,14 @@ def check_trainer_ranks(cfg: Config) -> None:
         "own, which is not implemented; a separate rollout pool, trainer.schedule=one_step_off, works with any "
         "number of ranks)",
     )
+    fs = cfg.actor.fsdp_config.fsdp_size
+    check(
+        fs in (-1, t.num_workers),
+        "actor.fsdp_config.fsdp_size",
+        fs,
+        f"-1 or trainer.num_workers ({t.num_workers}): every trainer rank in one shard group (hybrid sharding, "
+        "shards replicated across groups, is not built)",
+    )
     if t.strategy == "fsdp2" and t.num_workers > 1:
         check(
             t.backend == "ray",

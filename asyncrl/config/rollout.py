@@ -9,6 +9,7 @@ from asyncrl.config.errors import check
 from asyncrl.config.rules import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Checked, at_least, one_of, or_null, rule
 
 ENGINES = ("builtin", "vllm")
+DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "fp8")
 SKIP_ACTIONS = ("cache", "repeat")
 TRUNCATE_SIDES = ("left", "middle", "right")  # what of a long tool output is kept (rollout.multi_turn)
@@ -66,6 +67,24 @@ class MultiTurnConfig(Checked):
 
 
 @dataclass
+class ValKwargsConfig(Checked):
+    """``rollout.val_kwargs`` (verl's): how held-out prompts are sampled for ``val/accuracy``."""
+
+    temperature: float = 0.0  # with do_sample
+    top_p: float = 1.0  # with do_sample
+    top_k: int = 0  # with do_sample; 0 or -1 = off
+    do_sample: bool = False  # false: greedy (temperature, top_p and top_k unused)
+    n: int = 1  # responses per held-out prompt; val/accuracy is their mean
+
+    RULES = {
+        "temperature": NON_NEGATIVE,
+        "top_p": rule(lambda v: 0 < v <= 1, "in (0, 1]"),
+        "top_k": at_least(-1, " (0 or -1 = off)"),
+        "n": POSITIVE_INT,
+    }
+
+
+@dataclass
 class RolloutConfig(Checked):
     engine: str = "builtin"  # builtin (our decode loop) | vllm (vLLM in the rollout worker; the `vllm` extra)
     quantization: str | None = None  # null | fp8: weights synced as float8 e4m3 with 128x128 block scales
@@ -82,12 +101,21 @@ class RolloutConfig(Checked):
     enable_prefix_caching: bool = True  # identical prompts (a group) prefilled once; vLLM: its prefix cache
     max_num_seqs: int = 256  # vllm: sequences scheduled at once
     max_model_len: int | None = None  # vllm: prompt + response tokens; null = data.max_prompt_length + response_length
-    enforce_eager: bool = True  # vllm: no graph capture / compilation
-    gpu_memory_utilization: float = 0.05  # vllm: the KV cache's share of device memory (on CPU: of the machine's RAM)
+    # the engine's weights and activations: float32 | bfloat16 | float16; null = bfloat16 where the engine runs on a
+    # GPU, model.dtype on the CPU (the trainer keeps model.dtype either way)
+    dtype: str | None = None
+    # vllm: no CUDA graphs / compilation; null = eager on the CPU, CUDA graphs on GPUs
+    enforce_eager: bool | None = None
+    # vllm, as vLLM defines it: the share of the GPU's memory the engine may take for weights, activations and KV
+    # cache; null = 0.8 on a GPU of its own, 0.4 on one it shares with the trainer (sync); on the CPU: the KV
+    # cache's share of the machine's RAM (null = 0.05)
+    gpu_memory_utilization: float | None = None
+    tensor_model_parallel_size: int = 1  # vllm: GPUs per engine; one GPU per rollout worker is built: 1 only
+    enable_chunked_prefill: bool = True  # vllm on GPUs: long prefills split across steps (ignored on the CPU)
     # vllm: tokens scheduled per engine step; null = max_num_seqs x max_model_len on CPU (vLLM 0.32 there must not
     # split the prefill of a seeded request), vLLM's own default on a GPU
     max_num_batched_tokens: int | None = None
-    val_temperature: float = 0.0  # 0 = greedy held-out evaluation
+    val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)  # held-out evaluation's sampling
     num_workers: int = 1  # rollout workers in the rollout pool (1 with GPUs: nnodes x n_gpus_per_node)
     nnodes: int = 1  # nodes the rollout workers spread over, num_workers / nnodes on each (verl's rollout.nnodes)
     n_gpus_per_node: int = 0  # GPUs per rollout node, one per worker (verl's rollout.n_gpus_per_node); 0: CPU
@@ -100,14 +128,17 @@ class RolloutConfig(Checked):
         "n": POSITIVE_INT,
         "temperature": NON_NEGATIVE,
         "top_p": rule(lambda v: 0 < v <= 1, "in (0, 1]"),
-        "top_k": at_least(0, " (0 = off)"),
+        "top_k": at_least(-1, " (0 or -1 = off)"),
         "response_length": POSITIVE_INT,
         "max_batch_size": POSITIVE_INT,
         "max_num_seqs": POSITIVE_INT,
         "max_model_len": or_null(at_least(2)),
-        "gpu_memory_utilization": rule(lambda v: 0 < v < 1, "in (0, 1)"),
+        "dtype": or_null(one_of(DTYPES)),
+        "gpu_memory_utilization": or_null(rule(lambda v: 0 < v < 1, "in (0, 1)")),
+        "tensor_model_parallel_size": rule(
+            lambda v: v == 1, "1 (one GPU per rollout worker; tensor-parallel engines are not built)"
+        ),
         "max_num_batched_tokens": or_null(POSITIVE_INT),
-        "val_temperature": NON_NEGATIVE,
         "num_workers": POSITIVE_INT,
         "nnodes": POSITIVE_INT,
         "n_gpus_per_node": NON_NEGATIVE,

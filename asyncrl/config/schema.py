@@ -16,6 +16,7 @@ from typing import Any
 
 from asyncrl.config.errors import check
 from asyncrl.config.rollout import (
+    DTYPES,
     AgentConfig,
     GenRMConfig,
     MultiTurnConfig,
@@ -23,6 +24,7 @@ from asyncrl.config.rollout import (
     RolloutConfig,
     SkipConfig,
     TraceConfig,
+    ValKwargsConfig,
 )
 from asyncrl.config.rules import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Checked, at_least, one_of, or_null, rule
 from asyncrl.config.training import (
@@ -34,8 +36,11 @@ from asyncrl.config.training import (
     DistillConfig,
     DpoConfig,
     FilterGroupsConfig,
+    FsdpConfig,
     OptimConfig,
     OverlongBufferConfig,
+    RefConfig,
+    RefFsdpConfig,
     RewardKwargsConfig,
     RewardModelConfig,
     RolloutCorrectionConfig,
@@ -46,7 +51,6 @@ MISSING = "???"  # OmegaConf's marker of a required value (the tree imports with
 ALGORITHMS = ("grpo", "ppo", "distill", "dpo")
 SCHEDULES = ("sync", "one_step_off", "two_step_off", "fully_async")
 BACKENDS = ("ray", "in_process")
-DTYPES = ("float32", "bfloat16", "float16")
 LOGGERS = ("console", "jsonl", "tensorboard", "prometheus")
 STRATEGIES = ("ddp", "fsdp2")
 DEVICES = ("auto", "cpu", "cuda")
@@ -189,6 +193,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -225,6 +230,7 @@ __all__ = [
     "DistillConfig",
     "DpoConfig",
     "FilterGroupsConfig",
+    "FsdpConfig",
     "GenRMConfig",
     "ModelConfig",
     "MultiTurnConfig",
@@ -233,6 +239,8 @@ __all__ = [
     "PlacementConfig",
     "PoolConfig",
     "RayConfig",
+    "RefConfig",
+    "RefFsdpConfig",
     "RewardConfig",
     "RewardKwargsConfig",
     "RewardModelConfig",
@@ -243,4 +251,5 @@ __all__ = [
     "TeacherConfig",
     "TraceConfig",
     "TrainerConfig",
+    "ValKwargsConfig",
 ]

@@ -20,6 +20,7 @@ from asyncrl.config.schema import (
     FilterGroupsConfig,
     ModelConfig,
     OverlongBufferConfig,
+    RefConfig,
     RewardConfig,
     RewardModelConfig,
     RolloutConfig,
@@ -110,6 +111,7 @@ class TrainerSpec:
     default_mini_batches: int  # optimizer steps per update when the caller does not say
     needs: TrainerNeeds
     plan: TrainerPlan
+    ref: RefConfig = field(default_factory=RefConfig)  # the reference model's offload and log-prob budget
 
     @property
     def model(self) -> ModelConfig:
@@ -160,6 +162,7 @@ def role_specs(cfg: Config, needs: TrainerNeeds, plan: TrainerPlan) -> RoleSpecs
             default_mini_batches=max(1, cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size),
             needs=needs,
             plan=plan,
+            ref=cfg.ref,
         ),
         rollout=RolloutSpec(engine, reward),
         rollouter=RollouterSpec(

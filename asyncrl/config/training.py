@@ -47,6 +47,40 @@ class OptimConfig(Checked):
 
 
 @dataclass
+class FsdpConfig(Checked):
+    """``actor.fsdp_config`` (verl's keys): where FSDP2 keeps the actor's state (``trainer.strategy=fsdp2``)."""
+
+    param_offload: bool = False  # the fp32 parameter shards (the masters) live on the host between passes
+    optimizer_offload: bool = False  # AdamW's state shards live on the host; the step runs there
+    fsdp_size: int = -1  # ranks one shard group spans: -1 = every trainer rank (hybrid sharding is not built)
+
+    RULES = {
+        "fsdp_size": rule(lambda v: v == -1 or v >= 1, "-1 (every trainer rank) or a rank count"),
+    }
+
+
+@dataclass
+class RefFsdpConfig(Checked):
+    param_offload: bool = False  # the reference model's shards live on the host, moved in for its pass (verl's)
+
+
+@dataclass
+class RefConfig(Checked):
+    """``ref`` (verl's ``actor_rollout_ref.ref``): the frozen reference policy a KL loss or online DPO reads. Read only
+    when there is one (``actor.use_kl_loss`` or ``algorithm.name=dpo``)."""
+
+    fsdp_config: RefFsdpConfig = field(default_factory=RefFsdpConfig)
+    # tokens per reference log-prob pass with actor.use_dynamic_bsz; null = actor.ppo_max_token_len_per_gpu
+    log_prob_max_token_len_per_gpu: int | None = None
+    ulysses_sequence_parallel_size: int = 1  # sequence parallelism is not built: 1 only
+
+    RULES = {
+        "log_prob_max_token_len_per_gpu": or_null(POSITIVE_INT),
+        "ulysses_sequence_parallel_size": rule(lambda v: v == 1, "1 (Ulysses sequence parallelism is not built)"),
+    }
+
+
+@dataclass
 class ActorConfig(Checked):
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 16  # prompts per optimizer step (x rollout.n samples), as in verl
@@ -66,6 +100,11 @@ class ActorConfig(Checked):
     shared_prefix: bool = True  # a group's responses packed behind one copy of its prompt (same gradient, less work)
     use_dynamic_bsz: bool = False  # micro-batches by token budget (packed, no padding) instead of by sample count
     ppo_max_token_len_per_gpu: int = 16384  # use_dynamic_bsz: real tokens per forward/backward (and log-prob pass)
+    # recompute each decoder layer's activations in the backward (verl's model.enable_gradient_checkpointing); null =
+    # on where the trainer runs on a GPU, off on the CPU
+    gradient_checkpointing: bool | None = None
+    fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
+    ulysses_sequence_parallel_size: int = 1  # sequence parallelism is not built: 1 only
 
     RULES = {
         "ppo_mini_batch_size": POSITIVE_INT,
@@ -79,6 +118,7 @@ class ActorConfig(Checked):
         "loss_agg_mode": one_of(LOSS_AGG_MODES),
         "kl_loss_type": one_of(KL_KINDS),
         "kl_loss_coef": NON_NEGATIVE,
+        "ulysses_sequence_parallel_size": rule(lambda v: v == 1, "1 (Ulysses sequence parallelism is not built)"),
     }
 
 

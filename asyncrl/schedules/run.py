@@ -179,7 +179,7 @@ class Run:
         return (freq > 0 and step % freq == 0) or step == self.cfg.trainer.total_training_steps
 
     def evaluate(self, trainer: TrainerClient, step: int) -> dict[str, float]:
-        """Held-out accuracy through the trainer's engine (its current weights), at ``rollout.val_temperature``."""
+        """Held-out accuracy through the trainer's engine (its current weights), at ``rollout.val_kwargs`` (greedy unless ``do_sample``)."""
         if self.val is None:
             return {}
         prompts = [self.val[i] for i in range(len(self.val))]
@@ -193,7 +193,7 @@ class Run:
                 prompts,
                 self.reward_fn,
                 self.cfg.rollout.response_length,
-                temperature=self.cfg.rollout.val_temperature,
+                temperature=self.cfg.rollout.val_kwargs.temperature if self.cfg.rollout.val_kwargs.do_sample else 0.0,
                 batch_size=self.cfg.data.val_batch_size,
             )
         return {"val/accuracy": res["accuracy"], "val/n": res["n"]}
