@@ -35,7 +35,7 @@ VERL_NAMES: dict[str, str] = {
     "data.val_batch_size": "data.val_batch_size",
     "data.val_max_samples": "data.val_max_samples",
     "data.max_prompt_length": "data.max_prompt_length",
-    "data.overlong_prompts": "data.filter_overlong_prompts (true = filter)",
+    "data.overlong_prompts": "data.filter_overlong_prompts (true = filter) and data.truncation (left = truncate_left)",
     "data.shuffle": "data.shuffle",
     "model.path": f"{_ARR}.model.path",
     "model.dtype": f"{_ARR}.actor.fsdp_config.model_dtype",

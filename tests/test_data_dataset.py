@@ -86,6 +86,18 @@ def test_overlong_prompts_can_be_filtered_and_are_counted(tokenizer):
     assert [dataset[i].index for i in range(2)] == [0, 2]  # row indices survive filtering
 
 
+@pytest.mark.parametrize("side", ["truncate_left", "truncate_right"])
+def test_overlong_prompts_can_be_truncated_from_either_side(tokenizer, side):
+    rows = [_row("one", 0), _row("one two three plus one two three", 1)]
+    whole = PromptDataset(rows, tokenizer, max_prompt_length=64)[1].prompt_ids
+
+    dataset = PromptDataset(rows, tokenizer, max_prompt_length=5, overlong=side)
+
+    assert len(dataset) == 2 and dataset.truncated_indices == [1] and dataset.num_filtered == 0
+    assert dataset[1].prompt_ids == (whole[-5:] if side == "truncate_left" else whole[:5])
+    assert dataset[0].prompt_ids == PromptDataset(rows[:1], tokenizer, max_prompt_length=5)[0].prompt_ids
+
+
 def test_filtering_every_prompt_is_an_error(tokenizer):
     with pytest.raises(DatasetError, match="all 1 prompts are longer than max_prompt_length=2"):
         PromptDataset([_row("one two three")], tokenizer, max_prompt_length=2, overlong="filter")

@@ -44,10 +44,12 @@ def validate(cfg: Config) -> None:
     resolve_ranks(cfg)
     choice("algorithm.name", cfg.algorithm.name, ALGORITHMS)
     d, a = cfg.data, cfg.actor
-    allowed = f"<= data.train_batch_size ({d.train_batch_size})"
-    check(a.ppo_mini_batch_size <= d.train_batch_size, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size, allowed)
-    allowed = f"a divisor of data.train_batch_size ({d.train_batch_size})"
-    check(d.train_batch_size % a.ppo_mini_batch_size == 0, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size, allowed)
+    if cfg.trainer.schedule != "fully_async":  # fully_async's step: require_batches x ppo_mini_batch_size groups
+        allowed = f"<= data.train_batch_size ({d.train_batch_size})"
+        check(a.ppo_mini_batch_size <= d.train_batch_size, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size, allowed)
+        allowed = f"a divisor of data.train_batch_size ({d.train_batch_size})"
+        ok = d.train_batch_size % a.ppo_mini_batch_size == 0
+        check(ok, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size, allowed)
     check_lora(cfg)
     check_quantization(cfg)
     check_trainer_ranks(cfg)

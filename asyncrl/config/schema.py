@@ -66,7 +66,9 @@ class DataConfig(Checked):
     val_batch_size: int = 512  # prompts per eval generation call
     val_max_samples: int = -1  # evaluate on at most this many held-out prompts (-1 = all)
     max_prompt_length: int = 256  # tokens
-    overlong_prompts: str = "error"  # error | filter
+    # a prompt over max_prompt_length: error (naming its row) | filter (dropped, counted) | truncate_left (its last
+    # max_prompt_length tokens kept: verl's data.truncation=left) | truncate_right (its first ones)
+    overlong_prompts: str = "error"
     shuffle: bool = True  # a new order of the training rows every epoch (seeded by trainer.seed)
 
     RULES = {
@@ -75,7 +77,7 @@ class DataConfig(Checked):
         "gen_batch_size": or_null(POSITIVE_INT),
         "val_batch_size": POSITIVE_INT,
         "max_prompt_length": POSITIVE_INT,
-        "overlong_prompts": one_of(("error", "filter")),
+        "overlong_prompts": one_of(("error", "filter", "truncate_left", "truncate_right")),
     }
 
     @property

@@ -59,6 +59,9 @@ def tokenize_messages(
     return _as_id_list(encoded, where)
 
 
+OVERLONG_PROMPTS = ("error", "filter", "truncate_left", "truncate_right")
+
+
 class PromptDataset:
     """Indexable collection of tokenised ``Prompt`` objects.
 
@@ -69,7 +72,10 @@ class PromptDataset:
 
     ``overlong`` decides what happens to a prompt of more than ``max_prompt_length`` tokens: ``"error"`` raises a
     ``DatasetError`` naming the first such row (and how many there are); ``"filter"`` drops them, counting them in
-    ``num_filtered`` and listing their row indices in ``filtered_indices``.
+    ``num_filtered`` and listing their row indices in ``filtered_indices``; ``"truncate_left"`` keeps its last
+    ``max_prompt_length`` tokens (verl's ``data.truncation=left``: the end of the prompt, where the question and the
+    generation prompt are, survives), ``"truncate_right"`` its first ones; their row indices are in
+    ``truncated_indices``.
     """
 
     def __init__(
@@ -78,11 +84,11 @@ class PromptDataset:
         tokenizer: Any,
         max_prompt_length: int,
         apply_chat_template: bool = True,
-        overlong: Literal["error", "filter"] = "error",
+        overlong: Literal["error", "filter", "truncate_left", "truncate_right"] = "error",
         tools: list[dict[str, Any]] | None = None,
     ):
-        if overlong not in ("error", "filter"):
-            raise ValueError(f"PromptDataset: overlong must be 'error' or 'filter' (got {overlong!r})")
+        if overlong not in OVERLONG_PROMPTS:
+            raise ValueError(f"PromptDataset: overlong must be one of {', '.join(OVERLONG_PROMPTS)} (got {overlong!r})")
         if max_prompt_length <= 0:
             raise ValueError(f"PromptDataset: max_prompt_length must be positive (got {max_prompt_length})")
         if apply_chat_template and getattr(tokenizer, "chat_template", None) is None:
@@ -95,12 +101,16 @@ class PromptDataset:
         self.max_prompt_length = max_prompt_length
         self._prompts: list[Prompt] = []
         self.filtered_indices: list[int] = []
+        self.truncated_indices: list[int] = []
         overlong_rows: list[tuple[int, int]] = []  # (row index, length)
 
         for i, row in enumerate(rows):
             where = rows.where(i)
             row = validate_row(row, where)  # idempotent and cheap; covers rows built in code, not read by load_rows
             ids = tokenize_messages(tokenizer, row["prompt"], apply_chat_template, where, tools)
+            if len(ids) > max_prompt_length and overlong.startswith("truncate"):
+                self.truncated_indices.append(i)
+                ids = ids[-max_prompt_length:] if overlong == "truncate_left" else ids[:max_prompt_length]
             if len(ids) > max_prompt_length:
                 overlong_rows.append((i, len(ids)))
                 continue
