@@ -391,7 +391,8 @@ def test_vllm_sizes_its_kv_cache_from_device_memory_on_a_gpu_and_from_ram_on_the
     from asyncrl.rollout.vllm_engine import VllmOptions, memory_options
 
     opts = VllmOptions(max_num_seqs=8, max_model_len=64, gpu_memory_utilization=0.5)
-    assert memory_options(opts, on_gpu=True) == {"gpu_memory_utilization": 0.5}  # vLLM's step size
+    gpu = {"gpu_memory_utilization": 0.5, "enable_chunked_prefill": True}
+    assert memory_options(opts, on_gpu=True) == gpu  # vLLM's step size
     cpu = memory_options(opts, on_gpu=False)
     assert cpu["max_num_batched_tokens"] == 8 * 64 and "gpu_memory_utilization" not in cpu
     assert 0 < cpu["kv_cache_memory_bytes"] < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -4,7 +4,7 @@
 to it, so it is ``cuda:0`` in the worker; a role given no GPU sees none and runs on the CPU); in-process, this
 process's current CUDA device when there is one. ``cuda`` insists, and a role that sees no CUDA device fails at its
 start, naming itself. Models, optimizer state, batches and KV caches live on the device; tensors go to the CPU only
-to cross a process boundary (and for the built-in engine's seeded sampling, ``asyncrl.rollout.sampling``).
+to cross a process boundary (the built-in engine samples on the logits' device: ``asyncrl.rollout.sampling``).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from transformers import PreTrainedModel
 from asyncrl import seeds
 from asyncrl.rollout.decode import _last_logits, left_pad, unique_prefixes
 from asyncrl.rollout.kv_cache import PreallocatedCache
-from asyncrl.rollout.sampling import sample_tokens
+from asyncrl.rollout.sampling import sample_rows
 from asyncrl.rollout.slot_cache import SlotCache, unsupported_layer_kinds
 from asyncrl.types import PrefillStats, SamplingParams
 
@@ -162,10 +162,9 @@ class ContinuousDecoder:
         logits_AV = chunks[0][1] if len(chunks) == 1 else torch.cat([chunk[1] for chunk in chunks])
         rows_A = [self._slots[s] for s in slots_A]
         uniforms_A = None
-        if not params.greedy:  # float64 draws made on the CPU, moved to the logits' device (a no-op on the CPU)
+        if not params.greedy:  # float64 draws made on the CPU; sample_rows moves them to the logits' device
             uniforms_A = torch.tensor([row.uniform() for row in rows_A if row is not None], dtype=torch.float64)
-            uniforms_A = uniforms_A.to(logits_AV.device)
-        tok_A, logp_A = sample_tokens(logits_AV, params, uniforms_A)
+        tok_A, logp_A = sample_rows(logits_AV, params, uniforms_A)
         ended: list[tuple[StreamRow, str]] = []
         for s, row, tok, logp in zip(slots_A, rows_A, tok_A.tolist(), logp_A.tolist()):
             assert row is not None

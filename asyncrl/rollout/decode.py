@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from asyncrl.rollout.kv_cache import PreallocatedCache
-from asyncrl.rollout.sampling import RowStreams, SamplingParams, sample_tokens
+from asyncrl.rollout.sampling import RowStreams, SamplingParams, sample_rows
 from asyncrl.types import PrefillStats
 
 RUNNING, EOS, LENGTH, INTERRUPTED = 0, 1, 2, 3
@@ -159,9 +159,9 @@ def decode_batch(
     mask_bK = mask_BL.to(device)
     next_pos_b = pos_BL[:, -1].to(device) + 1
     for t in range(T):
-        # Sampling runs on the CPU (where the rows' noise is made); a no-op move for a CPU model.
+        # Sampled on the logits' device from the rows' own draws; B tokens and log-probs come back to the host.
         uniforms_b = None if params.greedy else streams.uniforms(rows_b.tolist(), t)
-        tok_b, logp_b = sample_tokens(logits_bV.cpu(), params, uniforms_b)
+        tok_b, logp_b = (x.cpu() for x in sample_rows(logits_bV, params, uniforms_b))
         # Finished rows still in the batch write past their length here; those entries are never read.
         out_tok_BT[rows_b, t] = tok_b
         out_logp_BT[rows_b, t] = logp_b

@@ -6,10 +6,16 @@ import torch
 from transformers import PreTrainedModel
 
 from asyncrl.config.specs import EngineSpec
+from asyncrl.errors import UserInputError
 from asyncrl.models.loading import load_model, load_tokenizer_from
 from asyncrl.models.lora import LoraSpec, apply_lora
 from asyncrl.rollout.agent.loop import AgentEngine
 from asyncrl.rollout.engine import RolloutEngine
+from asyncrl.rollout.vllm_options import engine_dtype
+
+
+class EngineDtypeError(UserInputError, ValueError):
+    """``rollout.dtype`` asks for an engine dtype the engine cannot have."""
 
 
 def builtin_engine(
@@ -43,7 +49,9 @@ def _rollout_engine(spec: EngineSpec, device: torch.device | None):
         from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
 
         return VllmEngine(m.path, load_tokenizer_from(m.path), VllmOptions.from_spec(spec), lora=LoraSpec.of(m))
-    model, tokenizer = load_model(m.path, dtype=m.dtype, for_training=False, overrides=m.override_config)
+    on_gpu = device is not None and device.type == "cuda"
+    dtype = engine_dtype(spec.rollout.dtype, m.dtype, on_gpu)  # rollout.dtype: the trainer keeps model.dtype
+    model, tokenizer = load_model(m.path, dtype=dtype, for_training=False, overrides=m.override_config)
     lora = LoraSpec.of(m)
     if lora is not None:  # the trainer's adapter arrives at each sync; decode with it merged into the base weights
         model = apply_lora(model, lora, trainable=False)
@@ -55,12 +63,21 @@ def _rollout_engine(spec: EngineSpec, device: torch.device | None):
 
 def colocated_engine(spec: EngineSpec, model: PreTrainedModel, tokenizer, is_rollout: bool):
     """The trainer's engine, behind the agent loops. ``is_rollout`` (the sync schedule): it generates the batches,
-    with vLLM fed in-process from ``model`` when ``rollout.engine=vllm``; else it only evaluates, with the built-in
-    loop over ``model``."""
-    if spec.rollout.engine == "vllm" and is_rollout:
+    with vLLM fed in-process from ``model`` when ``rollout.engine=vllm`` (in ``rollout.dtype``, on the trainer's GPU:
+    a colocated share of it); else it only evaluates, with the built-in loop over ``model``, in the trainer's own
+    dtype (it decodes from the trained weights themselves: a ``rollout.dtype`` other than ``model.dtype`` is refused
+    for the sync schedule's built-in engine rather than silently ignored)."""
+    r = spec.rollout
+    if r.engine == "builtin" and is_rollout and r.dtype not in (None, spec.model.dtype):
+        raise EngineDtypeError(
+            f"rollout.dtype={r.dtype}: the sync schedule's built-in engine decodes from the trainer's own weights, "
+            f"in model.dtype={spec.model.dtype}; set rollout.dtype to null or {spec.model.dtype}, or use "
+            "rollout.engine=vllm (its own copy, in rollout.dtype) or a schedule with a rollout pool"
+        )
+    if r.engine == "vllm" and is_rollout:
         from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
 
-        options = VllmOptions.from_spec(spec)
+        options = VllmOptions.from_spec(spec, colocated=True)
         engine = VllmEngine(spec.model.path, tokenizer, options, source=model, lora=LoraSpec.of(spec.model))
         return with_agent_loops(spec, engine)
     return with_agent_loops(spec, builtin_engine(spec, model, tokenizer))

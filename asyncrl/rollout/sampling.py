@@ -1,6 +1,10 @@
 """Next-token sampling for a whole batch at once: temperature, top-k, top-p, then one draw per row by inverting the
 row's cumulative distribution at its own uniform (``RowStreams``: a row's noise is its own, whatever batch it is in).
 
+Both decoders sample with ``sample_rows``: on the logits' device (a GPU model's logits never cross to the host; the
+rows' float64 draws, made on the CPU from their keys, go to the device, and one token and log-prob per row come back).
+On the CPU that is the same computation as before, bit for bit.
+
 The log-probability recorded for each sampled token is ``log_softmax(logits / temperature)`` over the FULL vocabulary,
 taken BEFORE top-k/top-p truncation. That is the quantity the trainer can recompute from its own forward pass (it knows
 the temperature but never re-applies truncation), so the behaviour and recomputed log-probs agree exactly when weights
@@ -18,7 +22,7 @@ import torch
 from asyncrl import seeds
 from asyncrl.types import SamplingParams
 
-__all__ = ["RowStreams", "SamplingParams", "filter_top_k", "filter_top_p", "sample_tokens"]
+__all__ = ["RowStreams", "SamplingParams", "filter_top_k", "filter_top_p", "sample_rows", "sample_tokens"]
 
 
 @dataclass(frozen=True)
@@ -95,3 +99,14 @@ def sample_tokens(
     target_B1 = (uniforms_B.double() * cdf_BV[:, -1])[:, None]
     tokens_B = torch.searchsorted(cdf_BV, target_B1, right=True).squeeze(-1).clamp_(max=probs_BV.shape[-1] - 1)
     return tokens_B, logp_BV.gather(-1, tokens_B[:, None]).squeeze(-1)
+
+
+def sample_rows(
+    logits_BV: torch.Tensor, params: SamplingParams, uniforms_B: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample_tokens`` on ``logits_BV``'s device: the uniforms (float64, one per row) move there, and
+    ``(tokens_B, logp_B)`` come back on that device; callers read them with one ``.tolist()`` (B values to the host
+    per step, never the B x V logits)."""
+    if uniforms_B is not None:
+        uniforms_B = uniforms_B.to(logits_BV.device)
+    return sample_tokens(logits_BV, params, uniforms_B)

