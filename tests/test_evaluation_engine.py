@@ -55,3 +55,22 @@ def test_sync_evaluates_on_the_trainers_engine_at_its_current_version(setup):
     assert [metrics[s]["val/version"] for s in (0, 2)] == [0.0, 2.0]
     assert metrics[2]["val/n"] == 6  # greedy, one response per prompt (val_kwargs.n=1)
     assert {w for ws in _generators(run_dir).values() for w in ws} == {"trainer"}
+
+
+@pytest.mark.parametrize("partial", [True, False])
+def test_fully_async_evaluates_on_the_parked_rollouter_and_its_stream_goes_on(setup, partial):
+    root, model, train, test = setup
+    run_dir = root / f"fa_{partial}"
+    over = train_overrides(model, train, test, run_dir, 4) + VAL
+    over += ["trainer.schedule=fully_async", "async_training.staleness_threshold=1"]
+    over += ["async_training.trigger_parameter_sync_step=2", f"async_training.partial_rollout={partial}"]
+    run_training(load_config(None, over))
+    metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl")}
+    assert sorted(metrics) == [0, 1, 2, 3, 4]  # every step once: the stream went on after each evaluation
+    # before training the initial weights; at steps 2 and 4 the Rollouter holds the version pushed at that step's end
+    # (the push comes before the evaluation), which is the trainer's
+    assert [metrics[s]["val/version"] for s in (0, 2, 4)] == [0.0, 1.0, 2.0]
+    assert all(metrics[s]["val/n"] == 6 for s in (0, 2, 4))
+    generators = _generators(run_dir)
+    assert {w for ws in generators.values() for w in ws} == {"rollouter"}  # never the trainer's engine
+    assert {s for s in generators if s is not None} == {0, 2, 4}  # the stream's own decode spans carry no step

@@ -25,18 +25,17 @@ from asyncrl.config.specs import TrainerPlan, role_specs
 from asyncrl.data.collate import TrainBatch
 from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
-from asyncrl.evaluation import chunks, score_samples, val_sampling
 from asyncrl.models.loading import check_model_dir
 from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
 from asyncrl.rewards.overlong import overlong_metrics
 from asyncrl.rewards.reward_fn import build_reward_fn
-from asyncrl.roles.clients import RoleClient, RolloutClient
+from asyncrl.roles.clients import RoleClient
 from asyncrl.roles.placement import sync_backend
 from asyncrl.roles.team import Roles, RolloutSide
 from asyncrl.rollout.agent.loop import check_agent_loop
 from asyncrl.rollout.agent.tools import tool_schemas
 from asyncrl.rollout.engine import SamplingParams
-from asyncrl.schedules import replay
+from asyncrl.schedules import held_out, replay
 from asyncrl.schedules.step import StepTimer
 from asyncrl.supervision.supervisor import RolloutPool
 from asyncrl.telemetry import trace
@@ -181,40 +180,8 @@ class Run:
         return (freq > 0 and step % freq == 0) or step == self.cfg.trainer.total_training_steps
 
     def evaluate(self, roles: Roles, step: int) -> dict[str, float]:
-        """Held-out accuracy at ``rollout.val_kwargs`` (``n`` responses per prompt, greedy unless ``do_sample``), on
-        the engine that generates the training batches (``evaluators``); ``val/version`` is the weight version the
-        responses were decoded with (the oldest, if the engines differ)."""
-        if self.val is None:
-            return {}
-        prompts = [self.val[i] for i in range(len(self.val))]
-        params = val_sampling(self.cfg.rollout.val_kwargs, self.cfg.rollout.response_length)
-        with get_timeline().span("validate", step=step, worker="driver"):
-            engines = self.evaluators(roles, step)
-            calls = [
-                engines[k % len(engines)].generate(chunk, params, seed, step, score=False)
-                for k, (seed, chunk) in enumerate(chunks(prompts, self.cfg.data.val_batch_size))
-            ]  # issued at once: each engine decodes its share of the chunks
-            samples = [s for call in calls for s in call.result().samples]
-            res = score_samples(samples, self.reward_fn)
-        version = min((s.start_version for s in samples), default=self.version)
-        return {"val/accuracy": res["accuracy"], "val/n": res["n"], "val/version": float(version)}
-
-    def evaluators(self, roles: Roles, step: int) -> list[RolloutClient]:
-        """Who decodes the held-out prompts: the rollout pool where the schedule has one (one/two_step_off: vLLM when
-        configured, no trainer memory spent on a KV cache), else the trainer (sync: its engine is the rollout;
-        fully_async: the Rollouter's engine streams and would have to be parked). A pool worker takes the call after
-        the generation it runs, so it decodes with the last sync's weights (one_step_off at step t: v(t-1), which
-        generate batch t+1); at the last step (nothing in flight) the pool first gets the final weights. A resumed
-        run's pool is not synced before training: the trainer evaluates then."""
-        trainer_ranks = roles.trainer.ranks
-        pool = [r for r in roles.rollouts if not any(r.handle is h for h in trainer_ranks)]
-        if roles.rollouter is not None or not pool or (step == 0 and self.version != 0):
-            return [roles.trainer]
-        if step == self.cfg.trainer.total_training_steps and self.weight_sync is not None:
-            behind = [r.handle.call("version").result() != self.version for r in pool]
-            if any(behind):
-                (self.pool or self.weight_sync).push(self.version)
-        return pool
+        """Held-out accuracy (``asyncrl.schedules.held_out``)."""
+        return held_out.evaluate(self, roles, step)
 
     def evaluate_before_training(self, roles: Roles) -> None:
         """``accuracy_before`` (logged as step 0) once per run: a resumed run already has it in its summary."""

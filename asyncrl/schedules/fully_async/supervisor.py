@@ -110,6 +110,27 @@ class StreamSupervisor(Supervisor):
             self.base, self.consumed = snap, []
         return paused, stats, snap
 
+    def parked(self, fn: Callable[[RollouterClient], T], interrupt: bool) -> T | None:
+        """``fn(rollouter)`` while the Rollouter is parked (its engine holds no row then: held-out evaluation on it),
+        after which it goes on with the weights it holds. A death on the way replaces it and gives None."""
+        r = self.rollouter
+        try:
+            r.pause(interrupt).result(timeout=self.timeout_s)
+            try:
+                return fn(r)
+            finally:
+                version = r.handle.call("version").result(timeout=self.timeout_s)
+                r.resume_generation(version).result(timeout=self.timeout_s)
+        except Exception as e:  # noqa: BLE001 - a death is handled, anything else re-raised
+            cause = self._failure(e, r)
+            if cause is None:
+                raise
+            try:
+                self.replace(cause)
+            except WorkerLostError as lost:  # the next get_batch raises it
+                self.lost = lost
+            return None
+
     def metrics(self) -> dict[str, float]:
         """The Rollouter's metrics since the last call; none once it is lost (the step still gets logged)."""
         if self.lost is not None:
