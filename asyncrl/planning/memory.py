@@ -166,21 +166,27 @@ def micro_batch_tokens(cfg: Config) -> int:
 
 def layer_activation_bytes(s: ModelShape, b: int) -> int:
     """Bytes autograd keeps per token for one decoder layer (Qwen2/Llama in transformers, compute dtype of ``b``
-    bytes): each RMSNorm its fp32 input and its normalised output (4 + b per hidden unit); the inputs of q/k/v, of
-    o_proj and of the MLP, q after RoPE and the attention output (b x hidden each); k and v (b x kv_dim each); the
-    MLP's gate, SiLU(gate), up and their product (b x intermediate each); the attention's fp32 log-sum-exp."""
+    bytes; measured with saved-tensor hooks): each RMSNorm its fp32 input and its normalised output (4 + b per
+    hidden unit); the input of q/k/v and of the MLP, q after RoPE and the attention's output, which is o_proj's input
+    (b x hidden each); k and v (b x kv_dim each); the MLP's gate, SiLU(gate), up and their product (b x
+    intermediate each); the attention's fp32 log-sum-exp per head."""
     h, i = s.hidden, s.intermediate
-    return 2 * (4 + b) * h + b * (5 * h + 2 * s.kv_dim + 4 * i) + 4 * s.heads
+    return 2 * (4 + b) * h + b * (4 * h + 2 * s.kv_dim + 4 * i) + 4 * s.heads
+
+
+def saved_activation_bytes(s: ModelShape, b: int, tokens: int, checkpointing: bool) -> int:
+    """What a forward of ``tokens`` tokens leaves for the backward: every layer's tensors (or, with checkpointing,
+    every layer's input, b x hidden), plus the final norm's and the head's input."""
+    outside = (4 + b) * s.hidden + b * s.hidden
+    per_layer = b * s.hidden if checkpointing else layer_activation_bytes(s, b)
+    return tokens * (s.layers * per_layer + outside)
 
 
 def activation_bytes(s: ModelShape, b: int, tokens: int, checkpointing: bool) -> int:
-    """Autograd's saved tensors for ``tokens`` tokens at the backward's peak, the final norm and the head's input
-    included. With checkpointing: each layer's input (b x hidden), and one layer's full set while it is recomputed."""
-    outside = (4 + b) * s.hidden + b * s.hidden
-    per_layer = layer_activation_bytes(s, b)
-    if checkpointing:
-        return tokens * (s.layers * b * s.hidden + per_layer + outside)
-    return tokens * (s.layers * per_layer + outside)
+    """Autograd's tensors for ``tokens`` tokens at the backward's peak: what the forward saved, and with
+    checkpointing one layer's full set while the backward recomputes it."""
+    recompute = tokens * layer_activation_bytes(s, b) if checkpointing else 0
+    return saved_activation_bytes(s, b, tokens, checkpointing) + recompute
 
 
 def logits_bytes(s: ModelShape, b: int, tokens: int) -> int:

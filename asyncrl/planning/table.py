@@ -18,8 +18,11 @@ class Layout:
     schedule: str
     trainer: int
     rollout: int = 0
+    name: str = ""  # how the table names it (the time model's rank and knobs); default: schedule and GPUs
 
     def label(self) -> str:
+        if self.name:
+            return self.name
         if self.schedule == "sync":
             return f"sync ({self.trainer})"
         return f"{self.schedule} ({self.rollout} gen / {self.trainer} train)"

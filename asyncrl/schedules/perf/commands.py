@@ -126,7 +126,7 @@ def _memory_plan(a: argparse.Namespace, shown: list | None) -> None:
     if device is None:
         raise ConfigError("plan --model: this machine has no GPU to size the plan by: give --gpu-mem GB")
     if shown is not None:
-        layouts = [Layout(s.schedule, s.trainer, s.rollout) for s in shown]
+        layouts = [Layout(s.schedule, s.trainer, s.rollout, f"{i}. {s.label()}") for i, s in enumerate(shown, 1)]
     else:
         if a.gpus is None:
             raise ConfigError("plan --model: give --gpus N (with --nodes M)")
