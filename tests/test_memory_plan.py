@@ -260,3 +260,13 @@ def test_plan_command_shows_the_memory_of_the_time_models_ranked_settings(tmp_pa
     memory = out.split("memory per GPU")[1]
     rows = [line for line in memory.splitlines() if line.startswith("| ")][2:]  # past the header and its rule
     assert "| 1 |" in ranked and len(rows) == 3 and rows[0].startswith("| 1. fully_async (")
+
+
+@pytest.mark.parametrize(("config", "message"), [(None, "no config.json"), ("{not json", "does not load")])
+def test_plan_command_names_a_model_directory_it_cannot_read_in_one_line(config, message, tmp_path, capsys):
+    if config is not None:
+        (tmp_path / "config.json").write_text(config)
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--model", str(tmp_path), "--gpus", "16", "--gpu-mem", "80"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and str(tmp_path) in err and "Traceback" not in err

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.models.errors import ModelLoadError
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -75,5 +77,9 @@ def model_shape(model_dir: str | Path) -> ModelShape:
 
     path = Path(model_dir)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model directory {path}: no config.json (the memory plan reads only that file)")
-    return shape_of_config(AutoConfig.from_pretrained(str(path)))
+        raise ModelLoadError(f"model directory {path}: no config.json (the memory plan reads only that file)")
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (ValueError, OSError) as e:  # an unknown model_type, a config that is not JSON
+        raise ModelLoadError(f"model directory {path}: config.json does not load ({str(e).splitlines()[0]})") from None
+    return shape_of_config(config)
