@@ -26,8 +26,12 @@ class MemoryPlanError(UserInputError, RuntimeError):
     """A role's bytes per GPU exceed the device's: the run cannot start."""
 
 
-def has_gpus(cfg: Config) -> bool:
-    return cfg.trainer.n_gpus_per_node > 0 or cfg.rollout.n_gpus_per_node > 0
+def gpu_roles(cfg: Config) -> tuple[str, ...]:
+    """The roles ``cfg`` puts on GPUs: the trainer (``trainer.n_gpus_per_node``), the rollout pool
+    (``rollout.n_gpus_per_node``)."""
+    return (("trainer",) if cfg.trainer.n_gpus_per_node > 0 else ()) + (
+        ("rollout",) if cfg.rollout.n_gpus_per_node > 0 else ()
+    )
 
 
 def local_device_bytes() -> int | None:
@@ -51,7 +55,7 @@ def check_memory(cfg: Config, device_bytes: int | None = None) -> MemoryPlan | N
     """Before any worker starts: the plan of ``cfg``'s model (its ``config.json``, on the meta device) on GPUs of
     ``device_bytes`` (None: this process's GPU's), refused in one line when a role cannot fit. Returns the plan, or
     None where the run has no GPUs or the device's size is not known."""
-    if not has_gpus(cfg):
+    if not gpu_roles(cfg):
         return None
     device_bytes = device_bytes if device_bytes is not None else local_device_bytes()
     if device_bytes is None:
@@ -61,8 +65,5 @@ def check_memory(cfg: Config, device_bytes: int | None = None) -> MemoryPlan | N
         log.warning("memory plan not checked: model.path %s has no config.json", cfg.model.path)
         return None
     plan = plan_memory(cfg, model_shape(cfg.model.path), device_bytes)
-    on_gpus = (("trainer",) if cfg.trainer.n_gpus_per_node > 0 else ()) + (
-        ("rollout",) if cfg.rollout.n_gpus_per_node > 0 else ()
-    )
-    check_plan(plan, on_gpus)
+    check_plan(plan, gpu_roles(cfg))
     return plan

@@ -105,10 +105,13 @@ def _time_plan(a: argparse.Namespace) -> list:
 
 def _memory_plan(a: argparse.Namespace, shown: list | None) -> None:
     """Each role's GB per GPU for the layouts shown: the time model's ranked settings, else sync on every GPU and
-    the config's schedule (one_step_off for a sync config) on every split of the GPUs."""
+    the config's schedule (one_step_off for a sync config) on every split of the GPUs. When the config places roles
+    on GPUs, its own layout is then checked as ``asyncrl train`` checks it: one that cannot fit exits with status 2
+    and that one line."""
     from asyncrl.config import ConfigError, load_config
     from asyncrl.config.resources import resolve_ranks
-    from asyncrl.planning.check import local_device_bytes
+    from asyncrl.planning.check import check_plan, gpu_roles, local_device_bytes
+    from asyncrl.planning.memory import plan_memory
     from asyncrl.planning.shape import model_shape
     from asyncrl.planning.table import Layout, format_memory
     from asyncrl.schedules.perf.plan import splits
@@ -133,5 +136,8 @@ def _memory_plan(a: argparse.Namespace, shown: list | None) -> None:
         sched = cfg.trainer.schedule if cfg.trainer.schedule != "sync" else "one_step_off"
         layouts = [Layout("sync", a.gpus)]
         layouts += [Layout(sched, t, r) for r, t in splits(_cluster(a))]
+    shape = model_shape(a.model)
     print()
-    print(format_memory(cfg, model_shape(a.model), layouts, device))
+    print(format_memory(cfg, shape, layouts, device))
+    if gpu_roles(cfg):
+        check_plan(plan_memory(cfg, shape, device), gpu_roles(cfg))
