@@ -37,6 +37,7 @@ from asyncrl.models.device import DeviceError
 from asyncrl.models.errors import ModelLoadError
 from asyncrl.models.gguf import GGUFConvertError
 from asyncrl.models.lora import LoraError
+from asyncrl.planning.check import MemoryPlanError
 from asyncrl.rewards.custom import RewardSpecError
 from asyncrl.rewards.filtering import FilterMetricError
 from asyncrl.rewards.registry import UnknownDataSourceError
@@ -315,6 +316,14 @@ def cost_model_without_a_field(env: Env) -> Bad:
     return ["plan", "--cost", str(path), "--cpus", "2"], [str(path), "missing field"]
 
 
+def model_that_does_not_fit_its_gpus(env: Env) -> Bad:
+    """Qwen2.5-7B's config.json on 8 + 8 GPUs of 80 GB under today's defaults (DDP, fp32): the plan refuses it."""
+    model = Path(__file__).parent / "fixtures" / "models" / "qwen2.5-7b"
+    gpus = ["trainer.schedule=one_step_off", "trainer.n_gpus_per_node=8", "rollout.n_gpus_per_node=8"]
+    argv = ["plan", "--model", str(model), "--gpus", "16", "--gpu-mem", "80", *gpus]
+    return argv, ["memory plan: trainer rank:", "GB of 80 GB"]
+
+
 def profile_of_a_run_without_work_records(env: Env) -> Bad:
     run = env.tmp / "old_run"
     run.mkdir()
@@ -333,6 +342,7 @@ CASES: list[tuple[type[UserInputError], Callable[[Env], Bad], tuple]] = [
     (PlacementError, placement_on_unknown_pool, ()),
     (CostModelError, cost_model_without_a_field, ()),
     (ProfileError, profile_of_a_run_without_work_records, ()),
+    (MemoryPlanError, model_that_does_not_fit_its_gpus, ()),
     (DeviceError, cuda_without_a_gpu, (pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),)),
     (TeacherUnavailableError, teacher_down, ()),
     (TeacherRequestError, teacher_replying(403, {"error": {"message": "no access"}}, "HTTP 403", "no access"), ()),

@@ -15,8 +15,16 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--out", default=None, help="where to write the cost model (default RUN_DIR/cost.json)")
     s.set_defaults(fn=profile_command)
 
-    s = sub.add_parser("plan", help="search schedule, split, staleness and sync interval for a cluster on a profile")
-    s.add_argument("--cost", required=True, help="a cost.json from asyncrl profile")
+    s = sub.add_parser(
+        "plan",
+        help="search schedule, split, staleness and sync interval for a cluster on a profile (--cost), and/or each "
+        "role's memory per GPU from a model's config.json (--model)",
+    )
+    s.add_argument("--cost", default=None, help="a cost.json from asyncrl profile")
+    s.add_argument("--model", default=None, help="a model directory (its config.json alone is read): memory plan")
+    s.add_argument("--gpu-mem", type=float, default=None, help="--model: GB per GPU (default: this machine's GPU)")
+    s.add_argument("--config", default=None, help="--model: a run's YAML (its trainer, actor, rollout and sync keys)")
+    s.add_argument("overrides", nargs="*", help="--model: dotted key=value config overrides, as asyncrl train takes")
     s.add_argument("--gpus", type=int, default=None, help="GPUs in all")
     s.add_argument("--nodes", type=int, default=1, help="nodes the GPUs are on (evenly)")
     s.add_argument("--cpus", type=int, default=None, help="instead of GPUs: one machine whose cores every role shares")
@@ -60,6 +68,21 @@ def _cluster(a: argparse.Namespace):
 
 def plan_command(a: argparse.Namespace) -> None:
     from asyncrl.config import ConfigError
+
+    if a.cost is None and a.model is None:
+        raise ConfigError("plan: give --cost COST_JSON (the time model), --model MODEL_DIR (the memory plan), or both")
+    if a.model is not None and a.cpus is not None:
+        raise ConfigError("plan --model: the memory plan is per GPU: give --gpus N (with --nodes M), not --cpus")
+    if a.overrides and a.model is None:
+        raise ConfigError(f"plan: config overrides ({' '.join(a.overrides)}) are read with --model only")
+    ranked = _time_plan(a) if a.cost is not None else None
+    if a.model is not None:
+        _memory_plan(a, ranked)
+
+
+def _time_plan(a: argparse.Namespace) -> list:
+    """The time model's search; returns the settings it shows (best first)."""
+    from asyncrl.config import ConfigError
     from asyncrl.schedules.perf.cost import CostModel
     from asyncrl.schedules.perf.plan import draw, format_plan, make_plan, overrides
     from asyncrl.schedules.perf.simulate import SCHEDULES
@@ -77,3 +100,44 @@ def plan_command(a: argparse.Namespace) -> None:
     if a.json:
         rows = [{**p.row(plan.sync), "overrides": overrides(p.setting, plan.cluster)} for p in plan.ranked]
         Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return [p.setting for p in plan.ranked[: a.top]]
+
+
+def _memory_plan(a: argparse.Namespace, shown: list | None) -> None:
+    """Each role's GB per GPU for the layouts shown: the time model's ranked settings, else sync on every GPU and
+    the config's schedule (one_step_off for a sync config) on every split of the GPUs. When the config places roles
+    on GPUs, its own layout is then checked as ``asyncrl train`` checks it: one that cannot fit exits with status 2
+    and that one line."""
+    from asyncrl.config import ConfigError, load_config
+    from asyncrl.config.resources import resolve_ranks
+    from asyncrl.planning.check import check_plan, gpu_roles, local_device_bytes
+    from asyncrl.planning.memory import plan_memory
+    from asyncrl.planning.shape import model_shape
+    from asyncrl.planning.table import Layout, format_memory
+    from asyncrl.schedules.perf.plan import splits
+
+    def plan_checks(cfg) -> None:
+        """Each section's own keys, and the ranks from the GPU keys. Not the cross-key checks of a run (those
+        refuse what today's trainer cannot run; the plan is of the trainer issue 50 builds), and no dataset."""
+        if not cfg.data.train_files:
+            cfg.data.train_files = ["(not read by asyncrl plan)"]
+        cfg.check_sections()
+        resolve_ranks(cfg)
+
+    cfg = load_config(a.config, [f"model.path={a.model}", *a.overrides], validate_fn=plan_checks)
+    device = int(a.gpu_mem * 1e9) if a.gpu_mem is not None else local_device_bytes()
+    if device is None:
+        raise ConfigError("plan --model: this machine has no GPU to size the plan by: give --gpu-mem GB")
+    if shown is not None:
+        layouts = [Layout(s.schedule, s.trainer, s.rollout, f"{i}. {s.label()}") for i, s in enumerate(shown, 1)]
+    else:
+        if a.gpus is None:
+            raise ConfigError("plan --model: give --gpus N (with --nodes M)")
+        sched = cfg.trainer.schedule if cfg.trainer.schedule != "sync" else "one_step_off"
+        layouts = [Layout("sync", a.gpus)]
+        layouts += [Layout(sched, t, r) for r, t in splits(_cluster(a))]
+    shape = model_shape(a.model)
+    print()
+    print(format_memory(cfg, shape, layouts, device))
+    if gpu_roles(cfg):
+        check_plan(plan_memory(cfg, shape, device), gpu_roles(cfg))

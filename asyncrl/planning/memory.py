@@ -1,0 +1,297 @@
+"""The memory plan: the bytes one GPU of each role holds at its peak, from the config and the model's shape alone.
+
+It describes the trainer as issue 50 leaves it (FSDP2 with fp32 shards as the masters and bf16 compute through
+torch's ``MixedPrecisionPolicy``; the reference and proximal models sharded or offloaded; no unsharded serving copy
+outside ``sync``; micro-batches by token budget and attention memory linear in the tokens; the weight receiver
+applying each bucket as it arrives), and is checked against the tensor bytes measured on today's code
+(tests/test_memory_plan.py): parameters, gradients, masters, optimizer state and reference for DDP and FSDP2 in
+fp32, and the tensors autograd saves in a forward. Each term is a field whose ``doc`` metadata says where its
+number comes from; ``terms()`` lists them with their bytes.
+
+Null config keys resolve as on a GPU (this plan is for GPUs): ``actor.gradient_checkpointing`` on,
+``rollout.dtype`` bf16, ``rollout.gpu_memory_utilization`` 0.8 on a rollout GPU and 0.4 beside the trainer (sync).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from asyncrl.config import Config
+from asyncrl.planning.shape import ModelShape
+
+GB = 1e9  # what --gpu-mem and the messages count in (an "80 GB" GPU holds 80e9 bytes or more)
+MIB = 2**20
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+RUNTIME_BYTES = 2**30  # CUDA context, cuBLAS workspace and NCCL communicators: not tensors, not measured here
+VLLM_GRAPH_BYTES = 2**30  # vLLM's CUDA graphs (enforce_eager off): its logs report well under 1 GiB for 7B models
+VLLM_DEFAULT_BATCHED_TOKENS = 8192  # vLLM's max_num_batched_tokens default with chunked prefill on a GPU
+
+
+def term(doc: str) -> int:
+    """A term of a plan: bytes, with the one line that says where they come from."""
+    return field(default=0, metadata={"doc": doc})
+
+
+class Terms:
+    """A plan's terms: the dataclass fields with bytes, each with its ``doc``."""
+
+    def terms(self) -> list[tuple[str, int, str]]:
+        return [(f.name, getattr(self, f.name), f.metadata["doc"]) for f in fields(self) if "doc" in f.metadata]
+
+    @property
+    def total(self) -> int:
+        return sum(b for _, b, _ in self.terms())
+
+    def largest(self, k: int = 3) -> str:
+        """The ``k`` largest terms, as an error message names them."""
+        top = sorted((t for t in self.terms() if t[1] > 0), key=lambda t: -t[1])[:k]
+        return ", ".join(f"{name.replace('_', ' ')} {b / GB:.1f} GB" for name, b, _ in top)
+
+
+@dataclass
+class TrainerMemory(Terms):
+    """One trainer rank (one GPU) at its peak, the backward of one micro-batch of its update."""
+
+    strategy: str = "ddp"
+    ranks: int = 1
+    tokens: int = 0  # tokens of one micro-batch
+    params: int = term(
+        "ddp: every weight in model.dtype; fsdp2: this rank's fp32 shard of every weight (they are the masters), "
+        "0 with actor.fsdp_config.param_offload"
+    )
+    masters: int = term("ddp with model.dtype below fp32: an fp32 copy of every weight (MasterWeightsAdamW)")
+    grads: int = term(
+        "fp32 gradients at the optimizer step (ddp: the masters', the bf16 ones freed one by one as they are cast; "
+        "fsdp2: reduce-scattered shards in fp32), 0 with param_offload (they follow the shards to the host)"
+    )
+    optimizer: int = term(
+        "AdamW's exp_avg and exp_avg_sq, fp32, 8 B a parameter (fsdp2: sharded; 0 with optimizer_offload)"
+    )
+    gathered: int = term(
+        "fsdp2: the root unit (embeddings, norm, head) gathered in the compute dtype for the whole pass, plus one "
+        "decoder layer gathered and the next one prefetched"
+    )
+    ref: int = term(
+        "the reference (actor.use_kl_loss or dpo): ddp a full copy in model.dtype, fsdp2 fp32 shards, 0 with "
+        "ref.fsdp_config.param_offload"
+    )
+    prox: int = term(
+        "the proximal copy (fully_async with compute_prox_log_prob): as the reference, offloaded with the actor's "
+        "param_offload"
+    )
+    activations: int = term(
+        "tensors autograd keeps for one micro-batch: every layer's (checkpointing off), or every layer's input plus "
+        "one layer recomputed in the backward (on); attention linear in the tokens (flash/SDPA: q, k, v, out, lse)"
+    )
+    logits: int = term(
+        "the micro-batch's logits, tokens x vocab: in the compute dtype, their fp32 upcast, and the fp32 "
+        "temperature-scaled copy logsumexp keeps for the backward (whose fp32 gradient takes the upcast's place)"
+    )
+    sync_buffers: int = term("the weight sync's sender side: 2 buckets of sync.bucket_mb (one filling, one in flight)")
+    engine: int = term(
+        "sync only, the colocated engine: vLLM's gpu_memory_utilization share, or the built-in engine's KV cache "
+        "(plus, under fsdp2, the unsharded serving copy in rollout.dtype it decodes from)"
+    )
+    runtime: int = term("CUDA context, cuBLAS workspace and NCCL communicators: 1 GiB, not a tensor (not measured)")
+
+    @property
+    def state(self) -> int:
+        """The bytes measured against tensors after one update: weights, gradients, masters, optimizer, copies."""
+        return self.params + self.masters + self.grads + self.optimizer + self.ref + self.prox
+
+
+@dataclass
+class RolloutMemory(Terms):
+    """One rollout worker (one GPU)."""
+
+    engine: str = "vllm"
+    budget: int = 0  # vLLM: gpu_memory_utilization x the device's bytes (weights + activations + graphs + KV)
+    weights: int = term("every weight in rollout.dtype (null: bf16)")
+    activations: int = term(
+        "vLLM's profiled forward: max_num_batched_tokens tokens through one layer (hidden x 4 + intermediate x 3) "
+        "plus max_num_seqs rows of fp32 logits; the built-in engine: max_batch_size rows of fp32 logits"
+    )
+    cuda_graphs: int = term("vLLM's captured CUDA graphs with enforce_eager off: 1 GiB (vLLM logs 0.3-1 GiB at 7B)")
+    kv_cache: int = term(
+        "vLLM: what remains of gpu_memory_utilization x device after the terms above; the built-in engine: "
+        "max_batch_size rows of max_prompt_length + response_length tokens, K and V of every layer"
+    )
+    receiver: int = term("the weight receiver: at most 2 buckets of sync.bucket_mb, each applied as it arrives")
+    runtime: int = term("CUDA context and NCCL communicators: 1 GiB, not a tensor (not measured)")
+
+
+@dataclass
+class MemoryPlan:
+    """Every role's bytes per GPU for one layout, and the device they must fit."""
+
+    trainer: TrainerMemory
+    rollout: RolloutMemory | None  # None: sync (the engine is in the trainer's terms)
+    device_bytes: int | None  # None: not known (the plan is then shown, not checked)
+    kv_per_token: int = 0  # the rollout engine's KV bytes per token
+    max_model_len: int = 0  # the longest sequence the rollout engine must hold
+
+    def problems(self) -> list[str]:
+        """One line per role that does not fit: ``trainer rank: 143.2 GB of 80 GB (fp32 masters 30.5 GB, ...)``."""
+        out = []
+        d = self.device_bytes
+        if d is not None and self.trainer.total > d:
+            out.append(f"trainer rank: {self.trainer.total / GB:.1f} GB of {d / GB:.0f} GB ({self.trainer.largest()})")
+        r = self.rollout
+        if r is None:
+            return out
+        if r.engine == "vllm" and d is not None:
+            need = self.max_model_len * self.kv_per_token
+            if r.kv_cache < need:
+                out.append(
+                    f"rollout rank: vLLM's KV cache gets {r.kv_cache / GB:.1f} GB of rollout.gpu_memory_utilization "
+                    f"x {d / GB:.0f} GB = {r.budget / GB:.1f} GB, less than one rollout.max_model_len "
+                    f"({self.max_model_len} tokens: {need / GB:.2f} GB) ({r.largest()})"
+                )
+        if d is not None and r.total > d:
+            out.append(f"rollout rank: {r.total / GB:.1f} GB of {d / GB:.0f} GB ({r.largest()})")
+        return out
+
+    def fits(self) -> bool:
+        return not self.problems()
+
+
+def micro_batch_tokens(cfg: Config) -> int:
+    """Tokens of one trainer micro-batch: ``actor.ppo_max_token_len_per_gpu`` with ``use_dynamic_bsz``, else
+    ``ppo_micro_batch_size`` samples of prompt + response (an upper bound: a shared prefix is counted per sample)."""
+    a = cfg.actor
+    if a.use_dynamic_bsz:
+        return a.ppo_max_token_len_per_gpu
+    return a.ppo_micro_batch_size * (cfg.data.max_prompt_length + cfg.rollout.response_length)
+
+
+def layer_activation_bytes(s: ModelShape, b: int) -> int:
+    """Bytes autograd keeps per token for one decoder layer (Qwen2/Llama in transformers, compute dtype of ``b``
+    bytes; measured with saved-tensor hooks): each RMSNorm its fp32 input and its normalised output (4 + b per
+    hidden unit); the input of q/k/v and of the MLP, q after RoPE and the attention's output, which is o_proj's input
+    (b x hidden each); k and v (b x kv_dim each); the MLP's gate, SiLU(gate), up and their product (b x
+    intermediate each); the attention's fp32 log-sum-exp per head."""
+    h, i = s.hidden, s.intermediate
+    return 2 * (4 + b) * h + b * (4 * h + 2 * s.kv_dim + 4 * i) + 4 * s.heads
+
+
+def saved_activation_bytes(s: ModelShape, b: int, tokens: int, checkpointing: bool) -> int:
+    """What a forward of ``tokens`` tokens leaves for the backward: every layer's tensors (or, with checkpointing,
+    every layer's input, b x hidden), plus the final norm's and the head's input."""
+    outside = (4 + b) * s.hidden + b * s.hidden
+    per_layer = b * s.hidden if checkpointing else layer_activation_bytes(s, b)
+    return tokens * (s.layers * per_layer + outside)
+
+
+def activation_bytes(s: ModelShape, b: int, tokens: int, checkpointing: bool) -> int:
+    """Autograd's tensors for ``tokens`` tokens at the backward's peak: what the forward saved, and with
+    checkpointing one layer's full set while the backward recomputes it."""
+    recompute = tokens * layer_activation_bytes(s, b) if checkpointing else 0
+    return saved_activation_bytes(s, b, tokens, checkpointing) + recompute
+
+
+def logits_bytes(s: ModelShape, b: int, tokens: int) -> int:
+    """``tokens`` x vocab logits: compute dtype + fp32 upcast + fp32 scaled copy (in fp32 the upcast is the logits
+    themselves, and the gradient adds one fp32 copy)."""
+    return tokens * s.vocab * (b + 4 + 4)
+
+
+def _uses_ref(cfg: Config) -> bool:
+    return cfg.actor.use_kl_loss or cfg.algorithm.name == "dpo"
+
+
+def _uses_prox(cfg: Config) -> bool:
+    return cfg.trainer.schedule == "fully_async" and cfg.async_training.compute_prox_log_prob
+
+
+def rollout_dtype_bytes(cfg: Config) -> int:
+    return DTYPE_BYTES[cfg.rollout.dtype or "bfloat16"]
+
+
+def utilization(cfg: Config, shared: bool) -> float:
+    """``rollout.gpu_memory_utilization``, null resolved as on a GPU: 0.8 of its own, 0.4 beside the trainer."""
+    u = cfg.rollout.gpu_memory_utilization
+    return u if u is not None else (0.4 if shared else 0.8)
+
+
+def max_model_len(cfg: Config) -> int:
+    return cfg.rollout.max_model_len or cfg.data.max_prompt_length + cfg.rollout.response_length
+
+
+def _bucket_bytes(cfg: Config) -> int:
+    return int(2 * cfg.sync.bucket_mb * MIB)
+
+
+def trainer_memory(cfg: Config, s: ModelShape, ranks: int, engine: int = 0) -> TrainerMemory:
+    """A trainer rank of ``ranks`` data-parallel ranks under ``trainer.strategy`` (``engine``: the colocated
+    engine's bytes, sync only)."""
+    strategy = cfg.trainer.strategy if ranks > 1 else "ddp"  # one rank: nothing to shard (the trainer runs DDP's path)
+    P, b = s.params, DTYPE_BYTES[cfg.model.dtype]
+    fs = cfg.actor.fsdp_config
+    ckpt = cfg.actor.gradient_checkpointing
+    ckpt = True if ckpt is None else ckpt
+    tokens = micro_batch_tokens(cfg)
+    m = TrainerMemory(strategy=strategy, ranks=ranks, tokens=tokens)
+    if strategy == "ddp":
+        m.params, m.masters, m.grads, m.optimizer = P * b, (P * 4 if b < 4 else 0), P * 4, P * 8
+        copy = P * b
+        m.ref = copy if _uses_ref(cfg) else 0
+        m.prox = copy if _uses_prox(cfg) else 0
+    else:
+        shard = -(-P // ranks)
+        m.params = 0 if fs.param_offload else shard * 4
+        m.grads = 0 if fs.param_offload else shard * 4
+        m.optimizer = 0 if fs.optimizer_offload else shard * 8
+        m.gathered = b * (s.root_params + 2 * s.layer_params)
+        m.ref = shard * 4 if _uses_ref(cfg) and not cfg.ref.fsdp_config.param_offload else 0
+        m.prox = shard * 4 if _uses_prox(cfg) and not fs.param_offload else 0
+    m.activations = activation_bytes(s, b, tokens, ckpt)
+    m.logits = logits_bytes(s, b, tokens)
+    m.sync_buffers = _bucket_bytes(cfg) if cfg.trainer.schedule != "sync" else 0
+    m.engine = engine
+    m.runtime = RUNTIME_BYTES
+    return m
+
+
+def rollout_memory(cfg: Config, s: ModelShape, device_bytes: int | None, shared: bool = False) -> RolloutMemory:
+    """A rollout engine's GPU (``shared``: beside the trainer, sync). vLLM takes ``gpu_memory_utilization`` of the
+    device for weights, activations, graphs and KV cache (its KV cache is what remains); the built-in engine
+    allocates its KV for ``max_batch_size`` rows."""
+    r, b = cfg.rollout, rollout_dtype_bytes(cfg)
+    m = RolloutMemory(engine=r.engine)
+    m.weights = s.params * b
+    m.receiver = 0 if shared else _bucket_bytes(cfg)
+    m.runtime = 0 if shared else RUNTIME_BYTES
+    if r.engine == "vllm":
+        tokens = r.max_num_batched_tokens or VLLM_DEFAULT_BATCHED_TOKENS
+        m.activations = tokens * b * (4 * s.hidden + 3 * s.intermediate) + r.max_num_seqs * s.vocab * 4
+        m.cuda_graphs = 0 if r.enforce_eager else VLLM_GRAPH_BYTES
+        m.budget = int(utilization(cfg, shared) * device_bytes) if device_bytes is not None else 0
+        used = m.weights + m.activations + m.cuda_graphs
+        m.kv_cache = max(0, m.budget - used) if device_bytes is not None else 0
+    else:
+        rows = r.max_batch_size
+        m.activations = rows * s.vocab * 4
+        m.kv_cache = rows * (cfg.data.max_prompt_length + r.response_length) * s.kv_bytes_per_token(b)
+    return m
+
+
+def plan_memory(
+    cfg: Config,
+    s: ModelShape,
+    device_bytes: int | None,
+    trainer_ranks: int | None = None,
+) -> MemoryPlan:
+    """Each role's bytes per GPU for ``cfg`` on ``trainer_ranks`` trainer GPUs (default ``trainer.num_workers``);
+    the rollout pool (any schedule but sync) has one worker per GPU, each holding the whole model."""
+    ranks = trainer_ranks or cfg.trainer.num_workers
+    kv = s.kv_bytes_per_token(rollout_dtype_bytes(cfg))
+    if cfg.trainer.schedule == "sync":
+        eng = rollout_memory(cfg, s, device_bytes, shared=True)
+        if cfg.rollout.engine == "vllm":
+            extra = eng.budget
+        else:
+            serving = eng.weights if cfg.trainer.strategy == "fsdp2" and ranks > 1 else 0
+            extra = serving + eng.kv_cache + eng.activations
+        return MemoryPlan(trainer_memory(cfg, s, ranks, extra), None, device_bytes, kv, max_model_len(cfg))
+    rollout = rollout_memory(cfg, s, device_bytes)
+    return MemoryPlan(trainer_memory(cfg, s, ranks), rollout, device_bytes, kv, max_model_len(cfg))
