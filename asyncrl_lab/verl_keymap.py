@@ -154,6 +154,7 @@ VERL_NAMES: dict[str, str] = {
     "trainer.nnodes": "trainer.nnodes",
     "trainer.n_gpus_per_node": "trainer.n_gpus_per_node (one trainer rank per GPU)",
     "trainer.device": NONE + "verl always trains on GPUs; auto = the role's GPU when it has one",
+    "trainer.gpu_memory_gb": NONE + "ours: the GPUs' size for the memory plan checked before any worker starts",
     "trainer.strategy": f"{_ARR}.actor.strategy (fsdp2; verl's fsdp is FSDP1, ddp is ours: replicated ranks)",
     "trainer.critic_warmup": "trainer.critic_warmup",
     "trainer.record_consumed": NONE + "ours: what `asyncrl replay` needs",

@@ -270,3 +270,16 @@ def test_plan_command_names_a_model_directory_it_cannot_read_in_one_line(config,
         main(["plan", "--model", str(tmp_path), "--gpus", "16", "--gpu-mem", "80"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err and str(tmp_path) in err and "Traceback" not in err
+
+
+def test_a_run_that_cannot_fit_its_declared_gpus_stops_before_any_worker_starts(tmp_path):
+    """Through ``run_training``: the GPUs' size from ``trainer.gpu_memory_gb`` (this machine has none); the one line
+    comes before Ray or any role is started (the model directory holds only a config.json: loading it would fail)."""
+    from asyncrl.config import load_config
+    from asyncrl.schedules import run_training
+
+    over = [f"model.path={QWEN7B}", "data.train_files=[t.parquet]", *VERL_8_8, *TODAY, "trainer.gpu_memory_gb=80"]
+    over += [f"trainer.default_local_dir={tmp_path / 'run'}"]
+    with pytest.raises(MemoryPlanError, match=r"^memory plan: trainer rank: 403.3 GB of 80 GB"):
+        run_training(load_config(None, over))
+    assert not (tmp_path / "run").exists()  # nothing was started, nothing written

@@ -8,7 +8,7 @@ bounds another's (``actor.ppo_mini_batch_size`` divides ``data.train_batch_size`
 from __future__ import annotations
 
 from asyncrl.config.errors import ConfigError, check, choice
-from asyncrl.config.model_checks import check_lora, check_quantization, check_trainer_ranks
+from asyncrl.config.model_checks import check_lora, check_quantization, check_rollout_dtype, check_trainer_ranks
 from asyncrl.config.resources import resolve_ranks
 from asyncrl.config.schema import (
     ALGORITHMS,
@@ -52,6 +52,7 @@ def validate(cfg: Config) -> None:
         check(ok, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size, allowed)
     check_lora(cfg)
     check_quantization(cfg)
+    check_rollout_dtype(cfg)
     check_trainer_ranks(cfg)
     _check_async_training(cfg)
     _check_algorithm(cfg)

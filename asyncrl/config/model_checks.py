@@ -59,6 +59,17 @@ def check_lora(cfg: Config) -> None:
         raise ConfigError("model.lora_adapter_path is set but model.lora_rank is 0 (LoRA off): set the adapter's rank")
 
 
+def check_rollout_dtype(cfg: Config) -> None:
+    """The sync schedule's built-in engine decodes from the trainer's own weights, in ``model.dtype``."""
+    r, m = cfg.rollout, cfg.model
+    if cfg.trainer.schedule == "sync" and r.engine == "builtin" and r.dtype not in (None, m.dtype):
+        raise ConfigError(
+            f"rollout.dtype={r.dtype}: the sync schedule's built-in engine decodes from the trainer's own weights, in "
+            f"model.dtype={m.dtype}; set rollout.dtype to null or {m.dtype}, or use rollout.engine=vllm (its own copy, "
+            "in rollout.dtype) or a schedule with a rollout pool"
+        )
+
+
 def check_quantization(cfg: Config) -> None:
     q = cfg.rollout.quantization
     if q is None:

@@ -119,6 +119,9 @@ class TrainerConfig(Checked):
     nnodes: int = 1  # nodes the trainer's ranks spread over, num_workers / nnodes on each (verl's trainer.nnodes)
     n_gpus_per_node: int = 0  # GPUs per trainer node, one per rank (verl's trainer.n_gpus_per_node); 0: CPU ranks
     device: str = "auto"  # every role's torch device: auto (the role's GPU when it has one, else cpu) | cpu | cuda
+    # GB of each GPU the roles run on, for the memory plan checked before any worker starts; null = the driver's GPU
+    # (a driver without one skips the check, saying so)
+    gpu_memory_gb: float | None = None
     strategy: str = "ddp"  # with num_workers > 1: ddp (weights replicated) | fsdp2 (sharded; trainer.backend=ray)
     critic_warmup: int = 0  # ppo: steps that update only the critic before the actor starts learning
     record_consumed: bool = False  # each step's consumed samples in RUN_DIR/consumed/ (asyncrl replay RUN_DIR)
@@ -139,6 +142,7 @@ class TrainerConfig(Checked):
         "nnodes": POSITIVE_INT,
         "n_gpus_per_node": NON_NEGATIVE,
         "device": one_of(DEVICES),
+        "gpu_memory_gb": or_null(POSITIVE),
         "strategy": one_of(STRATEGIES),
         "critic_warmup": NON_NEGATIVE,
         "role_start_timeout_s": POSITIVE,

@@ -2,8 +2,8 @@
 the role, its bytes and the device's, instead of an out-of-memory error minutes into loading a model.
 
 It runs only when the run declares GPUs (``trainer.n_gpus_per_node`` or ``rollout.n_gpus_per_node`` > 0), against
-the device memory of the GPU this process sees (``torch.cuda.get_device_properties``), assuming the roles' GPUs are
-alike; where this process sees none (a driver on a CPU-only head node) the device's size is not known here and the
+``trainer.gpu_memory_gb`` or else the device memory of the GPU this process sees (``torch.cuda.get_device_properties``),
+assuming the roles' GPUs are alike; where neither is known (a driver on a CPU-only head node, the key unset) the
 check is skipped, saying so.
 """
 
@@ -57,9 +57,14 @@ def check_memory(cfg: Config, device_bytes: int | None = None) -> MemoryPlan | N
     None where the run has no GPUs or the device's size is not known."""
     if not gpu_roles(cfg):
         return None
+    if device_bytes is None and cfg.trainer.gpu_memory_gb is not None:
+        device_bytes = int(cfg.trainer.gpu_memory_gb * 1e9)
     device_bytes = device_bytes if device_bytes is not None else local_device_bytes()
     if device_bytes is None:
-        log.warning("memory plan not checked: the run declares GPUs but this process sees none to size them by")
+        log.warning(
+            "memory plan not checked: the run declares GPUs but this process sees none to size them by "
+            "(set trainer.gpu_memory_gb)"
+        )
         return None
     if not (Path(cfg.model.path) / "config.json").is_file():
         log.warning("memory plan not checked: model.path %s has no config.json", cfg.model.path)

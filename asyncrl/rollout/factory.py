@@ -6,16 +6,11 @@ import torch
 from transformers import PreTrainedModel
 
 from asyncrl.config.specs import EngineSpec
-from asyncrl.errors import UserInputError
 from asyncrl.models.loading import load_model, load_tokenizer_from
 from asyncrl.models.lora import LoraSpec, apply_lora
 from asyncrl.rollout.agent.loop import AgentEngine
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.vllm_options import engine_dtype
-
-
-class EngineDtypeError(UserInputError, ValueError):
-    """``rollout.dtype`` asks for an engine dtype the engine cannot have."""
 
 
 def builtin_engine(
@@ -66,14 +61,8 @@ def colocated_engine(spec: EngineSpec, model: PreTrainedModel, tokenizer, is_rol
     with vLLM fed in-process from ``model`` when ``rollout.engine=vllm`` (in ``rollout.dtype``, on the trainer's GPU:
     a colocated share of it); else it only evaluates, with the built-in loop over ``model``, in the trainer's own
     dtype (it decodes from the trained weights themselves: a ``rollout.dtype`` other than ``model.dtype`` is refused
-    for the sync schedule's built-in engine rather than silently ignored)."""
+    at load for the sync schedule's built-in engine, ``asyncrl.config.model_checks``)."""
     r = spec.rollout
-    if r.engine == "builtin" and is_rollout and r.dtype not in (None, spec.model.dtype):
-        raise EngineDtypeError(
-            f"rollout.dtype={r.dtype}: the sync schedule's built-in engine decodes from the trainer's own weights, "
-            f"in model.dtype={spec.model.dtype}; set rollout.dtype to null or {spec.model.dtype}, or use "
-            "rollout.engine=vllm (its own copy, in rollout.dtype) or a schedule with a rollout pool"
-        )
     if r.engine == "vllm" and is_rollout:
         from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
 

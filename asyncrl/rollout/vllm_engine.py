@@ -40,8 +40,8 @@ from asyncrl.rollout.engine import check_prompts, extend_sample, resumable, row_
 from asyncrl.rollout.gate import EngineGate, GatedEngine, validate_update
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
-from asyncrl.rollout.vllm_model import eos_of, expected_params, memory_need, refresh_tied_cpu_layers
-from asyncrl.rollout.vllm_options import VllmOptions, check_weights_fit, eager, engine_dtype, memory_options
+from asyncrl.rollout.vllm_model import eos_of, expected_params, refresh_tied_cpu_layers
+from asyncrl.rollout.vllm_options import VllmOptions, eager, engine_dtype, memory_options
 from asyncrl.rollout.vllm_stream import VllmStreaming, budget_left, read_output
 from asyncrl.types import PrefillStats, Prompt, Sample
 
@@ -118,9 +118,6 @@ class VllmEngine(VllmStreaming, GatedEngine):
         self._params, self._canonical = expected_params(model_path)
         on_gpu = torch.cuda.is_available()  # vLLM's platform: the GPU build sees the worker's GPU
         self.dtype = engine_dtype(options.dtype, options.model_dtype, on_gpu)
-        if on_gpu:  # a share that cannot hold the weights is refused in one line, before vLLM allocates anything
-            need = memory_need(model_path, self._params, self._canonical, self.dtype)
-            check_weights_fit(options, *need, torch.cuda.get_device_properties(0).total_memory, on_gpu)
         self.adapters = VllmAdapters(model_path, lora) if lora is not None else None
         if self.adapters is not None:  # a sync carries the adapter alone; every request names the current one
             self._params = self.adapters.params

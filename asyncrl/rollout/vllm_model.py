@@ -7,7 +7,6 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from asyncrl.models.loading import ModelLoadError, eos_token_ids_of
-from asyncrl.rollout.vllm_options import DTYPE_BYTES, kv_bytes_per_token
 
 
 def expected_params(model_path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -24,18 +23,6 @@ def expected_params(model_path: str) -> tuple[dict[str, torch.Tensor], dict[str,
     for name, p in params.items():
         canonical[name] = first.setdefault(id(p), name)
     return params, canonical
-
-
-def memory_need(
-    model_path: str, params: dict[str, torch.Tensor], canonical: dict[str, str], dtype: str
-) -> tuple[int, int]:
-    """(weight bytes, KV cache bytes per token) of the model in ``dtype``, from ``expected_params``' meta tensors
-    (tied ones once) and the directory's ``config.json``: what ``check_weights_fit`` weighs a GPU share against."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
-    weights = sum(p.numel() for name, p in params.items() if canonical[name] == name) * DTYPE_BYTES[dtype]
-    return weights, kv_bytes_per_token(config, dtype)
 
 
 def refresh_tied_cpu_layers(model: torch.nn.Module) -> list[str]:

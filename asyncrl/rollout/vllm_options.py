@@ -3,28 +3,23 @@
 Every default that depends on the device is resolved here by a pure function of the options and ``on_gpu``, so the
 GPU side is tested on the CPU: the engine's dtype (``engine_dtype``, also the built-in engine's on a rollout
 worker), CUDA graphs (``eager``), vLLM's share of the GPU (``gpu_share``: as vLLM defines it, weights + activations
-+ KV cache) and how vLLM sizes its memory and its step (``memory_options``), and the refusal of a share that cannot
-hold the weights (``check_weights_fit``).
++ KV cache) and how vLLM sizes its memory and its step (``memory_options``). Whether a share holds the weights and a
+sequence's KV cache is the memory plan's to say, before any worker starts (``asyncrl.planning``).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl.errors import UserInputError
 from asyncrl.models.overrides import hf_overrides_for
 
 __all__ = [
-    "EngineMemoryError",
     "VllmOptions",
-    "check_weights_fit",
     "eager",
     "engine_dtype",
     "gpu_share",
-    "kv_bytes_per_token",
     "memory_options",
 ]
 
@@ -34,11 +29,6 @@ GPU_SHARE = 0.8  # a GPU of its own: verl's recipes give vLLM 0.6-0.8 of a rollo
 # live in the other 0.6; vLLM also refuses to start when its share is not free at that moment
 COLOCATED_SHARE = 0.4
 CPU_KV_SHARE = 0.05  # on the CPU: the KV cache's share of the machine's RAM
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-class EngineMemoryError(UserInputError, ValueError):
-    """``rollout.gpu_memory_utilization`` gives the engine less than its weights and one full-length sequence."""
 
 
 @dataclass(frozen=True)
@@ -124,38 +114,6 @@ def memory_options(options: VllmOptions, on_gpu: bool) -> dict[str, Any]:
         "kv_cache_memory_bytes": _kv_cache_bytes(options.gpu_memory_utilization or CPU_KV_SHARE),
         "max_num_batched_tokens": batched or options.max_num_seqs * options.max_model_len,
     }
-
-
-def kv_bytes_per_token(config: Any, dtype: str) -> int:
-    """KV cache bytes one token takes in every layer (keys and values) of a transformers ``config``."""
-    c = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    heads = c.num_attention_heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or heads
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-    return 2 * c.num_hidden_layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
-
-
-def check_weights_fit(
-    options: VllmOptions, weight_bytes: int, kv_token_bytes: int, device_bytes: int, on_gpu: bool
-) -> None:
-    """Refuse, in one line naming ``rollout.gpu_memory_utilization``, a GPU share that cannot hold the engine's
-    weights and the KV cache of one ``max_model_len`` sequence (vLLM would fail later, less plainly, or never start
-    a request). The CPU's setting is a KV share of RAM beside the weights: nothing to check here."""
-    if not on_gpu:
-        return
-    share = gpu_share(options)
-    need = weight_bytes + kv_token_bytes * options.max_model_len
-    if share * device_bytes < need:
-        gib = 2**30
-        least = math.ceil(100 * need / device_bytes) / 100  # rounded up: the share printed does hold it
-        fix = f"raise it to >= {least:.2f}" if least < 1 else "the GPU cannot hold it at any share"
-        if engine_dtype(options.dtype, options.model_dtype, on_gpu) == "float32":
-            fix += " or set rollout.dtype=bfloat16"
-        raise EngineMemoryError(
-            f"rollout.gpu_memory_utilization={share} gives vLLM {share * device_bytes / gib:.1f} GiB of the GPU's "
-            f"{device_bytes / gib:.1f} GiB; it needs at least {need / gib:.1f} GiB (weights "
-            f"{weight_bytes / gib:.1f} GiB + the KV cache of one {options.max_model_len}-token sequence): {fix}"
-        )
 
 
 def _kv_cache_bytes(fraction: float) -> int:
