@@ -5,9 +5,15 @@ rank calls ``WeightSyncGroup.create`` at about the same time; rank 0 plans the b
 plan against their model (see ``asyncrl.weights.handshake``). Each sync is then, per bucket, a 5-int64 header
 ``(version, bucket index, crc32, has_crc, nbytes)`` and the bucket's bytes, both broadcast from rank 0.
 
-Failure behaviour: a checksum or header mismatch is reported after the receiver took part in every bucket, so the
-ranks stay in step and the group stays usable; a transport failure or timeout (a peer absent or dead) leaves the
-ranks out of step, so the group is marked broken and every later call raises until a new group is created.
+A receiver takes the buckets one at a time as they arrive (``receive_stream``, ``asyncrl.weights.incoming``): each is
+checked (header, and CRC32 with ``verify``) and handed over to be applied before the next is needed, so a rollout
+worker holds at most two buckets beyond its model, never a second copy of the weights.
+
+Failure behaviour: a checksum or header mismatch stops the hand-over at that bucket (it is never applied) and is
+reported after the receiver took part in every bucket, so the ranks stay in step and the group stays usable; the
+buckets handed over before it may have been applied (the rollout engines then refuse to generate until the next
+complete sync). A transport failure or timeout (a peer absent or dead) leaves the ranks out of step, so the group is
+marked broken and every later call raises until a new group is created.
 
 One group object is used from one thread at a time. Several groups may coexist in one process (no default
 process group is involved, see ``asyncrl.weights.transport``).

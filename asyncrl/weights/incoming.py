@@ -3,8 +3,10 @@
 Why: a receiver that gathered the whole sync before applying any of it held a second full copy of the weights beside
 the engine's (15 GB for a 7B model in bf16). :class:`Incoming` holds at most two buckets: the one handed over (being
 applied) and the next one, whose broadcast is posted before the first is handed over, so that receiving the next
-bucket overlaps applying this one. A bucket's buffer is freed once its tensors are let go (the engine copies them
-into its parameters, ``asyncrl.rollout.bucket_update``), before the bucket after next is posted.
+bucket overlaps applying this one. They go in two buffers used in turn, each the size of the largest bucket it takes
+(``sync.bucket_mb``, or one parameter larger than that: a 7B model's embedding is 1.09 GB in bf16); a buffer is
+reused once the tensors of its last bucket are let go (the engine copies them into its parameters,
+``asyncrl.rollout.bucket_update``), before the bucket after next is posted.
 
 Checks: each bucket's header (version, index, size) and, with ``verify``, its CRC32 are checked before the bucket is
 handed over, so a bucket that fails is never applied. After the first failure no bucket is handed over, but every
@@ -127,15 +129,16 @@ class Incoming:
         self._next += 1
 
     def _buffer(self, slot: int) -> torch.Tensor:
-        """Buffer ``slot`` (of two, used in turn, each the size of the largest bucket: allocated once per sync, so
-        the memory held does not depend on how the allocator reuses freed blocks). When tensors of the bucket it held
-        are still referenced (a caller keeping them past the next bucket, e.g. an fp8 weight waiting for its scales in
-        the next bucket, or ``receive`` keeping them all), it is left to them and a fresh buffer takes its place."""
+        """Buffer ``slot`` of two used in turn (even buckets, odd buckets), each the size of the largest bucket it
+        takes, allocated once per sync: the memory held does not depend on how the allocator reuses freed blocks.
+        When tensors of the bucket it held are still referenced (a caller keeping them past the next bucket, e.g. an
+        fp8 weight waiting for its scales, or ``receive`` keeping them all), it is left to them and a fresh buffer
+        takes its place."""
         if slot < len(self._pool):
             buffer, idle = self._pool[slot]
             if idle is not None and _use_count(buffer) == idle:
                 return buffer
-        largest = max(b.nbytes for b in self.buckets)
+        largest = max(b.nbytes for b in self.buckets[slot::2])
         buffer = torch.empty(largest, dtype=torch.uint8, device=self.group.device)
         entry = (buffer, _use_count(buffer))
         self._pool[slot : slot + 1] = [entry]
