@@ -22,7 +22,16 @@ from asyncrl.rollout.engine import EngineBusyError, RolloutEngine
 from asyncrl.rollout.gate import PartialWeightsError
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Prompt, Sample
-from asyncrl.weights import WeightSyncError, WeightSyncGroup, find_free_port
+from asyncrl.weights import (
+    SyncTimeoutError,
+    WeightSyncError,
+    WeightSyncGroup,
+    checksum,
+    find_free_port,
+    pack,
+    transport,
+)
+from asyncrl.weights.buckets import as_bytes
 from asyncrl.weights.endpoints import SyncReceiverMixin
 from asyncrl.weights.transport import LOOPBACK
 from tests.test_weights_group import TIMEOUT_S, run_ranks
@@ -203,5 +212,37 @@ def test_a_busy_engine_takes_no_bucket_and_the_group_stays_in_step(tok):
         _, stats = sync(sender, workers, sent, version=7)
         assert not isinstance(stats, Exception), stats
         assert engine.version == 7
+    finally:
+        close(sender, workers)
+
+
+def test_a_trainer_lost_mid_sync_times_out_the_receiver_and_its_engine_names_the_mix(tok):
+    """Transport failures keep their type (SyncTimeoutError) and, after a bucket was applied, say what it left."""
+    trainer = micro(tok, 0)
+    sent = synced_tensors(trainer)
+    engine = RolloutEngine(micro(tok, 1), tok)
+    sender, workers = connect(sent, [engine])
+
+    def first_bucket_only():  # a trainer that dies after bucket 0: its header and bytes go out, nothing more
+        bucket = sender.plan.buckets[0]
+        payload = as_bytes(pack(bucket, sent))
+        header = torch.tensor([8, 0, checksum(payload), 1, bucket.nbytes], dtype=torch.int64)
+        for t in (header, payload):
+            transport.broadcast(sender._pg, t, transport.Deadline(TIMEOUT_S))
+
+    try:
+        _, err = run_ranks(first_bucket_only, lambda: workers[0].receive_weights(True, version=8, timeout_s=1.0))
+        assert isinstance(err, SyncTimeoutError), err
+        assert "rollout worker rank 1 timed out after 1 s receiving bucket 1" in str(err)
+        assert f"1 of {len(sender.plan.buckets)} buckets were applied before it failed" in str(err)
+        assert engine.version == 0 and "timed out" in str(engine.partial_weights)
+        with pytest.raises(PartialWeightsError):
+            engine.generate(prompts(tok), PARAMS, seed=0)
+    finally:
+        close(sender, workers)
+    sender, workers = connect(sent, [engine])  # the broken group is replaced; its first sync mends the engine
+    try:
+        sync(sender, workers, sent, version=9)
+        assert engine.version == 9 and engine.partial_weights is None
     finally:
         close(sender, workers)

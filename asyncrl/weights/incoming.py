@@ -71,7 +71,6 @@ class Incoming:
         self._ready: tuple[Bucket, torch.Tensor] | None = None
         self._pool: list[tuple[torch.Tensor, int | None]] = []  # two buffers used in turn, with their idle use counts
         if self.buckets:
-            self._post()
             self._ready = self._take()
 
     @property
@@ -116,7 +115,7 @@ class Incoming:
     # ------------------------------------------------------------------------------------------------- internals
 
     def _post(self) -> None:
-        """Start receiving the next bucket (header and payload) into fresh buffers."""
+        """Start receiving the next bucket: its header, and its payload into its slot's buffer."""
         bucket = self.buckets[self._next]
         device, pg = self.group.device, self.group._pg
         header = torch.zeros(HEADER_FIELDS, dtype=torch.int64, device=device)
@@ -145,22 +144,23 @@ class Incoming:
         return buffer
 
     def _take(self) -> tuple[Bucket, torch.Tensor] | None:
-        """Wait for the posted bucket, post the next one, and check this one: (bucket, payload) when it may be
-        applied, None when it (or an earlier one) failed its checks (recorded in ``problems``)."""
-        assert self._posted is not None
-        bucket, header, payload, works = self._posted
-        self._posted = None
+        """Wait for the posted bucket (bucket 0: post it first), post the next one, and check this one: (bucket,
+        payload) when it may be applied, None when it (or an earlier one) failed its checks (in ``problems``)."""
         start = time.perf_counter()
+        at = self._next  # the bucket a transport error names
         try:
+            if self._posted is None:
+                self._post()
+            bucket, header, payload, works = self._posted  # type: ignore[misc]
+            at, self._posted = bucket.index, None
             for w in works:
                 transport.wait(w, self.deadline)
+            at = self._next
             if self._next < len(self.buckets):
                 self._post()  # arrives while this one is applied
         except RuntimeError as e:
             shown = self.version if self.version is not None else self.expected
-            self._failure = self.group._transport_failure(
-                e, shown, bucket.index, len(self.buckets), self.deadline, "receiving"
-            )
+            self._failure = self.group._transport_failure(e, shown, at, len(self.buckets), self.deadline, "receiving")
             raise self._failure from e
         v, idx, crc, has_crc, nbytes = header.tolist()
         self.version = v if self.version is None else self.version
