@@ -129,7 +129,10 @@ class Applying:
 class Pulled:
     """The (name, tensor) pairs of checked buckets one at a time, renamed, for a loader that pulls them itself
     (vLLM's ``reload_weights``), each counted as applied. A failure of the buckets (a check, a sync cut short) ends
-    the iteration cleanly, so the loader finishes what it has; :meth:`raise_if_failed` raises it afterwards."""
+    the iteration cleanly, so the loader finishes what it has; :meth:`raise_if_failed` raises it afterwards.
+    A loader that still holds a tensor when it asks for the next one (a loop variable, vLLM's buffering of a layer's
+    pieces) keeps that bucket's buffer: the receiver then allocates a fresh one rather than overwrite it, so such a
+    loader may cost a third bucket (not measured: the two-bucket figure is the built-in engine's)."""
 
     def __init__(self, buckets: Iterator[Items], rename: Mapping[str, str], applying: Applying | None) -> None:
         self.buckets, self.rename, self.applying = buckets, rename, applying
