@@ -56,13 +56,18 @@ class Worker(SyncReceiverMixin):
 torch.set_num_threads(1)
 worker = Worker()
 worker.init_weight_sync(1, 2, "127.0.0.1", int(sys.argv[1]), 1.0, 60.0, "gloo")
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # reset VmHWM to the current resident size: the peak below is this sync's
+try:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current resident size: the peak below is this sync's
+except OSError as e:
+    reset = repr(e)
+else:
+    reset = None
 before = kib("VmRSS")
 stats = worker.receive_weights(verify=True, version=1)
 peak = kib("VmHWM")
 crcs = {name: checksum(t) for name, t in synced_tensors(worker.engine.model).items()}
-print(json.dumps({"before": before, "peak": peak, "version": worker.engine.version, "crcs": crcs}))
+print(json.dumps({"before": before, "peak": peak, "version": worker.engine.version, "crcs": crcs, "reset": reset}))
 """
 
 
@@ -94,6 +99,8 @@ def test_receiver_peak_memory_is_at_most_two_buckets_beyond_the_model():
         child.kill()
     assert child.returncode == 0, err[-3000:]
     got = json.loads(out.strip().splitlines()[-1])
+    if got["reset"] is not None:
+        pytest.skip(f"cannot reset the peak resident size here (/proc/self/clear_refs: {got['reset']})")
     assert got["version"] == 1
     assert got["crcs"] == {name: checksum(t) for name, t in params.items()}  # every parameter arrived intact
     largest = max(b.nbytes for b in group.plan.buckets)
