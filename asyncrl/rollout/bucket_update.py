@@ -31,10 +31,11 @@ from asyncrl.models.lora import require_adapter
 from asyncrl.rollout.gate import EngineGate, check_covered, validate_update
 
 Items = list[tuple[str, torch.Tensor]]
+Named = Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]  # what update_weights takes
 
 
 def checked_whole(
-    named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
+    named_tensors: Named,
     known: Mapping[str, torch.Tensor],
     required: Mapping[str, torch.Tensor],
     strict: bool,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -27,7 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from asyncrl.models.fp8 import sync_layout
 from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
 from asyncrl.models.lora import is_lora, merged_update, synced_tensors
-from asyncrl.rollout.bucket_update import Applying, Items, checked_buckets, checked_whole, copy_into
+from asyncrl.rollout.bucket_update import Applying, Items, Named, checked_buckets, checked_whole, copy_into
 from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow
 from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_to_keep
 from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, WeightUpdateError
@@ -368,12 +368,7 @@ class RolloutEngine(GatedEngine):
         synced = synced_tensors(self.model)
         return sync_layout(synced) if self.quantization == "fp8" else synced
 
-    def update_weights(
-        self,
-        named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
-        version: int,
-        strict: bool = True,
-    ) -> None:
+    def update_weights(self, named_tensors: Named, version: int, strict: bool = True) -> None:
         """Copy ``named_tensors`` into the model's parameters in place, then set ``version``.
 
         Every name and shape is checked before anything is copied, so a bad update leaves the weights and version
