@@ -67,6 +67,9 @@ class Rollout(SyncReceiverMixin):
     def version(self) -> int:
         return self.engine.version
 
+    def partial(self) -> str | None:
+        return self.engine.partial_weights
+
     def busy(self, seconds: float) -> None:
         """Stand-in for a long generate call: the actor cannot take part in a sync meanwhile."""
         time.sleep(seconds)
@@ -152,23 +155,34 @@ def test_sync_with_many_small_buckets_delivers_the_newest_weights(actors):
         _assert_rollouts_equal_trainer(trainer, rollouts, version=version)
 
 
-def test_corrupted_bucket_is_detected_and_leaves_the_rollout_weights_untouched(actors):
+def test_a_corrupted_bucket_is_never_applied_and_a_sync_cut_short_is_named_until_the_next(actors):
+    """Buckets are applied as they arrive: a corrupt first bucket leaves the weights untouched; a corrupt last one
+    leaves the buckets before it applied, which the error says (the engine refuses to generate until the next sync)."""
     trainer, rollouts = actors
     summary = setup_weight_sync(trainer, rollouts, bucket_mb=0.02, timeout_s=TIMEOUT_S)
     ray.get(trainer.perturb.remote(seed=4), timeout=GET_S)
     stale = ray.get(rollouts[1].weights.remote(), timeout=GET_S)
-    bucket = summary.buckets - 1
     with pytest.raises(WeightSyncError) as err:
-        sync_weights(trainer, rollouts, version=4, verify=True, timeout_s=TIMEOUT_S, _corrupt_bucket=bucket)
+        sync_weights(trainer, rollouts, version=4, verify=True, timeout_s=TIMEOUT_S, _corrupt_bucket=0)
     for rank in (1, 2):
-        assert f"bucket {bucket} checksum mismatch on rollout worker rank {rank}" in str(err.value)
+        assert f"bucket 0 checksum mismatch on rollout worker rank {rank}" in str(err.value)
     assert str(err.value).startswith("weight sync step/version 4:")
     now = ray.get(rollouts[1].weights.remote(), timeout=GET_S)
     assert ray.get(rollouts[1].version.remote(), timeout=GET_S) != 4
     assert all(torch.equal(now[k], stale[k]) for k in stale)
 
+    bucket = summary.buckets - 1
+    with pytest.raises(WeightSyncError) as err:
+        sync_weights(trainer, rollouts, version=4, verify=True, timeout_s=TIMEOUT_S, _corrupt_bucket=bucket)
+    for rank in (1, 2):
+        assert f"bucket {bucket} checksum mismatch on rollout worker rank {rank}" in str(err.value)
+    assert f"{bucket} of {summary.buckets} buckets were applied before it failed" in str(err.value)
+    assert ray.get(rollouts[1].version.remote(), timeout=GET_S) != 4
+    assert ray.get(rollouts[1].partial.remote(), timeout=GET_S) is not None
+
     sync_weights(trainer, rollouts, version=5, verify=True, timeout_s=TIMEOUT_S)  # the group is still usable
     _assert_rollouts_equal_trainer(trainer, rollouts, version=5)
+    assert ray.get(rollouts[1].partial.remote(), timeout=GET_S) is None
 
 
 def test_handshake_rejects_a_rollout_model_of_another_shape_naming_parameter_and_rank(actors):

@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncrl.models.fp8 import dequantize_sync, sync_layout
+from asyncrl.models.fp8 import sync_layout
 from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
-from asyncrl.models.lora import is_lora, merged_update, require_adapter, synced_tensors
+from asyncrl.models.lora import is_lora, merged_update, synced_tensors
+from asyncrl.rollout.bucket_update import Applying, Items, Named, checked_buckets, checked_whole, copy_into
 from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow
 from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_to_keep
-from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, WeightUpdateError, validate_update
+from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, WeightUpdateError
 from asyncrl.rollout.rows import check_prompts, extend_sample, resumable, row_streams
 from asyncrl.rollout.sampling import RowStreams, SamplingParams
 from asyncrl.types import PrefillStats, Prompt, Sample
@@ -367,12 +368,7 @@ class RolloutEngine(GatedEngine):
         synced = synced_tensors(self.model)
         return sync_layout(synced) if self.quantization == "fp8" else synced
 
-    def update_weights(
-        self,
-        named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
-        version: int,
-        strict: bool = True,
-    ) -> None:
+    def update_weights(self, named_tensors: Named, version: int, strict: bool = True) -> None:
         """Copy ``named_tensors`` into the model's parameters in place, then set ``version``.
 
         Every name and shape is checked before anything is copied, so a bad update leaves the weights and version
@@ -380,14 +376,20 @@ class RolloutEngine(GatedEngine):
         would silently mix versions). Raises EngineBusyError during a generate/resume or while streamed rows
         are held (``interrupt`` or ``drain`` first).
         """
-        items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
-        if self.quantization == "fp8":  # values x block scales: the engine runs on the quantized weights
-            items = dequantize_sync(items, f"RolloutEngine.update_weights(version={version})")
-        with self._gate.updating(version):
-            if is_lora(self.model):
-                require_adapter([name for name, _ in items], f"RolloutEngine.update_weights(version={version})")
-            validate_update(items, self._params, {n: self._params[n] for n in synced_tensors(self.model)}, strict)
-            with torch.no_grad(), merged_update(self.model):  # LoRA: the new adapter re-merged into the base
-                for name, tensor in items:
-                    self._params[name].copy_(tensor)
+        required = {n: self._params[n] for n in synced_tensors(self.model)}
+        fp8, lora, where = self.quantization == "fp8", is_lora(self.model), f"RolloutEngine.update_weights({version=})"
+        items = checked_whole(named_tensors, self._params, required, strict, where, fp8, lora)
+        self.update_weights_streamed([items], version, strict, fp8=False)  # dequantized already
+
+    def update_weights_streamed(self, buckets: Iterable[Items], version: int, strict=True, fp8: bool | None = None):
+        """``update_weights`` fed bucket by bucket as a weight sync arrives (``asyncrl.rollout.bucket_update``): a
+        failure after a copy leaves the engine refusing to generate until the next complete update."""
+        where = f"RolloutEngine.update_weights({version=})"
+        with self._gate.updating(version), merged_update(self.model), Applying(self._gate, where) as applying:
+            required = {n: self._params[n] for n in synced_tensors(self.model)}
+            known = required if is_lora(self.model) else self._params  # a LoRA sync carries the adapter alone
+            fp8 = self.quantization == "fp8" if fp8 is None else fp8
+            for items in checked_buckets(buckets, known, required, strict, where, fp8):
+                applying.applied += copy_into(self._params, items)
+                del items  # the sync's bucket goes before the next is received
             self.version = version

@@ -21,6 +21,11 @@ class EngineBusyError(RuntimeError):
     """An operation that needs the engine idle (weight update, a second generate) was called during a generate."""
 
 
+class PartialWeightsError(RuntimeError):
+    """The engine's weights are a mix of two versions (a bucket-by-bucket update failed after applying some of it):
+    it refuses to generate until a complete update succeeds."""
+
+
 class EngineGate:
     """Pause flag plus a lock-guarded busy/updating state. ``owner`` names the engine in error messages."""
 
@@ -31,6 +36,7 @@ class EngineGate:
         self._busy = False
         self._updating = False
         self._held = 0  # streamed rows submitted and not yet reported (asyncrl.rollout.streaming)
+        self.partial: str | None = None  # why the weights are a mix of versions, while they are (see tear)
 
     def request_pause(self) -> None:
         self._pause.set()
@@ -56,6 +62,7 @@ class EngineGate:
         """Count ``rows`` more streamed rows as held; refuses during a generate/resume or an update, so a streamed
         row never decodes beside a batch call and every token's version is the weights that made it."""
         with self._lock:
+            self._refuse_partial("submit")
             if self._busy or self._updating:
                 what = "a generate/resume" if self._busy else "update_weights"
                 raise EngineBusyError(f"{self.owner}.submit: cannot take streamed rows while {what} is running")
@@ -72,6 +79,7 @@ class EngineGate:
     def running(self) -> Iterator[None]:
         """Mark the engine busy for a generate/resume (so an update can refuse)."""
         with self._lock:
+            self._refuse_partial("generate/resume")
             if self._busy or self._updating:
                 what = "a generate/resume" if self._busy else "update_weights"
                 raise EngineBusyError(f"{self.owner}: cannot start a generate/resume while {what} is running")
@@ -110,6 +118,22 @@ class EngineGate:
             with self._lock:
                 self._updating = False
 
+    def tear(self, why: str) -> None:
+        """The weights are now partly updated (``why``: which update, how far it got): no generate, resume or submit
+        until :meth:`mend`, so no token is ever recorded under a version whose weights the engine does not hold."""
+        self.partial = why
+
+    def mend(self) -> None:
+        """A complete update succeeded: the weights are one version again."""
+        self.partial = None
+
+    def _refuse_partial(self, what: str) -> None:
+        if self.partial is not None:
+            raise PartialWeightsError(
+                f"{self.owner}.{what}: its weights are a mix of two versions ({self.partial}); "
+                "it generates again after the next complete weight update"
+            )
+
 
 class GatedEngine:
     """The pause/busy surface of a rollout engine, over its ``EngineGate`` (set ``self._gate`` in ``__init__``)."""
@@ -131,6 +155,12 @@ class GatedEngine:
     def busy(self) -> bool:
         """A generate/resume is running or streamed rows are held (safe to read from any thread)."""
         return self._gate.busy
+
+    @property
+    def partial_weights(self) -> str | None:
+        """Why the weights are a mix of two versions (an update that failed after applying part of itself), while
+        they are: generate, resume and submit refuse meanwhile (``asyncrl.rollout.bucket_update``)."""
+        return self._gate.partial
 
 
 def validate_update(
@@ -157,9 +187,14 @@ def validate_update(
             )
         covered.add(id(param))
     if strict:
-        missing = [name for name, p in required.items() if id(p) not in covered]
-        if missing:
-            raise WeightUpdateError(
-                f"update_weights: {len(missing)} parameter(s) missing from the update (strict), e.g. "
-                f"{', '.join(missing[:5])}"
-            )
+        check_covered(covered, required)
+
+
+def check_covered(covered: set[int], required: Mapping[str, torch.Tensor]) -> None:
+    """Raise WeightUpdateError unless every tensor of ``required`` is in ``covered`` (their ids): a strict update."""
+    missing = [name for name, p in required.items() if id(p) not in covered]
+    if missing:
+        raise WeightUpdateError(
+            f"update_weights: {len(missing)} parameter(s) missing from the update (strict), e.g. "
+            f"{', '.join(missing[:5])}"
+        )

@@ -33,11 +33,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl import seeds
 from asyncrl.errors import UserInputError
-from asyncrl.models.fp8 import dequantize_sync, quantize_for_sync, sync_layout
+from asyncrl.models.fp8 import quantize_for_sync, sync_layout
 from asyncrl.models.loading import eos_token_ids
-from asyncrl.models.lora import LoraSpec, require_adapter, synced_tensors
+from asyncrl.models.lora import LoraSpec, synced_tensors
+from asyncrl.rollout.bucket_update import Applying, Items, Pulled, checked_buckets, checked_whole
 from asyncrl.rollout.engine import check_prompts, extend_sample, resumable, row_streams
-from asyncrl.rollout.gate import EngineGate, GatedEngine, validate_update
+from asyncrl.rollout.gate import EngineGate, GatedEngine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
 from asyncrl.rollout.vllm_model import eos_of, expected_params, refresh_tied_cpu_layers
@@ -285,28 +286,39 @@ class VllmEngine(VllmStreaming, GatedEngine):
         version: int,
         strict: bool = True,
     ) -> None:
-        """Check names and shapes (nothing is loaded when one is wrong), load them into vLLM in place, refresh the
-        CPU layers a reload misses, drop the prefix cache, then set ``version``."""
-        items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
-        if self.options.quantization == "fp8":  # values x block scales: vLLM runs on the quantized weights
-            items = dequantize_sync(items, f"VllmEngine.update_weights(version={version})")
-        with self._gate.updating(version):  # refuses while streamed rows are held
-            if self.adapters is not None:
-                require_adapter([name for name, _ in items], f"VllmEngine.update_weights(version={version})")
-            validate_update(items, self._params, self._synced(), strict)
+        """Check names and shapes (nothing is loaded when one is wrong), then load them as one bucket
+        (``update_weights_streamed``)."""
+        where = f"VllmEngine.update_weights({version=})"
+        fp8, lora = self.options.quantization == "fp8", self.adapters is not None
+        items = checked_whole(named_tensors, self._params, self._synced(), strict, where, fp8, lora)
+        self.update_weights_streamed([items], version, strict, fp8=False)  # dequantized already
+
+    def update_weights_streamed(self, buckets: Iterable[Items], version: int, strict=True, fp8: bool | None = None):
+        """Load a sync bucket by bucket as it arrives (``asyncrl.rollout.bucket_update``: each bucket checked before
+        vLLM sees it) through one in-place ``reload_weights`` that pulls the buckets (a layer split across two
+        buckets loads whole), refresh the CPU layers a reload misses, drop the prefix cache, then set ``version``.
+        A LoRA sync (the adapter alone) is gathered first and swapped in at once: vLLM loads an adapter from files."""
+        where = f"VllmEngine.update_weights({version=})"
+        fp8 = self.options.quantization == "fp8" if fp8 is None else fp8
+        with self._gate.updating(version), Applying(self._gate, where) as applying:  # refuses while rows are held
             start = time.perf_counter()
-            weights = [(self._canonical[name], tensor) for name, tensor in items]
+            checked = checked_buckets(buckets, self._params, self._synced(), strict, where, fp8)
             with _PROCESS_LOCK:
-                if self.adapters is not None:
-                    self.adapters.activate(self._engine, dict(weights), version)
+                if self.adapters is not None:  # the old adapter serves until the new one loaded: nothing partial
+                    pulled = Pulled(checked, self._canonical, None)
+                    adapter = dict(pulled)
+                    pulled.raise_if_failed()
+                    self.adapters.activate(self._engine, adapter, version)
                 else:
-                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+                    pulled = Pulled(checked, self._canonical, applying)
+                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pulled)})
+                    pulled.raise_if_failed()
                     self.llm.apply_model(refresh_tied_cpu_layers)
                 reset = self.llm.reset_prefix_cache()
             if not reset:
                 raise VllmEngineError(
-                    f"VllmEngine.update_weights(version={version}): vLLM refused to reset its prefix cache (requests "
-                    "still running?); KV computed by the old weights could be reused"
+                    f"{where}: vLLM refused to reset its prefix cache (requests still running?); KV computed by the "
+                    "old weights could be reused"
                 )
             self._version = version
             self._stale = False

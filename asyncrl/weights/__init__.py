@@ -3,7 +3,8 @@
 - ``buckets``: pure packing of parameters into flat per-dtype buckets, and their CRC32.
 - ``handshake``: the parameter list/bucket plan agreed at group creation and its check against a rollout model.
 - ``transport``: a process group of its own (TCPStore + ProcessGroupGloo/NCCL), never the default group.
-- ``group``: ``WeightSyncGroup``, one rank's view of the group: ``send`` (rank 0) / ``receive`` (ranks 1..N).
+- ``group``: ``WeightSyncGroup``, one rank's view of the group: ``send`` (rank 0) / ``receive_stream`` (ranks 1..N).
+- ``incoming``: one sync as a receiver takes it, bucket by bucket (at most two buckets held), each checked first.
 - ``endpoints``: the worker side (sender/receiver mixins); ``weight_sync``: ``WeightSync``, the driver side that
   sets a group up and syncs over it, through role handles (Ray actors or in-process workers alike).
 """

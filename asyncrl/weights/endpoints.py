@@ -9,7 +9,6 @@ only carries the calls, so a Ray actor and an in-process worker sync the same wa
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any
 
 import torch
@@ -113,9 +112,10 @@ class SyncSenderMixin(_WeightSyncMixin):
 
 
 class SyncReceiverMixin(_WeightSyncMixin):
-    """For rollout actors: receives weights and hands them to ``self.engine.update_weights``."""
+    """For rollout actors: receives weights and hands them, bucket by bucket as they arrive, to
+    ``self.engine.update_weights_streamed``."""
 
-    engine: Any  # asyncrl.rollout.engine.RolloutEngine
+    engine: Any  # asyncrl.rollout.engine.RolloutEngine or asyncrl.rollout.vllm_engine.VllmEngine
 
     def weight_sync_tensors(self) -> dict[str, torch.Tensor]:
         """What the handshake checks the trainer's plan against."""
@@ -124,12 +124,29 @@ class SyncReceiverMixin(_WeightSyncMixin):
     def receive_weights(
         self, verify: bool = False, version: int | None = None, timeout_s: float | None = None
     ) -> SyncStats:
-        """Receive one sync and apply it; ``version`` (when given) must match the one sent.
+        """Receive one sync and apply each bucket as it arrives; ``version`` (when given) must match the one sent.
 
-        The weights are applied only when the whole sync arrived intact, so a failed sync leaves the model and its
-        version untouched.
+        Beyond its model the worker holds at most two buckets: the one being applied, the one being received
+        (``asyncrl.weights.incoming``). A bucket is applied only once its header and (``verify``) its CRC32 are
+        checked, so a corrupt bucket is never applied; a sync that fails before its first bucket is applied leaves the
+        model and its version untouched. One that fails later (a later bucket's checksum, a transport failure) has
+        applied the buckets before it: there is no rollback (it would need the second copy), the engine keeps its old
+        version number and refuses to generate (PartialWeightsError) until the next complete sync, and the error says
+        so. The group stays usable after a checksum or header mismatch, as before.
         """
-        named, got, stats = self._group(version).receive(verify, timeout_s, expected_version=version)
-        start = time.perf_counter()
-        self.engine.update_weights(named, version=got)
-        return SyncStats.measured(stats.seconds, stats.bytes, stats.buckets, time.perf_counter() - start)
+        incoming = self._group(version).receive_stream(verify, timeout_s, expected_version=version)
+        try:
+            if incoming.intact:  # bucket 0 passed its checks: nothing is applied otherwise
+                self.engine.update_weights_streamed(incoming, version=incoming.version)
+        finally:
+            try:
+                stats = incoming.finish()  # receives what the engine did not take: the ranks stay in step
+            except WeightSyncError as e:
+                if getattr(self.engine, "partial_weights", None) is None:
+                    raise
+                raise type(e)(
+                    f"{e}; {incoming.handed} of {len(incoming.buckets)} buckets were applied before it failed: "
+                    "this worker's weights are a mix of two versions, and it refuses to generate until the next "
+                    "complete sync"
+                ) from e
+        return stats

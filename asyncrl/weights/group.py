@@ -5,9 +5,15 @@ rank calls ``WeightSyncGroup.create`` at about the same time; rank 0 plans the b
 plan against their model (see ``asyncrl.weights.handshake``). Each sync is then, per bucket, a 5-int64 header
 ``(version, bucket index, crc32, has_crc, nbytes)`` and the bucket's bytes, both broadcast from rank 0.
 
-Failure behaviour: a checksum or header mismatch is reported after the receiver took part in every bucket, so the
-ranks stay in step and the group stays usable; a transport failure or timeout (a peer absent or dead) leaves the
-ranks out of step, so the group is marked broken and every later call raises until a new group is created.
+A receiver takes the buckets one at a time as they arrive (``receive_stream``, ``asyncrl.weights.incoming``): each is
+checked (header, and CRC32 with ``verify``) and handed over to be applied before the next is needed, so a rollout
+worker holds at most two buckets beyond its model, never a second copy of the weights.
+
+Failure behaviour: a checksum or header mismatch stops the hand-over at that bucket (it is never applied) and is
+reported after the receiver took part in every bucket, so the ranks stay in step and the group stays usable; the
+buckets handed over before it may have been applied (the rollout engines then refuse to generate until the next
+complete sync). A transport failure or timeout (a peer absent or dead) leaves the ranks out of step, so the group is
+marked broken and every later call raises until a new group is created.
 
 One group object is used from one thread at a time. Several groups may coexist in one process (no default
 process group is involved, see ``asyncrl.weights.transport``).
@@ -24,12 +30,11 @@ import torch
 
 from asyncrl.config import SyncConfig
 from asyncrl.weights import transport
-from asyncrl.weights.buckets import ParamMeta, as_bytes, checksum, metas_of, pack, unpack
+from asyncrl.weights.buckets import ParamMeta, as_bytes, checksum, metas_of, pack
 from asyncrl.weights.errors import HandshakeError, SyncTimeoutError, WeightSyncError
 from asyncrl.weights.handshake import SyncPlan, validate_plan
+from asyncrl.weights.incoming import Incoming
 from asyncrl.weights.stats import SyncStats
-
-HEADER_FIELDS = 5  # version, bucket index, crc32, has_crc (0/1), bucket nbytes
 
 # Groups still open in this process. A ProcessGroupGloo destroyed during interpreter shutdown aborts the process
 # ("terminate called without an active exception"), so every open group is closed explicitly at exit.
@@ -203,50 +208,34 @@ class WeightSyncGroup:
         del keep
         return SyncStats.measured(time.perf_counter() - start, self.plan.nbytes, n)
 
-    def receive(
+    def receive_stream(
         self, verify: bool = False, timeout_s: float | None = None, expected_version: int | None = None
-    ) -> tuple[list[tuple[str, torch.Tensor]], int, SyncStats]:
-        """Take part in one sync as a receiver: (name, tensor) for every parameter, the version, and SyncStats.
-
-        The tensors are views into fresh per-bucket buffers (one extra copy of the weights until the caller drops
-        them). With ``verify`` each bucket's CRC32 is compared to the sender's; mismatches (and a version other
-        than ``expected_version``, when given) raise WeightSyncError after all buckets were received.
-        """
+    ) -> Incoming:
+        """Take part in one sync as a receiver, bucket by bucket (``asyncrl.weights.incoming``): iterate the result
+        for each bucket's (name, tensor) pairs as it arrives intact, then call its ``finish`` (always), which raises
+        WeightSyncError on a checksum mismatch (``verify``), a header mismatch, or a version other than
+        ``expected_version`` (when given). Bucket 0 has arrived when this returns. At most two buckets are held."""
         self._check_usable("receive", expected_version)
         if self.rank == 0:
             raise WeightSyncError("weight sync: receive() called on the trainer (rank 0), which only sends")
         deadline = transport.Deadline(timeout_s if timeout_s is not None else self.timeout_s)
-        start = time.perf_counter()
-        out: list[tuple[str, torch.Tensor]] = []
-        problems: list[str] = []
-        version: int | None = None
-        n = len(self.plan.buckets)
-        i = 0
+        return Incoming(self, verify, deadline, expected_version)
+
+    def receive(
+        self, verify: bool = False, timeout_s: float | None = None, expected_version: int | None = None
+    ) -> tuple[list[tuple[str, torch.Tensor]], int, SyncStats]:
+        """One whole sync as a receiver: (name, tensor) for every parameter, the version, and SyncStats.
+
+        The tensors are views into per-bucket buffers: one extra copy of the weights until the caller drops them
+        (for tests and small models; a rollout worker applies the buckets as they arrive, ``receive_stream``).
+        Raises as ``receive_stream``'s ``finish``, after all buckets were received.
+        """
+        incoming = self.receive_stream(verify, timeout_s, expected_version)
         try:
-            for bucket in self.plan.buckets:
-                i = bucket.index  # named by the error if this bucket fails
-                header = torch.zeros(HEADER_FIELDS, dtype=torch.int64, device=self.device)
-                payload = torch.empty(bucket.nbytes, dtype=torch.uint8, device=self.device)
-                works = (
-                    transport.start_broadcast(self._pg, header, deadline),
-                    transport.start_broadcast(self._pg, payload, deadline),
-                )
-                for w in works:
-                    transport.wait(w, deadline)
-                v, idx, crc, has_crc, nbytes = header.tolist()
-                version = v if version is None else version
-                problems += self._check_header(bucket.index, v, idx, nbytes, version, expected_version)
-                if verify:
-                    problems += self._check_crc(bucket.index, payload, crc, bool(has_crc))
-                out.extend(unpack(bucket, payload.view(bucket.dtype)))
-        except RuntimeError as e:
-            shown = version if version is not None else expected_version
-            raise self._transport_failure(e, shown, i, n, deadline, "receiving") from e
-        if problems:
-            more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:3])})" if len(problems) > 1 else ""
-            raise WeightSyncError(f"weight sync step/version {version}: {problems[0]}{more}")
-        stats = SyncStats.measured(time.perf_counter() - start, self.plan.nbytes, n)
-        return out, int(version if version is not None else -1), stats
+            out = [pair for items in incoming for pair in items]
+        finally:
+            stats = incoming.finish()  # every bucket received, whatever failed: the ranks stay in step
+        return out, int(incoming.version if incoming.version is not None else -1), stats
 
     # --------------------------------------------------------------------------------------------------- checks
 

@@ -12,10 +12,12 @@ import torch
 class SyncStats:
     """Cost of one sync as seen by one rank.
 
-    ``seconds`` is the transport wall time on that rank (from the first bucket's header to the last bucket received
-    or sent, packing and checksums included); ``bytes`` is the parameter payload (headers excluded); ``bytes_per_s``
-    is ``bytes / seconds``; ``buckets`` is how many flat tensors were broadcast. ``apply_seconds`` is the time a
-    rollout worker then spent copying the weights into its model (0 on the trainer and for a bare ``receive``).
+    ``seconds`` is the transport time on that rank: on the trainer from the first bucket's header to the last bucket
+    sent, packing and checksums included; on a rollout worker the time spent waiting for buckets and checking them.
+    ``bytes`` is the parameter payload (headers excluded); ``bytes_per_s`` is ``bytes / seconds``; ``buckets`` is how
+    many flat tensors were broadcast. ``apply_seconds`` is the rest of a rollout worker's sync: copying each bucket
+    into its model as it arrives, while the next one is received (0 on the trainer); the two add up to the worker's
+    wall time for the sync.
     """
 
     seconds: float
