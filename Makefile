@@ -100,7 +100,7 @@ demo-real: $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
 	HF_HUB_OFFLINE=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_agent.py tests/test_distill_vllm.py \
-		tests/test_agent_loop.py tests/test_convert_gguf.py
+		tests/test_agent_loop.py tests/test_convert_gguf.py tests/test_weights_receiver_vllm.py
 
 # A real Prometheus server scrapes a short run; every query of the shipped Grafana dashboard must return data.
 # make test runs the same test when the binary is there, and skips it with the reason when it is not.
