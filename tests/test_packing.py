@@ -228,5 +228,5 @@ def test_gradients_of_a_batch_of_both_layouts_match_the_padded_one(mixed):
 
 def test_the_knobs_are_config_keys():
     cfg = Config()
-    assert cfg.actor.shared_prefix and not cfg.actor.use_dynamic_bsz and cfg.critic.shared_prefix
+    assert cfg.actor.shared_prefix and cfg.actor.use_dynamic_bsz and cfg.critic.shared_prefix
     assert cfg.actor.ppo_max_token_len_per_gpu == 16384
