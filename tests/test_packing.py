@@ -173,11 +173,12 @@ def test_a_token_budget_smaller_than_one_sample_names_the_setting(setup):
 
 
 def test_sharing_pays_where_the_prompt_saved_outweighs_the_square():
-    assert sharing_pays(2, [1, 1])  # W = 4: 16 <= 2 * 9 + 1 * 2 * 4
-    assert not sharing_pays(1, [3, 3])  # W = 7: 49 > 2 * 16 + 1 * 1 * 7
+    assert sharing_pays(2, [1, 1])  # W = 4: 16 <= 2 * 9 / 2 + 1 * 2 * 4
+    assert not sharing_pays(2, [2, 2])  # W = 6: 36 > 2 * 16 / 2 + 1 * 2 * 6
     assert not sharing_pays(100, [5])  # one response: nothing to share
     assert not sharing_pays(2048, [8192] * 16)  # verl's DAPO: a short prompt before long responses
-    assert sharing_pays(1000, [1000] * 16)  # W = 17000: 289e6 <= 64e6 + 15000 * 17000
+    assert not sharing_pays(1000, [1000] * 16)  # W = 17000: 289e6 > 16 * 4e6 / 2 + 15000 * 17000
+    assert sharing_pays(2000, [1000] * 16)  # W = 18000: 324e6 <= 16 * 9e6 / 2 + 30000 * 18000
 
 
 def test_packed_rows_are_bounded_by_the_budget_and_masked_only_where_shared(mixed):

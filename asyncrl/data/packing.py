@@ -117,17 +117,19 @@ def first_fit_decreasing(sizes: list[int], capacity: int) -> list[list[int]]:
 def sharing_pays(prompt_len: int, resp_lens: list[int]) -> bool:
     """Whether ``len(resp_lens)`` responses should share one copy of their ``prompt_len``-token prompt in one row.
 
-    Sharing saves ``(k - 1) * P`` positions of every layer's linear work; it costs attention over a ``W x W`` square
-    (``W = P + sum(R)``, a dense mask of that size) where the per-row layout attends over its sequences' own triangles
-    ``sum((P + R_i)^2)`` with no mask. A saved position is priced as one row of the square (``W`` keys), so sharing
-    pays when ``W^2 <= sum((P + R_i)^2) + (k - 1) * P * W``: a prompt at least about as long as its responses. A
-    short prompt before long responses (verl's DAPO: 2k + 16 x 8k) runs per row."""
+    Sharing saves ``(k - 1) * P`` positions of every layer's linear work. It costs attention over the whole
+    ``W x W`` square (``W = P + sum(R)``: a kernel given a dense mask skips no block of it, and the mask holds that many
+    elements) where the per-row layout's causal kernels compute only their sequences' own triangles,
+    ``sum((P + R_i)^2) / 2``, with no mask. A saved position is priced as one row of the square (``W`` keys), so
+    sharing pays when ``W^2 <= sum((P + R_i)^2) / 2 + (k - 1) * P * W``: a prompt longer than about its responses
+    (a heuristic; asyncrl_lab/bench_packing.py measures both layouts). A short prompt before long responses (verl's
+    DAPO: 2k + 16 x 8k) runs per row."""
     k = len(resp_lens)
     if k < 2:
         return False
     W = prompt_len + sum(resp_lens)
     own = sum((prompt_len + r) ** 2 for r in resp_lens)
-    return W * W <= own + (k - 1) * prompt_len * W
+    return 2 * W * W <= own + 2 * (k - 1) * prompt_len * W
 
 
 def plan(
