@@ -341,7 +341,8 @@ def test_to_device_moves_every_tensor_of_a_batch_and_copies_nothing_in_place(tok
     assert batch.input_ids_BL.device.type == "cpu" and meta.prompt_width == batch.prompt_width
 
 
-def test_the_packed_forward_makes_no_tensor_on_the_cpu_when_its_model_is_elsewhere(tok):
+@pytest.mark.parametrize("share_prefix", [True, False])  # the shared-prefix mask, and rows of one sequence (no mask)
+def test_the_packed_forward_makes_no_tensor_on_the_cpu_when_its_model_is_elsewhere(tok, share_prefix):
     """A CPU guard for CUDA: with the model and a packed micro-batch on the ``meta`` device, any tensor the forward
     makes on the CPU (a mask, an index) fails as it would beside a CUDA model (the packed mask did, on an H100). The
     padded layout cannot be checked so: transformers builds its mask from the 2D one with ``.item()``, which meta
@@ -354,9 +355,9 @@ def test_the_packed_forward_makes_no_tensor_on_the_cpu_when_its_model_is_elsewhe
     samples = RolloutEngine(model, tok).generate(_prompts(tok), SamplingParams(max_new_tokens=6, n=4), seed=0)
     batch = collate(samples, tok.pad_token_id)
     model.to("meta")
-    how = Batching(16, share_prefix=True, max_tokens=4096, knob="actor.ppo_max_token_len_per_gpu")
+    how = Batching(16, share_prefix=share_prefix, max_tokens=4096, knob="actor.ppo_max_token_len_per_gpu")
     for _, mb in micro_batches(batch, how):
-        assert mb.packed is not None
+        assert mb.packed is not None and mb.packed.per_row != share_prefix
         mb = to_device(mb, torch.device("meta"))
         logp = losses.logprobs_from_logits(forward_logits(model, mb, 1.0), mb.response_ids_BT)
         assert logp.device.type == "meta" and logp.shape == mb.response_ids_BT.shape

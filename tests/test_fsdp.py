@@ -32,10 +32,15 @@ ADVS = [1.0, -1.0, 0.5, -0.5] + [0.0] * 4 + [1.5, -0.5, -0.5, -0.5] + [0.0] * 3 
 
 
 def _cases() -> list[ActorConfig]:
-    return [  # uneven shares: the ranks pack into different numbers of micro-batches (idle passes make them up)
-        ActorConfig(loss_agg_mode="token-mean", ppo_micro_batch_size=3, ppo_epochs=2, skip_zero_adv_rows=True),
+    # uneven shares: by sample count, the ranks pack into different numbers of micro-batches (idle passes make them
+    # up); then micro-batches by token budget (the default)
+    return [
+        ActorConfig(
+            loss_agg_mode="token-mean", ppo_micro_batch_size=3, ppo_epochs=2, skip_zero_adv_rows=True,
+            use_dynamic_bsz=False,
+        ),
         ActorConfig(loss_agg_mode="seq-mean-token-mean", ppo_micro_batch_size=2, ppo_epochs=1),
-    ]
+    ]  # fmt: skip
 
 
 def _sgd_update(model, batch, actor, dp):

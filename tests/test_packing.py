@@ -1,6 +1,7 @@
 """Packed micro-batches give the padded layout's numbers: per-token log-probs, entropy, every loss, every gradient and
-the critic's values agree to float round-off whether a group's prompt is shared, sequences are packed to a token
-budget, or every sample has its own padded row (``actor.shared_prefix`` / ``actor.use_dynamic_bsz``)."""
+the critic's values agree to float round-off whether a group's prompt is shared (a dense mask), sequences run one per
+row to a token budget (no mask), both in one batch, or every sample has its own padded row (``actor.shared_prefix`` /
+``actor.use_dynamic_bsz``); and no packed row is wider than the token budget."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from asyncrl import losses
 from asyncrl.config import ActorConfig, Config, RolloutCorrectionConfig
 from asyncrl.data.collate import Batching, collate, micro_batches
-from asyncrl.data.packing import TokenCount
+from asyncrl.data.packing import TokenCount, sharing_pays
 from asyncrl.data.targets import ValueTarget
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
@@ -32,15 +33,16 @@ LAYOUTS = {
 }
 
 
-def _batch(tok, groups: int = 5, n: int = 4):
-    """``groups`` prompts x ``n`` responses of 0-7 tokens (one empty), with random advantages and log-probs."""
+def _batch(tok, groups: int = 5, n: int = 4, long_answers: tuple[int, ...] = ()):
+    """``groups`` prompts x ``n`` responses of 0-7 tokens (one empty), with random advantages and log-probs; the
+    groups in ``long_answers`` have a 3-token prompt and 12-20-token responses (sharing does not pay there)."""
     rng = random.Random(0)
     samples = []
     for g in range(groups):
-        terms = [rng.choice(CHARS[:10]) for _ in range(rng.randint(2, 7))]
+        terms = [rng.choice(CHARS[:10]) for _ in range(1 if g in long_answers else rng.randint(2, 7))]
         pid = tok(" + ".join(terms) + " =", add_special_tokens=False)["input_ids"]
         for k in range(n):
-            length = 0 if (g, k) == (2, 3) else rng.randint(1, 7)
+            length = 0 if (g, k) == (2, 3) else rng.randint(12, 20) if g in long_answers else rng.randint(1, 7)
             rid = tok("".join(rng.choice(CHARS[:10]) for _ in range(length)), add_special_tokens=False)["input_ids"]
             logp = [-rng.uniform(0.5, 3.0) for _ in rid]
             samples.append(Sample(Prompt(g, pid, "chain_sum", "0"), rid, logp, [0] * len(rid)))
@@ -59,6 +61,16 @@ def _batch(tok, groups: int = 5, n: int = 4):
 def setup():
     tok = build_char_tokenizer([CHARS])
     return tok, build_model("micro", tok, seed=0), _batch(tok)
+
+
+@pytest.fixture(scope="module")
+def mixed(setup):
+    """Groups 1 and 3 of 5 have short prompts and long answers: with a shared prefix, one batch holds both layouts."""
+    tok, model, _ = setup
+    return tok, model, _batch(tok, long_answers=(1, 3))
+
+
+MIXED = Batching(64, share_prefix=True, max_tokens=70, knob="actor.ppo_max_token_len_per_gpu")
 
 
 def _per_token(model, batch, how: Batching):
@@ -99,9 +111,9 @@ def _update(model, batch, actor: ActorConfig):
 def test_losses_and_gradients_match_the_padded_layout(setup, agg, kl):
     tok, model, batch = setup
     common = dict(loss_agg_mode=agg, use_kl_loss=kl, entropy_coeff=0.01, ppo_micro_batch_size=6, ppo_epochs=2)
-    want, want_res = _update(model, batch, ActorConfig(shared_prefix=False, **common))
+    want, want_res = _update(model, batch, ActorConfig(shared_prefix=False, use_dynamic_bsz=False, **common))
     variants = [
-        ActorConfig(shared_prefix=True, **common),
+        ActorConfig(shared_prefix=True, use_dynamic_bsz=False, **common),
         ActorConfig(shared_prefix=True, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=45, **common),
         ActorConfig(shared_prefix=False, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=60, **common),
     ]
@@ -160,7 +172,62 @@ def test_a_token_budget_smaller_than_one_sample_names_the_setting(setup):
         micro_batches(batch, Batching(64, max_tokens=8, knob="actor.ppo_max_token_len_per_gpu"))
 
 
+def test_sharing_pays_where_the_prompt_saved_outweighs_the_square():
+    assert sharing_pays(2, [1, 1])  # W = 4: 16 <= 2 * 9 / 2 + 1 * 2 * 4
+    assert not sharing_pays(2, [2, 2])  # W = 6: 36 > 2 * 16 / 2 + 1 * 2 * 6
+    assert not sharing_pays(100, [5])  # one response: nothing to share
+    assert not sharing_pays(2048, [8192] * 16)  # verl's DAPO: a short prompt before long responses
+    assert not sharing_pays(1000, [1000] * 16)  # W = 17000: 289e6 > 16 * 4e6 / 2 + 15000 * 17000
+    assert sharing_pays(2000, [1000] * 16)  # W = 18000: 324e6 <= 16 * 9e6 / 2 + 30000 * 18000
+
+
+def test_packed_rows_are_bounded_by_the_budget_and_masked_only_where_shared(mixed):
+    tok, model, batch = mixed
+    kinds = set()
+    seen = []
+    for idx, mb in micro_batches(batch, MIXED):
+        p = mb.packed
+        R, W = p.input_ids_RW.shape
+        assert W <= MIXED.max_tokens
+        seen.extend(idx.tolist())
+        if p.per_row:  # one sequence a row from column 0, no mask, at most the budget's positions
+            assert p.attention_mask(torch.float32) is None and R * W <= MIXED.max_tokens
+            assert ((p.segment_RW >= 0).sum(dim=1) == (p.segment_RW >= 0).long().cumprod(dim=1).sum(dim=1)).all()
+            assert (p.position_ids_RW == torch.arange(W)).all()
+        else:  # every segment shares its prompt with at least two responses, at most the budget's real tokens
+            assert p.attention_mask(torch.float32).shape == (R, 1, W, W) and p.real_tokens <= MIXED.max_tokens
+            assert int(p.branch_RW.max()) >= 2
+        kinds.add(p.per_row)
+    assert kinds == {True, False} and sorted(seen) == list(range(batch.size))
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_a_batch_of_both_layouts_matches_the_padded_one(mixed, attn):
+    tok, model, batch = mixed
+    model = copy.deepcopy(model)
+    model.config._attn_implementation = attn
+    want_logp, want_ent = _per_token(model, batch, PADDED)
+    logp, ent = _per_token(model, batch, MIXED)
+    assert want_logp.abs().sum() > 1
+    torch.testing.assert_close(logp, want_logp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, want_ent, atol=1e-5, rtol=1e-5)
+
+
+def test_gradients_of_a_batch_of_both_layouts_match_the_padded_one(mixed):
+    tok, model, batch = mixed
+    common = dict(loss_agg_mode="token-mean", entropy_coeff=0.01, ppo_micro_batch_size=6, ppo_epochs=1)
+    want, want_res = _update(model, batch, ActorConfig(shared_prefix=False, use_dynamic_bsz=False, **common))
+    got, res = _update(
+        model, batch, ActorConfig(shared_prefix=True, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=70, **common)
+    )
+    moved = max(float((a - b).detach().abs().max()) for a, b in zip(want.parameters(), model.parameters()))
+    assert moved > 1e-3
+    for (name, a), b in zip(want.named_parameters(), got.parameters(), strict=True):
+        torch.testing.assert_close(b, a, atol=2e-6, rtol=1e-5, msg=name)
+    assert res.metrics["actor/pg_loss"] == pytest.approx(want_res.metrics["actor/pg_loss"], rel=1e-4, abs=1e-6)
+
+
 def test_the_knobs_are_config_keys():
     cfg = Config()
-    assert cfg.actor.shared_prefix and not cfg.actor.use_dynamic_bsz and cfg.critic.shared_prefix
+    assert cfg.actor.shared_prefix and cfg.actor.use_dynamic_bsz and cfg.critic.shared_prefix
     assert cfg.actor.ppo_max_token_len_per_gpu == 16384

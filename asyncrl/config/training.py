@@ -98,7 +98,7 @@ class ActorConfig(Checked):
     use_rollout_log_probs: bool = False  # true: the rollout's behaviour log-probs are the PPO old policy
     skip_zero_adv_rows: bool = True  # rows with all-zero advantages skip forward/backward (same gradient, less work)
     shared_prefix: bool = True  # a group's responses packed behind one copy of its prompt (same gradient, less work)
-    use_dynamic_bsz: bool = False  # micro-batches by token budget (packed, no padding) instead of by sample count
+    use_dynamic_bsz: bool = True  # micro-batches by token budget (packed rows no wider) instead of by sample count
     ppo_max_token_len_per_gpu: int = 16384  # use_dynamic_bsz: real tokens per forward/backward (and log-prob pass)
     # recompute each decoder layer's activations in the backward (verl's model.enable_gradient_checkpointing); null =
     # on where the trainer runs on a GPU, off on the CPU

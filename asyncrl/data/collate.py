@@ -151,9 +151,9 @@ class TrainBatch:
 @dataclass(frozen=True)
 class Batching:
     """How a batch is cut into forward/backward passes: ``micro_batch_size`` samples each, or with ``max_tokens``
-    (verl's ``use_dynamic_bsz``) up to that many real tokens each; ``share_prefix`` runs a prompt once for all the
-    samples of the micro-batch that continue it (``asyncrl.data.packing``). ``knob`` names the token budget's
-    setting in errors."""
+    (verl's ``use_dynamic_bsz``) up to that many positions each, so no packed row is wider; ``share_prefix`` runs a
+    prompt once for the samples of the micro-batch that continue it where that pays (``asyncrl.data.packing``).
+    ``knob`` names the token budget's setting in errors."""
 
     micro_batch_size: int
     share_prefix: bool = False

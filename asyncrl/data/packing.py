@@ -13,10 +13,20 @@ micro-batch is laid out as *segments* packed into rows of equal width:
 - segments are packed first-fit-decreasing into rows as wide as the longest segment, so rows hold several short
   segments and padding is what is left at the end of each row.
 
+That mask is ``W x W`` for a row of ``W`` positions: its bytes (and, with eager attention, the scores) grow with the
+square of the row, not with its tokens. So a prompt is shared only where it pays (``sharing_pays``), and every other
+sample runs *per row*: one sequence per row, ``[prompt][response][pad]`` from column 0, position ids counting on
+through the padding, and no mask at all. Padding at the end of a row is invisible to the tokens before it under plain
+causal attention, so transformers' SDPA runs with ``is_causal`` (the flash kernels, on the CPU and on GPUs: attention
+memory linear in the tokens), flash-attention 2 as one causal sequence a row, and eager with its own causal mask.
+Micro-batches never mix the two layouts.
+
 Micro-batches hold at most ``micro_batch_size`` samples, or, with a token budget (verl's ``use_dynamic_bsz`` with
-``ppo_max_token_len_per_gpu``), at most that many real tokens. A segment larger than the limit is split into pieces,
-each with its own copy of the prompt. ``PackedInputs.src_BT`` maps every response token to the row position whose
-output predicts it, so callers get ``[B, T, ...]`` outputs aligned with the micro-batch's ``response_ids_BT``.
+``ppo_max_token_len_per_gpu``), at most that many positions: real tokens of shared segments (a prompt counts once, so
+a shared row is at most the budget wide), rows x longest sequence for per-row micro-batches (sequences longest first,
+so little of it is padding). A segment larger than the limit is split into pieces, each with its own copy of the
+prompt. ``PackedInputs.src_BT`` maps every response token to the row position whose output predicts it, so callers
+get ``[B, T, ...]`` outputs aligned with the micro-batch's ``response_ids_BT``.
 """
 
 from __future__ import annotations
@@ -36,10 +46,14 @@ class PackedInputs:
     segment_RW: Tensor  # long [R, W]: segment id (unique in the micro-batch), -1 on padding
     branch_RW: Tensor  # long [R, W]: 0 on a prompt, k on the k-th response of the segment (1-based)
     src_BT: Tensor  # long [B, T]: flat index into [R * W] of the position predicting response token t of sample b
+    per_row: bool = False  # one sequence per row from column 0, padding after it: plain causal attention, no mask
 
-    def attention_mask(self, dtype: torch.dtype) -> Tensor:
+    def attention_mask(self, dtype: torch.dtype) -> Tensor | None:
         """``[R, 1, W, W]`` additive mask (0 = visible, dtype's min = hidden): a query sees earlier keys of its own
-        segment that are the prompt or its own response. Padding sees only padding, so no row is fully masked."""
+        segment that are the prompt or its own response. Padding sees only padding, so no row is fully masked.
+        None for per-row rows: causal attention is exact there, and the model builds no mask of its own."""
+        if self.per_row:
+            return None
         seg, br = self.segment_RW, self.branch_RW
         W = seg.shape[1]
         causal = torch.ones(W, W, dtype=torch.bool, device=seg.device).tril()  # on the rows' device (CUDA)
@@ -100,6 +114,24 @@ def first_fit_decreasing(sizes: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+def sharing_pays(prompt_len: int, resp_lens: list[int]) -> bool:
+    """Whether ``len(resp_lens)`` responses should share one copy of their ``prompt_len``-token prompt in one row.
+
+    Sharing saves ``(k - 1) * P`` positions of every layer's linear work. It costs attention over the whole
+    ``W x W`` square (``W = P + sum(R)``: a kernel given a dense mask skips no block of it, and the mask holds that many
+    elements) where the per-row layout's causal kernels compute only their sequences' own triangles,
+    ``sum((P + R_i)^2) / 2``, with no mask. A saved position is priced as one row of the square (``W`` keys), so
+    sharing pays when ``W^2 <= sum((P + R_i)^2) / 2 + (k - 1) * P * W``: a prompt longer than about its responses
+    (a heuristic; asyncrl_lab/bench_packing.py measures both layouts). A short prompt before long responses (verl's
+    DAPO: 2k + 16 x 8k) runs per row."""
+    k = len(resp_lens)
+    if k < 2:
+        return False
+    W = prompt_len + sum(resp_lens)
+    own = sum((prompt_len + r) ** 2 for r in resp_lens)
+    return 2 * W * W <= own + 2 * (k - 1) * prompt_len * W
+
+
 def plan(
     prompts: list[tuple[int, ...]],
     resp_lens: list[int],
@@ -110,16 +142,20 @@ def plan(
 ) -> list[list[list[int]]]:
     """Micro-batches as lists of segments (lists of sample indices; a segment's samples share its prompt).
 
-    Without ``max_tokens``: at most ``micro_batch_size`` samples per micro-batch. With it: at most ``max_tokens`` real
-    tokens (a prompt counted once per segment). Segments are ordered longest first so micro-batches hold similar
+    With ``share_prefix`` a group's samples are cut into pieces (``micro_batch_size`` samples, or ``max_tokens`` real
+    tokens with the prompt counted once) and a piece is one segment where ``sharing_pays``; every other sample is a
+    segment of its own. Micro-batches hold either shared segments only or single ones only (laid out per row by
+    ``pack``). Without ``max_tokens``: at most ``micro_batch_size`` samples each. With it: at most ``max_tokens`` real
+    tokens of shared segments, or rows x longest sequence of single ones. Longest first, so micro-batches hold similar
     widths. Raises ValueError when one sample alone exceeds ``max_tokens`` (``knob`` names the setting)."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, p in enumerate(prompts):
         groups.setdefault(p if share_prefix else (i,), []).append(i)
-    pieces: list[list[int]] = []
+    shared: list[list[int]] = []
+    single: list[list[int]] = []
     for members in groups.values():
         p = len(prompts[members[0]])
-        piece: list[int] = []
+        pieces: list[list[int]] = [[]]
         tokens = p
         for i in members:
             need = resp_lens[i]
@@ -128,30 +164,43 @@ def plan(
                     f"{knob}={max_tokens} is smaller than one sample ({p} prompt + {need} response tokens); "
                     f"raise it to at least {p + need}"
                 )
-            full = len(piece) >= micro_batch_size if max_tokens is None else tokens + need > max_tokens
-            if piece and full:
-                pieces.append(piece)
-                piece, tokens = [], p
-            piece.append(i)
+            full = len(pieces[-1]) >= micro_batch_size if max_tokens is None else tokens + need > max_tokens
+            if pieces[-1] and full:
+                pieces.append([])
+                tokens = p
+            pieces[-1].append(i)
             tokens += need
-        pieces.append(piece)
+        for piece in pieces:
+            if sharing_pays(p, [resp_lens[i] for i in piece]):
+                shared.append(piece)
+            else:
+                single.extend([i] for i in piece)
 
     def size(seg: list[int]) -> int:
         return len(prompts[seg[0]]) + sum(resp_lens[i] for i in seg)
 
-    pieces.sort(key=size, reverse=True)
-    if max_tokens is None:  # consecutive pieces, up to micro_batch_size samples each
-        out: list[list[list[int]]] = [[]]
-        count = 0
-        for seg in pieces:
-            if out[-1] and count + len(seg) > micro_batch_size:
-                out.append([])
-                count = 0
-            out[-1].append(seg)
-            count += len(seg)
+    shared.sort(key=size, reverse=True)
+    single.sort(key=size, reverse=True)
+    out: list[list[list[int]]] = []
+    if max_tokens is None:  # consecutive segments, up to micro_batch_size samples each
+        for segs in (shared, single):
+            count = micro_batch_size
+            for seg in segs:
+                if count + len(seg) > micro_batch_size:
+                    out.append([])
+                    count = 0
+                out[-1].append(seg)
+                count += len(seg)
         return out
-    bins = first_fit_decreasing([size(seg) for seg in pieces], max_tokens)  # into token budgets
-    return [[pieces[i] for i in b] for b in bins]
+    bins = first_fit_decreasing([size(seg) for seg in shared], max_tokens)  # into token budgets
+    out.extend([shared[i] for i in b] for b in bins)
+    width = 0  # single segments: rows x the first (longest) sequence within the budget
+    for seg in single:
+        if not out or not width or (len(out[-1]) + 1) * width > max_tokens:
+            out.append([])
+            width = size(seg)
+        out[-1].append(seg)
+    return out
 
 
 def pack(
@@ -161,11 +210,13 @@ def pack(
     pad_id: int,
 ) -> PackedInputs:
     """Lay out ``segments`` (sample indices local to the micro-batch, which is ordered segment by segment) into rows
-    as wide as the longest segment, first-fit decreasing. Built in Python lists and converted once: this runs on the
+    as wide as the longest segment: first-fit decreasing with the shared-prefix mask, or, when every segment is one
+    sample, one per row with no mask (``per_row``). Built in Python lists and converted once: this runs on the
     trainer before every forward pass."""
     lengths = [len(prompts[seg[0]]) + sum(len(responses[i]) for i in seg) for seg in segments]
     W = max(lengths)
-    rows = first_fit_decreasing(lengths, W)  # segment indices per row
+    per_row = all(len(seg) == 1 for seg in segments)
+    rows = [[s] for s in range(len(segments))] if per_row else first_fit_decreasing(lengths, W)
     B = sum(len(seg) for seg in segments)
     T = max(max((len(r) for r in responses), default=1), 1)
     ids: list[int] = []
@@ -192,9 +243,12 @@ def pack(
                     seg_id.extend([s] * n)
                     branch.extend([k] * n)
                     src[i][:n] = [last_prompt, *range(start, start + n - 1)]
-        pad = base + W - len(ids)
+        used = len(ids) - base
+        pad = W - used
         ids.extend([pad_id] * pad)
-        pos.extend([0] * pad)
+        # per row: positions count on through the padding, so the model sees one sequence a row (no packed-sequence
+        # mask of its own); the padding's outputs are never read
+        pos.extend(range(used, W) if per_row else [0] * pad)
         seg_id.extend([-1] * pad)
         branch.extend([0] * pad)
     shape = (len(rows), W)
@@ -204,4 +258,5 @@ def pack(
         torch.tensor(seg_id, dtype=torch.long).view(shape),
         torch.tensor(branch, dtype=torch.long).view(shape),
         torch.tensor(src, dtype=torch.long),
+        per_row=per_row,
     )
