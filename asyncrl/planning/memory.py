@@ -87,7 +87,10 @@ class TrainerMemory(Terms):
         "the micro-batch's logits, tokens x vocab: in the compute dtype, their fp32 upcast, and the fp32 "
         "temperature-scaled copy logsumexp keeps for the backward (whose fp32 gradient takes the upcast's place)"
     )
-    sync_buffers: int = term("the weight sync's sender side: 2 buckets of sync.bucket_mb (one filling, one in flight)")
+    sync_buffers: int = term(
+        "the weight sync's sender side: 2 buckets of sync.bucket_mb or the largest parameter (one filling, one in "
+        "flight)"
+    )
     engine: int = term(
         "sync only, the colocated engine: vLLM's gpu_memory_utilization share, or the built-in engine's KV cache "
         "(plus, under fsdp2, the unsharded serving copy in rollout.dtype it decodes from)"
@@ -116,7 +119,10 @@ class RolloutMemory(Terms):
         "vLLM: what remains of gpu_memory_utilization x device after the terms above; the built-in engine: "
         "max_batch_size rows of max_prompt_length + response_length tokens, K and V of every layer"
     )
-    receiver: int = term("the weight receiver: at most 2 buckets of sync.bucket_mb, each applied as it arrives")
+    receiver: int = term(
+        "the weight receiver: at most 2 buckets of sync.bucket_mb or the largest parameter, each applied as it "
+        "arrives (measured on the CPU: tests/test_weights_receiver_memory.py)"
+    )
     runtime: int = term("CUDA context and NCCL communicators: 1 GiB, not a tensor (not measured)")
 
 
@@ -217,8 +223,10 @@ def max_model_len(cfg: Config) -> int:
     return cfg.rollout.max_model_len or cfg.data.max_prompt_length + cfg.rollout.response_length
 
 
-def _bucket_bytes(cfg: Config) -> int:
-    return int(2 * cfg.sync.bucket_mb * MIB)
+def _bucket_bytes(cfg: Config, s: ModelShape) -> int:
+    """Two buckets (one filling or applied, one in flight), each of ``sync.bucket_mb`` or the largest parameter in
+    the dtype it is sent in (a parameter is never split across buckets: Qwen2.5-7B's embedding is 1.09 GB in bf16)."""
+    return 2 * max(int(cfg.sync.bucket_mb * MIB), s.largest * DTYPE_BYTES[cfg.model.dtype])
 
 
 def trainer_memory(cfg: Config, s: ModelShape, ranks: int, engine: int = 0) -> TrainerMemory:
@@ -246,7 +254,7 @@ def trainer_memory(cfg: Config, s: ModelShape, ranks: int, engine: int = 0) -> T
         m.prox = shard * 4 if _uses_prox(cfg) and not fs.param_offload else 0
     m.activations = activation_bytes(s, b, tokens, ckpt)
     m.logits = logits_bytes(s, b, tokens)
-    m.sync_buffers = _bucket_bytes(cfg) if cfg.trainer.schedule != "sync" else 0
+    m.sync_buffers = _bucket_bytes(cfg, s) if cfg.trainer.schedule != "sync" else 0
     m.engine = engine
     m.runtime = RUNTIME_BYTES
     return m
@@ -259,7 +267,7 @@ def rollout_memory(cfg: Config, s: ModelShape, device_bytes: int | None, shared:
     r, b = cfg.rollout, rollout_dtype_bytes(cfg)
     m = RolloutMemory(engine=r.engine)
     m.weights = s.params * b
-    m.receiver = 0 if shared else _bucket_bytes(cfg)
+    m.receiver = 0 if shared else _bucket_bytes(cfg, s)
     m.runtime = 0 if shared else RUNTIME_BYTES
     if r.engine == "vllm":
         tokens = r.max_num_batched_tokens or VLLM_DEFAULT_BATCHED_TOKENS

@@ -26,6 +26,7 @@ class ModelShape:
     head_dim: int
     vocab: int
     tied: bool
+    largest: int = 0  # the largest single parameter (the embedding, in causal LMs): a sync bucket holds it whole
 
     @property
     def kv_dim(self) -> int:
@@ -68,6 +69,7 @@ def shape_of_config(config) -> ModelShape:
         head_dim=head_dim,
         vocab=text.vocab_size,
         tied=bool(getattr(text, "tie_word_embeddings", False)),
+        largest=max((p.numel() for p in model.parameters()), default=0),
     )
 
 
