@@ -186,8 +186,11 @@ def decode_regressors(
 
 def update_positions(groups: Iterable[tuple[int, Sequence[int]]], shared_prefix: bool) -> int:
     """Positions an update runs for these (prompt length, response lengths) groups, padding and skipped rows aside:
-    the prompt once per group with ``actor.shared_prefix``, once per response without."""
-    return sum((p if shared_prefix else p * len(rs)) + sum(rs) for p, rs in groups)
+    the prompt once per group with ``actor.shared_prefix`` where sharing pays (``asyncrl.data.packing.sharing_pays``,
+    the rule the packing follows), once per response otherwise."""
+    from asyncrl.data.packing import sharing_pays
+
+    return sum((p if shared_prefix and sharing_pays(p, list(rs)) else p * len(rs)) + sum(rs) for p, rs in groups)
 
 
 @dataclass(frozen=True)
