@@ -71,7 +71,7 @@ test-kernels: setup
 # Without CUDA every case skips, saying why (docs/gpu.md).
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 test-gpu:
-	HF_HUB_OFFLINE=1 PYTHONPATH=. $(GPU_PYTHON) -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_devices.py
+	HF_HUB_OFFLINE=1 PYTHONPATH=. $(GPU_PYTHON) -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_devices.py tests/test_gpu_scale.py
 
 # Fault injection (tests/test_faults.py): rollout workers, the trainer and the driver killed at random moments.
 test-faults: setup
