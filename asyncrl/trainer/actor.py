@@ -91,6 +91,9 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.scorer = build_reward_loop(spec.reward, self.reward_fn) or self.reward_fn
         # the reference policy: a frozen copy of the start, or for LoRA the base model (the adapter switched off)
         self.ref_model = _frozen_copy(self.model) if spec.needs.reference and self.lora is None else None
+        self.ref_offload = spec.ref.fsdp_config.param_offload and self.ref_model is not None
+        if self.ref_offload:  # unsharded (DDP, one rank): it waits on the host, moved in for its pass
+            self.ref_model.to("cpu")
         # the PPO ratio's denominator, as the schedule chose: the behaviour log-probs (bypass), the weights at the
         # start of the sync window (decoupled PPO), or the current weights
         self.prox_model = _frozen_copy(self.model) if spec.plan.old_policy == "prox" else None
@@ -125,13 +128,24 @@ class ActorRolloutWorker(SyncSenderMixin):
         ranks on GPUs of their own) and check the replicas agree."""
         self.dp = DataParallel.create(self.rank, self.world_size, host, port, timeout_s, backend)
         self.dp.check_replicas(self.model, f"{self.name}: start")
-        if self.spec.strategy == "fsdp2":  # shard the trained model; keep a full copy to serve from
-            self.serving = copy.deepcopy(self.model)
-            self.dp.shard_with_fsdp2(self.model)
-            self.optimizer, self.scheduler = self._build_optimizer()  # over the shards
-            rollout = self.spec.plan.engine_is_rollout
-            self.engine = colocated_engine(self.spec.engine, self.serving, self.tokenizer, rollout)
-            self.engine.version = self.version
+        if self.spec.strategy == "fsdp2":
+            self._shard()
+
+    def _shard(self) -> None:
+        """FSDP2: the trained model's shards in fp32, the master weights, computing in ``model.dtype``; the reference
+        and proximal models sharded in ``model.dtype``; an unsharded copy in ``model.dtype`` to serve from."""
+        compute = next(self.model.parameters()).dtype
+        self.serving = copy.deepcopy(self.model)
+        self.model.float()
+        self.dp.shard_with_fsdp2(self.model, compute, offload=self.spec.actor.fsdp_config.param_offload)
+        if self.ref_model is not None:
+            self.dp.shard_with_fsdp2(self.ref_model, offload=self.spec.ref.fsdp_config.param_offload)
+        if self.prox_model is not None:
+            self.dp.shard_with_fsdp2(self.prox_model)
+        self.optimizer, self.scheduler = self._build_optimizer()  # over the fp32 shards: plain AdamW
+        rollout = self.spec.plan.engine_is_rollout
+        self.engine = colocated_engine(self.spec.engine, self.serving, self.tokenizer, rollout)
+        self.engine.version = self.version
 
     # ---- rollout -------------------------------------------------------------------------------------------------
     def generate(
@@ -148,16 +162,19 @@ class ActorRolloutWorker(SyncSenderMixin):
             model, context = self.model, reference_policy(self.model)
         else:
             model = {"actor": self.serving, "ref": self.ref_model, "prox": self.prox_model}[which]
-            context = contextlib.nullcontext()
+            offloaded = which == "ref" and self.ref_offload and not fsdp.is_sharded(model)
+            context = _moved_in(model, self.device) if offloaded else contextlib.nullcontext()
             if model is None:
                 raise RuntimeError(f"{self.name}: the objective needs the {which} model, not in this trainer's spec")
         how = batching(self.spec.actor)
         with self.timeline.span(f"{which}_logprobs", step=step, worker=self.name), context:
             if self.dp is None:
                 return response_logprobs(model, batch, temperature, how)
-            # each rank its share of the rows, then every rank the whole [B, T]
+            # each rank its share of the rows, then every rank the whole [B, T]; a sharded model's forwards are
+            # collectives, run as many times on every rank
             rows = self.dp.share(batch)
-            own = response_logprobs(model, batch.select(rows), temperature, how)
+            rounds = self.dp.rounds if fsdp.is_sharded(model) else None
+            own = response_logprobs(model, batch.select(rows), temperature, how, rounds)
             return self.dp.gather_rows(own, rows)
 
     def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> UpdateResult:
@@ -207,10 +224,12 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.engine.version = self.version  # colocated: the engine generates with these very weights
 
     def _copy_weights(self, targets: list[torch.nn.Module]) -> None:
-        """The trained weights into each of ``targets`` (FSDP2: gathered from the shards, on every rank at once)."""
+        """The trained weights into each of ``targets`` (FSDP2: a sharded target shard by shard, an unsharded one
+        gathered from the shards, on every rank at once)."""
         if self.sharded:
+            fsdp.copy_shards(self.model, [t for t in targets if fsdp.is_sharded(t)])
             with self.timeline.span("gather_weights", worker=self.name):
-                fsdp.gather_into(self.model, targets)
+                fsdp.gather_into(self.model, [t for t in targets if not fsdp.is_sharded(t)])
         else:
             for t in targets:
                 t.load_state_dict(self.model.state_dict())
@@ -220,6 +239,9 @@ class ActorRolloutWorker(SyncSenderMixin):
         """Writes model (safetensors) + tokenizer, optimizer, scheduler and RNG states into ``directory``. FSDP2:
         every rank is called (the optimizer state is gathered whole), rank 0 writes the single-rank layout."""
         optimizer = fsdp.full_optimizer_state(self.optimizer) if self.sharded else self.optimizer.state_dict()
+        ref = None
+        if self.ref_model is not None:  # a sharded reference gathered whole (every rank takes part)
+            ref = fsdp.full_state(self.ref_model) if self.sharded else self.ref_model.state_dict()
         if self.rank != 0:
             return
         d = Path(directory)
@@ -237,8 +259,8 @@ class ActorRolloutWorker(SyncSenderMixin):
             "rng": rng_state(),
         }
         torch.save(state, d / self.state_file)
-        if self.ref_model is not None:
-            torch.save(self.ref_model.state_dict(), d / "ref_model.pt")
+        if ref is not None:
+            torch.save(ref, d / "ref_model.pt")
 
     def load_checkpoint(self, directory: str) -> int:
         d = Path(directory)
@@ -256,7 +278,11 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.engine.version = self.version
         set_rng_state(state["rng"])
         if self.ref_model is not None:
-            self.ref_model.load_state_dict(torch.load(d / "ref_model.pt", weights_only=True, map_location="cpu"))
+            ref = torch.load(d / "ref_model.pt", weights_only=True, map_location="cpu")
+            if self.sharded:
+                fsdp.load_full(self.ref_model, {k: v for k, v in ref.items() if not _is_tied(self.serving, k)}, str(d))
+            else:
+                self.ref_model.load_state_dict(ref)
         # checkpoints are taken at weight syncs: a sync window starts here
         self._copy_weights(
             ([self.serving] if self.sharded else []) + ([self.prox_model] if self.prox_model is not None else [])
@@ -300,6 +326,16 @@ def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     for p in frozen.parameters():
         p.requires_grad_(False)
     return frozen
+
+
+@contextmanager
+def _moved_in(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
+    """``model`` on ``device`` for the block, back on the host after (an offloaded unsharded reference)."""
+    model.to(device)
+    try:
+        yield
+    finally:
+        model.to("cpu")
 
 
 @contextmanager

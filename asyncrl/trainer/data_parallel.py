@@ -33,6 +33,7 @@ import torch
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
 from asyncrl.data.collate import TrainBatch
+from asyncrl.trainer.forward import model_device
 from asyncrl.weights import transport
 
 GRAD_BUCKET_BYTES = 32 * 2**20  # gradients are summed in flat buckets of about this size
@@ -107,13 +108,16 @@ class DataParallel:
         every rank must run as many forwards and backwards as the others (``Lockstep``)."""
         return self.mesh is not None
 
-    def shard_with_fsdp2(self, model: torch.nn.Module) -> None:
-        """Shard ``model`` over the ranks (the process's default group: ranks must be processes)."""
+    def shard_with_fsdp2(
+        self, model: torch.nn.Module, compute_dtype: torch.dtype | None = None, offload: bool = False
+    ) -> None:
+        """Shard ``model`` over the ranks (the process's default group: ranks must be processes); ``compute_dtype``
+        and ``offload`` as ``asyncrl.trainer.fsdp.shard``."""
         from asyncrl.trainer import fsdp
 
         if self.mesh is None:
             self.mesh = fsdp.init_mesh(self._store, self.rank, self.world_size, self.timeout_s, self.backend, self.host)
-        fsdp.shard(model, self.mesh)
+        fsdp.shard(model, self.mesh, compute_dtype, offload)
 
     @classmethod
     def create(
@@ -154,8 +158,7 @@ class DataParallel:
         """A forward and backward that change no gradient (one token, loss times zero): it takes part in the sharded
         module's all-gathers and reduce-scatters for a rank that has no micro-batch left. The token is put where the
         model's embedding lives (a GPU's, under FSDP2 on GPUs)."""
-        device = model.get_input_embeddings().weight.device
-        logits = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device)).logits
+        logits = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=model_device(model))).logits
         (logits.sum() * 0.0).backward()
 
     # ---- collectives ---------------------------------------------------------------------------------------------

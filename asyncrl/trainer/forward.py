@@ -4,7 +4,10 @@ positions that predict each response token, and the responses' log-probs without
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from torch.distributed.tensor import DTensor
 
 from asyncrl import losses
 from asyncrl.config import ActorConfig, CriticConfig
@@ -47,19 +50,38 @@ def batching(cfg: ActorConfig | CriticConfig, role: str = "actor") -> Batching:
     )
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where ``model`` computes, so where its inputs go: its parameters' device, or a sharded model's mesh device
+    (its shards may be offloaded to the host between passes)."""
+    p = next(model.parameters())
+    if isinstance(p, DTensor) and p.device_mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return p.device
+
+
 def response_logprobs(
-    model: torch.nn.Module, batch: TrainBatch, temperature: float, how: Batching | int
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    temperature: float,
+    how: Batching | int,
+    rounds: Callable[[int], int] | None = None,
 ) -> torch.Tensor:
-    """Per-token log-probs of the batch's responses under ``model`` (no grad), in micro-batches: [B, T]."""
+    """Per-token log-probs of the batch's responses under ``model`` (no grad), in micro-batches: [B, T].
+
+    ``rounds`` (a sharded model, whose forwards are collectives): given this rank's number of micro-batches, the
+    number every rank runs; the difference is made up with one-token forwards."""
     was_training = model.training
     model.eval()
     out = torch.zeros_like(batch.response_mask_BT)
-    with torch.inference_mode():
-        device = next(model.parameters()).device
-        for idx, mb in micro_batches(batch, how):
+    device = model_device(model)
+    with torch.no_grad() if rounds is not None else torch.inference_mode():
+        mbs = micro_batches(batch, how)
+        for idx, mb in mbs:
             mb = to_device(mb, device)
             logits = forward_logits(model, mb, temperature)
             logp = losses.logprobs_from_logits(logits, mb.response_ids_BT) * mb.response_mask_BT
             out[idx, : mb.response_mask_BT.shape[1]] = logp.to(out.device)
+        for _ in range((rounds(len(mbs)) - len(mbs)) if rounds is not None else 0):
+            model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device))
     model.train(was_training)
     return out

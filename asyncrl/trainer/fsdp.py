@@ -2,6 +2,14 @@
 of its gradient and of its AdamW state (``torch.distributed.fsdp.fully_shard``, one unit per decoder layer and one for
 the rest).
 
+Mixed precision as verl: the trained model's shards are fp32 and are the master weights (AdamW steps them; no
+``MasterWeightsAdamW`` under FSDP2); with ``model.dtype`` bf16 (or fp16) a ``MixedPrecisionPolicy`` all-gathers them in
+that dtype for every forward and backward and reduce-scatters the gradients in fp32. The frozen reference and
+proximal models are sharded too, in ``model.dtype`` (no optimizer), and refreshed shard by shard from the trained
+model's (``copy_shards``: no communication). ``actor.fsdp_config.param_offload`` (= ``optimizer_offload``: torch's
+``CPUOffloadPolicy`` keeps a module's parameter, gradient and so optimizer-state shards on the host together, so
+the two cannot differ) and ``ref.fsdp_config.param_offload`` keep those shards on the host between passes.
+
 A sharded module all-gathers its parameters in every forward and reduce-scatters the gradients in every backward,
 so the ranks must run the same number of forwards and backwards: a rank whose share packs into fewer micro-batches
 makes up the difference with idle passes (``DataParallel.idle_pass``: a one-token forward whose loss is multiplied by
@@ -32,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 
@@ -67,11 +75,23 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(max(lists, key=len)) if lists else []
 
 
-def shard(model: torch.nn.Module, mesh: DeviceMesh) -> None:
-    """``fully_shard`` each decoder layer, then the root, in place; the gradients are summed across ranks."""
+def shard(
+    model: torch.nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype | None = None, offload: bool = False
+) -> None:
+    """``fully_shard`` each decoder layer, then the root, in place; the gradients are summed across ranks.
+
+    ``compute_dtype`` (bf16/fp16 over fp32 parameters): the parameters are all-gathered in it for the passes and the
+    gradients reduced in fp32 (``MixedPrecisionPolicy``); None or the parameters' dtype: no casting. ``offload``: the
+    shards live on the host between passes (``CPUOffloadPolicy``; pinned where the mesh is on GPUs)."""
+    params_dtype = next(model.parameters()).dtype
+    if compute_dtype is None or compute_dtype == params_dtype:
+        mp = MixedPrecisionPolicy()
+    else:
+        mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    off = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if offload else OffloadPolicy()
     for unit in shard_units(model):
-        fully_shard(unit, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(unit, mesh=mesh, mp_policy=mp, offload_policy=off)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=off)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
@@ -87,6 +107,25 @@ def gather_into(model: torch.nn.Module, targets: list[torch.nn.Module]) -> None:
             full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
             for d in dests:
                 d[name].copy_(full)
+
+
+def copy_shards(model: torch.nn.Module, targets: list[torch.nn.Module]) -> None:
+    """Copy the sharded ``model``'s weights into each of ``targets``, sharded the same way over the same mesh (the
+    reference and proximal models): each rank its own shards, cast to the target's dtype, with no communication."""
+    with torch.no_grad():
+        for t in targets:
+            dest = dict(t.named_parameters())
+            for name, p in model.named_parameters():
+                dest[name].to_local().copy_(p.to_local())
+
+
+def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The sharded ``model``'s parameters gathered whole, one at a time (a collective: every rank calls it)."""
+    return {n: (p.full_tensor() if isinstance(p, DTensor) else p.detach()).clone() for n, p in model.named_parameters()}
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
 
 
 def load_full(model: torch.nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
