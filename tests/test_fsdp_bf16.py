@@ -3,7 +3,8 @@ a ``MixedPrecisionPolicy`` computes in bf16 and reduces in fp32; the reference m
 the actor's, with the optimizer state) offloaded to the host between passes.
 
 Two sharded Ray ranks against two DDP ranks (bf16 weights + fp32 masters) on the same run: one_step_off, so the
-rollout pool makes the samples and both trainers see the same ones.
+rollout pool makes the samples and both trainers see the same ones. Both recompute their layers' activations
+(``actor.gradient_checkpointing``: non-reentrant, under FSDP2 too).
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from asyncrl.schedules import run_training
 from tests.helpers import policy_gap
 from tests.test_fsdp import RAY2, _cfg, _ckpt, _steps, setup  # noqa: F401 - setup is a fixture
 
-BF16 = ("model.dtype=bfloat16", "actor.use_kl_loss=true", "ref.fsdp_config.param_offload=true", "actor.optim.lr=1e-3")
+BF16 = (
+    "model.dtype=bfloat16",
+    "actor.use_kl_loss=true",
+    "ref.fsdp_config.param_offload=true",
+    "actor.optim.lr=1e-3",
+    "actor.gradient_checkpointing=true",
+)
 
 
 def _state(run_dir: Path, step: int) -> dict:

@@ -45,7 +45,7 @@ from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.trainer import fsdp
 from asyncrl.trainer.data_parallel import DataParallel, rank_name
-from asyncrl.trainer.forward import batching, response_logprobs
+from asyncrl.trainer.forward import batching, enable_checkpointing, response_logprobs, use_checkpointing
 from asyncrl.trainer.precision import build_optimizer
 from asyncrl.trainer.update import fit
 from asyncrl.types import Generation, Prompt, UpdateResult
@@ -81,6 +81,8 @@ class ActorRolloutWorker(SyncSenderMixin):
         m = spec.model
         self.device = resolve_device(spec.engine.device, self.name)
         self.model, self.tokenizer = load_model(m.path, dtype=m.dtype, overrides=m.override_config)
+        if use_checkpointing(spec.actor.gradient_checkpointing, self.device):
+            enable_checkpointing(self.model)
         self.lora = LoraSpec.of(m)
         if self.lora is not None:  # only the adapter trains (and travels at a sync)
             self.model = apply_lora(self.model, self.lora, trainable=True)

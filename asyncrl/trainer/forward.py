@@ -39,6 +39,23 @@ def forward_logits(model: torch.nn.Module, mb: TrainBatch, temperature: float) -
     return logits / temperature if temperature > 0 else logits
 
 
+def use_checkpointing(setting: bool | None, device: torch.device) -> bool:
+    """``actor.gradient_checkpointing``: as set, or (null) on where the trainer computes on a GPU, whose memory the
+    activations fill, and off on the CPU, where recomputing costs time and memory is plenty."""
+    return setting if setting is not None else device.type == "cuda"
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward instead of keeping them (transformers' per-layer
+    ``torch.utils.checkpoint``, non-reentrant: it works under FSDP2 and with frozen embeddings, as under LoRA).
+    Only a model in training mode recomputes: the log-prob passes and the engines' decoding run in eval mode."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def batching(cfg: ActorConfig | CriticConfig, role: str = "actor") -> Batching:
     """The role's micro-batching: ``ppo_micro_batch_size`` samples, or ``ppo_max_token_len_per_gpu`` tokens with
     ``use_dynamic_bsz``; ``shared_prefix`` packs a group's responses behind one copy of its prompt."""
