@@ -87,6 +87,7 @@ def _rank_main(rank: int, out: str) -> None:
             results.append((full.state_dict(), res.metrics, local, idle[0]))
             idle[0] = 0
         results.append(_resume_round_trip(dp, start, batch))
+        results.append(_led_gather(dp, start))
     finally:
         dp.close()
     torch.save(results, Path(out) / f"rank{rank}.pt")
@@ -123,6 +124,24 @@ def _resume_round_trip(dp, start, batch):
     return saved_opt, after
 
 
+def _led_gather(dp, start):
+    """Rank 0 reads the full weights of a sharded model in an order of its own (each name twice, the way a sync
+    checks then packs them), the other rank following; what rank 0 read, and how many gathers each rank ran."""
+    from asyncrl.trainer.gathered import Gather
+
+    model = copy.deepcopy(start)
+    dp.shard_with_fsdp2(model)
+    session = Gather(dp, model)
+    if dp.rank != 0:
+        session.follow()
+        return None, session.gathered
+    tensors = session.tensors(torch.bfloat16)
+    names = list(reversed(list(tensors))) + list(tensors)
+    read = {n: tensors[n] for n in names}
+    session.stop()
+    return read, session.gathered
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """What each of two spawned FSDP2 ranks returned from ``_rank_main``, in rank order."""
@@ -156,7 +175,7 @@ def test_two_sharded_ranks_on_half_batches_step_as_one_rank_on_the_whole(ranks):
 def test_sharded_optimizer_state_saves_whole_and_resumes_on_any_rank_count(ranks):
     """What a checkpoint holds under FSDP2 is one rank's AdamW state (gathered whole, so it resumes on M ranks of
     either strategy), and cutting it back into a sharded optimizer resumes exactly (the N -> N and 1 -> N loads)."""
-    saved, after = ranks[0][-1]
+    saved, after = ranks[0][-2]
     tok = build_char_tokenizer([CHARS])
     one = build_model("micro", tok, seed=0)
     opt, _ = _adamw_step(one, _batch(tok, ADVS))
@@ -167,6 +186,17 @@ def test_sharded_optimizer_state_saves_whole_and_resumes_on_any_rank_count(ranks
             assert saved["state"][idx][k].shape == v.shape and torch.allclose(saved["state"][idx][k], v, atol=1e-7)
     for k in after[0]:  # the resumed shards step exactly as the ones that never stopped
         assert torch.equal(after[0][k], after[1][k]), k
+
+
+def test_rank_0_reads_whole_weights_one_at_a_time_with_every_rank_gathering(ranks):
+    """A sharded trainer with no full copy (every schedule but sync) gathers a parameter whenever rank 0 reads one (a
+    sync's packing, an export): the others gather the same ones in step, whatever rank 0's order."""
+    (read, gathered0), (_, gathered1) = ranks[0][-1], ranks[1][-1]
+    start = build_model("micro", build_char_tokenizer([CHARS]), seed=0)
+    params = dict(start.named_parameters())
+    assert read.keys() == params.keys() and gathered0 == gathered1 == 2 * len(params)
+    for name, t in read.items():
+        assert t.dtype == torch.bfloat16 and torch.equal(t, params[name].detach().to(torch.bfloat16)), name
 
 
 # ---- whole runs -----------------------------------------------------------------------------------------------------

@@ -45,9 +45,18 @@ def test_bf16_sharded_ranks_with_fp32_shards_train_as_ddp_with_masters(setup, tm
     # (DDP on 1 rank against 2 ranks: 1.2e-3)
     assert gap < 1e-2 and gap < moved / 50, (gap, moved)  # the same policy as DDP's; the steps did train
     fsdp_opt, ddp_opt = _state(sharded, 2)["optimizer"], _state(ddp, 2)["optimizer"]
-    assert "master_weights" not in fsdp_opt and "master_weights" in ddp_opt  # FSDP2's shards are the masters
+    # the fp32 shards (FSDP2's masters) saved whole in MasterWeightsAdamW's layout: either strategy resumes them
+    assert [m.shape for m in fsdp_opt["master_weights"]] == [m.shape for m in ddp_opt["master_weights"]]
+    assert all(m.dtype == torch.float32 for m in fsdp_opt["master_weights"])
     assert all(v["exp_avg"].dtype == torch.float32 for v in fsdp_opt["state"].values())
     assert (sharded / "checkpoints" / "step_2" / "ref_model.pt").is_file()  # the sharded reference, gathered whole
+
+    # N=2 sharded bf16 -> 1 rank with masters: continues as the DDP run resumed on one rank does
+    run_training(_cfg(setup, sharded, 3, "trainer.backend=in_process", *BF16))
+    run_training(_cfg(setup, ddp, 3, "trainer.backend=in_process", *BF16))
+    assert [m["step"] for m in _steps(sharded)] == [m["step"] for m in _steps(ddp)] == [1, 2, 3]
+    gap3, moved3 = policy_gap(_ckpt(sharded, 3), _ckpt(ddp, 3)), policy_gap(_ckpt(ddp, 2), _ckpt(ddp, 3))
+    assert gap3 < 1e-2 and gap3 < moved3, (gap3, moved3)
 
 
 def test_offload_keys_are_refused_where_they_cannot_act(setup, tmp_path):  # noqa: F811

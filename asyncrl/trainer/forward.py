@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from asyncrl import losses
@@ -100,5 +101,8 @@ def response_logprobs(
             out[idx, : mb.response_mask_BT.shape[1]] = logp.to(out.device)
         for _ in range((rounds(len(mbs)) - len(mbs)) if rounds is not None else 0):
             model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device))
+    for m in model.modules() if rounds is not None else ():
+        if isinstance(m, FSDPModule):  # FSDP2 keeps the root unsharded after a forward, for a backward that this
+            m.reshard()  # pass does not run: the next training forward must start from the shards
     model.train(was_training)
     return out

@@ -16,16 +16,19 @@ makes up the difference with idle passes (``DataParallel.idle_pass``: a one-toke
 zero). The gradients are summed over the ranks, not averaged: each rank already weights its rows by their share of
 the whole mini-batch (``policy_ops.optimize``), as under DDP.
 
-Every rank also keeps an unsharded copy of the weights (``ActorRolloutWorker.serving``), refreshed after each
-update with one all-gather per parameter: the colocated engine decodes from it (each rank its own prompts, for its
-own number of steps, which a sharded module cannot do alone), the log-prob passes read it without collectives, and
-rank 0 sends it at a weight sync and writes it in checkpoints. That is verl's hybrid engine: the trainer's shards plus
-a full copy for the rollout. Per rank: the full weights once, plus 1/N of weights, gradients and optimizer state,
-against all four in full under DDP.
+Where the trainer's engine is the rollout (the sync schedule), every rank also keeps an unsharded copy of the
+weights in ``model.dtype`` (``ActorRolloutWorker.serving``), refreshed after each update with one all-gather per
+parameter: the colocated engine decodes from it (each rank its own prompts, for its own number of steps, which a
+sharded module cannot do alone). That is verl's hybrid engine: the trainer's shards plus a full copy for the rollout.
+In every other schedule no full copy is kept: the log-prob passes run on the shards (in lockstep), and what reads the
+full weights on rank 0 (a weight sync, an evaluation, an export) gathers them parameter by parameter with every rank
+taking part (``asyncrl.trainer.gathered``). Per rank: 1/N of weights, gradients and optimizer state (plus the full
+copy in sync), against all of them in full under DDP.
 
-Checkpoints are the single-rank format (full tensors; the optimizer's state in ``Optimizer.state_dict``'s layout):
-the optimizer state is gathered to rank 0 to save, and each rank takes its slice when it loads, so a checkpoint
-written by N ranks (sharded or not) resumes on M.
+Checkpoints are the single-rank format (full tensors; the optimizer's state in ``Optimizer.state_dict``'s layout, the
+fp32 masters in ``MasterWeightsAdamW``'s where the compute dtype is lower): gathered to rank 0's host to save (one
+parameter at a time on the device), and each rank takes its slice when it loads, so a checkpoint written by N ranks
+(sharded or not) resumes on M. Sharded checkpoints (``torch.distributed.checkpoint``) are not built.
 
 FSDP2 needs the process's default process group (``DeviceMesh`` does not take a bare ``ProcessGroupGloo``), so
 ranks must be processes (the Ray backend), not threads of one process.
@@ -122,6 +125,17 @@ def copy_shards(model: torch.nn.Module, targets: list[torch.nn.Module]) -> None:
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The sharded ``model``'s parameters gathered whole, one at a time (a collective: every rank calls it)."""
     return {n: (p.full_tensor() if isinstance(p, DTensor) else p.detach()).clone() for n, p in model.named_parameters()}
+
+
+def gather_to_host(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
+    """The sharded ``model``'s parameters gathered whole one at a time (a collective: every rank calls it), each
+    copied to the host where ``keep`` (rank 0), else dropped: the device never holds more than one whole."""
+    out = {}
+    for n, p in model.named_parameters():
+        full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+        if keep:
+            out[n] = full.to("cpu", copy=True)
+    return out
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
