@@ -25,10 +25,11 @@ full weights on rank 0 (a weight sync, an evaluation, an export) gathers them pa
 taking part (``asyncrl.trainer.gathered``). Per rank: 1/N of weights, gradients and optimizer state (plus the full
 copy in sync), against all of them in full under DDP.
 
-Checkpoints are the single-rank format (full tensors; the optimizer's state in ``Optimizer.state_dict``'s layout, the
-fp32 masters in ``MasterWeightsAdamW``'s where the compute dtype is lower): gathered to rank 0's host to save (one
-parameter at a time on the device), and each rank takes its slice when it loads, so a checkpoint written by N ranks
-(sharded or not) resumes on M. Sharded checkpoints (``torch.distributed.checkpoint``) are not built.
+Checkpoints are sharded (``torch.distributed.checkpoint``): each rank writes its shards of the weights, the optimizer
+state and the reference, nothing gathered, and reads them back (another number of sharded ranks: resharded); rank 0
+also writes the full weights as one HF directory, gathered parameter by parameter. A checkpoint of one rank or of DDP
+ranks (the single-rank layout) still loads into sharded ranks, each taking its slice; a sharded one does not load
+into DDP or one rank (refused, naming the keys).
 
 FSDP2 needs the process's default process group (``DeviceMesh`` does not take a bare ``ProcessGroupGloo``), so
 ranks must be processes (the Ray backend), not threads of one process.
@@ -38,10 +39,13 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -136,6 +140,32 @@ def gather_to_host(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor
         if keep:
             out[n] = full.to("cpu", copy=True)
     return out
+
+
+def save_sharded(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, frozen: dict[str, torch.nn.Module]
+) -> None:
+    """Every rank writes its own shards of ``model``, of ``optimizer``'s state and of the ``frozen`` sharded models
+    into ``directory`` (``torch.distributed.checkpoint``, one file per rank; a collective): nothing is gathered.
+    The ranks must see one filesystem (one node, or a shared one)."""
+    dcp.save(_dcp_state(model, optimizer, frozen), checkpoint_id=str(directory))
+
+
+def load_sharded(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, frozen: dict[str, torch.nn.Module]
+) -> None:
+    """``save_sharded``'s shards back into this rank's (a collective); another number of ranks reads the same
+    checkpoint resharded."""
+    state = _dcp_state(model, optimizer, frozen)
+    dcp.load(state, checkpoint_id=str(directory))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    for key, m in frozen.items():
+        m.load_state_dict(state[key])
+
+
+def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, frozen: dict[str, torch.nn.Module]) -> dict:
+    msd, osd = get_state_dict(model, optimizer)
+    return {"model": msd, "optim": osd, **{key: m.state_dict() for key, m in frozen.items()}}
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
