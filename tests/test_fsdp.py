@@ -92,6 +92,8 @@ def _rank_main(rank: int, out: str) -> None:
             results.append((full.state_dict(), res.metrics, local, idle[0]))
             idle[0] = 0
         results.append(_resume_round_trip(dp, start, batch))
+        results.append(_led_gather(dp, start))
+        results.append(_sharded_checkpoint_resume(dp, start, batch, Path(out) / "ckpt"))
     finally:
         dp.close()
     torch.save(results, Path(out) / f"rank{rank}.pt")
@@ -128,6 +130,47 @@ def _resume_round_trip(dp, start, batch):
     return saved_opt, after
 
 
+def _led_gather(dp, start):
+    """Rank 0 reads the full weights of a sharded model in an order of its own (each name twice, the way a sync
+    checks then packs them), the other rank following; what rank 0 read, and how many gathers each rank ran."""
+    from asyncrl.trainer.gathered import Gather
+
+    model = copy.deepcopy(start)
+    dp.shard_with_fsdp2(model)
+    session = Gather(dp, model)
+    if dp.rank != 0:
+        session.follow()
+        return None, session.gathered
+    tensors = session.tensors(torch.bfloat16)
+    names = list(reversed(list(tensors))) + list(tensors)
+    read = {n: tensors[n] for n in names}
+    session.stop()
+    return read, session.gathered
+
+
+def _sharded_checkpoint_resume(dp, start, batch, directory):
+    """bf16 compute over fp32 shards: a step, a sharded checkpoint (each rank its shards), then the next step taken
+    by the model that never stopped and by a fresh one loaded from the checkpoint: weights and losses of both."""
+
+    def sharded():
+        model = copy.deepcopy(start)
+        dp.shard_with_fsdp2(model, torch.bfloat16)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(model, opt, seed):
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+        res = ppo_update(model, opt, sched, batch, _cases()[1], RolloutCorrectionConfig(), 1.0, 1, seed=seed, dp=dp)
+        return res.metrics["actor/pg_loss"], {n: p.full_tensor() for n, p in model.named_parameters()}
+
+    model, opt = sharded()
+    step(model, opt, 5)
+    fsdp.save_sharded(directory, model, opt, {})
+    going = step(model, opt, 6)
+    fresh, fresh_opt = sharded()
+    fsdp.load_sharded(directory, fresh, fresh_opt, {})
+    return going, step(fresh, fresh_opt, 6)
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """What each of two spawned FSDP2 ranks returned from ``_rank_main``, in rank order."""
@@ -161,7 +204,7 @@ def test_two_sharded_ranks_on_half_batches_step_as_one_rank_on_the_whole(ranks):
 def test_sharded_optimizer_state_saves_whole_and_resumes_on_any_rank_count(ranks):
     """What a checkpoint holds under FSDP2 is one rank's AdamW state (gathered whole, so it resumes on M ranks of
     either strategy), and cutting it back into a sharded optimizer resumes exactly (the N -> N and 1 -> N loads)."""
-    saved, after = ranks[0][-1]
+    saved, after = ranks[0][-3]
     tok = build_char_tokenizer([CHARS])
     one = build_model("micro", tok, seed=0)
     opt, _ = _adamw_step(one, _batch(tok, ADVS))
@@ -172,6 +215,26 @@ def test_sharded_optimizer_state_saves_whole_and_resumes_on_any_rank_count(ranks
             assert saved["state"][idx][k].shape == v.shape and torch.allclose(saved["state"][idx][k], v, atol=1e-7)
     for k in after[0]:  # the resumed shards step exactly as the ones that never stopped
         assert torch.equal(after[0][k], after[1][k]), k
+
+
+def test_rank_0_reads_whole_weights_one_at_a_time_with_every_rank_gathering(ranks):
+    """A sharded trainer with no full copy (every schedule but sync) gathers a parameter whenever rank 0 reads one (a
+    sync's packing, an export): the others gather the same ones in step, whatever rank 0's order."""
+    (read, gathered0), (_, gathered1) = ranks[0][-2], ranks[1][-2]
+    start = build_model("micro", build_char_tokenizer([CHARS]), seed=0)
+    params = dict(start.named_parameters())
+    assert read.keys() == params.keys() and gathered0 == gathered1 == 2 * len(params)
+    for name, t in read.items():
+        assert t.dtype == torch.bfloat16 and torch.equal(t, params[name].detach().to(torch.bfloat16)), name
+
+
+def test_a_sharded_checkpoint_resumes_bit_for_bit(ranks):
+    """Each rank's shards (fp32 masters under bf16 compute, AdamW's state) written and read back with
+    torch.distributed.checkpoint: the resumed model takes exactly the step the uninterrupted one takes."""
+    for r in range(2):
+        (loss_a, after_a), (loss_b, after_b) = ranks[r][-1]
+        assert loss_a == loss_b
+        assert after_a.keys() == after_b.keys() and all(torch.equal(after_a[k], after_b[k]) for k in after_a)
 
 
 # ---- whole runs -----------------------------------------------------------------------------------------------------
@@ -211,24 +274,25 @@ def _steps(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.ray
-def test_sharded_ray_ranks_train_as_ddp_and_resume_on_one_rank(setup, tmp_path):
+def test_sharded_ray_ranks_train_as_ddp_and_resume_sharded(setup, tmp_path):
     """Two FSDP2 ranks (Ray actors) train as two DDP ranks do (one_step_off: the rollout pool makes the samples, so
-    they are the same) and write a checkpoint that one in-process rank resumes."""
+    they are the same); their checkpoint is each rank's shards, which two sharded ranks resume and one rank refuses."""
     sharded, ddp = tmp_path / "fsdp2", tmp_path / "ddp"
     run_training(_cfg(setup, sharded, 2, *RAY2))
     run_training(_cfg(setup, ddp, 2, "trainer.backend=in_process", "trainer.num_workers=2"))
-    a = _weights(sharded, 2)
     assert policy_gap(_ckpt(sharded, 2), _ckpt(ddp, 2)) < 1e-3  # the same policy, up to float round-off
     assert [m["reward/mean"] for m in _steps(sharded)] == [m["reward/mean"] for m in _steps(ddp)]
     state = torch.load(sharded / "checkpoints" / "step_2" / "trainer_state.pt", weights_only=False)
-    assert state["optimizer"]["state"][0]["exp_avg"].shape == a["model.embed_tokens.weight"].shape  # whole, gathered
+    assert "optimizer" not in state and state["sharded_ranks"] == 2  # nothing gathered: each rank its shards
+    assert (sharded / "checkpoints" / "step_2" / "sharded" / ".metadata").is_file()
 
-    # N=2 sharded -> M=1: continues as the DDP run resumed on one rank does (1 -> N sharded: the test above)
-    run_training(_cfg(setup, sharded, 3, "trainer.backend=in_process"))
-    run_training(_cfg(setup, ddp, 3, "trainer.backend=in_process"))
+    run_training(_cfg(setup, sharded, 3, *RAY2))
+    run_training(_cfg(setup, ddp, 3, "trainer.backend=in_process", "trainer.num_workers=2"))
     assert [m["step"] for m in _steps(sharded)] == [m["step"] for m in _steps(ddp)] == [1, 2, 3]
     gap, moved = policy_gap(_ckpt(sharded, 3), _ckpt(ddp, 3)), policy_gap(_ckpt(ddp, 2), _ckpt(ddp, 3))
     assert gap < 1e-3 < moved / 10, (gap, moved)  # the same policy; step 3 did train
+    with pytest.raises(Exception, match="written by 2 FSDP2 ranks.*trainer.strategy=fsdp2"):
+        run_training(_cfg(setup, sharded, 4, "trainer.backend=in_process"))
 
 
 def test_fsdp2_config_errors(setup, tmp_path):

@@ -8,6 +8,7 @@ from asyncrl.config.schema import Config
 
 def check_trainer_ranks(cfg: Config) -> None:
     t, r = cfg.trainer, cfg.rollout
+    check_offload(cfg)
     check(
         t.num_workers == 1 or t.schedule != "sync" or r.engine != "vllm",
         "trainer.num_workers",
@@ -33,19 +34,39 @@ def check_trainer_ranks(cfg: Config) -> None:
             "be processes (trainer.backend=ray), not threads of the driver",
         )
         check(
-            cfg.model.dtype == "float32",
-            "trainer.strategy",
-            t.strategy,
-            "ddp with model.dtype other than float32: FSDP2 with fp32 master weights (its MixedPrecisionPolicy) is "
-            "not implemented; ddp keeps fp32 masters of the bf16/fp16 weights (asyncrl.trainer.precision)",
-        )
-        check(
             not cfg.model.lora_rank,
             "trainer.strategy",
             t.strategy,
             "ddp with LoRA (model.lora_rank > 0): sharding a LoRA model with FSDP2 is not implemented (DDP "
             "replicates only the small adapter's gradients and optimizer state)",
         )
+
+
+def check_offload(cfg: Config) -> None:
+    """verl's actor offload keys act on FSDP2's shards: refused by name where nothing is sharded, or where torch
+    cannot do what they ask. (``ref.fsdp_config.param_offload`` works either way: an unsharded reference waits on the
+    host and is moved in for its pass.)"""
+    t, fc = cfg.trainer, cfg.actor.fsdp_config
+    sharded = t.strategy == "fsdp2" and t.num_workers > 1
+    for key, on in (
+        ("actor.fsdp_config.param_offload", fc.param_offload),
+        ("actor.fsdp_config.optimizer_offload", fc.optimizer_offload),
+    ):
+        check(
+            not on or sharded,
+            key,
+            on,
+            "false unless trainer.strategy=fsdp2 with trainer.num_workers > 1: it offloads FSDP2's shards (DDP and "
+            "one rank keep their weights and optimizer state where they train)",
+        )
+    check(
+        fc.optimizer_offload == fc.param_offload,
+        "actor.fsdp_config.optimizer_offload",
+        fc.optimizer_offload,
+        f"equal to actor.fsdp_config.param_offload ({fc.param_offload}): torch's FSDP2 CPUOffloadPolicy keeps a "
+        "module's parameter, gradient and optimizer-state shards on the host together (the step runs there), so one "
+        "cannot be offloaded without the other",
+    )
 
 
 def check_lora(cfg: Config) -> None:

@@ -71,6 +71,31 @@ class _AllRanks:
         return all(c.done() for c in self.calls)
 
 
+class LeaderHandle:
+    """Rank 0's handle of a sharded trainer's ranks: the calls that read the full weights on rank 0 alone (a sync, an
+    evaluation, an export, the weights as a dict) also call ``follow_gather`` on every other rank, since a sharded
+    trainer with no full copy gathers them with every rank taking part (``asyncrl.trainer.gathered``); the result
+    is rank 0's, once every rank has returned. Every other call goes to rank 0 alone."""
+
+    GATHERING = frozenset({"send_weights", "generate", "export_model", "state_dict"})
+
+    def __init__(self, ranks: list[Handle]):
+        self.ranks = ranks
+        self.name = ranks[0].name
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Pending[Any]:
+        lead = self.ranks[0].call(method, *args, **kwargs)
+        if method not in self.GATHERING:
+            return lead
+        return _AllRanks([lead, *(h.call("follow_gather") for h in self.ranks[1:])])
+
+    def kill(self) -> None:
+        self.ranks[0].kill()
+
+    def location(self, timeout_s: float | None = None) -> Any:
+        return self.ranks[0].location(timeout_s)
+
+
 class DataParallelTrainerClient(TrainerClient):
     """``trainer.num_workers`` data-parallel ranks as one trainer (``asyncrl.trainer.data_parallel``): a training
     step and a resume run on every rank; everything that reads the full weights, generation for evaluation, an
@@ -78,7 +103,7 @@ class DataParallelTrainerClient(TrainerClient):
     ``sharded`` (FSDP2: every rank takes part in gathering it)."""
 
     def __init__(self, ranks: list[Handle], sharded: bool = False):
-        super().__init__(ranks[0])
+        super().__init__(LeaderHandle(ranks) if sharded else ranks[0])
         self.ranks = ranks
         self.sharded = sharded
 

@@ -19,12 +19,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from asyncrl import seeds
-from asyncrl.checkpoint import fingerprint, load_tensors, rng_state, set_rng_state
+from asyncrl.checkpoint import fingerprint
 from asyncrl.config.specs import TrainerSpec
 from asyncrl.data.collate import Objective, TrainBatch
 from asyncrl.models.device import resolve_device
@@ -32,10 +31,7 @@ from asyncrl.models.loading import load_model
 from asyncrl.models.lora import (
     LoraSpec,
     apply_lora,
-    load_adapter_state,
-    merged_copy,
     reference_policy,
-    save_adapter,
 )
 from asyncrl.rewards.generate import generate_scored
 from asyncrl.rewards.loop import build_reward_loop
@@ -43,9 +39,10 @@ from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.factory import colocated_engine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.telemetry.timeline import get_timeline
-from asyncrl.trainer import fsdp
+from asyncrl.trainer import fsdp, gathered
+from asyncrl.trainer.actor_state import ActorStateMixin
 from asyncrl.trainer.data_parallel import DataParallel, rank_name
-from asyncrl.trainer.forward import batching, response_logprobs
+from asyncrl.trainer.forward import batching, enable_checkpointing, response_logprobs, use_checkpointing
 from asyncrl.trainer.precision import build_optimizer
 from asyncrl.trainer.update import fit
 from asyncrl.types import Generation, Prompt, UpdateResult
@@ -57,10 +54,12 @@ def _warmup_lambda(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
-class ActorRolloutWorker(SyncSenderMixin):
+class ActorRolloutWorker(ActorStateMixin, SyncSenderMixin):
     """``rank``/``world_size``: one of ``trainer.num_workers`` data-parallel ranks (``init_data_parallel`` joins
-    them, and shards ``model`` under ``trainer.strategy=fsdp2``); ``serving`` holds the full weights on every rank,
-    rank 0 sends them at a sync and writes checkpoints."""
+    them, and shards ``model`` under ``trainer.strategy=fsdp2``); ``serving`` holds the full weights on every rank
+    (the trained model itself; under FSDP2 an unsharded copy where the engine is the rollout, else None: the full
+    weights are gathered when read, ``asyncrl.trainer.gathered``); rank 0 sends them at a sync and writes
+    checkpoints."""
 
     def __init__(
         self,
@@ -81,6 +80,8 @@ class ActorRolloutWorker(SyncSenderMixin):
         m = spec.model
         self.device = resolve_device(spec.engine.device, self.name)
         self.model, self.tokenizer = load_model(m.path, dtype=m.dtype, overrides=m.override_config)
+        if use_checkpointing(spec.actor.gradient_checkpointing, self.device):
+            enable_checkpointing(self.model)
         self.lora = LoraSpec.of(m)
         if self.lora is not None:  # only the adapter trains (and travels at a sync)
             self.model = apply_lora(self.model, self.lora, trainable=True)
@@ -91,6 +92,9 @@ class ActorRolloutWorker(SyncSenderMixin):
         self.scorer = build_reward_loop(spec.reward, self.reward_fn) or self.reward_fn
         # the reference policy: a frozen copy of the start, or for LoRA the base model (the adapter switched off)
         self.ref_model = _frozen_copy(self.model) if spec.needs.reference and self.lora is None else None
+        self.ref_offload = spec.ref.fsdp_config.param_offload and self.ref_model is not None
+        if self.ref_offload:  # unsharded (DDP, one rank): it waits on the host, moved in for its pass
+            self.ref_model.to("cpu")
         # the PPO ratio's denominator, as the schedule chose: the behaviour log-probs (bypass), the weights at the
         # start of the sync window (decoupled PPO), or the current weights
         self.prox_model = _frozen_copy(self.model) if spec.plan.old_policy == "prox" else None
@@ -106,7 +110,7 @@ class ActorRolloutWorker(SyncSenderMixin):
 
     @property
     def sharded(self) -> bool:
-        """FSDP2: ``model`` holds this rank's shards, ``serving`` a full copy of the weights."""
+        """FSDP2: ``model`` holds this rank's shards (``serving`` a full copy only where the engine is the rollout)."""
         return self.dp is not None and self.dp.sharded
 
     def _build_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
@@ -125,20 +129,71 @@ class ActorRolloutWorker(SyncSenderMixin):
         ranks on GPUs of their own) and check the replicas agree."""
         self.dp = DataParallel.create(self.rank, self.world_size, host, port, timeout_s, backend)
         self.dp.check_replicas(self.model, f"{self.name}: start")
-        if self.spec.strategy == "fsdp2":  # shard the trained model; keep a full copy to serve from
-            self.serving = copy.deepcopy(self.model)
-            self.dp.shard_with_fsdp2(self.model)
-            self.optimizer, self.scheduler = self._build_optimizer()  # over the shards
-            rollout = self.spec.plan.engine_is_rollout
+        if self.spec.strategy == "fsdp2":
+            self._shard()
+
+    def _shard(self) -> None:
+        """FSDP2: the trained model's shards in fp32, the master weights, computing in ``model.dtype``; the reference
+        and proximal models sharded in ``model.dtype``. Where the engine is the rollout (sync) an unsharded copy in
+        ``model.dtype`` is kept to decode from; elsewhere none: what reads the full weights gathers them
+        (``asyncrl.trainer.gathered``)."""
+        compute = next(self.model.parameters()).dtype
+        self.compute_dtype = compute
+        self.frame = gathered.skeleton(self.model)  # the structure a gathered copy is built in (meta: no memory)
+        rollout = self.spec.plan.engine_is_rollout
+        self.serving = copy.deepcopy(self.model) if rollout else None
+        self.model.float()
+        self.dp.shard_with_fsdp2(self.model, compute, offload=self.spec.actor.fsdp_config.param_offload)
+        if self.ref_model is not None:
+            self.dp.shard_with_fsdp2(self.ref_model, offload=self.spec.ref.fsdp_config.param_offload)
+        if self.prox_model is not None:
+            self.dp.shard_with_fsdp2(self.prox_model)
+        self.optimizer, self.scheduler = self._build_optimizer()  # over the fp32 shards: plain AdamW
+        self.engine = None  # built over a gathered copy for each call (``generate``)
+        if rollout:
             self.engine = colocated_engine(self.spec.engine, self.serving, self.tokenizer, rollout)
             self.engine.version = self.version
+
+    @property
+    def gathers(self) -> bool:
+        """Sharded with no full copy: the full weights are gathered whenever read, with every rank taking part."""
+        return self.sharded and self.serving is None
+
+    @contextmanager
+    def gathering(self) -> Iterator[gathered.Gather]:
+        """A gathering session led by this rank (0); the others are in ``follow_gather`` until it ends."""
+        session = gathered.Gather(self.dp, self.model)
+        try:
+            yield session
+        finally:
+            session.stop()
+
+    def gathered_model(self, session: gathered.Gather, device: torch.device) -> torch.nn.Module:
+        """An unsharded copy in ``model.dtype`` on ``device``, gathered parameter by parameter."""
+        return gathered.full_model(session, self.model, self.frame, device)
+
+    def follow_gather(self) -> None:
+        """Ranks >= 1: take part in whatever rank 0 gathers in the call it runs now (a sync, an evaluation, an
+        export); returns at once where nothing is gathered."""
+        if self.gathers and self.rank != 0:
+            gathered.Gather(self.dp, self.model).follow()
+
+    def weight_sync_gather(self) -> tuple[gathered.Gather, torch.dtype] | None:
+        return (gathered.Gather(self.dp, self.model), self.compute_dtype) if self.gathers else None
 
     # ---- rollout -------------------------------------------------------------------------------------------------
     def generate(
         self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int = -1, score: bool = True
     ) -> Generation:
-        """Samples from the current weights, scored by the rule reward here, where they were made (``score``)."""
-        return generate_scored(self.engine, self.scorer, self.timeline, self.name, prompts, params, seed, step, score)
+        """Samples from the current weights, scored by the rule reward here, where they were made (``score``). A
+        sharded trainer with no full copy decodes from one gathered for this call and dropped after it."""
+        engine = self.engine
+        if engine is None:
+            with self.gathering() as session:
+                full = self.gathered_model(session, self.device)
+            engine = colocated_engine(self.spec.engine, full, self.tokenizer, False)
+            engine.version = self.version
+        return generate_scored(engine, self.scorer, self.timeline, self.name, prompts, params, seed, step, score)
 
     # ---- training ------------------------------------------------------------------------------------------------
     def _logprobs(self, which: str, batch: TrainBatch, step: int, temperature: float) -> torch.Tensor:
@@ -147,17 +202,21 @@ class ActorRolloutWorker(SyncSenderMixin):
         if which == "ref" and self.lora is not None:  # LoRA's reference: the actor with its adapter switched off
             model, context = self.model, reference_policy(self.model)
         else:
-            model = {"actor": self.serving, "ref": self.ref_model, "prox": self.prox_model}[which]
-            context = contextlib.nullcontext()
+            actor = self.serving if self.serving is not None else self.model
+            model = {"actor": actor, "ref": self.ref_model, "prox": self.prox_model}[which]
+            offloaded = which == "ref" and self.ref_offload and not fsdp.is_sharded(model)
+            context = _moved_in(model, self.device) if offloaded else contextlib.nullcontext()
             if model is None:
                 raise RuntimeError(f"{self.name}: the objective needs the {which} model, not in this trainer's spec")
         how = batching(self.spec.actor)
         with self.timeline.span(f"{which}_logprobs", step=step, worker=self.name), context:
             if self.dp is None:
                 return response_logprobs(model, batch, temperature, how)
-            # each rank its share of the rows, then every rank the whole [B, T]
+            # each rank its share of the rows, then every rank the whole [B, T]; a sharded model's forwards are
+            # collectives, run as many times on every rank
             rows = self.dp.share(batch)
-            own = response_logprobs(model, batch.select(rows), temperature, how)
+            rounds = self.dp.rounds if fsdp.is_sharded(model) else None
+            own = response_logprobs(model, batch.select(rows), temperature, how, rounds)
             return self.dp.gather_rows(own, rows)
 
     def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> UpdateResult:
@@ -190,13 +249,20 @@ class ActorRolloutWorker(SyncSenderMixin):
         # the process's peak resident memory so far (Linux reports KiB): in-process runs count the driver's too
         timings["perf/trainer_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         timings["perf/trainer_threads"] = float(torch.get_num_threads())  # float sums depend on it (asyncrl replay)
-        fp = fingerprint(self.serving.state_dict()) if self.spec.record_consumed and self.rank == 0 else None
+        fp = self._fingerprint() if self.spec.record_consumed else None
         return UpdateResult({**res.metrics, **timings}, self.version, fp)
+
+    def _fingerprint(self) -> str | None:
+        """Rank 0's fingerprint of the weights just trained (sharded without a copy: gathered whole, every rank)."""
+        if self.gathers:
+            state = {k: v.to(self.compute_dtype) for k, v in fsdp.full_state(self.model).items()}
+            return fingerprint(state) if self.rank == 0 else None
+        return fingerprint(self.serving.state_dict()) if self.rank == 0 else None
 
     def _count_update(self) -> None:
         self.updates += 1
         version = self.updates // self.spec.plan.updates_per_version
-        copies = [self.serving] if self.sharded else []
+        copies = [self.serving] if self.sharded and self.serving is not None else []
         if version != self.version and self.prox_model is not None:
             copies.append(self.prox_model)  # a new sync window starts from here
         every = self.spec.needs.ref_refresh_every
@@ -204,89 +270,19 @@ class ActorRolloutWorker(SyncSenderMixin):
             copies.append(self.ref_model)  # the reference catches up (online DPO's ref_update_freq)
         self._copy_weights(copies)
         self.version = version
-        self.engine.version = self.version  # colocated: the engine generates with these very weights
+        if self.engine is not None:
+            self.engine.version = self.version  # colocated: the engine generates with these very weights
 
     def _copy_weights(self, targets: list[torch.nn.Module]) -> None:
-        """The trained weights into each of ``targets`` (FSDP2: gathered from the shards, on every rank at once)."""
+        """The trained weights into each of ``targets`` (FSDP2: a sharded target shard by shard, an unsharded one
+        gathered from the shards, on every rank at once)."""
         if self.sharded:
+            fsdp.copy_shards(self.model, [t for t in targets if fsdp.is_sharded(t)])
             with self.timeline.span("gather_weights", worker=self.name):
-                fsdp.gather_into(self.model, targets)
+                fsdp.gather_into(self.model, [t for t in targets if not fsdp.is_sharded(t)])
         else:
             for t in targets:
                 t.load_state_dict(self.model.state_dict())
-
-    # ---- checkpoint ----------------------------------------------------------------------------------------------
-    def save_checkpoint(self, directory: str) -> None:
-        """Writes model (safetensors) + tokenizer, optimizer, scheduler and RNG states into ``directory``. FSDP2:
-        every rank is called (the optimizer state is gathered whole), rank 0 writes the single-rank layout."""
-        optimizer = fsdp.full_optimizer_state(self.optimizer) if self.sharded else self.optimizer.state_dict()
-        if self.rank != 0:
-            return
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        if self.lora is not None:  # the adapter alone: the base is model.path, never changed
-            save_adapter(self.model, d / "adapter")
-        else:
-            self.serving.save_pretrained(d / "model", safe_serialization=True)
-            self.tokenizer.save_pretrained(d / "model")
-        state = {
-            "optimizer": optimizer,
-            "scheduler": self.scheduler.state_dict(),
-            "updates": self.updates,
-            "version": self.version,
-            "rng": rng_state(),
-        }
-        torch.save(state, d / self.state_file)
-        if self.ref_model is not None:
-            torch.save(self.ref_model.state_dict(), d / "ref_model.pt")
-
-    def load_checkpoint(self, directory: str) -> int:
-        d = Path(directory)
-        if self.lora is not None:
-            load_adapter_state(self.model, d / "adapter")
-        else:
-            self._load_full_weights(d)
-        state = torch.load(d / self.state_file, weights_only=False, map_location="cpu")
-        if self.sharded:  # this rank's slice of the whole state
-            state["optimizer"] = fsdp.sharded_optimizer_state(state["optimizer"], self.optimizer)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.updates = int(state["updates"])
-        self.version = int(state["version"])
-        self.engine.version = self.version
-        set_rng_state(state["rng"])
-        if self.ref_model is not None:
-            self.ref_model.load_state_dict(torch.load(d / "ref_model.pt", weights_only=True, map_location="cpu"))
-        # checkpoints are taken at weight syncs: a sync window starts here
-        self._copy_weights(
-            ([self.serving] if self.sharded else []) + ([self.prox_model] if self.prox_model is not None else [])
-        )
-        if self.dp is not None and not self.sharded:  # every rank read the same files (any number of ranks wrote them)
-            self.dp.check_replicas(self.model, f"{self.name}: resume from {d}")
-        return self.version
-
-    def _load_full_weights(self, d: Path) -> None:
-        tensors = load_tensors(d / "model")
-        if self.sharded:
-            tensors = {k: v for k, v in tensors.items() if not _is_tied(self.serving, k)}
-            fsdp.load_full(self.model, tensors, str(d))
-            return
-        missing, unexpected = self.model.load_state_dict(tensors, strict=False)
-        missing = [m for m in missing if not _is_tied(self.model, m)]
-        if missing or unexpected:
-            raise RuntimeError(f"checkpoint {d}: missing weights {missing[:5]}, unexpected {unexpected[:5]}")
-
-    def export_model(self, directory: str) -> None:
-        """The current policy as a plain HF directory (safetensors + config + tokenizer). A LoRA policy: base +
-        adapter merged there, and the adapter alone (peft format) in ``directory/adapter``."""
-        model = merged_copy(self.model) if self.lora is not None else self.serving
-        model.save_pretrained(directory, safe_serialization=True)
-        self.tokenizer.save_pretrained(directory)
-        if self.lora is not None:
-            save_adapter(self.model, Path(directory) / "adapter")
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.serving.state_dict().items()}
 
     def pop_timeline(self) -> list[dict]:
         return self.timeline.drain()
@@ -303,11 +299,17 @@ def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @contextmanager
+def _moved_in(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
+    """``model`` on ``device`` for the block, back on the host after (an offloaded unsharded reference)."""
+    model.to(device)
+    try:
+        yield
+    finally:
+        model.to("cpu")
+
+
+@contextmanager
 def _timed(into: dict[str, float], key: str) -> Iterator[None]:
     t0 = time.perf_counter()
     yield
     into[key] = time.perf_counter() - t0
-
-
-def _is_tied(model: torch.nn.Module, name: str) -> bool:
-    return name == "lm_head.weight" and bool(getattr(model.config, "tie_word_embeddings", False))

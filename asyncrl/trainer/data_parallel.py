@@ -17,6 +17,11 @@ into a different number of micro-batches (or none: every row of its share skippe
 The group is a process group of its own (``asyncrl.weights.transport``: TCPStore + gloo, or NCCL on GPUs), not the
 default group, so ``ddp`` ranks may also be threads of one process (the in-process backend), and the weight sync's
 group is separate. FSDP2 needs the default group as well, so its ranks are processes.
+
+Every collective runs on the group's device (``DataParallel.device``: the rank's GPU under NCCL, which takes CUDA
+tensors only; the host under gloo): what a collective sends is moved there first, and a result comes back to the host
+only where the caller needs a Python value (a count, a pickled object); ``gather_rows`` hands its rows back on the
+device its caller's part lives on.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
 from asyncrl.data.collate import TrainBatch
+from asyncrl.trainer.forward import model_device
 from asyncrl.weights import transport
 
 GRAD_BUCKET_BYTES = 32 * 2**20  # gradients are summed in flat buckets of about this size
@@ -77,12 +83,23 @@ class DataParallelError(RuntimeError):
 class DataParallel:
     """One rank's view of the trainer's data-parallel group; build it with :meth:`create` on every rank at once."""
 
-    def __init__(self, pg: Any, store: Any, rank: int, world_size: int, timeout_s: float, backend: str, host: str):
+    def __init__(
+        self,
+        pg: Any,
+        store: Any,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        backend: str,
+        host: str,
+        device: torch.device | None = None,
+    ):
+        """``device``: where the group takes its tensors (default: the backend's, ``transport.backend_device``)."""
         self.pg, self._store, self.host = pg, store, host
         self.rank, self.world_size = rank, world_size
         self.timeout_s = timeout_s
         self.backend = backend
-        self.device = transport.backend_device(backend)
+        self.device = device if device is not None else transport.backend_device(backend)
         self.mesh: Any = None  # FSDP2's device mesh, once ``shard_with_fsdp2`` ran (``asyncrl.trainer.fsdp``)
 
     @property
@@ -91,13 +108,16 @@ class DataParallel:
         every rank must run as many forwards and backwards as the others (``Lockstep``)."""
         return self.mesh is not None
 
-    def shard_with_fsdp2(self, model: torch.nn.Module) -> None:
-        """Shard ``model`` over the ranks (the process's default group: ranks must be processes)."""
+    def shard_with_fsdp2(
+        self, model: torch.nn.Module, compute_dtype: torch.dtype | None = None, offload: bool = False
+    ) -> None:
+        """Shard ``model`` over the ranks (the process's default group: ranks must be processes); ``compute_dtype``
+        and ``offload`` as ``asyncrl.trainer.fsdp.shard``."""
         from asyncrl.trainer import fsdp
 
         if self.mesh is None:
             self.mesh = fsdp.init_mesh(self._store, self.rank, self.world_size, self.timeout_s, self.backend, self.host)
-        fsdp.shard(model, self.mesh)
+        fsdp.shard(model, self.mesh, compute_dtype, offload)
 
     @classmethod
     def create(
@@ -131,13 +151,14 @@ class DataParallel:
     # ---- lockstep (FSDP2) ----------------------------------------------------------------------------------------
     def rounds(self, n: int) -> int:
         """The most micro-batches any rank has (``n``: this rank's): every rank runs that many passes."""
-        return max(int(k) for k in self._all_gather(torch.tensor([n], dtype=torch.int64)))
+        return int(torch.stack(self._all_gather(torch.tensor([n], dtype=torch.int64))).max().cpu())
 
     @staticmethod
     def idle_pass(model: torch.nn.Module) -> None:
         """A forward and backward that change no gradient (one token, loss times zero): it takes part in the sharded
-        module's all-gathers and reduce-scatters for a rank that has no micro-batch left."""
-        logits = model(input_ids=torch.zeros((1, 1), dtype=torch.long)).logits
+        module's all-gathers and reduce-scatters for a rank that has no micro-batch left. The token is put where the
+        model's embedding lives (a GPU's, under FSDP2 on GPUs)."""
+        logits = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=model_device(model))).logits
         (logits.sum() * 0.0).backward()
 
     # ---- collectives ---------------------------------------------------------------------------------------------
@@ -145,8 +166,10 @@ class DataParallel:
         return transport.Deadline(self.timeout_s)
 
     def _all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
-        """``t`` (same shape on every rank) from every rank, in rank order."""
+        """``t`` (same shape on every rank) from every rank, in rank order, on the group's device (``t`` is moved
+        there first)."""
         d = self._deadline()
+        t = t.to(self.device)
         out = [torch.empty_like(t) for _ in range(self.world_size)]
         opts = AllgatherOptions()
         opts.timeout = d.remaining()
@@ -156,28 +179,27 @@ class DataParallel:
     def all_gather_object(self, obj: Any) -> list[Any]:
         """A small picklable value from every rank, in rank order (metrics, flags)."""
         payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        sizes = self._all_gather(torch.tensor([payload.numel()], dtype=torch.int64))
-        width = int(max(int(s) for s in sizes))
+        sizes = torch.stack(self._all_gather(torch.tensor([payload.numel()], dtype=torch.int64))).flatten().cpu()
+        width = int(sizes.max())
         padded = torch.zeros(width, dtype=torch.uint8)
         padded[: payload.numel()] = payload
-        parts = self._all_gather(padded)
+        parts = torch.stack(self._all_gather(padded)).cpu()  # pickle reads host bytes: one copy back
         return [pickle.loads(p[: int(s)].numpy().tobytes()) for p, s in zip(parts, sizes)]
 
     def gather_rows(self, part: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The whole [n, ...] tensor from every rank's ``part`` (this rank's: ``part[i]`` is row ``rows[i]``); the
-        ranks' rows cover 0..n-1 once."""
-        sizes = [int(k) for k in self._all_gather(torch.tensor([len(rows)], dtype=torch.int64))]
+        ranks' rows cover 0..n-1 once. Assembled on the group's device; returned on ``part``'s."""
+        sizes = torch.stack(self._all_gather(torch.tensor([len(rows)], dtype=torch.int64))).flatten().tolist()
         width = max(sizes)
-        idx = torch.full((width,), -1, dtype=torch.int64)
-        idx[: len(rows)] = rows
-        padded = part.new_zeros((width, *part.shape[1:]))
-        padded[: part.shape[0]] = part
+        idx = torch.full((width,), -1, dtype=torch.int64, device=self.device)
+        idx[: len(rows)] = rows.to(self.device)
+        padded = torch.zeros((width, *part.shape[1:]), dtype=part.dtype, device=self.device)
+        padded[: part.shape[0]] = part.to(self.device)
         all_idx, pieces = self._all_gather(idx), self._all_gather(padded)
-        n = sum(sizes)
-        out = part.new_zeros((n, *part.shape[1:]))
+        out = torch.zeros((sum(sizes), *part.shape[1:]), dtype=part.dtype, device=self.device)
         for i, p, k in zip(all_idx, pieces, sizes):
             out[i[:k]] = p[:k]
-        return out
+        return out.to(part.device)
 
     def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         """Sum the gradients of ``params`` over the ranks, in place (a missing gradient counts as zero)."""
@@ -196,9 +218,11 @@ class DataParallel:
             self._reduce_bucket(bucket)
 
     def _reduce_bucket(self, bucket: list[torch.nn.Parameter]) -> None:
-        """One all-reduce per bucket, summed in fp32 whatever the gradients' dtype (copied back in theirs)."""
-        flat = torch.cat([p.grad.reshape(-1).float() for p in bucket]).to(self.device)
+        """One all-reduce per bucket on the group's device, summed in fp32 whatever the gradients' dtype (copied back
+        in theirs, on theirs)."""
+        flat = torch.cat([p.grad.reshape(-1).to(self.device, torch.float32) for p in bucket])
         transport.allreduce_sum(self.pg, flat, self._deadline())
+        flat = flat.to(bucket[0].grad.device)  # one copy back, where the gradients live (a no-op on a GPU rank)
         offset = 0
         for p in bucket:
             k = p.grad.numel()
@@ -208,10 +232,8 @@ class DataParallel:
     def check_replicas(self, model: torch.nn.Module, what: str) -> None:
         """Raise unless every rank holds the same trainable weights (a float64 checksum per tensor, compared
         exactly): ranks that silently drift apart would train different models and sync rank 0's."""
-        sums = torch.tensor(
-            [float(p.detach().double().sum()) for p in model.parameters() if p.requires_grad], dtype=torch.float64
-        )
-        every = self._all_gather(sums)
+        sums = torch.stack([p.detach().double().sum().to(self.device) for p in model.parameters() if p.requires_grad])
+        every = [s.cpu() for s in self._all_gather(sums)]  # compared on the host: one copy back
         names = [n for n, p in model.named_parameters() if p.requires_grad]
         for r, other in enumerate(every):
             diff = (other != every[0]).nonzero().flatten()

@@ -2,22 +2,34 @@
 of its gradient and of its AdamW state (``torch.distributed.fsdp.fully_shard``, one unit per decoder layer and one for
 the rest).
 
+Mixed precision as verl: the trained model's shards are fp32 and are the master weights (AdamW steps them; no
+``MasterWeightsAdamW`` under FSDP2); with ``model.dtype`` bf16 (or fp16) a ``MixedPrecisionPolicy`` all-gathers them in
+that dtype for every forward and backward and reduce-scatters the gradients in fp32. The frozen reference and
+proximal models are sharded too, in ``model.dtype`` (no optimizer), and refreshed shard by shard from the trained
+model's (``copy_shards``: no communication). ``actor.fsdp_config.param_offload`` (= ``optimizer_offload``: torch's
+``CPUOffloadPolicy`` keeps a module's parameter, gradient and so optimizer-state shards on the host together, so
+the two cannot differ) and ``ref.fsdp_config.param_offload`` keep those shards on the host between passes.
+
 A sharded module all-gathers its parameters in every forward and reduce-scatters the gradients in every backward,
 so the ranks must run the same number of forwards and backwards: a rank whose share packs into fewer micro-batches
 makes up the difference with idle passes (``DataParallel.idle_pass``: a one-token forward whose loss is multiplied by
 zero). The gradients are summed over the ranks, not averaged: each rank already weights its rows by their share of
 the whole mini-batch (``policy_ops.optimize``), as under DDP.
 
-Every rank also keeps an unsharded copy of the weights (``ActorRolloutWorker.serving``), refreshed after each
-update with one all-gather per parameter: the colocated engine decodes from it (each rank its own prompts, for its
-own number of steps, which a sharded module cannot do alone), the log-prob passes read it without collectives, and
-rank 0 sends it at a weight sync and writes it in checkpoints. That is verl's hybrid engine: the trainer's shards plus
-a full copy for the rollout. Per rank: the full weights once, plus 1/N of weights, gradients and optimizer state,
-against all four in full under DDP.
+Where the trainer's engine is the rollout (the sync schedule), every rank also keeps an unsharded copy of the
+weights in ``model.dtype`` (``ActorRolloutWorker.serving``), refreshed after each update with one all-gather per
+parameter: the colocated engine decodes from it (each rank its own prompts, for its own number of steps, which a
+sharded module cannot do alone). That is verl's hybrid engine: the trainer's shards plus a full copy for the rollout.
+In every other schedule no full copy is kept: the log-prob passes run on the shards (in lockstep), and what reads the
+full weights on rank 0 (a weight sync, an evaluation, an export) gathers them parameter by parameter with every rank
+taking part (``asyncrl.trainer.gathered``). Per rank: 1/N of weights, gradients and optimizer state (plus the full
+copy in sync), against all of them in full under DDP.
 
-Checkpoints are the single-rank format (full tensors; the optimizer's state in ``Optimizer.state_dict``'s layout):
-the optimizer state is gathered to rank 0 to save, and each rank takes its slice when it loads, so a checkpoint
-written by N ranks (sharded or not) resumes on M.
+Checkpoints are sharded (``torch.distributed.checkpoint``): each rank writes its shards of the weights, the optimizer
+state and the reference, nothing gathered, and reads them back (another number of sharded ranks: resharded); rank 0
+also writes the full weights as one HF directory, gathered parameter by parameter. A checkpoint of one rank or of DDP
+ranks (the single-rank layout) still loads into sharded ranks, each taking its slice; a sharded one does not load
+into DDP or one rank (refused, naming the keys).
 
 FSDP2 needs the process's default process group (``DeviceMesh`` does not take a bare ``ProcessGroupGloo``), so
 ranks must be processes (the Ray backend), not threads of one process.
@@ -27,12 +39,15 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 
@@ -67,11 +82,23 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(max(lists, key=len)) if lists else []
 
 
-def shard(model: torch.nn.Module, mesh: DeviceMesh) -> None:
-    """``fully_shard`` each decoder layer, then the root, in place; the gradients are summed across ranks."""
+def shard(
+    model: torch.nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype | None = None, offload: bool = False
+) -> None:
+    """``fully_shard`` each decoder layer, then the root, in place; the gradients are summed across ranks.
+
+    ``compute_dtype`` (bf16/fp16 over fp32 parameters): the parameters are all-gathered in it for the passes and the
+    gradients reduced in fp32 (``MixedPrecisionPolicy``); None or the parameters' dtype: no casting. ``offload``: the
+    shards live on the host between passes (``CPUOffloadPolicy``; pinned where the mesh is on GPUs)."""
+    params_dtype = next(model.parameters()).dtype
+    if compute_dtype is None or compute_dtype == params_dtype:
+        mp = MixedPrecisionPolicy()
+    else:
+        mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    off = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if offload else OffloadPolicy()
     for unit in shard_units(model):
-        fully_shard(unit, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(unit, mesh=mesh, mp_policy=mp, offload_policy=off)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=off)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
@@ -87,6 +114,62 @@ def gather_into(model: torch.nn.Module, targets: list[torch.nn.Module]) -> None:
             full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
             for d in dests:
                 d[name].copy_(full)
+
+
+def copy_shards(model: torch.nn.Module, targets: list[torch.nn.Module]) -> None:
+    """Copy the sharded ``model``'s weights into each of ``targets``, sharded the same way over the same mesh (the
+    reference and proximal models): each rank its own shards, cast to the target's dtype, with no communication."""
+    with torch.no_grad():
+        for t in targets:
+            dest = dict(t.named_parameters())
+            for name, p in model.named_parameters():
+                dest[name].to_local().copy_(p.to_local())
+
+
+def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The sharded ``model``'s parameters gathered whole, one at a time (a collective: every rank calls it)."""
+    return {n: (p.full_tensor() if isinstance(p, DTensor) else p.detach()).clone() for n, p in model.named_parameters()}
+
+
+def gather_to_host(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
+    """The sharded ``model``'s parameters gathered whole one at a time (a collective: every rank calls it), each
+    copied to the host where ``keep`` (rank 0), else dropped: the device never holds more than one whole."""
+    out = {}
+    for n, p in model.named_parameters():
+        full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+        if keep:
+            out[n] = full.to("cpu", copy=True)
+    return out
+
+
+def save_sharded(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, frozen: dict[str, torch.nn.Module]
+) -> None:
+    """Every rank writes its own shards of ``model``, of ``optimizer``'s state and of the ``frozen`` sharded models
+    into ``directory`` (``torch.distributed.checkpoint``, one file per rank; a collective): nothing is gathered.
+    The ranks must see one filesystem (one node, or a shared one)."""
+    dcp.save(_dcp_state(model, optimizer, frozen), checkpoint_id=str(directory))
+
+
+def load_sharded(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, frozen: dict[str, torch.nn.Module]
+) -> None:
+    """``save_sharded``'s shards back into this rank's (a collective); another number of ranks reads the same
+    checkpoint resharded."""
+    state = _dcp_state(model, optimizer, frozen)
+    dcp.load(state, checkpoint_id=str(directory))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    for key, m in frozen.items():
+        m.load_state_dict(state[key])
+
+
+def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, frozen: dict[str, torch.nn.Module]) -> dict:
+    msd, osd = get_state_dict(model, optimizer)
+    return {"model": msd, "optim": osd, **{key: m.state_dict() for key, m in frozen.items()}}
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
 
 
 def load_full(model: torch.nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:

@@ -21,7 +21,7 @@ from asyncrl.data.collate import Batching, Objective, TrainBatch, count_weight, 
 from asyncrl.data.packing import TokenCount
 from asyncrl.models.device import to_device
 from asyncrl.trainer.data_parallel import DataParallel, Lockstep
-from asyncrl.trainer.forward import batching, forward_logits
+from asyncrl.trainer.forward import batching, forward_logits, model_device
 from asyncrl.trainer.fsdp import to_float
 from asyncrl.trainer.precision import grads_to_clip
 
@@ -146,7 +146,7 @@ def optimize(
     weight = weight or (lambda b: count_weight(b, role.loss_agg_mode))
     means = Means()
     params = [p for p in model.parameters() if p.requires_grad]
-    device = params[0].device if params else torch.device("cpu")
+    device = model_device(model)  # a GPU's even where offloaded shards live on the host
     steps = skipped = rows_left_out = 0
     skipping = False
     how = batching(role, prefix)

@@ -1,9 +1,10 @@
 """The worker side of the weight sync: mixins that give a worker class the calls the driver's ``WeightSync`` makes.
 
-A trainer worker class inherits :class:`SyncSenderMixin` (it must have ``self.serving``, the full weights), a rollout
-worker class :class:`SyncReceiverMixin` (it must have ``self.engine``, a ``RolloutEngine``). The tensors travel over
-the sync group (gloo/NCCL), never through the role backend (Ray's object store or the driver's memory); the backend
-only carries the calls, so a Ray actor and an in-process worker sync the same way.
+A trainer worker class inherits :class:`SyncSenderMixin` (it must have ``self.serving``, the full weights, or gather
+them: ``weight_sync_gather``), a rollout worker class :class:`SyncReceiverMixin` (it must have ``self.engine``, a
+``RolloutEngine``). The tensors travel over the sync group (gloo/NCCL), never through the role backend (Ray's object
+store or the driver's memory); the backend only carries the calls, so a Ray actor and an in-process worker sync the
+same way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.models.fp8 import quantize_for_sync
+from asyncrl.models.fp8 import quantize_for_sync, sync_layout
 from asyncrl.models.lora import is_lora, require_adapter, synced_tensors
 from asyncrl.weights.errors import WeightSyncError
 from asyncrl.weights.group import WeightSyncGroup
@@ -75,13 +76,28 @@ class _WeightSyncMixin:
 
 class SyncSenderMixin(_WeightSyncMixin):
     """For the trainer actor: sends ``self.serving``'s parameters, the full weights (the trained model itself, or a
-    sharded trainer's unsharded copy); override ``weight_sync_tensors`` to send others."""
+    sharded trainer's unsharded copy); override ``weight_sync_tensors`` to send others.
 
-    serving: torch.nn.Module
+    A sharded trainer that keeps no full copy (``weight_sync_gather`` returns a session) sends what it gathers from
+    its shards parameter by parameter as the group packs its buckets: its plan is made from shapes alone (meta
+    tensors), and every other trainer rank takes part in the gathers from ``follow_gather``."""
+
+    serving: torch.nn.Module | None
+
+    def weight_sync_gather(self) -> Any:
+        """A gathering session (``asyncrl.trainer.gathered.Gather``) where the weights are sharded with no full copy,
+        else None; with its dtype, the one the weights are sent in."""
+        return None
 
     def weight_sync_tensors(self) -> dict[str, torch.Tensor]:
         """Name -> tensor to send: the model's parameters, tied ones once (as ``RolloutEngine`` expects); for a LoRA
-        model its adapter alone, and never a plan without one."""
+        model its adapter alone, and never a plan without one. Sharded with no full copy: meta tensors of the
+        shapes and dtype the sync will send (what the plan needs; ``send_weights`` gathers the data)."""
+        gather = self.weight_sync_gather()
+        if gather is not None:
+            session, dtype = gather
+            metas = {n: torch.empty(p.shape, dtype=dtype, device="meta") for n, p in session.params.items()}
+            return sync_layout(metas) if getattr(self, "sync_quantization", None) == "fp8" else metas
         tensors = synced_tensors(self.serving)
         if is_lora(self.serving):
             require_adapter(list(tensors), f"{type(self).__name__}: weight sync")
@@ -108,7 +124,18 @@ class SyncSenderMixin(_WeightSyncMixin):
         timeline = getattr(self, "timeline", None)
         span = timeline.span("send_weights", version=version) if timeline is not None else contextlib.nullcontext()
         with span:  # the trainer is busy while it sends: its timeline says so
-            return self._group(version).send(self.weight_sync_tensors(), version, verify, timeout_s, _corrupt_bucket)
+            gather = self.weight_sync_gather()
+            if gather is None:
+                tensors = self.weight_sync_tensors()
+                return self._group(version).send(tensors, version, verify, timeout_s, _corrupt_bucket)
+            session, dtype = gather
+            try:
+                tensors = session.tensors(dtype)
+                if getattr(self, "sync_quantization", None) == "fp8":  # quantized whole: a full copy, transiently
+                    tensors = quantize_for_sync(dict(tensors))
+                return self._group(version).send(tensors, version, verify, timeout_s, _corrupt_bucket)
+            finally:
+                session.stop()
 
 
 class SyncReceiverMixin(_WeightSyncMixin):
