@@ -211,4 +211,3 @@ def test_verls_off_values_and_a_read_ref_section_load():
     cfg = load_config(None, BASE + ["rollout.top_k=-1", "actor.use_kl_loss=true", "ref.fsdp_config.param_offload=true"])
     assert SamplingParams.from_config(cfg.rollout).top_k == 0
     assert cfg.ref.fsdp_config.param_offload
-

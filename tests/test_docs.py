@@ -51,6 +51,35 @@ def test_the_translated_verl_command_loads():
     assert (variant.trainer.num_workers, variant.rollout.num_workers) == (8, 1)
 
 
+def test_verls_7b_fully_async_recipe_is_translated_key_by_key_and_fits_its_gpus():
+    """Every line of verl's dapo_7b_math_fsdp2_8_8.sh that sets something has a row; every asyncrl key the rows name
+    exists; the translated command loads and its memory plan fits 8 + 8 GPUs of 80 GB (Qwen2.5-7B's config)."""
+    import shlex
+
+    from asyncrl.config import load_config
+    from asyncrl.planning.check import check_memory
+    from asyncrl_lab import verl_keymap
+
+    page = (ROOT / "docs" / "from-verl.md").read_text()
+    section = page.split("## verl's fully_async DAPO recipe for a 7B model", 1)[1]
+    table = section.split("| verl | asyncrl |\n| --- | --- |\n", 1)[1].split("\n\n", 1)[0]
+    rows = [r.split(" | ", 1) for r in table.splitlines()]
+    assert len(rows) == 83  # the entry point, VLLM_USE_V1 and the 81 overrides
+    assert len({verl for verl, _ in rows}) == 83
+    leaves = {k for k, _ in verl_keymap.config_keys()}
+    named = [k for _, ours in rows for k in re.findall(r"`([a-z_]+(?:\.[a-z_0-9]+)+)=", ours)]
+    unknown = [k for k in named if k not in leaves and not k.startswith("model.override_config.")]
+    assert named and not unknown, unknown
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    args = shlex.split(block.replace("\\\n", " ").replace("$HOME", "/home/user").replace('"$@"', ""))
+    assert args[:2] == ["asyncrl", "train"]
+    model = ROOT / "tests" / "fixtures" / "models" / "qwen2.5-7b"
+    cfg = load_config(None, [*args[2:], f"model.path={model}"])
+    assert (cfg.trainer.num_workers, cfg.rollout.num_workers, cfg.trainer.strategy) == (8, 8, "fsdp2")
+    plan = check_memory(cfg, device_bytes=int(80e9))  # raises, naming the role, if a GPU cannot hold it
+    assert plan is not None and plan.fits() and plan.trainer.total <= 70e9
+
+
 # ---- the front page and the guides --------------------------------------------------------------------------------
 def test_readme_is_a_front_page_under_150_lines():
     lines = (ROOT / "README.md").read_text().splitlines()
