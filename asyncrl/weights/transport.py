@@ -163,13 +163,20 @@ class _LocalHub:
         self.ops: dict[int, list[Any]] = {}
         self.aborted = False
         self.left = 0
+        self.joined = 0
 
     @classmethod
     def join(cls, key: tuple[str, int, str], rank: int, world_size: int) -> LocalProcessGroup:
+        """Join the hub of ``key``; a hub every rank already joined belongs to an earlier group on the same address
+        (a local group binds no port, so a later ``find_free_port`` may hand the same one out again): a new one
+        starts."""
         with cls._lock:
-            hub = cls._hubs.setdefault(key, cls(key, world_size))
-        if hub.world != world_size:
-            raise RuntimeError(f"local group {key}: world size {world_size}, the group has {hub.world}")
+            hub = cls._hubs.get(key)
+            if hub is None or hub.joined >= hub.world:
+                hub = cls._hubs[key] = cls(key, world_size)
+            if hub.world != world_size:
+                raise RuntimeError(f"local group {key}: world size {world_size}, the group has {hub.world}")
+            hub.joined += 1
         return LocalProcessGroup(hub, rank)
 
     def wait_for(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
