@@ -97,15 +97,8 @@ class StreamSupervisor(Supervisor):
             snap = r.snapshot().result(timeout=self.timeout_s) if snapshot or self.replaceable else None
             r.resume_generation(version).result(timeout=self.timeout_s)
         except Exception as e:  # noqa: BLE001 - a death is handled, anything else re-raised
-            cause = self._failure(e, r)
-            if cause is None:
-                raise
-            try:
-                self.replace(cause)
-            except WorkerLostError as lost:  # the step trained: it finishes, and the next get_batch raises
-                self.lost = lost
-                return 0.0, None, self.advanced()
-            return 0.0, None, self.base
+            # lost: the step trained, it finishes, and the next get_batch raises
+            return (0.0, None, self.base) if self._survive(e, r) else (0.0, None, self.advanced())
         if self.replaceable:
             self.base, self.consumed = snap, []
         return paused, stats, snap
@@ -122,14 +115,21 @@ class StreamSupervisor(Supervisor):
                 version = r.handle.call("version").result(timeout=self.timeout_s)
                 r.resume_generation(version).result(timeout=self.timeout_s)
         except Exception as e:  # noqa: BLE001 - a death is handled, anything else re-raised
-            cause = self._failure(e, r)
-            if cause is None:
-                raise
-            try:
-                self.replace(cause)
-            except WorkerLostError as lost:  # the next get_batch raises it
-                self.lost = lost
+            self._survive(e, r)
             return None
+
+    def _survive(self, e: BaseException, r: RollouterClient) -> bool:
+        """After ``e`` from ``r``: re-raised unless ``r`` died or hung; else a replacement is started (True), or, with
+        no restart left, ``lost`` is set for the next ``get_batch`` to raise (False)."""
+        cause = self._failure(e, r)
+        if cause is None:
+            raise e
+        try:
+            self.replace(cause)
+        except WorkerLostError as lost:
+            self.lost = lost
+            return False
+        return True
 
     def metrics(self) -> dict[str, float]:
         """The Rollouter's metrics since the last call; none once it is lost (the step still gets logged)."""
