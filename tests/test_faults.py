@@ -110,6 +110,24 @@ def test_a_rollout_worker_killed_at_a_random_moment_is_replaced(setup, schedule,
     assert len(summary["worker_restarts"]) == 1 and "rollout" in summary["worker_restarts"][0]
 
 
+def test_a_rollout_worker_killed_while_rollout_skip_dumps_is_replaced(setup):
+    """A run that dumps its batches (rollout skip) replaces a killed rollout worker as any other run does; where the
+    death is found depends on the moment (at a weight sync here, as measured; mid-generation it is the pool the dump
+    wrapper keeps: tests/test_rollout_skip.py checks that wrapper on its own)."""
+    root, model, train, test = setup
+    run_dir = root / "worker_skip"
+    killed: list[int] = []
+    t = kill_when(run_dir, "ray::RolloutWorker", after_step=3, delay_s=0.1, killed=killed)
+    over = pool_overrides(model, train, test, run_dir, 30)
+    over += ["rollout.skip.enable=true", f"rollout.skip.dump_dir={root / 'skip_dumps'}"]
+    run_training(load_config(None, over))
+    t.join(timeout=5)
+    assert killed, "the killer found no rollout worker"
+    summary = check_complete(run_dir, 30, 1)
+    assert len(summary["worker_restarts"]) == 1 and "rollout" in summary["worker_restarts"][0]
+    assert len(list((root / "skip_dumps").glob("step_*.pkl"))) == 30  # every step's batch was dumped
+
+
 def stream_overrides(model, train, test, run_dir, steps) -> list[str]:
     over = train_overrides(model, train, test, run_dir, steps) + ["trainer.schedule=fully_async", "trainer.test_freq=0"]
     over += ["rollout.cpus_per_worker=1", "trainer.val_before_train=false", "sync.timeout_s=30"]

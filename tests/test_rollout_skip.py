@@ -61,3 +61,18 @@ def test_skip_keys_are_checked(setup, tmp_path):
         load_config(None, [*base, "rollout.skip.action=reuse"])
     with pytest.raises(ConfigError, match="rollout.skip.enable"):
         load_config(None, [*base, "rollout.skip.enable=true", "trainer.schedule=fully_async"])
+
+
+def test_a_dumped_batch_keeps_the_pool_that_replaces_a_dead_worker(tmp_path):
+    """The dump wrapper once kept only the calls: a Ray run with rollout skip lost worker replacement on every step
+    it dumped (a worker dying mid-generation stopped the run). Every field of the launched batch must survive."""
+    from dataclasses import fields
+
+    from asyncrl.schedules.generation import Launched
+    from asyncrl.schedules.skip import _Dumping
+
+    pool, redo = object(), (lambda worker: None)  # stand-ins: only their identity is checked
+    launched = Launched(calls=[], pool=pool, workers=[1], again=[redo])  # type: ignore[arg-type]
+    dumping = _Dumping(launched, tmp_path / "step_1.pkl")
+    assert all(getattr(dumping, f.name) is getattr(launched, f.name) for f in fields(Launched))
+

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +82,11 @@ class Replayed:
 
 
 class _Dumping(Launched):
-    """A batch being generated, dumped when it is waited for."""
+    """A batch being generated, dumped when it is waited for; everything else as ``launched`` (its pool, which
+    replaces a worker that dies mid-generation, included)."""
 
     def __init__(self, launched: Launched, path: Path):
-        super().__init__(launched.calls)
+        super().__init__(**{f.name: getattr(launched, f.name) for f in fields(Launched)})
         self.path = path
 
     def result(self) -> Generated:
