@@ -72,7 +72,7 @@ class TrainerMemory(Terms):
         "decoder layer gathered and the next one prefetched"
     )
     ref: int = term(
-        "the reference (actor.use_kl_loss or dpo): ddp a full copy in model.dtype, fsdp2 fp32 shards, 0 with "
+        "the reference (actor.use_kl_loss or dpo): ddp a full copy in model.dtype, fsdp2 shards in model.dtype, 0 with "
         "ref.fsdp_config.param_offload"
     )
     prox: int = term(
@@ -250,8 +250,8 @@ def trainer_memory(cfg: Config, s: ModelShape, ranks: int, engine: int = 0) -> T
         m.grads = 0 if fs.param_offload else shard * 4
         m.optimizer = 0 if fs.optimizer_offload else shard * 8
         m.gathered = b * (s.root_params + 2 * s.layer_params)
-        m.ref = shard * 4 if _uses_ref(cfg) and not cfg.ref.fsdp_config.param_offload else 0
-        m.prox = shard * 4 if _uses_prox(cfg) and not fs.param_offload else 0
+        m.ref = shard * b if _uses_ref(cfg) and not cfg.ref.fsdp_config.param_offload else 0
+        m.prox = shard * b if _uses_prox(cfg) and not fs.param_offload else 0
     m.activations = activation_bytes(s, b, tokens, ckpt)
     m.logits = logits_bytes(s, b, tokens)
     m.sync_buffers = _bucket_bytes(cfg, s) if cfg.trainer.schedule != "sync" else 0

@@ -14,7 +14,7 @@ A sharded module all-gathers its parameters in every forward and reduce-scatters
 so the ranks must run the same number of forwards and backwards: a rank whose share packs into fewer micro-batches
 makes up the difference with idle passes (``DataParallel.idle_pass``: a one-token forward whose loss is multiplied by
 zero). The gradients are summed over the ranks, not averaged: each rank already weights its rows by their share of
-the whole mini-batch (``policy_ops.optimize``), as under DDP.
+the whole mini-batch (``asyncrl.trainer.update.optimize``), as under DDP.
 
 Where the trainer's engine is the rollout (the sync schedule), every rank also keeps an unsharded copy of the
 weights in ``model.dtype`` (``ActorRolloutWorker.serving``), refreshed after each update with one all-gather per

@@ -1,4 +1,4 @@
-"""The driver's typed client of the fully_async producer (``asyncrl.schedules.fully_async.producer.Rollouter``)."""
+"""The driver's typed client of the fully_async producer (``asyncrl.schedules.fully_async.rollouter.Rollouter``)."""
 
 from __future__ import annotations
 
