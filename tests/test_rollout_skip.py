@@ -75,4 +75,3 @@ def test_a_dumped_batch_keeps_the_pool_that_replaces_a_dead_worker(tmp_path):
     launched = Launched(calls=[], pool=pool, workers=[1], again=[redo])  # type: ignore[arg-type]
     dumping = _Dumping(launched, tmp_path / "step_1.pkl")
     assert all(getattr(dumping, f.name) is getattr(launched, f.name) for f in fields(Launched))
-
