@@ -41,9 +41,11 @@ def test_bf16_sharded_ranks_with_fp32_shards_train_as_ddp_with_masters(setup, tm
     assert [m["reward/mean"] for m in _steps(sharded)] == [m["reward/mean"] for m in _steps(ddp)]
     gap, moved = policy_gap(_ckpt(sharded, 2), _ckpt(ddp, 2)), policy_gap(_ckpt(sharded, 2), setup[1])
     # bf16 resolves 2^-8: the fp32 test's 1e-3 is below what two bf16 trainers can agree on. DDP accumulates its
-    # micro-batches' gradients in bf16, FSDP2 reduces them in fp32; measured here 3e-3 of a 0.38 move at lr 1e-3
-    # (DDP on 1 rank against 2 ranks: 1.2e-3)
-    assert gap < 1e-2 and gap < moved / 50, (gap, moved)  # the same policy as DDP's; the steps did train
+    # micro-batches' gradients in bf16, FSDP2 reduces them in fp32. Measured (2026-11-27, BENCHMARKS.md): this gap is
+    # 3.1e-3 of a 0.38 move with this CPU's AVX-512 kernels and 1.0e-2 with AVX2's; training in bf16 instead of fp32
+    # moves the policy by 0.087, and DDP in bf16 on 1 rank against 2 ranks by 0.157. So the bound is a share of the
+    # move well under bf16's own effect (about move / 4.5), with room for any CPU's kernels
+    assert gap < moved / 10, (gap, moved)  # the same policy as DDP's, within bf16's reproducibility; it did train
     state = _state(sharded, 2)
     assert "optimizer" not in state and "master_weights" in _state(ddp, 2)["optimizer"]  # FSDP2's: in its shards
 
@@ -52,7 +54,7 @@ def test_bf16_sharded_ranks_with_fp32_shards_train_as_ddp_with_masters(setup, tm
     run_training(_cfg(setup, ddp, 3, "trainer.backend=in_process", "trainer.num_workers=2", *BF16))
     assert [m["step"] for m in _steps(sharded)] == [m["step"] for m in _steps(ddp)] == [1, 2, 3]
     gap3, moved3 = policy_gap(_ckpt(sharded, 3), _ckpt(ddp, 3)), policy_gap(_ckpt(ddp, 2), _ckpt(ddp, 3))
-    assert gap3 < 1e-2 and gap3 < moved3, (gap3, moved3)
+    assert gap3 < moved3, (gap3, moved3)
 
 
 def test_offload_keys_are_refused_where_they_cannot_act(setup, tmp_path):  # noqa: F811
