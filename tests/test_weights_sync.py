@@ -23,7 +23,7 @@ from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.weights.endpoints import SyncReceiverMixin, SyncSenderMixin
 from asyncrl.weights.errors import WeightSyncError
 from asyncrl.weights.weight_sync import WeightSync
-from asyncrl.workers.cluster import RayHandle, with_location
+from asyncrl.workers.cluster import RayHandle, as_actor
 
 pytestmark = pytest.mark.ray
 
@@ -94,7 +94,7 @@ def cluster():
 
 
 def _spawn(cls, *args, **kwargs):
-    return ray.remote(with_location(cls)).options(num_cpus=0.5).remote(*args, **kwargs)
+    return ray.remote(as_actor(cls)).options(num_cpus=0.5).remote(*args, **kwargs)
 
 
 @pytest.fixture(scope="module")

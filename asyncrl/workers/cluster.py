@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -16,6 +17,7 @@ from asyncrl.config import RayConfig
 from asyncrl.roles.placement import NodeCapacity, Placement, PlacementError, WorkerLocation, describe_nodes
 from asyncrl.supervision.reaper import start_reaper
 from asyncrl.trainer.data_parallel import rank_name
+from asyncrl.workers.logs import send_output_to, worker_log
 
 __all__ = ["PlacementError", "RayHandle", "RayPending", "RayPools", "cluster_nodes", "init_ray", "shutdown"]
 
@@ -130,8 +132,15 @@ def cluster_nodes() -> list[NodeCapacity]:
 
 
 @functools.cache
-def with_location(cls: type) -> type:
-    """``cls`` with one more call, ``ray_location``: where Ray put it (its node, the GPUs it was given)."""
+def as_actor(cls: type) -> type:
+    """``cls`` as a Ray actor runs it: built with its output sent to its log file first (``log_file``: the worker's
+    library chatter stays off the run's console, ``asyncrl.workers.logs``), and with one more call,
+    ``ray_location``: where Ray put it (its node, the GPUs it was given)."""
+
+    def __init__(self: Any, *args: Any, log_file: str | None = None, **kwargs: Any) -> None:
+        if log_file:
+            send_output_to(Path(log_file), Path(log_file).stem)
+        cls.__init__(self, *args, **kwargs)
 
     def ray_location(self: Any, name: str) -> WorkerLocation:
         ctx = ray.get_runtime_context()
@@ -145,7 +154,7 @@ def with_location(cls: type) -> type:
             pid=os.getpid(),
         )
 
-    return type(cls.__name__, (cls,), {"ray_location": ray_location, "__module__": __name__})
+    return type(cls.__name__, (cls,), {"__init__": __init__, "ray_location": ray_location, "__module__": __name__})
 
 
 class RayPools:
@@ -155,10 +164,11 @@ class RayPools:
 
     Reserving the pools up front means a run's workers either all fit or fail at start with a clear message, and
     roles on different pools never compete for the same CPUs or GPUs. Each role runs its slot's torch threads, so a
-    lone role uses its whole part of the pool and colocated roles time-share it."""
+    lone role uses its whole part of the pool and colocated roles time-share it. ``log_dir``: where each worker's
+    output goes, ``<log_dir>/<worker>.log`` (null: Ray forwards it to the driver's console)."""
 
-    def __init__(self, placement: Placement, ready_timeout_s: float):
-        self.placement = placement
+    def __init__(self, placement: Placement, ready_timeout_s: float, log_dir: Path | None = None):
+        self.placement, self.log_dir = placement, log_dir
         self.pgs: dict[str, Any] = {}
         pools = placement.all_pools()
         n_rollout = placement.rollout.ranks if placement.rollout else 0
@@ -199,10 +209,11 @@ class RayPools:
             opts["max_concurrency"] = concurrency
         if self.env:
             opts["runtime_env"] = self.env
-        actor = (
-            ray.remote(with_location(cls)).options(**opts).remote(*args, name=name, num_threads=slot.threads, **kwargs)
-        )
-        return RayHandle(actor, rank_name(name, kwargs.get("rank", 0)))
+        worker = rank_name(name, kwargs.get("rank", 0))
+        if self.log_dir is not None:
+            kwargs["log_file"] = str(worker_log(self.log_dir, worker))
+        actor = ray.remote(as_actor(cls)).options(**opts).remote(*args, name=name, num_threads=slot.threads, **kwargs)
+        return RayHandle(actor, worker)
 
     def release(self) -> None:
         for pg in self.pgs.values():

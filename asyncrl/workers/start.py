@@ -9,7 +9,8 @@ events.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 from asyncrl.calls import Handle
@@ -29,6 +30,7 @@ from asyncrl.trainer.actor import ActorRolloutWorker
 from asyncrl.trainer.critic import CriticWorker
 from asyncrl.trainer.data_parallel import rank_name
 from asyncrl.workers.backends import LocalHandle
+from asyncrl.workers.logs import IN_PROCESS_LOG, in_process_chatter_to
 from asyncrl.workers.reward_model import RewardModelWorker
 from asyncrl.workers.rollout import RolloutWorker
 
@@ -137,7 +139,8 @@ class _RayBackend:
 
         init_ray(cfg.ray)
         self.placement = resolve_placement(cfg, needed, rollout_pool, cluster_nodes())  # before any worker starts
-        self.pools = RayPools(self.placement, ready_timeout_s=cfg.ray.placement_timeout_s)
+        log_dir = _log_dir(cfg)
+        self.pools = RayPools(self.placement, ready_timeout_s=cfg.ray.placement_timeout_s, log_dir=log_dir)
         self.call_timeout_s = cfg.trainer.call_timeout_s
         self.handles: list[Handle] = []
         self.rendezvous: dict[str, str] = {}
@@ -155,13 +158,16 @@ class _RayBackend:
 
 
 class _LocalBackend:
-    """Roles as objects in this process, each with its own call thread(s); no Ray, no CPU reservation."""
+    """Roles as objects in this process, each with its own call thread(s); no Ray, no CPU reservation. Their
+    library chatter goes to ``RUN_DIR/logs/in_process.log`` while they run (``asyncrl.workers.logs``)."""
 
     def __init__(self, cfg: Config, needed: list[str], rollout_pool: bool):
         self.placement = resolve_placement(cfg, needed, rollout_pool, None)
         self.call_timeout_s = cfg.trainer.call_timeout_s
         self.handles: list[Handle] = []
         self.rendezvous: dict[str, str] = {}
+        self._chatter = ExitStack()
+        self._chatter.enter_context(in_process_chatter_to(_log_dir(cfg) / IN_PROCESS_LOG))
 
     def spawn(
         self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, ranks: int = 1, **kwargs: Any
@@ -174,3 +180,9 @@ class _LocalBackend:
     def close(self) -> None:
         for h in self.handles:
             h.kill()
+        self._chatter.close()
+
+
+def _log_dir(cfg: Config) -> Path:
+    """``RUN_DIR/logs``, absolute: a Ray worker's working directory need not be the driver's."""
+    return Path(cfg.trainer.default_local_dir).resolve() / "logs"
