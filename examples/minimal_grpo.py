@@ -38,7 +38,7 @@ LR, MINI_BATCHES, CLIP = 1e-4, 2, 0.2  # Adam's lr, optimizer steps per batch, P
 
 def warm_start(init: str, data: str, steps: int, out: str, threads: int) -> str:
     """`asyncrl sft` for ``steps`` steps: an untrained model never answers right, so GRPO would have no reward spread
-    to learn from (from 300 steps, 12% held out, it barely learns). Returns the SFT model's directory."""
+    to learn from (after 300 steps, 12% held out, it barely moved). Returns the SFT model's directory."""
     data_ = [f"data.train_files=[{data}/train.parquet]", "data.val_files=[]"]
     trainer = [f"trainer.total_steps={steps}", f"trainer.output_dir={out}", f"trainer.num_threads={threads}"]
     run_sft(load_sft_config("configs/sft_tiny.yaml", [f"model.path={init}", *data_, *trainer]))
@@ -52,15 +52,15 @@ def accuracy(engine: RolloutEngine, prompts: list) -> float:
 
 
 def grpo_step(model: torch.nn.Module, opt: torch.optim.Optimizer, samples: list[Sample], pad_id: int) -> float:
-    """One GRPO update on scored samples (a prompt's N responses side by side); returns the mean loss."""
+    """One GRPO update on scored samples (a prompt's responses form a group); returns its mini-batches' mean loss."""
     adv_B = losses.compute_grpo_advantages(rewards_of(samples), group_ids(samples))  # (r - group mean) / group std
     kept = [i for i, a in enumerate(adv_B.tolist()) if a != 0.0]  # a group of equal rewards adds no gradient
     if not kept:
         return 0.0
     batch = collate([samples[i] for i in kept], pad_id)
     adv_BT = losses.broadcast_advantages(adv_B[kept], batch.response_mask_BT)  # each token: its response's advantage
-    total = 0.0
-    for idx_M in torch.randperm(batch.size).chunk(MINI_BATCHES):
+    total, chunks = 0.0, torch.randperm(batch.size).chunk(MINI_BATCHES)
+    for idx_M in chunks:
         mb = batch.select(idx_M)
         logp_MT = losses.logprobs_from_logits(forward_logits(model, mb, TEMPERATURE), mb.response_ids_BT)
         loss, _ = losses.policy_loss_ppo_clip(logp_MT, mb.behav_logp_BT, adv_BT[idx_M], mb.response_mask_BT, CLIP, CLIP)
@@ -68,7 +68,7 @@ def grpo_step(model: torch.nn.Module, opt: torch.optim.Optimizer, samples: list[
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        total += loss.item() / MINI_BATCHES
+        total += loss.item() / len(chunks)
     return total
 
 
