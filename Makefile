@@ -113,8 +113,8 @@ verl-keymap: $(STAMP)
 	$(BIN)/python -m asyncrl_lab.verl_keymap --write docs/from-verl.md
 
 lint: setup
-	$(BIN)/ruff check asyncrl asyncrl_lab tests
-	$(BIN)/ruff format --check asyncrl asyncrl_lab tests
+	$(BIN)/ruff check asyncrl asyncrl_lab tests examples
+	$(BIN)/ruff format --check asyncrl asyncrl_lab tests examples
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs data
