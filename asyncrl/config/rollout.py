@@ -66,6 +66,32 @@ class MultiTurnConfig(Checked):
     }
 
 
+# How the rollout's device-dependent nulls resolve: one rule each, read by the engines where they start and by the
+# memory plan (asyncrl.planning), which resolves them as on a GPU.
+GPU_SHARE = 0.8  # a GPU of its own: verl's recipes give vLLM 0.6-0.8 of a rollout-only GPU
+# a GPU shared with the trainer (the sync schedule's colocated engine): vLLM here never sleeps (it keeps its weights
+# and KV cache while the trainer updates), so the trainer's parameters, gradients, optimizer state and activations
+# live in the other 0.6; vLLM also refuses to start when its share is not free at that moment
+COLOCATED_SHARE = 0.4
+
+
+def engine_dtype(rollout_dtype: str | None, model_dtype: str, on_gpu: bool) -> str:
+    """``rollout.dtype`` resolved: null means bfloat16 on a GPU (verl's rollout dtype; the trainer keeps
+    ``model.dtype``) and ``model.dtype`` on the CPU (where bfloat16 matmuls are slower and the tests compare
+    log-probs with the trainer's)."""
+    if rollout_dtype is not None:
+        return rollout_dtype
+    return "bfloat16" if on_gpu else model_dtype
+
+
+def vllm_gpu_share(gpu_memory_utilization: float | None, colocated: bool) -> float:
+    """``rollout.gpu_memory_utilization`` on a GPU: the set value, else GPU_SHARE on a GPU of its own and
+    COLOCATED_SHARE on one the trainer also uses."""
+    if gpu_memory_utilization is not None:
+        return gpu_memory_utilization
+    return COLOCATED_SHARE if colocated else GPU_SHARE
+
+
 @dataclass
 class ValKwargsConfig(Checked):
     """``rollout.val_kwargs`` (verl's): how held-out prompts are sampled for ``val/accuracy``."""
@@ -145,6 +171,11 @@ class RolloutConfig(Checked):
         "cpus_per_worker": POSITIVE,
         "generate_timeout_s": POSITIVE,
     }
+
+    def model_len(self, max_prompt_length: int) -> int:
+        """Prompt + response tokens the engine must hold: ``max_model_len``, else ``data.max_prompt_length`` +
+        ``response_length``."""
+        return self.max_model_len or max_prompt_length + self.response_length
 
     def check(self, key: str) -> None:
         super().check(key)

