@@ -219,4 +219,4 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
 
 def fingerprint(state: dict[str, torch.Tensor]) -> dict[str, int]:
     """A crc32 of every tensor's bytes (``asyncrl replay`` names the first step and tensor where it departs)."""
-    return {k: zlib.crc32(v.detach().contiguous().view(-1).view(torch.uint8).numpy()) for k, v in state.items()}
+    return {k: zlib.crc32(v.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy()) for k, v in state.items()}

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from asyncrl.models.errors import ModelLoadError
+from asyncrl.models.loading import decoder_layers
 
 
 @dataclass(frozen=True)
@@ -38,13 +39,6 @@ class ModelShape:
         return 2 * self.layers * self.kv_dim * dtype_bytes
 
 
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder layers: the entries of the model's longest ``ModuleList`` (as ``asyncrl.trainer.fsdp`` picks its
-    units)."""
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
-
-
 def shape_of_config(config) -> ModelShape:
     """The shape of a transformers ``PretrainedConfig``, counted on a meta-device model."""
     from transformers import AutoModelForCausalLM
@@ -52,7 +46,7 @@ def shape_of_config(config) -> ModelShape:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     params = sum(p.numel() for p in model.parameters())
-    layers = _decoder_layers(model)
+    layers = decoder_layers(model)
     per_layer = [sum(p.numel() for p in layer.parameters()) for layer in layers]
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = text.num_attention_heads

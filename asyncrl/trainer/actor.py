@@ -254,9 +254,9 @@ class ActorRolloutWorker(ActorStateMixin, SyncSenderMixin):
 
     def _fingerprint(self) -> str | None:
         """Rank 0's fingerprint of the weights just trained (sharded without a copy: gathered whole, every rank)."""
-        if self.gathers:
-            state = {k: v.to(self.compute_dtype) for k, v in fsdp.full_state(self.model).items()}
-            return fingerprint(state) if self.rank == 0 else None
+        if self.gathers:  # gathered one parameter at a time, kept on the host by rank 0 alone
+            state = fsdp.gather_to_host(self.model, keep=self.rank == 0)
+            return fingerprint({k: v.to(self.compute_dtype) for k, v in state.items()}) if self.rank == 0 else None
         return fingerprint(self.serving.state_dict()) if self.rank == 0 else None
 
     def _count_update(self) -> None:

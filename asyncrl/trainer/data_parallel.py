@@ -151,7 +151,7 @@ class DataParallel:
     # ---- lockstep (FSDP2) ----------------------------------------------------------------------------------------
     def rounds(self, n: int) -> int:
         """The most micro-batches any rank has (``n``: this rank's): every rank runs that many passes."""
-        return int(torch.stack(self._all_gather(torch.tensor([n], dtype=torch.int64))).max().cpu())
+        return max(self.all_gather_int(n))
 
     @staticmethod
     def idle_pass(model: torch.nn.Module) -> None:
@@ -176,20 +176,24 @@ class DataParallel:
         transport.wait(self.pg.allgather([out], [t], opts), d)
         return out
 
+    def all_gather_int(self, n: int) -> list[int]:
+        """An integer from every rank, in rank order (one copy back to the host)."""
+        return torch.stack(self._all_gather(torch.tensor([n], dtype=torch.int64))).flatten().tolist()
+
     def all_gather_object(self, obj: Any) -> list[Any]:
         """A small picklable value from every rank, in rank order (metrics, flags)."""
         payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        sizes = torch.stack(self._all_gather(torch.tensor([payload.numel()], dtype=torch.int64))).flatten().cpu()
-        width = int(sizes.max())
+        sizes = self.all_gather_int(payload.numel())
+        width = max(sizes)
         padded = torch.zeros(width, dtype=torch.uint8)
         padded[: payload.numel()] = payload
         parts = torch.stack(self._all_gather(padded)).cpu()  # pickle reads host bytes: one copy back
-        return [pickle.loads(p[: int(s)].numpy().tobytes()) for p, s in zip(parts, sizes)]
+        return [pickle.loads(p[:s].numpy().tobytes()) for p, s in zip(parts, sizes)]
 
     def gather_rows(self, part: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The whole [n, ...] tensor from every rank's ``part`` (this rank's: ``part[i]`` is row ``rows[i]``); the
         ranks' rows cover 0..n-1 once. Assembled on the group's device; returned on ``part``'s."""
-        sizes = torch.stack(self._all_gather(torch.tensor([len(rows)], dtype=torch.int64))).flatten().tolist()
+        sizes = self.all_gather_int(len(rows))
         width = max(sizes)
         idx = torch.full((width,), -1, dtype=torch.int64, device=self.device)
         idx[: len(rows)] = rows.to(self.device)

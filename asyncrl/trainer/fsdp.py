@@ -50,6 +50,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from asyncrl.models.loading import decoder_layers
+
 
 def init_mesh(store: Any, rank: int, world_size: int, timeout_s: float, backend: str, host: str) -> DeviceMesh:
     """The default process group of this rank's process (rendezvous through ``store``) and a 1-D mesh over it."""
@@ -75,13 +77,6 @@ def close_mesh() -> None:
         dist.destroy_process_group()
 
 
-def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules sharded as units of their own: the decoder layers (the entries of the model's longest
-    ``ModuleList``); the root takes the rest (embeddings, final norm, head)."""
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
-
-
 def shard(
     model: torch.nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype | None = None, offload: bool = False
 ) -> None:
@@ -96,7 +91,7 @@ def shard(
     else:
         mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     off = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if offload else OffloadPolicy()
-    for unit in shard_units(model):
+    for unit in decoder_layers(model):  # a unit each; the root takes the rest (embeddings, final norm, head)
         fully_shard(unit, mesh=mesh, mp_policy=mp, offload_policy=off)
     fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=off)
     for m in model.modules():
@@ -105,13 +100,18 @@ def shard(
             m.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM: a plain SUM (factor 1 anyway)
 
 
+def whole(p: torch.Tensor) -> torch.Tensor:
+    """A parameter gathered whole from its shards (a collective for a DTensor: every rank calls it), or as it is."""
+    return p.full_tensor() if isinstance(p, DTensor) else p.detach()
+
+
 def gather_into(model: torch.nn.Module, targets: list[torch.nn.Module]) -> None:
     """Copy the sharded ``model``'s full weights into each unsharded module of ``targets`` (same parameter names).
     A collective: every rank calls it, with its own targets (possibly none)."""
     dests = [dict(t.named_parameters()) for t in targets]
     with torch.no_grad():
         for name, p in model.named_parameters():
-            full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+            full = whole(p)
             for d in dests:
                 d[name].copy_(full)
 
@@ -126,17 +126,12 @@ def copy_shards(model: torch.nn.Module, targets: list[torch.nn.Module]) -> None:
                 dest[name].to_local().copy_(p.to_local())
 
 
-def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The sharded ``model``'s parameters gathered whole, one at a time (a collective: every rank calls it)."""
-    return {n: (p.full_tensor() if isinstance(p, DTensor) else p.detach()).clone() for n, p in model.named_parameters()}
-
-
 def gather_to_host(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
     """The sharded ``model``'s parameters gathered whole one at a time (a collective: every rank calls it), each
     copied to the host where ``keep`` (rank 0), else dropped: the device never holds more than one whole."""
     out = {}
     for n, p in model.named_parameters():
-        full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+        full = whole(p)
         if keep:
             out[n] = full.to("cpu", copy=True)
     return out

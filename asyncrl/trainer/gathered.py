@@ -17,9 +17,9 @@ import copy
 from collections.abc import Callable, Iterator, Mapping
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from asyncrl.trainer.data_parallel import DataParallel
+from asyncrl.trainer.fsdp import whole
 
 STOP = -1  # rank 0's announcement that nothing more is gathered
 
@@ -36,12 +36,12 @@ class Gather:
 
     def _announce(self, i: int) -> int:
         """Rank 0's ``i`` on every rank (the others' is ignored)."""
-        return int(self.dp._all_gather(torch.tensor([i], dtype=torch.int64))[0].cpu())
+        return self.dp.all_gather_int(i)[0]
 
     def _gather(self, i: int) -> torch.Tensor:
         p = self.params[self.names[i]]
         self.gathered += 1
-        return p.full_tensor() if isinstance(p, DTensor) else p.detach()
+        return whole(p)
 
     def full(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         """Rank 0: parameter ``name`` whole, in ``dtype`` (the other ranks gather it in ``follow``)."""
