@@ -50,12 +50,13 @@ class Scenario:
 
 
 @st.composite
-def scenarios(draw, drop_policy: str = "backpressure"):
+def scenarios(draw, drop_policy: str = "backpressure", rule: str = "exact"):
     budget = StalenessBudget(
         require_batches=draw(st.integers(1, 3)),
         ppo_mini_batch_size=draw(st.integers(1, 2)),
         trigger_parameter_sync_step=draw(st.integers(1, 3)),
         staleness_threshold=draw(st.sampled_from([0, 0.5, 1, 2])),
+        rule=rule,
     )
     b, m = budget.groups_per_update, budget.groups_per_window_budget
     num_prompts = b * draw(st.integers(2, 4))
@@ -106,6 +107,7 @@ def run(sc: Scenario, seed: int) -> Sim:
         trainer=1,
         rollout=1,
         staleness_threshold=b.staleness_threshold,
+        staleness_rule=b.rule,
         trigger_parameter_sync_step=b.trigger_parameter_sync_step,
         require_batches=b.require_batches,
         partial_rollout=sc.partial_rollout,
@@ -154,6 +156,19 @@ def test_with_drop_oldest_every_prompt_is_consumed_or_dropped_once(sc, seed):
     sim = run(sc, seed)
     check_bound(sim, sc.budget)
     check_exactly_once(sim, sc, drops=True)
+
+
+@settings(derandomize=True, max_examples=30, deadline=None)
+@given(sc=scenarios(rule="budget"), seed=st.integers(0, 2**16))
+def test_the_budget_rule_keeps_every_prompt_exactly_once_and_counts_staleness_truly(sc, seed):
+    """verl's admission (``staleness_rule=budget``): no per-group bound, but every prompt is trained on exactly once
+    and the controller's staleness is the rows' own versions, as under the exact rule."""
+    sim = run(sc, seed)
+    check_exactly_once(sim, sc, drops=False)
+    for gid, counted, recorded in sim.consumed:
+        assert 0 <= counted == recorded, (gid, counted, recorded)
+    if sc.budget.staleness_threshold == 0:  # a window's budget of W: nothing is ever overtaken across versions
+        check_bound(sim, sc.budget)
 
 
 def test_partial_rollout_interrupts_rows_and_they_finish_under_the_next_version():

@@ -97,6 +97,27 @@ def test_a_long_tail_group_in_flight_blocks_admission_until_it_is_queued():
     assert ctl.can_start() and ctl.admission_limit() == 6
 
 
+def test_the_budget_rule_admits_past_a_long_tail_group_and_reports_how_stale_it_ends():
+    # The scene above under staleness_rule=budget (verl's admission): rule (a) alone, so the 2 younger groups start,
+    # finish first and push "slow" to version 2: staleness 2 > max_staleness 1, recorded instead of refused.
+    ctl = StalenessController(StalenessBudget(1, 2, 1, 1.0, rule="budget"))
+    _start(ctl, "slow", "b", "c", "d")
+    _queue(ctl, "b", "c", "d")
+    ctl.on_consumed(["b", "c"], trainer_version=0)
+    ctl.on_sync(1)
+    assert ctl.admission_limit() == 6
+    _start(ctl, "e", "f")
+    assert not ctl.can_start()  # the window's budget still binds
+    _queue(ctl, "e", "f")
+    assert ctl.on_consumed(["d", "e"], trainer_version=1) == [1, 0]
+    ctl.on_sync(2)
+    ctl.on_queued("slow")
+    assert ctl.on_consumed(["f", "slow"], trainer_version=2) == [1, 2]
+    assert ctl.metrics()["fully_async/max_seen_staleness"] == 2.0
+    with pytest.raises(ValueError, match=r"staleness rule must be one of exact, budget \(got 'verl'\)"):
+        StalenessBudget(rule="verl")
+
+
 def test_wait_for_admission_wakes_when_a_sync_frees_budget():
     ctl = StalenessController(StalenessBudget(1, 1, 1, 0.0))
     ctl.on_start("a")

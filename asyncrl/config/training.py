@@ -25,6 +25,8 @@ from asyncrl.losses.kl import KL_KINDS
 from asyncrl.losses.utils import LOSS_AGG_MODES
 
 DISTILL_LOSSES = ("forward_kl", "jsd", "reverse_kl")
+# fully_async's admission: exact (every group within the bound) | budget (verl's: the window's budget alone)
+STALENESS_RULES = ("exact", "budget")
 DROP_POLICIES = ("backpressure", "oldest")  # a full fully_async queue: the producer waits | the oldest is dropped
 TOKENIZER_CHECKS = ("auto", "fingerprint", "probe")
 REWARD_MANAGERS = ("naive", "dapo")  # verl's names; its prime and batch managers are not built
@@ -173,6 +175,10 @@ class AsyncTrainingConfig(Checked):
     """``fully_async`` only (verl's ``async_training`` section); the bound: schedules/fully_async/staleness.py."""
 
     staleness_threshold: float = 0.0  # extra groups in flight, as a fraction of one sync window
+    # exact: no group is trained staler than ceil(staleness_threshold) versions (a group may start only if the oldest
+    # one still generating cannot be overtaken past it) | budget: verl's rule, the window's budget alone (faster on a
+    # long tail; a slow group can end up staler, and the run reports how stale: fully_async/max_seen_staleness)
+    staleness_rule: str = "exact"
     trigger_parameter_sync_step: int = 1  # trainer steps per weight sync (= per version)
     require_batches: int = 1  # ppo_mini_batch_size groups per trainer step (one optimizer step each)
     drop_policy: str = "backpressure"  # queue full: backpressure (the rollouter waits) | oldest (drop, counted)
@@ -185,6 +191,7 @@ class AsyncTrainingConfig(Checked):
 
     RULES = {
         "staleness_threshold": NON_NEGATIVE,
+        "staleness_rule": one_of(STALENESS_RULES),
         "trigger_parameter_sync_step": POSITIVE_INT,
         "require_batches": POSITIVE_INT,
         "drop_policy": one_of(DROP_POLICIES),

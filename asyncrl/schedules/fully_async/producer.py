@@ -66,6 +66,7 @@ def budget_of(at: AsyncTrainingConfig, ppo_mini_batch_size: int) -> StalenessBud
         ppo_mini_batch_size=ppo_mini_batch_size,
         trigger_parameter_sync_step=at.trigger_parameter_sync_step,
         staleness_threshold=at.staleness_threshold,
+        rule=at.staleness_rule,
     )
 
 

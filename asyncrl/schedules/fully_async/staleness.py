@@ -27,6 +27,12 @@ when none). Start the candidate only if both hold:
   (a) ``N <= v_r * W + M``                     verl's budget: what ``staleness_threshold`` means for throughput;
   (b) ``N <= (v_f + max_staleness + 1) * W``   the exactness guard verl lacks.
 
+``async_training.staleness_rule`` picks the rules: ``exact`` (the default) both, ``budget`` (a) alone, which is what
+verl's fully_async runs. Under ``budget`` a long-tail group overtaken while it generates is consumed staler than
+``max_staleness`` (its staleness is measured and reported, ``fully_async/max_seen_staleness``, not refused); in return
+admission is never held back by an old group still generating, which on a long tail is worth up to 1.2x a version
+(BENCHMARKS.md, issue 49: verl's published 128-GPU staleness ablation).
+
 Proof that every group ``g`` (start version ``v_g``) is consumed with staleness ``<= S = max_staleness``: while ``g``
 is in flight every admission saw ``v_f <= v_g``, so ``N <= (v_g + S + 1) * W`` after each (``N`` rises only at
 admissions; drops only lower it). When ``g`` enters the queue its position is final and every group consumed before it
@@ -49,6 +55,8 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
 
+from asyncrl.config.training import STALENESS_RULES
+
 
 class AdmissionRefused(RuntimeError):
     """``on_start`` was called when starting a group could break the staleness bound (call ``can_start`` first)."""
@@ -66,8 +74,11 @@ class StalenessBudget:
     ppo_mini_batch_size: int = 1
     trigger_parameter_sync_step: int = 1
     staleness_threshold: float = 0.0
+    rule: str = "exact"  # exact: rules (a) and (b), every group within max_staleness | budget: (a) alone, as verl
 
     def __post_init__(self) -> None:
+        if self.rule not in STALENESS_RULES:
+            raise ValueError(f"staleness rule must be one of {', '.join(STALENESS_RULES)} (got {self.rule!r})")
         for name in ("require_batches", "ppo_mini_batch_size", "trigger_parameter_sync_step"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -170,6 +181,8 @@ class StalenessController:
         b = self.budget
         oldest = min([self._version, *self._in_flight.values()])
         budget_rule = self._version * b.groups_per_version + b.groups_per_window_budget
+        if b.rule == "budget":
+            return budget_rule
         exact_rule = (oldest + b.max_staleness + 1) * b.groups_per_version
         return min(budget_rule, exact_rule)
 
@@ -243,7 +256,8 @@ class StalenessController:
         """One optimizer update at ``trainer_version`` consumed ``group_ids``; returns their staleness (versions).
 
         The update must consume exactly ``groups_per_update`` groups and run at ``consumed // W``: the position ->
-        version mapping the bound rests on. A group staler than ``max_staleness`` raises ``StalenessViolation``.
+        version mapping the bound rests on. Under the exact rule a group staler than ``max_staleness`` raises
+        ``StalenessViolation``; under ``budget`` its staleness is only recorded.
         """
         with self._cond:
             b = self.budget
@@ -278,7 +292,7 @@ class StalenessController:
             self._max_seen_staleness = max([self._max_seen_staleness, *stale])
             self._cond.notify_all()
             worst = max(stale)
-            if worst > b.max_staleness:
+            if worst > b.max_staleness and b.rule == "exact":
                 raise StalenessViolation(
                     f"a group consumed at version {trainer_version} has staleness {worst} > max_staleness "
                     f"{b.max_staleness}; was the queue reordered?"

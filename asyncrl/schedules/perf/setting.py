@@ -52,9 +52,10 @@ class Setting:
     trigger_parameter_sync_step: int = 1
     require_batches: int = 1
     partial_rollout: bool = False
-    max_inflight_groups: int = 0  # 0: rollout.max_batch_size // n, as the Rollouter does
+    max_inflight_groups: int = 0  # 0: one per slot of the ranks (slots.stream_concurrency), as the Rollouter does
     max_queue_size: int = 0  # 0: the staleness window's budget, as the Rollouter does
     drop_policy: str = "backpressure"
+    staleness_rule: str = "exact"  # exact | budget (verl's admission): async_training.staleness_rule
 
     @staticmethod
     def from_config(cfg) -> Setting:
@@ -73,6 +74,7 @@ class Setting:
             trainer=trainer,
             rollout=rollout,
             staleness_threshold=float(at.staleness_threshold),
+            staleness_rule=str(at.staleness_rule),
             trigger_parameter_sync_step=int(at.trigger_parameter_sync_step),
             require_batches=int(at.require_batches),
             partial_rollout=bool(at.partial_rollout),
@@ -87,7 +89,9 @@ class Setting:
         extra = ""
         if self.schedule == "fully_async":
             extra = (
-                f", staleness {self.staleness_threshold:g}, sync every {self.trigger_parameter_sync_step}"
+                f", staleness {self.staleness_threshold:g}"
+                f"{' (budget rule)' if self.staleness_rule == 'budget' else ''}"
+                f", sync every {self.trigger_parameter_sync_step}"
                 f"{', partial' if self.partial_rollout else ''}"
             )
         return f"{self.schedule} ({self.rollout} gen / {self.trainer} train{extra})"

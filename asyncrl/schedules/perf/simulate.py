@@ -69,6 +69,7 @@ class Sim(StreamSim):
             ppo_mini_batch_size=cost.ppo_mini_batch_size,
             trigger_parameter_sync_step=setting.trigger_parameter_sync_step,
             staleness_threshold=setting.staleness_threshold,
+            rule=setting.staleness_rule,
         )
         # enough prompts that the run never wraps an epoch (a smaller set is shuffled faster than a large one)
         b = self.budget
