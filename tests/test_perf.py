@@ -350,3 +350,20 @@ def test_bad_input_is_one_line(args, message, tmp_path):
     res = _cli(*[str(path) if a == "COST" else a for a in args], cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     assert message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_probe_times_both_thread_counts_on_the_same_work_each_round():
+    """``asyncrl profile --probe`` pairs its timings: within a round, 1 thread and N threads get the same seed (on a
+    long tail, responses drawn afresh per timing differ more in length than the thread counts differ in speed), and
+    the speed-up is the median of the rounds' own ratios."""
+    import torch
+
+    from asyncrl.schedules.perf.probe import paired_speedup, time_rounds
+
+    calls: list[tuple[int, int]] = []  # (seed, threads) of each call
+    phases = {"gen": lambda seed: calls.append((seed, torch.get_num_threads()))}
+    times = time_rounds(phases, threads=2, rounds=4, budget_s=1e9)
+    assert calls == [(r, t) for r in range(1, 6) for t in (1, 2)]  # round 1 warms up
+    assert len(times[("gen", 1)]) == len(times[("gen", 2)]) == 4
+    times = {("gen", 1): [2.0, 9.0, 4.0], ("gen", 2): [1.0, 9.0, 1.0]}  # pairs: 2x, 1x, 4x
+    assert paired_speedup(times, "gen", 2) == 2.0

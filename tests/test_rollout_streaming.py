@@ -1,6 +1,7 @@
 """The built-in engine's streaming decoder (asyncrl.rollout.continuous): rows enter a running decode at any step and
 draw the tokens the batch decoder draws for them, whatever the admission order, interruptions or slot reuse."""
 
+import heapq
 import random
 import string
 import threading
@@ -328,3 +329,44 @@ def test_sliding_window_layers_refuse_streaming(tok):
     with pytest.raises(NotImplementedError, match="DynamicSlidingWindowLayer"):
         engine.submit(blanks(tok, n=1)[:1], PARAMS, seed=0)
     assert engine.live_rows() == 0 and len(engine.generate([blanks(tok, n=1)[0].prompt], PARAMS, seed=0)) == 3
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_simulator_runs_the_slots_the_built_in_decoder_runs(endless, tok, seed):
+    """The performance model prices a built-in engine's decode step by its slots in use (``perf.stream.SimRank``):
+    for rows of known lengths entering a full decoder, every step's forward batch of the real decoder equals the
+    simulated rank's slots in use."""
+    from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow
+    from asyncrl.schedules.perf.stream import SimRank, SimRow
+
+    rng = random.Random(seed)
+    capacity, needs = 6, [rng.choice([1, 2, 3, 5, 9, 17]) for _ in range(20)]
+    batches: list[int] = []  # the real decoder's decode forwards (one new token per row), per step
+    handle = endless.register_forward_pre_hook(
+        lambda m, a, kw: batches.append(kw["input_ids"].shape[0]) if kw["input_ids"].shape[1] == 1 else None,
+        with_kwargs=True,
+    )
+    try:
+        dec = ContinuousDecoder(endless, capacity, eos_ids=[], pad_id=tok.pad_token_id)
+        dec.submit([StreamRow(i, tok.encode(f"row {i}:"), need, key=i, offset=0) for i, need in enumerate(needs)])
+        real, ended = [], 0
+        while ended < len(needs):
+            before = len(batches)
+            ended += len(dec.step(PARAMS))
+            real.append(batches[-1] if len(batches) > before else 0)
+    finally:
+        handle.remove()
+
+    rank = SimRank(capacity, waiting=[SimRow(None, need) for need in needs])  # type: ignore[arg-type]
+    rank.fill()
+    simulated = []
+    while rank.live or rank.waiting:
+        rank.t += 1
+        done = []
+        while rank.live and rank.live[0][0] <= rank.t:
+            done.append(heapq.heappop(rank.live)[2])
+        rank.end(done)
+        simulated.append(len(rank.used) if rank.live else 0)
+        rank.fill()
+    assert simulated == real
+    assert len(set(real)) > 2  # the scene packs and refills: more than one batch size

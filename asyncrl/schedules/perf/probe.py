@@ -84,15 +84,17 @@ def probe_sync(weight_bytes: int, repeats: int = 5) -> tuple[float, float]:
 
 @dataclass
 class Workloads:
-    """One step's generation, update and a prefill of the run, ready to time. ``prefill`` runs ``prefill_tokens``
-    tokens more than ``prefill_base`` (None: ``prefill`` alone is the prefill); ``apply``: a vLLM engine loading
-    the model's weights, what a weight sync costs beyond the wire (None on the built-in engine)."""
+    """One step's generation, update and a prefill of the run, ready to time, each called with the round's seed
+    (both thread counts of a round sample the same tokens: on a long tail, responses drawn afresh for each timing
+    differ more in length than the thread counts differ in speed). ``prefill`` runs ``prefill_tokens`` tokens more
+    than ``prefill_base`` (None: ``prefill`` alone is the prefill); ``apply``: a vLLM engine loading the model's
+    weights, what a weight sync costs beyond the wire (None on the built-in engine)."""
 
-    generate: Callable[[], object]
-    update: Callable[[], object]
-    prefill: Callable[[], object]
+    generate: Callable[[int], object]
+    update: Callable[[int], object]
+    prefill: Callable[[int], object]
     prefill_tokens: int
-    prefill_base: Callable[[], object] | None = None
+    prefill_base: Callable[[int], object] | None = None
     apply: Callable[[], object] | None = None
 
 
@@ -116,14 +118,13 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
     engine = RolloutEngine(model, tok, max_batch_size=cfg.rollout.max_batch_size)
     samples = engine.generate(prompts, params, seed=0)
     ids = torch.tensor([p.prompt_ids[:8] * 2 for p in prompts for _ in range(n)])  # prompts x n, 16 tokens each
-    calls = iter(range(1, 1 << 30))
 
-    def prefill():
+    def prefill(_seed: int):
         with torch.no_grad():
             return model(input_ids=ids)
 
     return Workloads(
-        generate=lambda: engine.generate(prompts, params, seed=next(calls)),
+        generate=lambda seed: engine.generate(prompts, params, seed=seed),
         update=_update_of(cfg, model, tok, samples),
         prefill=prefill,
         prefill_tokens=ids.numel(),
@@ -147,7 +148,7 @@ def _update_of(cfg, model, tok, samples) -> Callable[[], object]:
     trained = copy.deepcopy(model)
     opt = torch.optim.AdamW(trained.parameters(), lr=1e-12)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    return lambda: fit(trained, opt, sched, batch, cfg.actor, 1, 0)
+    return lambda _seed: fit(trained, opt, sched, batch, cfg.actor, 1, 0)
 
 
 def _vllm_workloads(cfg, model_dir: Path, model, tok, prompts, params, n: int) -> Workloads:
@@ -166,47 +167,63 @@ def _vllm_workloads(cfg, model_dir: Path, model, tok, prompts, params, n: int) -
     one = replace(params, n=n, max_new_tokens=1)
     halves = [replace(p, prompt_ids=p.prompt_ids[: max(1, len(p.prompt_ids) // 2)]) for p in prompts]
     tensors = synced_tensors(model)
-    calls = iter(range(1, 1 << 30))
     versions = iter(range(1, 1 << 30))
     return Workloads(
-        generate=lambda: engine.generate(prompts, params, seed=next(calls)),
+        generate=lambda seed: engine.generate(prompts, params, seed=seed),
         update=_update_of(cfg, model, tok, samples),
-        prefill=lambda: engine.generate(prompts, one, seed=next(calls)),
+        prefill=lambda seed: engine.generate(prompts, one, seed=seed),
         prefill_tokens=n * sum(len(p.prompt_ids) - len(h.prompt_ids) for p, h in zip(prompts, halves)),
-        prefill_base=lambda: engine.generate(halves, one, seed=next(calls)),
+        prefill_base=lambda seed: engine.generate(halves, one, seed=seed),
         apply=lambda: engine.update_weights(tensors, next(versions)),
     )
 
 
-def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float = 240.0) -> CostModel:
-    """``cost`` with its ``scaling`` measured on this machine (see the module docstring). The thread counts take
-    turns, one timing of each phase per turn, for ``rounds`` turns (medians; fewer, at least 3, where ``rounds``
-    would take over ``budget_s``): a machine whose speed drifts during the probe then shifts both counts alike."""
-    w = workloads(run_dir, cost.prompts_per_step, cost.n)
-    threads = max(cost.gen_threads, cost.train_threads, 2)
+def time_rounds(
+    phases: dict[str, Callable[[int], object]], threads: int, rounds: int, budget_s: float
+) -> dict[tuple[str, int], list[float]]:
+    """Seconds of each phase at 1 thread and at ``threads``, keyed (phase, threads), one timing per round. The thread
+    counts take turns within a round and are given the round's seed (the same work), so a round's two timings form a
+    pair; the first round warms up and is not kept, and a slow workload gets fewer rounds (at least 3) so the whole
+    stays within about ``budget_s``."""
     before = torch.get_num_threads()
     times: dict[tuple[str, int], list[float]] = {}
-    phases = {"gen": w.generate, "upd": w.update, "prefill": w.prefill}
-    if w.prefill_base is not None:
-        phases["prefill_base"] = w.prefill_base
     try:
         r = 0
-        while r <= rounds:  # the first round warms up
+        while r <= rounds:
             t_round = time.perf_counter()
             for t in (1, threads):
                 torch.set_num_threads(t)
                 for name, fn in phases.items():
                     t0 = time.perf_counter()
-                    fn()
+                    fn(r + 1)
                     if r:
                         times.setdefault((name, t), []).append(time.perf_counter() - t0)
-            if r == 0:  # a slow model gets fewer rounds (at least 3): the probe stays within about budget_s
+            if r == 0:
                 rounds = max(3, min(rounds, int(budget_s / max(time.perf_counter() - t_round, 1e-9))))
             r += 1
     finally:
         torch.set_num_threads(before)
+    return times
+
+
+def paired_speedup(times: dict[tuple[str, int], list[float]], phase: str, threads: int) -> float:
+    """The median over rounds of one round's 1-thread seconds over its ``threads`` seconds."""
+    return statistics.median(a / b for a, b in zip(times[(phase, 1)], times[(phase, threads)]))
+
+
+def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float = 240.0) -> CostModel:
+    """``cost`` with its ``scaling`` measured on this machine (see the module docstring), the thread counts timed in
+    pairs (``time_rounds``), medians."""
+    w = workloads(run_dir, cost.prompts_per_step, cost.n)
+    threads = max(cost.gen_threads, cost.train_threads, 2)
+    phases = {"gen": w.generate, "upd": w.update, "prefill": w.prefill}
+    if w.prefill_base is not None:
+        phases["prefill_base"] = w.prefill_base
+    times = time_rounds(phases, threads, rounds, budget_s)
+    rounds = len(times[("gen", 1)])
     gen = {t: statistics.median(times[("gen", t)]) for t in (1, threads)}
     upd = {t: statistics.median(times[("upd", t)]) for t in (1, threads)}
+    speedup = {k: paired_speedup(times, k, threads) for k in ("gen", "upd")}
     prefill = {}
     for t in (1, threads):
         base = statistics.median(times[("prefill_base", t)]) if w.prefill_base is not None else 0.0
@@ -224,13 +241,14 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
         apply_note = f"; vLLM loads the weights in {statistics.median(applied):.3f} s (added to the fixed cost)"
     n = threads
     scaling = Scaling(
-        gen_serial=amdahl_serial(gen[1], gen[n], n),
-        train_serial=amdahl_serial(upd[1], upd[n], n),
+        gen_serial=amdahl_serial(speedup["gen"], 1.0, n),
+        train_serial=amdahl_serial(speedup["upd"], 1.0, n),
         sync_fixed_s=fixed,
         sync_bytes_per_s=bw,
         measured=True,
         notes=(
-            f"generate {gen[1]:.3f} s on 1 thread, {gen[n]:.3f} s on {n}; update {upd[1]:.3f} s / {upd[n]:.3f} s; "
+            f"generate {gen[1]:.3f} s on 1 thread, {gen[n]:.3f} s on {n} ({speedup['gen']:.2f}x paired); update "
+            f"{upd[1]:.3f} s / {upd[n]:.3f} s ({speedup['upd']:.2f}x); "
             f"prefill {prefill[n] * 1e6:.1f} us/token on {n}{apply_note}; {rounds} rounds"
         ),
         prefill_token_s=prefill[n] if cost.gen_threads >= n else prefill[1],

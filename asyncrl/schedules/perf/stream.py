@@ -1,7 +1,8 @@
 """``fully_async`` on the virtual clock: the real producer (``Producer.place`` / ``returned`` / ``finish`` /
 ``put_finished`` / ``take`` with the real ``StalenessController``, ``MessageQueue``, ``PromptLedger`` and
 partial-rollout pause) decides what each rank decodes; each rank's streaming engine is priced per step (a fixed part
-plus a part per live row, ``Prices.segments_cost``) and per admission (the new rows' prefill, a blank group's
+plus a part per row it runs, ``Prices.segments_cost``: vLLM's live rows, the built-in engine's slots in use, kept as
+that engine keeps them) and per admission (the new rows' prefill, a blank group's
 shared, ``Prices.call_s``), and the clock jumps from one row's end to the next: a row that ends frees its slot at
 that step and the producer places the next group at once, as the real engines do. The driver's loop is
 ``schedules.fully_async``'s. ``StreamSim`` is the part of ``simulate.Sim`` that runs it."""
@@ -28,17 +29,21 @@ PIECE_STEPS = 16  # the clock jumps at most this many decode steps at a time, so
 @dataclass
 class SimRow:
     """A row on a simulated engine: the sample it continues, the tokens it still needs, the rank's step count when
-    it took a slot."""
+    it took a slot, the slot it holds."""
 
     sample: Sample
     need: int
     start: int = 0
+    slot: int = -1
 
 
 @dataclass
 class SimRank:
     """One simulated rollout rank: ``t`` decode steps done (and the fraction of the next one paid for), its rows in
-    slots as a heap by the step they end at, rows waiting for a slot, prefill seconds owed before its next step."""
+    slots as a heap by the step they end at, rows waiting for a slot, prefill seconds owed before its next step.
+    ``used``: the slots a step runs, as the built-in engine keeps them (``rollout.continuous``): a row takes the
+    lowest free slot, trailing free slots are dropped, and the live rows are packed to the front only once live +
+    waiting rows are at most half the slots in use, so a step can run free slots between live ones."""
 
     slots: int
     t: int = 0
@@ -46,12 +51,31 @@ class SimRank:
     debt: float = 0.0
     live: list[tuple[int, int, SimRow]] = field(default_factory=list)
     waiting: list[SimRow] = field(default_factory=list)
+    used: list[SimRow | None] = field(default_factory=list)
 
     def fill(self) -> None:
-        while self.waiting and len(self.live) < self.slots:
+        free = [k for k, r in enumerate(self.used) if r is None]
+        free += range(len(self.used), self.slots)
+        for k in free:
+            if not self.waiting:
+                break
             r = self.waiting.pop(0)
-            r.start = self.t
+            r.start, r.slot = self.t, k
+            self.used += [None] * (k + 1 - len(self.used))
+            self.used[k] = r
             heapq.heappush(self.live, (self.t + r.need, id(r), r))
+
+    def end(self, rows: list[SimRow]) -> None:
+        """``rows`` ended at this step: their slots free, then the slots settle once, as the built-in engine's do."""
+        for r in rows:
+            self.used[r.slot] = None
+        while self.used and self.used[-1] is None:
+            self.used.pop()
+        live = [x for x in self.used if x is not None]
+        if len(live) < len(self.used) and len(live) + len(self.waiting) <= len(self.used) // 2:
+            for k, x in enumerate(live):
+                x.slot = k
+            self.used = live
 
     def made(self, r: SimRow) -> int:
         return min(r.need, self.t - r.start) if r.start >= 0 else 0
@@ -75,8 +99,10 @@ class StreamSim:
         )
 
     def _step_s(self, rank: SimRank) -> float:
-        """Seconds of one decode step of ``rank`` with its live rows."""
-        return self.prices.segments_cost(Segment(1, len(rank.live), 0), 1)
+        """Seconds of one decode step of ``rank``: vLLM's runs its live rows, the built-in engine's every slot in use
+        (free ones between live ones included)."""
+        rows = len(rank.live) if self.cost.engine == "vllm" else len(rank.used)
+        return self.prices.segments_cost(Segment(1, rows, 0), 1)
 
     def _submit(self, rank: SimRank, rows: list[Sample]) -> None:
         """Rows enter ``rank`` (a slot at its next step, or wait for one): it owes their prefill (a blank group's rows
@@ -104,9 +130,11 @@ class StreamSim:
                 whole = int(steps + 1e-6)
                 rank.carry = max(0.0, steps - whole)
                 rank.t += whole
+                done = []
                 while rank.live and rank.live[0][0] <= rank.t:
-                    _, _, r = heapq.heappop(rank.live)
-                    ended.append(self._row(r, r.need, version, "eos"))
+                    done.append(heapq.heappop(rank.live)[2])
+                rank.end(done)
+                ended = [self._row(r, r.need, version, "eos") for r in done]
                 rank.fill()
                 if not rank.live:
                     rank.carry = 0.0
@@ -138,7 +166,7 @@ class StreamSim:
             for r in [r for _, _, r in rank.live] + rank.waiting:
                 made = rank.made(r)
                 back.append(self._row(r, made, version, "eos" if made >= r.need else "interrupted"))
-            rank.live, rank.waiting, rank.debt, rank.carry = [], [], 0.0, 0.0
+            rank.live, rank.waiting, rank.used, rank.debt, rank.carry = [], [], [], 0.0, 0.0
             producer.finish(producer.returned(k, back), lambda _s: None)
 
     def rollouter(self, producer: Producer, life: int):
