@@ -1,10 +1,10 @@
 """``fully_async`` on the virtual clock: the real producer (``Producer.place`` / ``returned`` / ``finish`` /
 ``put_finished`` / ``take`` with the real ``StalenessController``, ``MessageQueue``, ``PromptLedger`` and
 partial-rollout pause) decides what each rank decodes; each rank's streaming engine is priced per step (a fixed part
-plus a part per row it runs, ``Prices.segments_cost``: vLLM's live rows, the built-in engine's slots in use, kept as
-that engine keeps them) and per admission (the new rows' prefill, a blank group's
-shared, ``Prices.call_s``), and the clock jumps from one row's end to the next: a row that ends frees its slot at
-that step and the producer places the next group at once, as the real engines do. The driver's loop is
+plus a part per row it runs, at the batch decode's prices: vLLM's live rows, the built-in engine's slots in use, kept
+as that engine keeps them) and per admission (the new rows' prefill, a blank group's shared; never the batch
+decoder's per-call cost), and the clock jumps from one row's end to the next: a row that ends frees its slot at that
+step and the producer places the next group at once, as the real engines do. The driver's loop is
 ``schedules.fully_async``'s. ``StreamSim`` is the part of ``simulate.Sim`` that runs it."""
 
 from __future__ import annotations
@@ -113,8 +113,14 @@ class StreamSim:
             done = len(x.response_ids)
             rank.waiting.append(SimRow(x, max(0, lengths[x.row] - done), -1))
             prefixes.append((x.prompt.uid if done == 0 else None, p + done))
-        rank.debt += self.prices.call_s(prefill_tokens(prefixes, self.cost.engine))
+        rank.debt += self._admission_s(prefill_tokens(prefixes, self.cost.engine))
         rank.fill()
+
+    def _admission_s(self, tokens: int) -> float:
+        """Seconds a streaming engine spends taking rows in: their prefill, one forward. Not the batch decoder's
+        per-call cost (``decode.call``: the setup of a whole ``generate`` call, which a running stream never pays
+        again)."""
+        return self.cost.decode.get("prefill_token") * tokens * self.prices.gen_factor
 
     def _advance(self, seconds: float, version: int) -> list[list[Sample]]:
         """Every rank decodes for ``seconds`` (its prefill debt first); returns the rows that ended, per rank."""
