@@ -151,7 +151,7 @@ def _real_workload(wdir: Path) -> Workload:
     """``real``: make demo-real's work (SmolLM2-135M-Instruct, configs/real_grpo.yaml's batch, task and reward), no
     warm start: the pretrained model is the start."""
     from asyncrl.config import load_config
-    from asyncrl_lab import demo_real as d
+    from asyncrl_lab import real_task as d
 
     train, test = d.prepare(wdir / "data")
     c = load_config(d.CONFIG, [])  # the demo's own batch, lengths, reward and lr, read from its config
