@@ -106,8 +106,9 @@ class Sim(StreamSim):
 
     def train(self, step: int, groups: list[tuple[int, tuple[int, ...]]]):
         p = self.prices
-        yield from self.busy("trainer", "train", step,
-                             Compute(p.train_s(self.work.update_tokens(groups)), p.train_threads, p.pool))  # fmt: skip
+        yield from self.busy(
+            "trainer", "train", step, Compute(p.train_s(self.work.update_tokens(groups)), p.train_threads, p.pool)
+        )
 
     def trainer_step_tail(self, step: int, groups: list[tuple[int, tuple[int, ...]]]):
         """What the driver does with a generated batch: prepare it, then train on it."""
@@ -115,8 +116,9 @@ class Sim(StreamSim):
         yield from self.train(step, groups)
 
     def end_step(self, step: int, n_samples: int):
-        yield from self.busy("driver", "step_other", step, Compute(self.cost.step_other(call=1.0), 1.0,
-                                                                      self.prices.pool))  # fmt: skip
+        yield from self.busy(
+            "driver", "step_other", step, Compute(self.cost.step_other(call=1.0), 1.0, self.prices.pool)
+        )
         self.step_ends.append(self.clock.now)
         self.samples += n_samples
 
@@ -228,8 +230,9 @@ class Sim(StreamSim):
 
 def _busy(spans: list[Span], worker: str, t0: float, t1: float) -> float:
     """Seconds of ``[t0, t1]`` in which ``worker`` ran a span."""
-    return union_seconds((max(s.start, t0), min(s.end, t1)) for s in spans if s.worker == worker and s.end > t0
-                         and s.start < t1)  # fmt: skip
+    return union_seconds(
+        (max(s.start, t0), min(s.end, t1)) for s in spans if s.worker == worker and s.end > t0 and s.start < t1
+    )
 
 
 def simulate(cost: CostModel, cluster: Cluster, setting: Setting, steps: int = 30, seed: int = 0) -> Prediction:
