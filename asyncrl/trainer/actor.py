@@ -24,6 +24,7 @@ import torch
 
 from asyncrl import seeds
 from asyncrl.checkpoint import fingerprint
+from asyncrl.comm.groups import find_free_port
 from asyncrl.config.specs import TrainerSpec
 from asyncrl.data.collate import Objective, TrainBatch
 from asyncrl.models.device import resolve_device
@@ -47,7 +48,6 @@ from asyncrl.trainer.precision import build_optimizer
 from asyncrl.trainer.update import fit
 from asyncrl.types import Generation, Prompt, UpdateResult
 from asyncrl.weights.endpoints import SyncSenderMixin
-from asyncrl.weights.transport import find_free_port
 
 
 def _warmup_lambda(warmup_steps: int):
