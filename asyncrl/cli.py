@@ -53,13 +53,13 @@ def cmd_data(a: argparse.Namespace) -> None:
 
 
 def cmd_init_model(a: argparse.Namespace) -> None:
-    from asyncrl.schedules.sft import init_model_from_data
+    from asyncrl.finetune.sft import init_model_from_data
 
     print(json.dumps({"model": init_model_from_data(a.preset, a.data, a.out, a.seed)}))
 
 
 def cmd_sft(a: argparse.Namespace) -> None:
-    from asyncrl.schedules.sft import load_sft_config, run_sft
+    from asyncrl.finetune.sft import load_sft_config, run_sft
 
     print(json.dumps(run_sft(load_sft_config(a.config, a.overrides))))
 
@@ -83,8 +83,8 @@ def cmd_distill(a: argparse.Namespace) -> None:
 def cmd_eval(a: argparse.Namespace) -> None:
     import torch
 
+    from asyncrl.finetune.sft import evaluate_model
     from asyncrl.models.loading import load_model
-    from asyncrl.schedules.sft import evaluate_model
 
     torch.set_num_threads(a.threads)
     model, tok = load_model(a.model, for_training=False)
@@ -146,7 +146,7 @@ def cmd_report(a: argparse.Namespace) -> None:
 
 
 def cmd_train_rm(a: argparse.Namespace) -> None:
-    from asyncrl.schedules.reward_model import train_reward_model
+    from asyncrl.finetune.reward_model import train_reward_model
 
     summary = train_reward_model(
         a.data,

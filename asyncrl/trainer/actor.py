@@ -54,7 +54,7 @@ def _warmup_lambda(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
-class ActorRolloutWorker(ActorStateMixin, SyncSenderMixin):
+class TrainerWorker(ActorStateMixin, SyncSenderMixin):
     """``rank``/``world_size``: one of ``trainer.num_workers`` data-parallel ranks (``init_data_parallel`` joins
     them, and shards ``model`` under ``trainer.strategy=fsdp2``); ``serving`` holds the full weights on every rank
     (the trained model itself; under FSDP2 an unsharded copy where the engine is the rollout, else None: the full

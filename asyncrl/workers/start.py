@@ -27,7 +27,7 @@ from asyncrl.roles.clients import (
 )
 from asyncrl.roles.placement import resolve_placement
 from asyncrl.roles.team import Roles, RolloutSide
-from asyncrl.trainer.actor import ActorRolloutWorker
+from asyncrl.trainer.actor import TrainerWorker
 from asyncrl.trainer.critic import CriticWorker
 from asyncrl.trainer.data_parallel import rank_name
 from asyncrl.workers.backends import LocalHandle
@@ -114,10 +114,9 @@ def _spawn_trainer(cfg: Config, specs: RoleSpecs, backend: Any) -> TrainerClient
     """The trainer: one worker, or ``trainer.num_workers`` data-parallel ranks joined in one group."""
     n, spec = cfg.trainer.num_workers, specs.trainer
     if n == 1:
-        return TrainerClient(backend.spawn("actor", ActorRolloutWorker, spec, name="trainer"))
+        return TrainerClient(backend.spawn("actor", TrainerWorker, spec, name="trainer"))
     ranks = [
-        backend.spawn("actor", ActorRolloutWorker, spec, name="trainer", ranks=n, rank=r, world_size=n)
-        for r in range(n)
+        backend.spawn("actor", TrainerWorker, spec, name="trainer", ranks=n, rank=r, world_size=n) for r in range(n)
     ]
     timeout = cfg.trainer.role_start_timeout_s
     where = [h.location(timeout) for h in ranks]

@@ -78,7 +78,7 @@ def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Wo
     the bare answer, so the responses to one prompt range from a few tokens to a couple of hundred (a long tail within
     every group: where a Rollouter that streams gains most).
     """
-    from asyncrl.schedules.sft import load_sft_config, run_sft
+    from asyncrl.finetune.sft import load_sft_config, run_sft
 
     wdir = work_dir / ("short" if name == "demo" else name)
     if name in ("short", "demo"):

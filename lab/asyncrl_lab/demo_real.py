@@ -121,7 +121,7 @@ def run_overrides(root: Path, train: Path, arm: str, seed: int, overrides: list[
 
 def _sft_control(root: Path, train: Path, seconds: float) -> dict[str, Any]:
     """SFT of the same model on the reference answers for ``seconds`` of training (the first GRPO run's), once."""
-    from asyncrl.schedules.sft import load_sft_config, run_sft
+    from asyncrl.finetune.sft import load_sft_config, run_sft
 
     out = root / "sft"
     over = [
