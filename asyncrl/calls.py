@@ -37,7 +37,7 @@ class Handle(Protocol):
     def kill(self) -> None: ...
 
     def location(self, timeout_s: float | None = None) -> Any:
-        """Where the worker runs (``asyncrl.roles.placement.WorkerLocation``): its node's address, its GPUs."""
+        """Where the worker runs (``asyncrl.comm.transport.WorkerLocation``): its node's address, its GPUs."""
         ...
 
 

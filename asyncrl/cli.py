@@ -53,13 +53,13 @@ def cmd_data(a: argparse.Namespace) -> None:
 
 
 def cmd_init_model(a: argparse.Namespace) -> None:
-    from asyncrl.schedules.sft import init_model_from_data
+    from asyncrl.finetune.sft import init_model_from_data
 
     print(json.dumps({"model": init_model_from_data(a.preset, a.data, a.out, a.seed)}))
 
 
 def cmd_sft(a: argparse.Namespace) -> None:
-    from asyncrl.schedules.sft import load_sft_config, run_sft
+    from asyncrl.finetune.sft import load_sft_config, run_sft
 
     print(json.dumps(run_sft(load_sft_config(a.config, a.overrides))))
 
@@ -83,8 +83,8 @@ def cmd_distill(a: argparse.Namespace) -> None:
 def cmd_eval(a: argparse.Namespace) -> None:
     import torch
 
+    from asyncrl.finetune.sft import evaluate_model
     from asyncrl.models.loading import load_model
-    from asyncrl.schedules.sft import evaluate_model
 
     torch.set_num_threads(a.threads)
     model, tok = load_model(a.model, for_training=False)
@@ -145,37 +145,8 @@ def cmd_report(a: argparse.Namespace) -> None:
     print(json.dumps({"report": str(compare_report(a.run_dirs, out, steps))}))
 
 
-def cmd_bench(a: argparse.Namespace) -> None:
-    if a.published:
-        from asyncrl_lab.perf_published import run_published
-
-        run_published()
-        return
-    if a.decode:
-        from asyncrl_lab.bench_decode import run_decode_bench
-
-        run_decode_bench(a.model, a.out, a.batch, a.new_tokens, a.cpus, a.repeats)
-        return
-    if a.distill:
-        from asyncrl_lab.bench_distill import run_distill_bench
-
-        schedules = [m.strip() for m in (a.schedules or "sync,one_step_off,two_step_off").split(",") if m.strip()]
-        run_distill_bench(schedules, a.out, a.steps, a.cpus, a.overrides)
-        return
-    from asyncrl_lab.bench import run_bench
-
-    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-    run_bench(modes, a.workload, a.out, a.steps, a.work_dir, a.cpus, a.sft_seconds, a.overrides, a.predict)
-
-
-def cmd_demo(a: argparse.Namespace) -> None:
-    from asyncrl_lab.demo import run_demo
-
-    run_demo(a.out, sft_steps=a.sft_steps, rl_config=a.config, overrides=a.overrides, seed=a.seed)
-
-
 def cmd_train_rm(a: argparse.Namespace) -> None:
-    from asyncrl.schedules.reward_model import train_reward_model
+    from asyncrl.finetune.reward_model import train_reward_model
 
     summary = train_reward_model(
         a.data,
@@ -190,12 +161,6 @@ def cmd_train_rm(a: argparse.Namespace) -> None:
         num_threads=a.threads,
     )
     print(json.dumps(summary))
-
-
-def cmd_demo_real(a: argparse.Namespace) -> None:
-    from asyncrl_lab.demo_real import run_demo_real
-
-    run_demo_real(a.out, a.overrides)
 
 
 def cmd_convert_gguf(a: argparse.Namespace) -> None:
@@ -293,64 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", default=None, help="FIRST:LAST: draw only these steps of each run")
     s.set_defaults(fn=cmd_report)
 
-    s = sub.add_parser(
-        "bench", help="GRPO on each schedule (trainer.schedule) against sync; writes bench.json and bench.md"
-    )
-    s.add_argument(
-        "--modes",
-        default="sync_unshared,sync,one_step_off,fully_async",
-        help="comma-separated schedules (sync is always run; sync_unshared is sync without prefix sharing or "
-        "packing, the baseline of ratio_to_unshared), or the PPO placements ppo_colocated,ppo_split",
-    )
-    s.add_argument("--distill", action="store_true", help="bench distillation's schedules (configs/distill.yaml)")
-    s.add_argument(
-        "--published", action="store_true", help="the performance model against peers' published speed-ups (no runs)"
-    )
-    s.add_argument(
-        "--decode", action="store_true", help="decode tokens/s: built-in engine vs transformers generate vs vLLM"
-    )
-    s.add_argument("--model", default="runs/smollm2", help="with --decode: the model directory")
-    s.add_argument("--batch", type=int, default=32, help="with --decode: sequences per batch")
-    s.add_argument("--new-tokens", type=int, default=128, help="with --decode: tokens generated per sequence")
-    s.add_argument("--repeats", type=int, default=2, help="with --decode: timed runs per engine (best counts)")
-    s.add_argument(
-        "--schedules",
-        "--schedulers",
-        dest="schedules",
-        default=None,
-        help="with --distill: comma-separated trainer.schedule values (default sync,one_step_off,two_step_off; "
-        "sync is always run)",
-    )
-    s.add_argument("--workload", default="demo", choices=["demo", "short", "long", "tail", "real"])
-    s.add_argument("--steps", type=int, default=20, help="training steps per run (the first is left out of rates)")
-    s.add_argument("--out", default="runs/bench")
-    s.add_argument("--work-dir", default="runs/bench_work", help="cached data + SFT models per workload")
-    s.add_argument("--cpus", type=int, default=2, help="CPUs every run gets in total")
-    s.add_argument("--sft-seconds", type=float, default=None, help="warm start length when a workload is prepared")
-    s.add_argument(
-        "--predict",
-        default=None,
-        help="a cost.json, or 'auto' (profile the sync run, which runs first): predict every run before it starts, "
-        "then report the error",
-    )
-    s.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every run")
-    s.set_defaults(fn=cmd_bench)
-
     from asyncrl.schedules.perf.commands import add_parsers
 
     add_parsers(sub)  # profile, plan
 
-    s = sub.add_parser("demo", help="data -> tiny model -> SFT warm start -> RL vs an SFT control; prints a table")
-    s.add_argument("--out", default="runs/demo")
-    s.add_argument("--sft-steps", type=int, default=None, help="SFT warm-start steps (default: tools.demo.SFT_STEPS)")
-    s.add_argument(
-        "--config", default="configs/fully_async.yaml", help="the RL run (configs/quickstart.yaml: schedule sync)"
-    )
-    s.add_argument(
-        "--seed", type=int, default=1, help="seed of the SFT start and the RL run (the control: seed + 1; data fixed)"
-    )
-    s.add_argument("overrides", nargs="*")
-    s.set_defaults(fn=cmd_demo)
     s = sub.add_parser("train-rm", help="a reward model (sequence classification) from correct vs corrupted answers")
     s.add_argument("--data", required=True, nargs="+", help="training parquet/jsonl (verl schema, integer answers)")
     s.add_argument("--val", nargs="*", help="held-out files for the pairwise accuracy")
@@ -363,11 +274,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--threads", type=int, default=2)
     s.set_defaults(fn=cmd_train_rm)
-
-    s = sub.add_parser("demo-real", help="GRPO on SmolLM2-135M-Instruct with vLLM rollouts; before/after table")
-    s.add_argument("--out", default="runs/demo_real")
-    s.add_argument("overrides", nargs="*", help="dotted key=value overrides of configs/real_grpo.yaml")
-    s.set_defaults(fn=cmd_demo_real)
 
     s = sub.add_parser("convert-gguf", help="a GGUF file as a plain Hugging Face model directory (dequantized)")
     s.add_argument(

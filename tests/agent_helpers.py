@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from asyncrl.data.rows import write_rows
+from asyncrl.finetune.sft import _sft_loss
 from asyncrl.models.loading import load_model
 from asyncrl.models.presets import init_model_dir
 from asyncrl.models.tokenizer import build_char_tokenizer
@@ -23,7 +24,6 @@ from asyncrl.rollout.agent.format import TurnEncoder, parse_hermes_tool_calls
 from asyncrl.rollout.agent.tools import CalcTool, call_tools, evaluate_arithmetic
 from asyncrl.rollout.decode import DecodeResult
 from asyncrl.rollout.engine import RolloutEngine
-from asyncrl.schedules.sft import _sft_loss
 
 EXPRESSIONS = ["12 + 34", "56 + 7", "8 + 90", "41 + 25"]
 

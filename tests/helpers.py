@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from asyncrl.data.tasks import write_task_dataset
-from asyncrl.schedules.sft import init_model_from_data
+from asyncrl.finetune.sft import init_model_from_data
 
 # One size for every test's local Ray cluster: the session shares one cluster (tests/conftest.py), and init_ray
 # restarts it (~5 s) when a run asks for another size. 3 fits the largest test (2 trainer ranks + a rollout worker).

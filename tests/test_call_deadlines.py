@@ -11,7 +11,7 @@ import pytest
 from asyncrl.calls import CallTimeoutError
 from asyncrl.config import load_config
 from asyncrl.schedules import run_training
-from asyncrl.trainer.actor import ActorRolloutWorker
+from asyncrl.trainer.actor import TrainerWorker
 from asyncrl.workers.backends import LocalHandle
 from tests.helpers import make_data, make_model, train_overrides
 
@@ -51,14 +51,14 @@ def test_a_trainer_update_that_hangs_stops_the_run_with_an_error_naming_it(tmp_p
     over += ["trainer.backend=in_process", "trainer.test_freq=0", "trainer.val_before_train=false"]
     over += ["trainer.call_timeout_s=6", "trainer.save_freq=0"]  # 6 s: well above a step here, even under load
     release = threading.Event()
-    update = ActorRolloutWorker.update
+    update = TrainerWorker.update
 
     def hangs_at_step_2(self, batch, step, num_mini_batches=None):
         if step == 2:
             release.wait(60)  # a hung trainer (a deadlock, a stuck collective)
         return update(self, batch, step, num_mini_batches)
 
-    monkeypatch.setattr(ActorRolloutWorker, "update", hangs_at_step_2)
+    monkeypatch.setattr(TrainerWorker, "update", hangs_at_step_2)
     t0 = time.monotonic()
     try:
         with pytest.raises(CallTimeoutError, match=r"trainer\.update: no answer within trainer\.call_timeout_s=6 s"):

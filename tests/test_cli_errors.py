@@ -476,7 +476,7 @@ def test_contained_errors_fail_one_sample(error, serve):
     assert all(name in fn.last_errors[0] for name in names), fn.last_errors
 
 
-def _remote(e: Exception, where: str = "ActorRolloutWorker.__init__"):
+def _remote(e: Exception, where: str = "TrainerWorker.__init__"):
     """``e`` as Ray delivers an actor's error: a RayTaskError with the formatted remote traceback."""
     from ray.exceptions import RayTaskError
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import Config, ConfigError, load_config
-from asyncrl.schedules.sft import load_sft_config
+from asyncrl.finetune.sft import load_sft_config
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").glob("*.yaml"))
 BASE = ["model.path=m", "data.train_files=[t.parquet]"]

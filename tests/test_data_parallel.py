@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from asyncrl.comm.groups import LOOPBACK, find_free_port
 from asyncrl.config import ActorConfig, ConfigError, RolloutCorrectionConfig, load_config
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.schedules import run_training
 from asyncrl.trainer.data_parallel import DataParallel, DataParallelError, group_shares
-from asyncrl.weights.transport import LOOPBACK, find_free_port
 from tests.helpers import make_data, make_model, policy_gap, ppo_update, train_overrides
 from tests.test_policy_update import CHARS, _batch
 

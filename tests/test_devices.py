@@ -198,7 +198,7 @@ def _config(root: Path, model: Path, schedule: str, device: str, dtype: str, ste
 @pytest.fixture(scope="module")
 def micro_model(tmp_path_factory):
     from asyncrl.data.dataset import load_rows
-    from asyncrl.schedules.sft import init_model_from_rows
+    from asyncrl.finetune.sft import init_model_from_rows
 
     root = tmp_path_factory.mktemp("devices")
     train, _ = _write_rows(root)
@@ -297,8 +297,8 @@ def schedule_bench(
     """Every schedule in-process on ``device`` in bf16, ``prompts`` x ``n`` samples of up to ``tokens`` tokens a
     step, after an untimed warm-up run (CUDA's start, kernels)."""
     from asyncrl.data.dataset import load_rows
+    from asyncrl.finetune.sft import init_model_from_rows
     from asyncrl.schedules import run_training
-    from asyncrl.schedules.sft import init_model_from_rows
     from asyncrl.telemetry.metrics import read_metrics
 
     train, _ = _write_rows(root)

@@ -158,7 +158,7 @@ def test_a_given_url_is_used_and_left_running(setup, shared_teacher):
 def test_a_teacher_with_another_vocabulary_is_refused_before_training(setup, tmp_path):
     root, student, teacher, train, test = setup
     from asyncrl.data.tasks import write_task_dataset
-    from asyncrl.schedules.sft import init_model_from_data
+    from asyncrl.finetune.sft import init_model_from_data
 
     other_train, _ = write_task_dataset("basic_arithmetic", 32, 0, tmp_path / "other", test_size=4)
     other = tmp_path / "other_model"

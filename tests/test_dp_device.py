@@ -19,11 +19,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from asyncrl.comm import groups
+from asyncrl.comm.groups import LOOPBACK, find_free_port
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.trainer.data_parallel import DataParallel
-from asyncrl.weights import transport
-from asyncrl.weights.transport import LOOPBACK, find_free_port
 from tests.test_fsdp import _store_port
 from tests.test_policy_update import CHARS
 
@@ -74,7 +74,7 @@ class DeviceGuardGroup:
 
 def guarded(rank: int, world: int, port: int, device: torch.device) -> DataParallel:
     """This rank's ``DataParallel`` over a real gloo group guarded to take ``device`` tensors only."""
-    pg, store = transport.create_process_group("gloo", LOOPBACK, port, rank, world, 60, "trainer_dp")
+    pg, store = groups.create_process_group("gloo", LOOPBACK, port, rank, world, 60, "trainer_dp")
     return DataParallel(DeviceGuardGroup(pg, device), store, rank, world, 60, "gloo", LOOPBACK, device=device)
 
 

@@ -201,9 +201,9 @@ def test_a_killed_trainer_stops_the_run_with_one_error_and_resume_continues(setu
     run_dir = root / "trainer_killed"
     over = pool_overrides(model, train, test, run_dir, 30) + ["trainer.save_freq=2", "sync.timeout_s=20"]
     killed: list[int] = []
-    kill_when(run_dir, "ray::ActorRolloutWorker", after_step=3, delay_s=0.2, killed=killed)
+    kill_when(run_dir, "ray::TrainerWorker", after_step=3, delay_s=0.2, killed=killed)
     t0 = time.monotonic()
-    with pytest.raises(Exception, match="ActorRolloutWorker|trainer|died|rank 0") as e:
+    with pytest.raises(Exception, match="TrainerWorker|trainer|died|rank 0") as e:
         run_training(load_config(None, over))
     assert killed and time.monotonic() - t0 < 200, e.value
     run_training(load_config(None, over))
@@ -232,7 +232,7 @@ def test_a_hung_trainer_stops_the_run_with_an_error_naming_it_and_resume_continu
     run_dir = root / "trainer_hung"
     over = pool_overrides(model, train, test, run_dir, 12) + ["trainer.save_freq=2", "sync.timeout_s=15"]
     stopped: list[int] = []
-    kill_when(run_dir, "ray::ActorRolloutWorker", after_step=3, delay_s=0.1, killed=stopped, sig=signal.SIGSTOP)
+    kill_when(run_dir, "ray::TrainerWorker", after_step=3, delay_s=0.1, killed=stopped, sig=signal.SIGSTOP)
     t0 = time.monotonic()
     with pytest.raises(Exception, match=r"trainer\.\w+: no answer within trainer\.call_timeout_s|rank 0") as e:
         run_training(load_config(None, over + ["trainer.call_timeout_s=15"]))

@@ -56,10 +56,10 @@ def _mib(b: float) -> float:
 
 
 def test_every_data_parallel_collective_runs_on_nccl_with_world_size_one(capsys):
+    from asyncrl.comm.groups import find_free_port
     from asyncrl.models.presets import build_model
     from asyncrl.models.tokenizer import build_char_tokenizer
     from asyncrl.trainer.data_parallel import DataParallel
-    from asyncrl.weights.transport import find_free_port
 
     dp = DataParallel.create(0, 1, "127.0.0.1", find_free_port(), 60.0, backend="nccl")
     try:
@@ -210,11 +210,11 @@ def test_fsdp2_in_bf16_on_one_gpu_takes_two_steps_and_resumes_from_its_sharded_c
     """World size 1 on NCCL: fp32 shards (the masters) under a bf16 ``MixedPrecisionPolicy``, two AdamW steps, a
     ``torch.distributed.checkpoint`` save, and a fresh model loaded from it takes the same third step. Also the bytes
     it holds per parameter against the plan's 16 (fp32 shard + fp32 gradient + AdamW) divided by the ranks."""
+    from asyncrl.comm.groups import find_free_port
     from asyncrl.config import Config, ModelConfig, TrainerConfig
     from asyncrl.planning.memory import trainer_memory
     from asyncrl.planning.shape import model_shape
     from asyncrl.trainer import fsdp
-    from asyncrl.weights.transport import find_free_port
 
     store = torch.distributed.TCPStore("127.0.0.1", find_free_port(), 1, is_master=True)
     mesh = fsdp.init_mesh(store, 0, 1, 120.0, "nccl", "127.0.0.1")

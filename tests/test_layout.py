@@ -16,7 +16,9 @@ import ast
 import sys
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1] / "asyncrl"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = ROOT / "asyncrl"
+LAB_DIR = ROOT / "lab" / "asyncrl_lab"  # the benches and demos: a distribution beside asyncrl, in the house's count
 MAX_LINES = 400
 MAX_FLOORS = 7
 # The rooms that implement roles, and what they must never know: the algorithm or the schedule a run uses. A worker
@@ -26,13 +28,15 @@ ALGORITHM_AND_SCHEDULE_NAMES = ("grpo", "ppo", "dpo", "distill", "sync", "one_st
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    top = PACKAGE_DIR if path.is_relative_to(PACKAGE_DIR) else LAB_DIR
+    parts = path.relative_to(top.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def package_modules() -> dict[str, Path]:
-    """Every module of the package by dotted name (a package is named by its ``__init__``)."""
-    return {module_name(p): p for p in sorted(PACKAGE_DIR.rglob("*.py"))}
+def package_modules(lab: bool = False) -> dict[str, Path]:
+    """Every module of the package by dotted name (a package is named by its ``__init__``); ``lab``: the lab's too."""
+    paths = sorted(PACKAGE_DIR.rglob("*.py")) + (sorted(LAB_DIR.rglob("*.py")) if lab else [])
+    return {module_name(p): p for p in paths}
 
 
 def imports_of(source: str, module: str, is_package: bool, known: set[str]) -> set[str]:
@@ -51,9 +55,10 @@ def imports_of(source: str, module: str, is_package: bool, known: set[str]) -> s
     return targets
 
 
-def all_imports() -> dict[str, set[str]]:
-    """Each module of the package and the absolute names it imports (stdlib and third-party names included)."""
-    modules = package_modules()
+def all_imports(lab: bool = False) -> dict[str, set[str]]:
+    """Each module of the package (``lab``: and of the lab) and the absolute names it imports (stdlib and
+    third-party names included)."""
+    modules = package_modules(lab)
     known = set(modules)
     return {
         name: imports_of(path.read_text(encoding="utf-8"), name, path.name == "__init__.py", known)
@@ -61,10 +66,10 @@ def all_imports() -> dict[str, set[str]]:
     }
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Edges between modules of the package only (a module naming itself is not an edge), with the parent packages
-    an import initialises when the importer is outside them."""
-    imports = all_imports()
+def import_graph(lab: bool = False) -> dict[str, set[str]]:
+    """Edges between modules of the package (``lab``: and the lab) only (a module naming itself is not an edge), with
+    the parent packages an import initialises when the importer is outside them."""
+    imports = all_imports(lab)
     graph: dict[str, set[str]] = {}
     for name, targets in imports.items():
         edges = set()
@@ -122,7 +127,10 @@ def test_imports_of_sees_lazy_relative_and_submodule_imports():
 
 
 def room_of(module: str) -> str:
-    """A module's room: its top-level package under asyncrl (``asyncrl.trainer``), or itself (``asyncrl.cli``)."""
+    """A module's room: its top-level package under asyncrl (``asyncrl.trainer``), or itself (``asyncrl.cli``); the
+    lab is one room (``asyncrl_lab``)."""
+    if is_under(module, "asyncrl_lab"):
+        return "asyncrl_lab"
     return ".".join(module.split(".")[:2])
 
 
@@ -130,9 +138,11 @@ def floors(graph: dict[str, set[str]]) -> dict[str, int]:
     """Each room's floor: 1 for a room that imports no other room, else one above the highest room it imports."""
     edges: dict[str, set[str]] = {}
     for name, targets in graph.items():
-        if name == "asyncrl":
+        if name in ("asyncrl", "asyncrl_lab"):
             continue
-        edges.setdefault(room_of(name), set()).update(room_of(t) for t in targets if t != "asyncrl")
+        edges.setdefault(room_of(name), set()).update(
+            room_of(t) for t in targets if t not in ("asyncrl", "asyncrl_lab")
+        )
     out: dict[str, int] = {}
 
     def floor(room: str) -> int:
@@ -152,12 +162,14 @@ def test_floors_are_counted_by_the_longest_chain_of_rooms():
 
 
 # ---- the rules ---------------------------------------------------------------------------------------------------
-def test_the_package_has_at_most_seven_floors_and_the_command_line_on_top():
-    got = floors(import_graph())
+def test_the_house_has_at_most_seven_floors_with_the_command_line_and_the_lab_on_top():
+    """The package and the lab together: the command line and the lab (its benches and demos, on the same public
+    entry points a user has) are the top floor, side by side; nothing else is."""
+    got = floors(import_graph(lab=True))
     top = max(got.values())
     by_floor = "\n".join(f"{f}: {', '.join(sorted(r for r, k in got.items() if k == f))}" for f in range(top, 0, -1))
     assert top <= MAX_FLOORS, f"{top} floors (at most {MAX_FLOORS}):\n{by_floor}"
-    assert got["asyncrl.cli"] == top and [r for r, k in got.items() if k == top] == ["asyncrl.cli"], by_floor
+    assert sorted(r for r, k in got.items() if k == top) == ["asyncrl.cli", "asyncrl_lab"], by_floor
 
 
 def test_workers_never_import_or_name_an_algorithm_or_a_schedule():
@@ -181,20 +193,21 @@ def test_workers_never_import_or_name_an_algorithm_or_a_schedule():
     assert not bad, "workers know neither the algorithm nor the schedule:\n" + "\n".join(bad)
 
 
-def test_no_import_circle_in_the_package():
-    cycle = find_cycle(import_graph())
+def test_no_import_circle_in_the_package_or_the_lab():
+    cycle = find_cycle(import_graph(lab=True))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-def test_tools_are_imported_only_by_the_cli():
+def test_the_package_imports_nothing_from_the_lab():
+    """The lab sits beside asyncrl (its own distribution; its commands join the CLI through entry points): no
+    module of asyncrl, the command line included, imports it (lazily either)."""
     bad = [
         f"{name} imports {target}"
         for name, targets in sorted(all_imports().items())
-        if not is_under(name, "asyncrl_lab") and name != "asyncrl.cli"
         for target in sorted(targets)
         if is_under(target, "asyncrl_lab")
     ]
-    assert not bad, "asyncrl_lab is for the command line only:\n" + "\n".join(bad)
+    assert not bad, "asyncrl must not depend on its lab:\n" + "\n".join(bad)
 
 
 def test_rewards_do_not_import_workers():
@@ -223,7 +236,38 @@ def test_losses_import_only_torch():
     assert not bad, "asyncrl.losses may import only the standard library and torch:\n" + "\n".join(bad)
 
 
-def test_no_source_file_over_400_lines():
-    counts = {p: len(p.read_text(encoding="utf-8").splitlines()) for p in sorted(PACKAGE_DIR.rglob("*.py"))}
-    over = [f"{p.relative_to(PACKAGE_DIR.parent)}: {n}" for p, n in counts.items() if n > MAX_LINES]
+def test_no_source_file_over_400_lines_in_the_package_or_the_lab():
+    counts = {p: len(p.read_text(encoding="utf-8").splitlines()) for p in package_modules(lab=True).values()}
+    over = [f"{p.relative_to(ROOT)}: {n}" for p, n in counts.items() if n > MAX_LINES]
     assert not over, f"files over {MAX_LINES} lines (split them by responsibility):\n" + "\n".join(over)
+
+
+def test_the_formatter_formats_every_line():
+    """No ``# fmt: skip``: a line the formatter may not touch is a line laid out by hand, and the next hand lays it out
+    differently."""
+    skipped = [
+        f"{p.relative_to(ROOT)}:{k}"
+        for p in package_modules(lab=True).values()
+        for k, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if "fmt: skip" in line or "fmt: off" in line
+    ]
+    assert not skipped, "lines the formatter skips:\n" + "\n".join(skipped)
+
+
+def test_the_wheel_ships_the_package_alone_and_the_lab_commands_join_by_entry_points():
+    """asyncrl's wheel holds asyncrl only (the packages its pyproject selects); the lab is its own distribution,
+    whose ``asyncrl.commands`` entry points are the bench and demo commands the command line offers."""
+    import tomllib
+    from importlib.metadata import entry_points
+
+    from setuptools import find_namespace_packages
+
+    from asyncrl.cli import build_parser
+
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    shipped = find_namespace_packages(str(ROOT), include=conf["include"])
+    assert "asyncrl" in shipped and not [p for p in shipped if not is_under(p, "asyncrl")], shipped
+    lab = tomllib.loads((ROOT / "lab" / "pyproject.toml").read_text())["project"]["entry-points"]["asyncrl.commands"]
+    assert {ep.name: ep.value for ep in entry_points(group="asyncrl.commands")} == lab  # installed as declared
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert set(lab) <= set(sub.choices)

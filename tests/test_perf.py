@@ -367,3 +367,32 @@ def test_the_probe_times_both_thread_counts_on_the_same_work_each_round():
     assert len(times[("gen", 1)]) == len(times[("gen", 2)]) == 4
     times = {("gen", 1): [2.0, 9.0, 4.0], ("gen", 2): [1.0, 9.0, 1.0]}  # pairs: 2x, 1x, 4x
     assert paired_speedup(times, "gen", 2) == 2.0
+
+
+def test_the_planner_runs_the_schedules_own_loop_and_follows_a_change_to_it(monkeypatch):
+    """The simulator runs ``schedules.loops``, the loop the real run runs: a one_step_off whose next batch is launched
+    only after the update (no overlap left) is predicted at sync's step, where the shipped loop reaches the slower
+    phase; the shipped loop itself is the one the simulator picks up."""
+    from asyncrl.schedules import loops
+
+    cost = fixed_cost(0.2, 2.0)  # generation 10 x 0.2 s, training 2 s: overlapped, a step takes 2 s instead of 4
+    setting = Setting("one_step_off", trainer=1, rollout=1)
+    sync = simulate(cost, Cluster.gpus(2), Setting("sync", trainer=1), steps=12)
+    shipped = simulate(cost, Cluster.gpus(2), setting, steps=12)
+    assert median_step(shipped) == pytest.approx(2.0, rel=1e-6)
+
+    def launch_after_the_update(p):
+        launched = p.launch(p.start)
+        for step in p.steps():
+            generated = yield from p.generated(launched, step)
+            yield from p.push(step)
+            prepared = yield from p.prepare(generated, step)
+            trained = yield from p.train(prepared, step)
+            if step < p.total:
+                launched = p.launch(step + 1)
+            yield from p.end_step(step, generated, prepared, trained)
+
+    monkeypatch.setitem(loops.LOOPS, "one_step_off", launch_after_the_update)
+    changed = simulate(cost, Cluster.gpus(2), setting, steps=12)
+    assert median_step(sync) == pytest.approx(4.0, rel=1e-6)
+    assert median_step(changed) == pytest.approx(median_step(sync), rel=1e-6)

@@ -167,15 +167,18 @@ def test_several_gpu_ranks_per_node_do_not_share_their_pool_with_another_role():
 
 
 def test_the_weight_sync_uses_nccl_only_between_workers_on_gpus_of_their_own():
-    from asyncrl.roles.placement import WorkerLocation, sync_backend
+    from asyncrl.comm.transport import WorkerLocation, process_group_transport, transport_of
 
     pids = iter(range(100, 200))
 
     def at(device: str, node: str = "n1", gpus: tuple[str, ...] = (), pid: int | None = None) -> WorkerLocation:
         return WorkerLocation("w", "10.0.0.1", node, gpus, ",".join(gpus) or None, device, pid or next(pids))
 
-    assert sync_backend([at("cuda:0", "n1", ("0",)), at("cuda:0", "n2", ("0",)), at("cuda:0", "n1", ("1",))]) == "nccl"
-    assert sync_backend([at("cuda:0", "n1", ("0",)), at("cuda:0", "n1", ("0",))]) == "gloo"  # one GPU, two ranks
-    assert sync_backend([at("cuda:0"), at("cuda:0")]) == "gloo"  # two processes on one node, no GPU of their own
-    assert sync_backend([at("cuda:0", "local", pid=7), at("cuda:0", "local", pid=7)]) == "local"  # in-process
-    assert sync_backend([at("cpu", "n1", ("0",)), at("cuda:0", "n2", ("0",))]) == "gloo"  # a CPU worker
+    assert transport_of([at("cuda:0", "n1", ("0",)), at("cuda:0", "n2", ("0",)), at("cuda:0", "n1", ("1",))]) == "nccl"
+    assert transport_of([at("cuda:0", "n1", ("0",)), at("cuda:0", "n1", ("0",))]) == "gloo"  # one GPU, two ranks
+    assert transport_of([at("cuda:0"), at("cuda:0")]) == "gloo"  # two processes on one node, no GPU of their own
+    assert transport_of([at("cuda:0", "local", pid=7), at("cuda:0", "local", pid=7)]) == "local"  # in-process
+    assert transport_of([at("cpu", "n1", ("0",)), at("cuda:0", "n2", ("0",))]) == "gloo"  # a CPU worker
+    # data-parallel ranks need a real process group: in one process they go through the host
+    assert process_group_transport([at("cuda:0", "local", pid=7), at("cuda:0", "local", pid=7)]) == "gloo"
+    assert process_group_transport([at("cuda:0", "n1", ("0",)), at("cuda:0", "n2", ("0",))]) == "nccl"

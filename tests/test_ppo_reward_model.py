@@ -11,10 +11,10 @@ import torch
 from asyncrl.config import load_config
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.data.rows import load_rows
+from asyncrl.finetune.reward_model import answer_pairs, corrupt_answer, pairwise_accuracy, train_reward_model
 from asyncrl.models.reward_model import load_reward_model, score_ids
 from asyncrl.rewards.combine import combine_rewards, token_level_rewards
 from asyncrl.schedules import run_training
-from asyncrl.schedules.reward_model import corrupt_answer, make_pairs, pairwise_accuracy, train_reward_model
 from asyncrl.telemetry.metrics import read_metrics
 from tests.helpers import make_data, make_model, train_overrides
 
@@ -58,7 +58,7 @@ def test_train_rm_writes_a_model_that_scores_sequences(rm_setup):
     rm, tok = load_reward_model(str(rm_dir), str(model))
     # the summary's accuracy is the saved model's, on the held-out pairs (train_reward_model's seed + 1)
     val = PromptDataset(load_rows([str(test)]), tok, 256)
-    pairs = make_pairs([val[i] for i in range(len(val))], tok, seed=1)
+    pairs = answer_pairs([val[i] for i in range(len(val))], tok, seed=1)
     assert summary["val_pairwise_accuracy"] == pairwise_accuracy(rm.eval(), pairs, tok.pad_token_id)
     logits = score_ids(rm, [[5, 6, 7], [5, 6], [8]], tok.pad_token_id, micro_batch_size=2)
     assert logits.shape == (3,) and torch.isfinite(logits).all()

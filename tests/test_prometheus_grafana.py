@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.comm.groups import find_free_port
 from asyncrl.config import load_config
 from asyncrl.schedules import run_training
-from asyncrl.weights.transport import find_free_port
 from tests.helpers import make_data, make_model, train_overrides
 
 PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)

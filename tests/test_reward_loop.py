@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
+from asyncrl.comm.groups import find_free_port
 from asyncrl.config import ConfigError, RewardConfig, load_config
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
@@ -22,7 +23,6 @@ from asyncrl.rollout.sampling import RowStreams, SamplingParams
 from asyncrl.schedules import run_training
 from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.types import Prompt, Sample
-from asyncrl.weights.transport import find_free_port
 from tests.helpers import make_data, make_model, train_overrides
 
 REWARDS_PY = """

@@ -5,8 +5,8 @@ import math
 import pytest
 
 from asyncrl.config import ConfigError
+from asyncrl.finetune.sft import load_sft_config, lr_factor, sft_examples
 from asyncrl.models.tokenizer import build_char_tokenizer
-from asyncrl.schedules.sft import load_sft_config, lr_factor, sft_examples
 
 
 def test_warmup_is_linear_and_ignores_the_schedule():

@@ -185,9 +185,9 @@ def test_a_local_group_on_an_address_an_earlier_local_group_used_starts_afresh()
     """A local group binds no port, so a later ``find_free_port`` may hand out an earlier group's again: that group
     (every rank joined, none closed) must not capture the new one's ranks (seen once in the suite: "world size 3, the
     group has 2")."""
-    from asyncrl.weights import transport
+    from asyncrl.comm import groups
 
     port = find_free_port()
-    old = [transport.create_process_group("local", "127.0.0.1", port, r, 2, 5.0, "weights")[0] for r in range(2)]
-    new = [transport.create_process_group("local", "127.0.0.1", port, r, 3, 5.0, "weights")[0] for r in range(3)]
+    old = [groups.create_process_group("local", "127.0.0.1", port, r, 2, 5.0, "weights")[0] for r in range(2)]
+    new = [groups.create_process_group("local", "127.0.0.1", port, r, 3, 5.0, "weights")[0] for r in range(3)]
     assert {id(g.hub) for g in new} != {id(g.hub) for g in old} and len({id(g.hub) for g in new}) == 1

@@ -14,6 +14,7 @@ import string
 import pytest
 import torch
 
+from asyncrl.comm.groups import LOOPBACK
 from asyncrl.models.fp8 import quantize_for_sync
 from asyncrl.models.lora import LoraSpec, adapter_tensors, apply_lora, synced_tensors
 from asyncrl.models.presets import build_model
@@ -33,7 +34,6 @@ from asyncrl.weights import (
 )
 from asyncrl.weights.buckets import as_bytes
 from asyncrl.weights.endpoints import SyncReceiverMixin
-from asyncrl.weights.transport import LOOPBACK
 from tests.test_weights_group import TIMEOUT_S, run_ranks
 
 TINY_BUCKETS_MB = 0.004  # ~4 KiB: a micro model's sync is tens of buckets

@@ -75,7 +75,7 @@ class TeacherTarget(Objective):
 
 
 @dataclass
-class Teacher:
+class RunTeacher:
     """The run's teacher: its server (started here or the user's) and the client that asks it."""
 
     endpoint: TeacherEndpoint
@@ -88,14 +88,14 @@ class Distill(Algorithm):
 
     def __init__(self, cfg, tokenizer, roles, resources):  # noqa: ANN001 - as Algorithm's
         super().__init__(cfg, tokenizer, roles, resources)
-        self.teacher: Teacher = resources
+        self.teacher: RunTeacher = resources
         self.on_policy_gen = torch.Generator().manual_seed(cfg.trainer.seed)
         t = self.teacher
         self.summary["teacher"] = {"url": t.endpoint.url, "pid": t.endpoint.pid, **t.check}
 
     @classmethod
     @contextmanager
-    def resources(cls, cfg, tokenizer, run_dir: str) -> Iterator[Teacher]:  # noqa: ANN001 - as Algorithm's
+    def resources(cls, cfg, tokenizer, run_dir: str) -> Iterator[RunTeacher]:  # noqa: ANN001 - as Algorithm's
         """The teacher: started (or reached) and checked against the student's tokenizer before any worker starts."""
         tc = cfg.teacher
         with teacher_endpoint(tc, run_dir) as endpoint:
@@ -109,7 +109,7 @@ class Distill(Algorithm):
                 before_retry=lambda: endpoint.wait_up(tc.startup_timeout_s),
             )
             try:
-                yield Teacher(endpoint, client, client.check_compatible(tokenizer, tc.check_tokenizer))
+                yield RunTeacher(endpoint, client, client.check_compatible(tokenizer, tc.check_tokenizer))
             finally:
                 client.close()
 

@@ -122,7 +122,7 @@ def sharing_pays(prompt_len: int, resp_lens: list[int]) -> bool:
     elements) where the per-row layout's causal kernels compute only their sequences' own triangles,
     ``sum((P + R_i)^2) / 2``, with no mask. A saved position is priced as one row of the square (``W`` keys), so
     sharing pays when ``W^2 <= sum((P + R_i)^2) / 2 + (k - 1) * P * W``: a prompt longer than about its responses
-    (a heuristic; asyncrl_lab/bench_packing.py measures both layouts). A short prompt before long responses (verl's
+    (a heuristic; lab/asyncrl_lab/bench_packing.py measures both layouts). A short prompt before long responses (verl's
     DAPO: 2k + 16 x 8k) runs per row."""
     k = len(resp_lens)
     if k < 2:

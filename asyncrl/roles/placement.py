@@ -82,19 +82,6 @@ class NodeCapacity:
     gpus: float = 0.0
 
 
-@dataclass(frozen=True)
-class WorkerLocation:
-    """Where a started worker runs, as its backend reports it (the run's summary lists every worker's)."""
-
-    name: str
-    address: str  # its node's IP address (Ray's); 127.0.0.1 in-process
-    node_id: str  # Ray's node id ("local" in-process)
-    gpu_ids: tuple[str, ...]  # the GPUs Ray gave it (none in-process: it uses the process's)
-    cuda_visible_devices: str | None
-    device: str  # the torch device its models live on
-    pid: int
-
-
 @dataclass
 class Placement:
     pools: dict[str, Pool]  # training pool -> its resources
@@ -139,17 +126,6 @@ class Placement:
             sharing = len(self.roles_on(pool))
         cpus, gpus = p.cpus / p.per_node, p.gpus / p.per_node
         return Slot(pool, node, cpus / sharing, gpus / sharing, max(1, int(cpus)))
-
-
-def sync_backend(workers: list[WorkerLocation]) -> str:
-    """The transport of a group of workers (the weight sync's): ``local`` when they are all in one process (the
-    in-process backend: a copy on the device they share, no process group), ``nccl`` when every one is on CUDA with
-    a GPU Ray gave it alone (NCCL refuses two ranks on one device), else ``gloo`` through host memory."""
-    if workers and len({(w.node_id, w.pid) for w in workers}) == 1:
-        return "local"
-    gpus = [(w.node_id, g) for w in workers for g in w.gpu_ids]
-    own_gpu = all(w.device.startswith("cuda") and len(w.gpu_ids) == 1 for w in workers)
-    return "nccl" if workers and own_gpu and len(set(gpus)) == len(gpus) else "gloo"
 
 
 def resolve_placement(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.calls import Handle, Pending
+from asyncrl.comm.transport import WorkerLocation
 from asyncrl.roles.clients import (
     CriticClient,
     RewardModelClient,
@@ -16,7 +17,7 @@ from asyncrl.roles.clients import (
     RolloutClient,
     TrainerClient,
 )
-from asyncrl.roles.placement import Placement, WorkerLocation
+from asyncrl.roles.placement import Placement
 
 
 class RolloutSide(enum.Enum):

@@ -157,8 +157,10 @@ class VllmEngine(VllmStreaming, GatedEngine):
         (``row_streams``: its prompt's epoch and index, its number in the group), as the built-in engine keys it."""
         check_prompts(prompts, "VllmEngine")
         rows = [(prompt, j) for prompt in prompts for j in range(params.n)]
-        blank = [Sample(prompt=p, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted", row=j)
-                 for p, j in rows]  # fmt: skip
+        blank = [
+            Sample(prompt=p, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted", row=j)
+            for p, j in rows
+        ]
         self._sync_from_source()
         start_version = self._version
         out = self._run(blank, [params.max_new_tokens] * len(rows), params, seed, None)

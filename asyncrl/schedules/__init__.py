@@ -1,6 +1,6 @@
-"""Every training loop: one module per RL schedule (``trainer.schedule``), each the whole order of events of that
-schedule and able to run every algorithm; and the supervised loops (``sft``: the warm start, ``reward_model``:
-reward-model training), which have one role and no schedule to choose. ``run.py`` holds what the schedules share."""
+"""The RL loops: one module per schedule (``trainer.schedule``), each the whole order of events of that schedule and
+able to run every algorithm. ``run.py`` holds what the schedules share. Training from labels (SFT, a reward model)
+is ``asyncrl.finetune``'s."""
 
 from __future__ import annotations
 

@@ -23,11 +23,9 @@ from typing import Any
 from asyncrl.config import Config
 from asyncrl.config.specs import TrainerPlan
 from asyncrl.roles.team import RolloutSide
-from asyncrl.schedules.dynamic_sampling import BatchFiller
 from asyncrl.schedules.run import open_run
-from asyncrl.schedules.skip import RolloutSkip
-from asyncrl.schedules.step import StepTimer, old_policy, staleness_metrics
-from asyncrl.supervision.supervisor import WorkerLostError
+from asyncrl.schedules.run_ports import RunPorts, drive
+from asyncrl.schedules.step import old_policy
 
 
 def trainer_plan(cfg: Config) -> TrainerPlan:
@@ -36,49 +34,6 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
 
 
 def run_one_step_off(cfg: Config) -> dict[str, Any]:
+    """The loop is ``loops.one_step_off``, on the real roles."""
     with open_run(cfg, RolloutSide.POOL, trainer_plan(cfg)) as (run, algorithm, roles):
-        sync = run.start_weight_sync(roles)
-        skip, filler = RolloutSkip(cfg), BatchFiller(cfg)
-        params, total = run.sampling(), cfg.trainer.total_training_steps
-
-        def launch(b: int, g: int = 1):
-            return skip.launch(roles.rollouts, run.next_prompts(), params, run.gen_seed(), b, run.pool, gen_batch=g)
-
-        pending = launch(run.start_step)
-        step, cursor = run.start_step - 1, None
-        for step in range(run.start_step, total + 1):
-            tm = StepTimer(step)
-            with tm("step"):
-                try:  # the pool replaces a rollout worker that died; past its budget, stop after a checkpoint
-                    with tm("wait_prev_gen"):
-                        gen = filler.fill(step, pending, lambda g, b=step: launch(b, g))
-                        samples = gen.samples
-                    with tm("sync_rollout_weights"):
-                        stats = (run.pool or sync).push(run.version)
-                except WorkerLostError:
-                    run.save_before_failing(step - 1, roles, cursor)
-                    raise
-                # the cursor after batch `step` (all its generation batches), before batch step+1 is drawn: a
-                # checkpoint of this step resumes by drawing and generating the in-flight batch step+1 again, so it
-                # is neither lost nor repeated
-                cursor = run.sampler.state_dict()
-                if step < total:
-                    pending = launch(step + 1)
-                with tm("prepare"):
-                    prepared = algorithm.prepare(samples, step)()
-                staleness = staleness_metrics(samples, run.version)
-                with tm("train"):
-                    trained = run.learn(algorithm, prepared, step)
-            metrics = run.step_metrics(
-                prepared.samples,
-                prepared.batch,
-                tm,
-                prepared.metrics,
-                trained.metrics,
-                staleness,
-                sync.metrics(stats),
-                gen.metrics,
-            )
-            metrics["timing_s/gen"] = gen.seconds  # measured on the rollout workers, overlapped with the previous step
-            run.end_step(step, metrics, roles, sampler_state=cursor)
-        return run.finish(roles, step)
+        return drive(RunPorts(cfg, run, algorithm, roles, run.start_weight_sync(roles)), "one_step_off")

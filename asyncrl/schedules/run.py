@@ -20,6 +20,7 @@ import yaml
 from asyncrl import seeds
 from asyncrl.algorithms import Algorithm, Prepared, Trained, algorithm_class
 from asyncrl.checkpoint import CheckpointManager, load_driver_state, set_rng_state
+from asyncrl.comm.transport import transport_of
 from asyncrl.config import Config, to_dict
 from asyncrl.config.specs import TrainerPlan, role_specs
 from asyncrl.data.collate import TrainBatch
@@ -30,7 +31,6 @@ from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
 from asyncrl.rewards.overlong import overlong_metrics
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.roles.clients import RoleClient
-from asyncrl.roles.placement import sync_backend
 from asyncrl.roles.team import Roles, RolloutSide
 from asyncrl.rollout.agent.loop import check_agent_loop
 from asyncrl.rollout.agent.tools import tool_schemas
@@ -128,7 +128,7 @@ class Run:
         """Create the sync group and bring the rollout side to the trainer's weights (after a resume: the
         checkpoint's)."""
         ready = self.cfg.trainer.role_start_timeout_s
-        backend = sync_backend([h.location(ready) for h in [roles.trainer.handle, *roles.receivers]])
+        backend = transport_of([h.location(ready) for h in [roles.trainer.handle, *roles.receivers]])
         ws = WeightSync(roles.trainer.handle, roles.receivers, self.cfg.sync, ready, backend=backend)
         ws.setup()
         self.weight_sync = ws  # the last step's evaluation syncs the rollout pool to the final weights

@@ -19,10 +19,9 @@ from typing import Any
 from asyncrl.config import Config
 from asyncrl.config.specs import TrainerPlan
 from asyncrl.roles.team import RolloutSide
-from asyncrl.schedules.dynamic_sampling import BatchFiller
 from asyncrl.schedules.run import open_run
-from asyncrl.schedules.skip import RolloutSkip
-from asyncrl.schedules.step import StepTimer, old_policy, staleness_metrics
+from asyncrl.schedules.run_ports import RunPorts, drive
+from asyncrl.schedules.step import old_policy
 
 
 def trainer_plan(cfg: Config) -> TrainerPlan:
@@ -31,26 +30,6 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
 
 
 def run_sync(cfg: Config) -> dict[str, Any]:
+    """The loop is ``loops.sync``, on the real roles."""
     with open_run(cfg, RolloutSide.ACTOR, trainer_plan(cfg)) as (run, algorithm, roles):
-        params, skip, filler = run.sampling(), RolloutSkip(cfg), BatchFiller(cfg)
-
-        def launch(b: int, g: int = 1):
-            return skip.launch(roles.rollouts, run.next_prompts(), params, run.gen_seed(), b, gen_batch=g)
-
-        step = run.start_step - 1
-        for step in range(run.start_step, cfg.trainer.total_training_steps + 1):
-            tm = StepTimer(step)
-            with tm("step"):
-                with tm("gen"):
-                    gen = filler.fill(step, launch(step), lambda g, b=step: launch(b, g))
-                    samples = gen.samples
-                with tm("prepare"):
-                    prepared = algorithm.prepare(samples, step)()
-                staleness = staleness_metrics(samples, run.version)  # 0 by construction; measured anyway
-                with tm("train"):
-                    trained = run.learn(algorithm, prepared, step)
-            metrics = run.step_metrics(
-                prepared.samples, prepared.batch, tm, prepared.metrics, trained.metrics, staleness, gen.metrics
-            )
-            run.end_step(step, metrics, roles)
-        return run.finish(roles, step)
+        return drive(RunPorts(cfg, run, algorithm, roles), "sync")

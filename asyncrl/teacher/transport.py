@@ -2,7 +2,7 @@
 
 Kept apart from :mod:`asyncrl.teacher.server` (the model, the batcher and the endpoint logic) so that the engine reads
 without the ``http.server`` plumbing around it. This module knows the teacher only through the small
-:class:`Teacher` interface below and never imports the server, so the two cannot form an import cycle.
+:class:`TeacherModel` interface below and never imports the server, so the two cannot form an import cycle.
 
 Each endpoint method takes the decoded JSON body and returns the JSON reply; this module turns
 :class:`~asyncrl.teacher.protocol.RequestError` into 400, :class:`ServerStoppingError` into 503 and anything else
@@ -31,7 +31,7 @@ class ServerStoppingError(RuntimeError):
     """The server is shutting down: a request arriving now gets HTTP 503 (the client retries); queued ones finish."""
 
 
-class Teacher(Protocol):
+class TeacherModel(Protocol):
     """What the HTTP layer needs from :class:`asyncrl.teacher.server.TeacherServer`."""
 
     model_id: str
@@ -43,11 +43,11 @@ class Teacher(Protocol):
 
 
 class TeacherHTTPServer(ThreadingHTTPServer):
-    """Knows its :class:`Teacher` and its open connections, so ``stop()`` can close keep-alive ones too."""
+    """Knows its :class:`TeacherModel` and its open connections, so ``stop()`` can close keep-alive ones too."""
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], teacher: Teacher) -> None:
+    def __init__(self, address: tuple[str, int], teacher: TeacherModel) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.teacher = teacher

@@ -24,6 +24,7 @@ import torch
 
 from asyncrl import seeds
 from asyncrl.checkpoint import fingerprint
+from asyncrl.comm.groups import find_free_port
 from asyncrl.config.specs import TrainerSpec
 from asyncrl.data.collate import Objective, TrainBatch
 from asyncrl.models.device import resolve_device
@@ -47,14 +48,13 @@ from asyncrl.trainer.precision import build_optimizer
 from asyncrl.trainer.update import fit
 from asyncrl.types import Generation, Prompt, UpdateResult
 from asyncrl.weights.endpoints import SyncSenderMixin
-from asyncrl.weights.transport import find_free_port
 
 
 def _warmup_lambda(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
-class ActorRolloutWorker(ActorStateMixin, SyncSenderMixin):
+class TrainerWorker(ActorStateMixin, SyncSenderMixin):
     """``rank``/``world_size``: one of ``trainer.num_workers`` data-parallel ranks (``init_data_parallel`` joins
     them, and shards ``model`` under ``trainer.strategy=fsdp2``); ``serving`` holds the full weights on every rank
     (the trained model itself; under FSDP2 an unsharded copy where the engine is the rollout, else None: the full

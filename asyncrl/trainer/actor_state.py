@@ -23,7 +23,7 @@ SHARDED = "sharded"  # a checkpoint's torch.distributed.checkpoint directory (FS
 
 
 class ActorStateMixin:
-    """Checkpoint, resume and export for ``ActorRolloutWorker`` (whose attributes it reads)."""
+    """Checkpoint, resume and export for ``TrainerWorker`` (whose attributes it reads)."""
 
     def _full_on_host(self, masters: dict[str, torch.Tensor] | None) -> torch.nn.Module:
         """Rank 0's full weights in ``model.dtype`` on the host: the copy it serves from, or built from the gathered

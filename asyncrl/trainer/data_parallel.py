@@ -14,7 +14,7 @@ passes in lockstep (``Lockstep``). Torch's ``DistributedDataParallel`` wrapper i
 all-reduces inside ``backward`` and expects every rank to call it equally often, while here a rank's share may pack
 into a different number of micro-batches (or none: every row of its share skipped as zero-advantage).
 
-The group is a process group of its own (``asyncrl.weights.transport``: TCPStore + gloo, or NCCL on GPUs), not the
+The group is a process group of its own (``asyncrl.comm.groups``: TCPStore + gloo, or NCCL on GPUs), not the
 default group, so ``ddp`` ranks may also be threads of one process (the in-process backend), and the weight sync's
 group is separate. FSDP2 needs the default group as well, so its ranks are processes.
 
@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
+from asyncrl.comm import groups
 from asyncrl.data.collate import TrainBatch
 from asyncrl.trainer.forward import model_device
-from asyncrl.weights import transport
 
 GRAD_BUCKET_BYTES = 32 * 2**20  # gradients are summed in flat buckets of about this size
 
@@ -94,12 +94,12 @@ class DataParallel:
         host: str,
         device: torch.device | None = None,
     ):
-        """``device``: where the group takes its tensors (default: the backend's, ``transport.backend_device``)."""
+        """``device``: where the group takes its tensors (default: the backend's, ``groups.backend_device``)."""
         self.pg, self._store, self.host = pg, store, host
         self.rank, self.world_size = rank, world_size
         self.timeout_s = timeout_s
         self.backend = backend
-        self.device = device if device is not None else transport.backend_device(backend)
+        self.device = device if device is not None else groups.backend_device(backend)
         self.mesh: Any = None  # FSDP2's device mesh, once ``shard_with_fsdp2`` ran (``asyncrl.trainer.fsdp``)
 
     @property
@@ -124,8 +124,8 @@ class DataParallel:
         cls, rank: int, world_size: int, host: str, port: int, timeout_s: float, backend: str | None = None
     ) -> DataParallel:
         """``backend``: nccl for ranks on GPUs of their own, gloo for CPU ranks (None: nccl where CUDA is seen)."""
-        backend = backend or transport.default_backend()
-        pg, store = transport.create_process_group(backend, host, port, rank, world_size, timeout_s, "trainer_dp")
+        backend = backend or groups.default_backend()
+        pg, store = groups.create_process_group(backend, host, port, rank, world_size, timeout_s, "trainer_dp")
         return cls(pg, store, rank, world_size, timeout_s, backend, host)
 
     def close(self) -> None:
@@ -134,7 +134,7 @@ class DataParallel:
 
             fsdp.close_mesh()
             self.mesh = None
-        transport.close_process_group(self.pg, abort=False)
+        groups.close_process_group(self.pg, abort=False)
         self.pg = None
 
     # ---- splitting -----------------------------------------------------------------------------------------------
@@ -162,8 +162,8 @@ class DataParallel:
         (logits.sum() * 0.0).backward()
 
     # ---- collectives ---------------------------------------------------------------------------------------------
-    def _deadline(self) -> transport.Deadline:
-        return transport.Deadline(self.timeout_s)
+    def _deadline(self) -> groups.Deadline:
+        return groups.Deadline(self.timeout_s)
 
     def _all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
         """``t`` (same shape on every rank) from every rank, in rank order, on the group's device (``t`` is moved
@@ -173,7 +173,7 @@ class DataParallel:
         out = [torch.empty_like(t) for _ in range(self.world_size)]
         opts = AllgatherOptions()
         opts.timeout = d.remaining()
-        transport.wait(self.pg.allgather([out], [t], opts), d)
+        groups.wait(self.pg.allgather([out], [t], opts), d)
         return out
 
     def all_gather_int(self, n: int) -> list[int]:
@@ -225,7 +225,7 @@ class DataParallel:
         """One all-reduce per bucket on the group's device, summed in fp32 whatever the gradients' dtype (copied back
         in theirs, on theirs)."""
         flat = torch.cat([p.grad.reshape(-1).to(self.device, torch.float32) for p in bucket])
-        transport.allreduce_sum(self.pg, flat, self._deadline())
+        groups.allreduce_sum(self.pg, flat, self._deadline())
         flat = flat.to(bucket[0].grad.device)  # one copy back, where the gradients live (a no-op on a GPU rank)
         offset = 0
         for p in bucket:

@@ -17,7 +17,7 @@ zero). The gradients are summed over the ranks, not averaged: each rank already 
 the whole mini-batch (``asyncrl.trainer.update.optimize``), as under DDP.
 
 Where the trainer's engine is the rollout (the sync schedule), every rank also keeps an unsharded copy of the
-weights in ``model.dtype`` (``ActorRolloutWorker.serving``), refreshed after each update with one all-gather per
+weights in ``model.dtype`` (``TrainerWorker.serving``), refreshed after each update with one all-gather per
 parameter: the colocated engine decodes from it (each rank its own prompts, for its own number of steps, which a
 sharded module cannot do alone). That is verl's hybrid engine: the trainer's shards plus a full copy for the rollout.
 In every other schedule no full copy is kept: the log-prob passes run on the shards (in lockstep), and what reads the

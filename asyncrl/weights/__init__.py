@@ -2,19 +2,19 @@
 
 - ``buckets``: pure packing of parameters into flat per-dtype buckets, and their CRC32.
 - ``handshake``: the parameter list/bucket plan agreed at group creation and its check against a rollout model.
-- ``transport``: a process group of its own (TCPStore + ProcessGroupGloo/NCCL), never the default group.
+- the process group under it is ``asyncrl.comm``'s (a group of its own, never the default one; or ``local``).
 - ``group``: ``WeightSyncGroup``, one rank's view of the group: ``send`` (rank 0) / ``receive_stream`` (ranks 1..N).
 - ``incoming``: one sync as a receiver takes it, bucket by bucket (at most two buckets held), each checked first.
 - ``endpoints``: the worker side (sender/receiver mixins); ``weight_sync``: ``WeightSync``, the driver side that
   sets a group up and syncs over it, through role handles (Ray actors or in-process workers alike).
 """
 
+from asyncrl.comm.groups import find_free_port
 from asyncrl.weights.buckets import Bucket, BucketEntry, ParamMeta, checksum, pack, plan_buckets, unpack
 from asyncrl.weights.errors import HandshakeError, SyncTimeoutError, WeightSyncError
 from asyncrl.weights.group import WeightSyncGroup
 from asyncrl.weights.handshake import SyncPlan, validate_plan
 from asyncrl.weights.stats import SyncStats, memcpy_bytes_per_s
-from asyncrl.weights.transport import find_free_port
 
 __all__ = [
     "Bucket",

@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
+from asyncrl.comm.groups import find_free_port
 from asyncrl.models.fp8 import quantize_for_sync, sync_layout
 from asyncrl.models.lora import is_lora, require_adapter, synced_tensors
 from asyncrl.weights.errors import WeightSyncError
 from asyncrl.weights.group import WeightSyncGroup
 from asyncrl.weights.handshake import PlanSummary
 from asyncrl.weights.stats import SyncStats
-from asyncrl.weights.transport import find_free_port
 
 __all__ = ["SyncReceiverMixin", "SyncSenderMixin"]
 

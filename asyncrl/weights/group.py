@@ -16,7 +16,7 @@ complete sync). A transport failure or timeout (a peer absent or dead) leaves th
 marked broken and every later call raises until a new group is created.
 
 One group object is used from one thread at a time. Several groups may coexist in one process (no default
-process group is involved, see ``asyncrl.weights.transport``).
+process group is involved, see ``asyncrl.comm.groups``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from asyncrl.comm import groups
 from asyncrl.config import SyncConfig
-from asyncrl.weights import transport
 from asyncrl.weights.buckets import ParamMeta, as_bytes, checksum, metas_of, pack
 from asyncrl.weights.errors import HandshakeError, SyncTimeoutError, WeightSyncError
 from asyncrl.weights.handshake import SyncPlan, validate_plan
@@ -71,7 +71,7 @@ class WeightSyncGroup:
         self.plan = plan
         self.backend = backend
         self.timeout_s = timeout_s
-        self.device = transport.backend_device(backend)
+        self.device = groups.backend_device(backend)
         self.broken: str | None = None  # why the group is unusable, once it is
         _OPEN_GROUPS.add(self)
 
@@ -85,7 +85,7 @@ class WeightSyncGroup:
         world_size: int,
         port: int,
         params: Mapping[str, torch.Tensor] | Sequence[ParamMeta],
-        host: str = transport.LOOPBACK,
+        host: str = groups.LOOPBACK,
         bucket_mb: float = SyncConfig.bucket_mb,
         timeout_s: float = SyncConfig.timeout_s,
         backend: str | None = None,
@@ -96,15 +96,15 @@ class WeightSyncGroup:
         ``params``: on rank 0 the tensors (or metas) it will send, in send order, planned into buckets of
         ``bucket_mb`` MiB; on a receiver what its model expects (``engine.state_dict_for_sync()``), checked against
         the trainer's plan (``bucket_mb`` is ignored there). ``timeout_s`` bounds the rendezvous, the handshake and,
-        by default, each sync. Every rank must pass the same ``backend`` (default: ``transport.default_backend()``).
+        by default, each sync. Every rank must pass the same ``backend`` (default: ``groups.default_backend()``).
         Raises HandshakeError on a model mismatch (on every rank, naming the worker), WeightSyncError otherwise.
         """
         if not 0 <= rank < world_size:
             raise ValueError(f"WeightSyncGroup.create: rank {rank} is outside world_size {world_size}")
         who = rank_label(rank)
-        backend = backend or transport.default_backend()
+        backend = backend or groups.default_backend()
         try:
-            pg, store = transport.create_process_group(backend, host, port, rank, world_size, timeout_s, group_name)
+            pg, store = groups.create_process_group(backend, host, port, rank, world_size, timeout_s, group_name)
         except RuntimeError as e:
             raise WeightSyncError(
                 f"weight-sync group creation: {who} could not join {host}:{port} (world size {world_size}) "
@@ -122,10 +122,10 @@ class WeightSyncGroup:
 
     def _handshake(self, metas: list[ParamMeta]) -> None:
         """Rank 0 broadcasts the plan; each receiver validates it; all learn who failed (one all-reduce)."""
-        deadline = transport.Deadline(self.timeout_s)
+        deadline = groups.Deadline(self.timeout_s)
         own_error: HandshakeError | None = None
         try:
-            payload = transport.broadcast_bytes(
+            payload = groups.broadcast_bytes(
                 self._pg, self.plan.to_bytes() if self.rank == 0 else None, self.device, deadline
             )
             if self.rank != 0:
@@ -136,7 +136,7 @@ class WeightSyncGroup:
                     own_error = e
             failed = torch.zeros(self.world_size, dtype=torch.int64, device=self.device)
             failed[self.rank] = int(own_error is not None)
-            transport.allreduce_sum(self._pg, failed, deadline)
+            groups.allreduce_sum(self._pg, failed, deadline)
         except RuntimeError as e:
             self.broken = f"handshake failed: {e}"
             raise WeightSyncError(
@@ -154,7 +154,7 @@ class WeightSyncGroup:
     def close(self) -> None:
         """Drop the connections (abort if broken). The object is unusable afterwards."""
         _OPEN_GROUPS.discard(self)
-        transport.close_process_group(self._pg, abort=self.broken is not None)
+        groups.close_process_group(self._pg, abort=self.broken is not None)
         self._pg = None
         self._store = None
         self.broken = self.broken or "closed"
@@ -179,7 +179,7 @@ class WeightSyncGroup:
         if self.rank != 0:
             raise WeightSyncError(f"weight sync version {version}: send() called on {rank_label(self.rank)}")
         self._check_complete(named_tensors, version)
-        deadline = transport.Deadline(timeout_s if timeout_s is not None else self.timeout_s)
+        deadline = groups.Deadline(timeout_s if timeout_s is not None else self.timeout_s)
         start = time.perf_counter()
         pending: tuple[torch.distributed.Work, ...] = ()
         keep: tuple[torch.Tensor, ...] = ()  # buffers of the in-flight bucket must outlive its ops
@@ -194,15 +194,15 @@ class WeightSyncGroup:
                     payload[0] ^= 0xFF
                 header = torch.tensor([version, i, crc, int(verify), bucket.nbytes], dtype=torch.int64)
                 for w in pending:
-                    transport.wait(w, deadline)
+                    groups.wait(w, deadline)
                 header = header.to(self.device)
                 pending = (
-                    transport.start_broadcast(self._pg, header, deadline),
-                    transport.start_broadcast(self._pg, payload, deadline),
+                    groups.start_broadcast(self._pg, header, deadline),
+                    groups.start_broadcast(self._pg, payload, deadline),
                 )
                 keep, flying = (header, payload), i
             for w in pending:
-                transport.wait(w, deadline)
+                groups.wait(w, deadline)
         except RuntimeError as e:
             raise self._transport_failure(e, version, flying, n, deadline, "sending") from e
         del keep
@@ -218,7 +218,7 @@ class WeightSyncGroup:
         self._check_usable("receive", expected_version)
         if self.rank == 0:
             raise WeightSyncError("weight sync: receive() called on the trainer (rank 0), which only sends")
-        deadline = transport.Deadline(timeout_s if timeout_s is not None else self.timeout_s)
+        deadline = groups.Deadline(timeout_s if timeout_s is not None else self.timeout_s)
         return Incoming(self, verify, deadline, expected_version)
 
     def receive(
@@ -281,7 +281,7 @@ class WeightSyncGroup:
         ]
 
     def _transport_failure(
-        self, e: RuntimeError, version: int | str | None, i: int, n: int, deadline: transport.Deadline, doing: str
+        self, e: RuntimeError, version: int | str | None, i: int, n: int, deadline: groups.Deadline, doing: str
     ) -> WeightSyncError:
         """Mark the group broken and turn a c10d error into one naming the version, the bucket and this rank."""
         where = rank_label(self.rank)

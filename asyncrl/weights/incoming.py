@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
-from asyncrl.weights import transport
+from asyncrl.comm import groups
 from asyncrl.weights.buckets import Bucket, unpack
 from asyncrl.weights.errors import WeightSyncError
 from asyncrl.weights.handshake import SyncPlan
@@ -45,7 +45,7 @@ class ReceivingGroup(Protocol):
     def _check_crc(self, i: int, payload: torch.Tensor, sent: int, has_crc: bool) -> list[str]: ...
 
     def _transport_failure(
-        self, e: RuntimeError, version: int | str | None, i: int, n: int, deadline: transport.Deadline, doing: str
+        self, e: RuntimeError, version: int | str | None, i: int, n: int, deadline: groups.Deadline, doing: str
     ) -> WeightSyncError: ...
 
 
@@ -57,7 +57,7 @@ class Incoming:
     the iteration was left early: it receives what is left so the ranks stay in step.
     """
 
-    def __init__(self, group: ReceivingGroup, verify: bool, deadline: transport.Deadline, expected: int | None) -> None:
+    def __init__(self, group: ReceivingGroup, verify: bool, deadline: groups.Deadline, expected: int | None) -> None:
         self.group, self.verify, self.deadline, self.expected = group, verify, deadline, expected
         self.buckets = group.plan.buckets
         self.version: int | None = None
@@ -121,8 +121,8 @@ class Incoming:
         header = torch.zeros(HEADER_FIELDS, dtype=torch.int64, device=device)
         payload = self._buffer(self._next % 2)[: bucket.nbytes]
         works = (
-            transport.start_broadcast(pg, header, self.deadline),
-            transport.start_broadcast(pg, payload, self.deadline),
+            groups.start_broadcast(pg, header, self.deadline),
+            groups.start_broadcast(pg, payload, self.deadline),
         )
         self._posted = (bucket, header, payload, works)
         self._next += 1
@@ -154,7 +154,7 @@ class Incoming:
             bucket, header, payload, works = self._posted  # type: ignore[misc]
             at, self._posted = bucket.index, None
             for w in works:
-                transport.wait(w, self.deadline)
+                groups.wait(w, self.deadline)
             at = self._next
             if self._next < len(self.buckets):
                 self._post()  # arrives while this one is applied

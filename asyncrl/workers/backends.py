@@ -16,8 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from asyncrl.calls import wait_with_deadline
-from asyncrl.roles.placement import WorkerLocation
-from asyncrl.weights.transport import LOOPBACK
+from asyncrl.comm.groups import LOOPBACK
+from asyncrl.comm.transport import WorkerLocation
 
 
 class LocalPending:

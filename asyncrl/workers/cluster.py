@@ -13,8 +13,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.calls import wait_with_deadline
+from asyncrl.comm.transport import WorkerLocation
 from asyncrl.config import RayConfig
-from asyncrl.roles.placement import NodeCapacity, Placement, PlacementError, WorkerLocation, describe_nodes
+from asyncrl.roles.placement import NodeCapacity, Placement, PlacementError, describe_nodes
 from asyncrl.supervision.reaper import start_reaper
 from asyncrl.trainer.data_parallel import rank_name
 from asyncrl.workers.logs import send_output_to, worker_log

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.calls import Handle
+from asyncrl.comm.transport import process_group_transport
 from asyncrl.config import Config
 from asyncrl.config.specs import RoleSpecs
 from asyncrl.roles.clients import (
@@ -24,9 +25,9 @@ from asyncrl.roles.clients import (
     RolloutClient,
     TrainerClient,
 )
-from asyncrl.roles.placement import resolve_placement, sync_backend
+from asyncrl.roles.placement import resolve_placement
 from asyncrl.roles.team import Roles, RolloutSide
-from asyncrl.trainer.actor import ActorRolloutWorker
+from asyncrl.trainer.actor import TrainerWorker
 from asyncrl.trainer.critic import CriticWorker
 from asyncrl.trainer.data_parallel import rank_name
 from asyncrl.workers.backends import LocalHandle
@@ -113,16 +114,14 @@ def _spawn_trainer(cfg: Config, specs: RoleSpecs, backend: Any) -> TrainerClient
     """The trainer: one worker, or ``trainer.num_workers`` data-parallel ranks joined in one group."""
     n, spec = cfg.trainer.num_workers, specs.trainer
     if n == 1:
-        return TrainerClient(backend.spawn("actor", ActorRolloutWorker, spec, name="trainer"))
+        return TrainerClient(backend.spawn("actor", TrainerWorker, spec, name="trainer"))
     ranks = [
-        backend.spawn("actor", ActorRolloutWorker, spec, name="trainer", ranks=n, rank=r, world_size=n)
-        for r in range(n)
+        backend.spawn("actor", TrainerWorker, spec, name="trainer", ranks=n, rank=r, world_size=n) for r in range(n)
     ]
     timeout = cfg.trainer.role_start_timeout_s
     where = [h.location(timeout) for h in ranks]
     host = where[0].address  # rank 0's node, as the backend knows it: never a loopback constant
-    # NCCL for processes on GPUs of their own; gloo otherwise (in-process ranks share one device: through the host)
-    transport = "nccl" if sync_backend(where) == "nccl" else "gloo"
+    transport = process_group_transport(where)
     host, port = ranks[0].call("data_parallel_endpoint", host).result()
     joins = [h.call("init_data_parallel", host, port, timeout, transport) for h in ranks]
     for j in joins:

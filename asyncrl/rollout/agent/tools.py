@@ -258,10 +258,10 @@ def call_tools(tools: dict[str, Tool], calls: list[list[ToolCall]], timeout_s: f
             i += len(per_sample)
         return out
 
-    return run_sync(run_all())
+    return run_to_completion(run_all())
 
 
-def run_sync(coro: Coroutine[Any, Any, Any]) -> Any:
+def run_to_completion(coro: Coroutine[Any, Any, Any]) -> Any:
     """Run ``coro`` to completion from synchronous code, also from a thread whose event loop is already running."""
     try:
         asyncio.get_running_loop()

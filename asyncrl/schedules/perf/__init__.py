@@ -10,7 +10,7 @@
   engine replaced by the cost model.
 - ``plan``: ``asyncrl plan --cost cost.json --gpus N`` searches schedule x split x staleness x sync interval;
   ``commands``: the two commands' parsers. The published setups the model is checked against are in
-  ``asyncrl_lab/perf_published.py`` (``asyncrl bench --published``).
+  ``lab/asyncrl_lab/perf_published.py`` (``asyncrl bench --published``).
 
 It lives under ``schedules`` because it runs their code (the fully_async books) on its clock.
 """

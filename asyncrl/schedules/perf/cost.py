@@ -319,8 +319,9 @@ def _term(raw: Any, where: str) -> Term:
         raise CostModelError(f"{where}: a term needs 'names' and 'coef', got {raw!r:.80}")
     if len(raw["names"]) != len(raw["coef"]):
         raise CostModelError(f"{where}: {len(raw['names'])} names but {len(raw['coef'])} coefficients")
-    return Term(tuple(raw["names"]), tuple(float(c) for c in raw["coef"]), float(raw.get("rel_err", 0.0)),
-                int(raw.get("n", 0)))  # fmt: skip
+    return Term(
+        tuple(raw["names"]), tuple(float(c) for c in raw["coef"]), float(raw.get("rel_err", 0.0)), int(raw.get("n", 0))
+    )
 
 
 def from_dict(raw: Any, where: str) -> CostModel:

@@ -161,8 +161,15 @@ def draw(plan: Plan, path: Path, window: int = 6) -> None:
     shown = [plan.sync] if best is plan.sync else [plan.sync, best]
     fig = Figure(figsize=(12, 2.2 * len(shown) + 0.6))
     FigureCanvasAgg(fig)
-    colors = {"generate": "#4c78a8", "reward": "#72b7b2", "train": "#f58518", "prepare": "#54a24b",
-              "sync_weights": "#e45756", "wait_batch": "#bab0ac", "step_other": "#d3d3d3"}  # fmt: skip
+    colors = {
+        "generate": "#4c78a8",
+        "reward": "#72b7b2",
+        "train": "#f58518",
+        "prepare": "#54a24b",
+        "sync_weights": "#e45756",
+        "wait_batch": "#bab0ac",
+        "step_other": "#d3d3d3",
+    }
     axes = fig.subplots(len(shown), 1, squeeze=False)[:, 0]
     for ax, p in zip(axes, shown):
         ends = p.step_ends
@@ -172,8 +179,9 @@ def draw(plan: Plan, path: Path, window: int = 6) -> None:
         for y, w in enumerate(workers):
             for s in p.spans:
                 if s.worker == w and s.end > t0 and s.start < t1:
-                    ax.broken_barh([(s.start - t0, s.end - s.start)], (y - 0.4, 0.8),
-                                   color=colors.get(s.name, "#999999"))  # fmt: skip
+                    ax.broken_barh(
+                        [(s.start - t0, s.end - s.start)], (y - 0.4, 0.8), color=colors.get(s.name, "#999999")
+                    )
         for e in ends:
             if t0 <= e <= t1:
                 ax.axvline(e - t0, color="black", lw=0.5, ls=":")

@@ -160,8 +160,9 @@ def _vllm_workloads(cfg, model_dir: Path, model, tok, prompts, params, n: int) -
     from asyncrl.models.lora import synced_tensors
     from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
 
-    spec = EngineSpec(replace(cfg.model, path=str(model_dir)), cfg.rollout, cfg.data.max_prompt_length,
-                      cfg.trainer.seed)  # fmt: skip
+    spec = EngineSpec(
+        replace(cfg.model, path=str(model_dir)), cfg.rollout, cfg.data.max_prompt_length, cfg.trainer.seed
+    )
     engine = VllmEngine(str(model_dir), tok, VllmOptions.from_spec(spec))
     samples = engine.generate(prompts, params, seed=0)
     one = replace(params, n=n, max_new_tokens=1)

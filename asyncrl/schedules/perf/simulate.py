@@ -1,11 +1,12 @@
 """Every schedule's order of events on a virtual clock, with each engine and trainer call replaced by its price in a
 ``CostModel``, on a described cluster.
 
-``sync``, ``one_step_off`` and ``two_step_off`` are written here as their modules' docstrings give their order of
-events (each step: what waits on what). ``fully_async`` runs the real producer (``Producer.place`` / ``returned``
-/ ``finish`` / ``put_finished`` / ``take`` with the real ``StalenessController``, ``MessageQueue``, ``PromptLedger``
-and partial-rollout pause) over streaming engines priced per step (``stream``); the driver's side (take, prepare,
-train, park the Rollouter, sync, resume) is the loop of ``schedules.fully_async``.
+``sync``, ``one_step_off`` and ``two_step_off`` run the real run's own loops (``schedules.loops``) over ports that
+price each phase on the clock (``perf.sim_ports``): a loop changed there changes the prediction. ``fully_async`` runs
+the real producer (``Producer.place`` / ``returned`` / ``finish`` / ``put_finished`` / ``take`` with the real
+``StalenessController``, ``MessageQueue``, ``PromptLedger`` and partial-rollout pause) over streaming engines priced
+per step (``stream``); the driver's side (take, prepare, train, park the Rollouter, sync, resume) is still written
+here after ``schedules.fully_async``'s loop.
 
 A decode call of the other schedules is priced by the engine's own structure (``cost.decode_segments``): one step
 per token of its longest row, each costing a fixed part plus a part per live row; rows split by group over the
@@ -25,10 +26,12 @@ from collections import Counter
 from dataclasses import dataclass
 
 from asyncrl.schedules.fully_async.staleness import StalenessBudget
-from asyncrl.schedules.perf.clock import Clock, Compute, Delay, Signal, Wait
+from asyncrl.schedules.loops import LOOPS
+from asyncrl.schedules.perf.clock import Clock, Compute
 from asyncrl.schedules.perf.cost import CostModel, update_positions
 from asyncrl.schedules.perf.decode import Row, decode
 from asyncrl.schedules.perf.setting import SCHEDULES, Cluster, Prediction, Prices, Setting, Span, Work
+from asyncrl.schedules.perf.sim_ports import SimPorts
 from asyncrl.schedules.perf.stream import StreamSim
 from asyncrl.telemetry.timeline import union_seconds
 
@@ -106,8 +109,9 @@ class Sim(StreamSim):
 
     def train(self, step: int, groups: list[tuple[int, tuple[int, ...]]]):
         p = self.prices
-        yield from self.busy("trainer", "train", step,
-                             Compute(p.train_s(self.work.update_tokens(groups)), p.train_threads, p.pool))  # fmt: skip
+        yield from self.busy(
+            "trainer", "train", step, Compute(p.train_s(self.work.update_tokens(groups)), p.train_threads, p.pool)
+        )
 
     def trainer_step_tail(self, step: int, groups: list[tuple[int, tuple[int, ...]]]):
         """What the driver does with a generated batch: prepare it, then train on it."""
@@ -115,78 +119,18 @@ class Sim(StreamSim):
         yield from self.train(step, groups)
 
     def end_step(self, step: int, n_samples: int):
-        yield from self.busy("driver", "step_other", step, Compute(self.cost.step_other(call=1.0), 1.0,
-                                                                      self.prices.pool))  # fmt: skip
+        yield from self.busy(
+            "driver", "step_other", step, Compute(self.cost.step_other(call=1.0), 1.0, self.prices.pool)
+        )
         self.step_ends.append(self.clock.now)
         self.samples += n_samples
 
-    # sync: generate (on the trainer), prepare, train
-    def sync(self):
-        for step in range(1, self.steps + 1):
-            groups = self.draw_batch(step)
-            yield from self.generate("trainer", step, groups)
-            yield from self.trainer_step_tail(step, groups)
-            self.staleness[0] += sum(len(rs) for _, rs in groups)
-            yield from self.end_step(step, sum(len(rs) for _, rs in groups))
-
-    def _rollout_worker(self, launch: list[Signal], done: list[Signal], batches: dict):
-        for b in range(1, self.steps + 1):
-            yield Wait(launch[b])
-            yield from self.generate("rollout", b, batches[b])
-            self.clock.fire(done[b])
-
-    def _push(self, step: int):
-        yield from self.busy("sync", "sync_weights", step, Delay(self.prices.sync_s))
-
-    # one_step_off: wait for batch t, sync, launch t+1, prepare and train t
-    def one_step_off(self):
-        S = self.steps
-        launch, done = [Signal(f"launch{b}") for b in range(S + 2)], [Signal(f"done{b}") for b in range(S + 2)]
-        batches = {b: self.draw_batch(b) for b in range(1, S + 1)}
-        self.clock.spawn(self._rollout_worker(launch, done, batches))
-        self.clock.fire(launch[1])
-        for step in range(1, S + 1):
-            yield Wait(done[step])
-            yield from self._push(step)
-            if step < S:
-                self.clock.fire(launch[step + 1])
-            yield from self.trainer_step_tail(step, batches[step])
-            n = sum(len(rs) for _, rs in batches[step])
-            self.staleness[0 if step == 1 else 1] += n
-            yield from self.end_step(step, n)
-
-    # two_step_off: batch t+1 prepared (on a driver thread) while t trains, t+2 generated
-    def two_step_off(self):
-        S = self.steps
-        launch, done = [Signal(f"launch{b}") for b in range(S + 3)], [Signal(f"done{b}") for b in range(S + 3)]
-        prepared = [Signal(f"prepared{b}") for b in range(S + 3)]
-        batches = {b: self.draw_batch(b) for b in range(1, S + 1)}
-        self.clock.spawn(self._rollout_worker(launch, done, batches))
-
-        def prepare_on_thread(b: int):
-            yield Wait(done[b])
-            yield from self.prepare("driver-prepare", b, batches[b])
-            self.clock.fire(prepared[b])
-
-        self.clock.fire(launch[1])
-        self.clock.spawn(prepare_on_thread(1))
-        if S >= 2:
-            self.clock.fire(launch[2])
-        for step in range(1, S + 1):
-            yield Wait(prepared[step])
-            if step + 1 <= S:
-                yield Wait(done[step + 1])
-                yield from self._push(step)
-                if step + 2 <= S:
-                    self.clock.fire(launch[step + 2])
-                self.clock.spawn(prepare_on_thread(step + 1))
-            yield from self.train(step, batches[step])
-            n = sum(len(rs) for _, rs in batches[step])
-            self.staleness[min(step - 1, 2)] += n
-            yield from self.end_step(step, n)
-
     def run(self) -> Prediction:
-        proc = getattr(self, self.setting.schedule)()
+        """The schedule's own loop (``schedules.loops``; fully_async's: ``perf.stream``) on the virtual clock."""
+        if self.setting.schedule == "fully_async":
+            proc = self.fully_async()
+        else:
+            proc = LOOPS[self.setting.schedule](SimPorts(self))
         done = {"trainer": False}
 
         def main():
@@ -228,8 +172,9 @@ class Sim(StreamSim):
 
 def _busy(spans: list[Span], worker: str, t0: float, t1: float) -> float:
     """Seconds of ``[t0, t1]`` in which ``worker`` ran a span."""
-    return union_seconds((max(s.start, t0), min(s.end, t1)) for s in spans if s.worker == worker and s.end > t0
-                         and s.start < t1)  # fmt: skip
+    return union_seconds(
+        (max(s.start, t0), min(s.end, t1)) for s in spans if s.worker == worker and s.end > t0 and s.start < t1
+    )
 
 
 def simulate(cost: CostModel, cluster: Cluster, setting: Setting, steps: int = 30, seed: int = 0) -> Prediction:

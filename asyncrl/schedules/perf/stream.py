@@ -213,8 +213,9 @@ class StreamSim:
                     producer.finish(finished, lambda _s: None)
                     n_fin += sum(len(g.samples) for g in finished)
             if n_fin:
-                yield from self.busy("rollout", "reward", len(self.step_ends) + 1,
-                                     Compute(cost.reward(row=n_fin), 1.0, self.prices.pool))  # fmt: skip
+                yield from self.busy(
+                    "rollout", "reward", len(self.step_ends) + 1, Compute(cost.reward(row=n_fin), 1.0, self.prices.pool)
+                )
                 if s["life"] != life:
                     return
             if producer.put_finished(0.0):

@@ -36,7 +36,7 @@ def corrupt_answer(answer: str, rng: random.Random) -> str:
     return str(value + delta)
 
 
-def make_pairs(prompts: list[Prompt], tokenizer: Any, seed: int) -> list[tuple[list[int], list[int]]]:
+def answer_pairs(prompts: list[Prompt], tokenizer: Any, seed: int) -> list[tuple[list[int], list[int]]]:
     """Per prompt: (prompt + correct answer + eos, prompt + corrupted answer + eos) token ids."""
     rng = random.Random(seed)
     eos = tokenizer.eos_token_id
@@ -72,11 +72,11 @@ def train_reward_model(
     model = AutoModelForSequenceClassification.from_pretrained(init, num_labels=1, local_files_only=True)
     model.config.pad_token_id = tok.pad_token_id
     train = PromptDataset(load_rows(train_files), tok, 256)
-    train_pairs = make_pairs([train[i] for i in range(len(train))], tok, seed)
+    train_pairs = answer_pairs([train[i] for i in range(len(train))], tok, seed)
     val_pairs: list[tuple[list[int], list[int]]] = []
     if val_files:
         val = PromptDataset(load_rows(val_files), tok, 256)
-        val_pairs = make_pairs([val[i] for i in range(min(len(val), val_max))], tok, seed + 1)
+        val_pairs = answer_pairs([val[i] for i in range(min(len(val), val_max))], tok, seed + 1)
     before = pairwise_accuracy(model.eval(), val_pairs, tok.pad_token_id) if val_pairs else None
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     rng = random.Random(seed)

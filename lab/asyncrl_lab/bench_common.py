@@ -78,7 +78,7 @@ def prepare_workload(name: str, work_dir: Path, sft_seconds: float | None) -> Wo
     the bare answer, so the responses to one prompt range from a few tokens to a couple of hundred (a long tail within
     every group: where a Rollouter that streams gains most).
     """
-    from asyncrl.schedules.sft import load_sft_config, run_sft
+    from asyncrl.finetune.sft import load_sft_config, run_sft
 
     wdir = work_dir / ("short" if name == "demo" else name)
     if name in ("short", "demo"):
@@ -151,7 +151,7 @@ def _real_workload(wdir: Path) -> Workload:
     """``real``: make demo-real's work (SmolLM2-135M-Instruct, configs/real_grpo.yaml's batch, task and reward), no
     warm start: the pretrained model is the start."""
     from asyncrl.config import load_config
-    from asyncrl_lab import demo_real as d
+    from asyncrl_lab import real_task as d
 
     train, test = d.prepare(wdir / "data")
     c = load_config(d.CONFIG, [])  # the demo's own batch, lengths, reward and lr, read from its config

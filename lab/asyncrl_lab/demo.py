@@ -14,8 +14,8 @@ from pathlib import Path
 
 from asyncrl.config import load_config
 from asyncrl.data.tasks import write_task_dataset
+from asyncrl.finetune.sft import evaluate_model, load_sft_config, run_sft
 from asyncrl.models.loading import load_model
-from asyncrl.schedules.sft import evaluate_model, load_sft_config, run_sft
 from asyncrl.types import Prompt
 
 TASK = "chain_sum"

@@ -190,8 +190,13 @@ def predict_schedules(
             )
         setting = Setting.from_config(cfg)
         p = simulate(cost, Cluster.cpu(total_cpus), setting, steps)
-        preds[schedule] = {"setting": setting.label(), "samples_per_s": p.samples_per_s, "step_s": p.step_s,
-                           "trainer_idle": p.trainer_idle, "partial_share": p.partial_share}  # fmt: skip
+        preds[schedule] = {
+            "setting": setting.label(),
+            "samples_per_s": p.samples_per_s,
+            "step_s": p.step_s,
+            "trainer_idle": p.trainer_idle,
+            "partial_share": p.partial_share,
+        }
     sync = preds[ref]["samples_per_s"]
     for v in preds.values():
         v["ratio_to_sync"] = v["samples_per_s"] / sync
@@ -292,8 +297,9 @@ def run_bench(
     for schedule in schedules:
         runs[schedule] = run_schedule(schedule, wl, out_dir, steps, total_cpus, extra)
         if predict == "auto" and schedule == ref:  # profile this sync run, then predict the rest before they run
-            preds = predict_schedules(profile_sync(runs[ref], out_dir), schedules, wl, out_dir, steps, total_cpus,
-                                      extra, ref)  # fmt: skip
+            preds = predict_schedules(
+                profile_sync(runs[ref], out_dir), schedules, wl, out_dir, steps, total_cpus, extra, ref
+            )
     sync_ref = summarize(ref, workload, runs[ref], None)
     for schedule in schedules:
         res = sync_ref if schedule == ref else summarize(schedule, workload, runs[schedule], sync_ref)

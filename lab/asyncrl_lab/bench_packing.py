@@ -107,10 +107,17 @@ def one_case(width: int, layout: str, what: str) -> dict:
     peak = _status_bytes("VmHWM")
     R, W = packed.input_ids_RW.shape
     return dict(
-        what=what, width=width, layout=layout, rows=R, row_width=W, positions=R * W, mask_bytes=mask_bytes,
-        peak_extra_bytes=peak - base, seconds=seconds,
+        what=what,
+        width=width,
+        layout=layout,
+        rows=R,
+        row_width=W,
+        positions=R * W,
+        mask_bytes=mask_bytes,
+        peak_extra_bytes=peak - base,
+        seconds=seconds,
         rule_shares=sharing_pays(P, [len(r) for r in responses]),
-    )  # fmt: skip
+    )
 
 
 def gradients_agree(width: int) -> dict:

@@ -23,12 +23,12 @@ from typing import Any
 from asyncrl.config import load_config
 from asyncrl.data.rows import load_rows, write_rows
 from asyncrl.data.tasks import write_task_dataset
+from asyncrl.finetune.sft import SFTConfig, run_sft
 from asyncrl.models.loading import load_model
 from asyncrl.models.presets import init_model_dir
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rollout.agent.format import TurnEncoder
 from asyncrl.schedules import run_training
-from asyncrl.schedules.sft import SFTConfig, run_sft
 from asyncrl.telemetry.metrics import read_metrics
 
 TASK = {"min_terms": 2, "max_terms": 2, "min_digits": 4, "max_digits": 5}

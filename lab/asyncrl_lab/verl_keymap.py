@@ -270,7 +270,7 @@ def render() -> str:
     """The Markdown table: one row per config key, its default and verl's key (or why there is none)."""
     lines = ["| asyncrl key | default | verl key |", "| --- | --- | --- |"]
     for key, default in config_keys():
-        verl = VERL_NAMES.get(key, NONE + "NOT MAPPED YET: add it to asyncrl_lab/verl_keymap.py")
+        verl = VERL_NAMES.get(key, NONE + "NOT MAPPED YET: add it to lab/asyncrl_lab/verl_keymap.py")
         cell = f"(none) {verl[len(NONE) :]}" if verl.startswith(NONE) else _DOTTED.sub(r"`\g<0>`", verl)
         lines.append(f"| `{key}` | `{_yaml(default)}` | {cell} |")
     return "\n".join(lines)

@@ -1,7 +1,0 @@
-"""What sits beside asyncrl rather than inside it: the benches (``asyncrl bench``: ``bench`` for the schedules,
-``bench_ppo`` for PPO's placements, ``bench_distill`` for distillation, ``bench_decode`` and ``bench_engine`` for the
-engines, sharing ``bench_common``), the end-to-end demos (``make demo``, ``make demo-real``, ``make demo-tool``) and
-the generator of docs/from-verl.md's key map. They drive only asyncrl's public entry points (``run_training``, SFT,
-the engines) and read the run directories those write; asyncrl imports none of them except its command line, which
-offers them lazily (``tests/test_layout.py``).
-"""
