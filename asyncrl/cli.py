@@ -283,7 +283,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="dtype of the saved weights")
     s.add_argument("--force", action="store_true", help="replace a non-empty --out")
     s.set_defaults(fn=cmd_convert_gguf)
+
+    add_plugin_commands(sub)
     return p
+
+
+def add_plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """Commands other distributions register under the ``asyncrl.commands`` entry points (asyncrl's lab: ``bench``,
+    ``demo``, ``demo-real``): each entry is a function that adds its subparser, with ``fn`` as its default. asyncrl
+    imports none of them by name; a command whose distribution is not installed is simply absent."""
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group="asyncrl.commands"), key=lambda e: e.name):
+        if ep.name not in sub.choices:
+            ep.load()(sub)
 
 
 def main(argv: list[str] | None = None) -> None:
