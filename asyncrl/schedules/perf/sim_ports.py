@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from asyncrl.schedules.loops import Steps
 from asyncrl.schedules.perf.clock import Delay, Signal, Wait
-
-if TYPE_CHECKING:
-    from asyncrl.schedules.perf.simulate import Sim
 
 Groups = list[tuple[int, tuple[int, ...]]]
 
@@ -37,7 +34,10 @@ class SimBatch:
 
 
 class SimPorts:
-    def __init__(self, sim: Sim):
+    """``sim``: the ``simulate.Sim`` whose clock, prices, work and books the ports use (not imported here: it
+    imports this module)."""
+
+    def __init__(self, sim: Any):
         self.sim = sim
         self.start, self.total = 1, sim.steps
         self.version = 0  # the trainer's weights (one update per step)
