@@ -14,6 +14,7 @@ import string
 import pytest
 import torch
 
+from asyncrl.comm import groups
 from asyncrl.comm.groups import LOOPBACK
 from asyncrl.models.fp8 import quantize_for_sync
 from asyncrl.models.lora import LoraSpec, adapter_tensors, apply_lora, synced_tensors
@@ -30,7 +31,6 @@ from asyncrl.weights import (
     checksum,
     find_free_port,
     pack,
-    transport,
 )
 from asyncrl.weights.buckets import as_bytes
 from asyncrl.weights.endpoints import SyncReceiverMixin
@@ -228,7 +228,7 @@ def test_a_trainer_lost_mid_sync_times_out_the_receiver_and_its_engine_names_the
         payload = as_bytes(pack(bucket, sent))
         header = torch.tensor([8, 0, checksum(payload), 1, bucket.nbytes], dtype=torch.int64)
         for t in (header, payload):
-            transport.broadcast(sender._pg, t, transport.Deadline(TIMEOUT_S))
+            groups.broadcast(sender._pg, t, groups.Deadline(TIMEOUT_S))
 
     try:
         _, err = run_ranks(first_bucket_only, lambda: workers[0].receive_weights(True, version=8, timeout_s=1.0))
