@@ -11,8 +11,8 @@ import pytest
 from asyncrl.calls import CallTimeoutError
 from asyncrl.config import load_config
 from asyncrl.schedules import run_training
-from asyncrl.trainer.actor import TrainerWorker
 from asyncrl.workers.backends import LocalHandle
+from asyncrl.workers.trainer import TrainerWorker
 from tests.helpers import make_data, make_model, train_overrides
 
 

@@ -18,9 +18,9 @@ from asyncrl.data.packing import TokenCount, sharing_pays
 from asyncrl.data.targets import ValueTarget
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
-from asyncrl.trainer.critic import ValueModel
 from asyncrl.trainer.forward import forward_logits
 from asyncrl.types import Prompt, Sample
+from asyncrl.workers.critic import ValueModel
 from tests.helpers import advantages, ppo_update
 
 CHARS = "0123456789 +-="

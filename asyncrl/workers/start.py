@@ -27,13 +27,13 @@ from asyncrl.roles.clients import (
 )
 from asyncrl.roles.placement import resolve_placement
 from asyncrl.roles.team import Roles, RolloutSide
-from asyncrl.trainer.actor import TrainerWorker
-from asyncrl.trainer.critic import CriticWorker
 from asyncrl.trainer.data_parallel import rank_name
 from asyncrl.workers.backends import LocalHandle
+from asyncrl.workers.critic import CriticWorker
 from asyncrl.workers.logs import IN_PROCESS_LOG, in_process_chatter_to
 from asyncrl.workers.reward_model import RewardModelWorker
 from asyncrl.workers.rollout import RolloutWorker
+from asyncrl.workers.trainer import TrainerWorker
 
 ROLLOUTER_CONCURRENCY = 4  # call threads of the producer: get_batch / pause / metrics while its generation runs
 RANK_CONCURRENCY = 4  # call threads of a Rollouter's other rollout rank: a long poll, a submit, an interrupt, a sync

@@ -41,13 +41,13 @@ from asyncrl.rollout.factory import colocated_engine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.trainer import fsdp, gathered
-from asyncrl.trainer.actor_state import ActorStateMixin
 from asyncrl.trainer.data_parallel import DataParallel, rank_name
 from asyncrl.trainer.forward import batching, enable_checkpointing, response_logprobs, use_checkpointing
 from asyncrl.trainer.precision import build_optimizer
 from asyncrl.trainer.update import fit
 from asyncrl.types import Generation, Prompt, UpdateResult
 from asyncrl.weights.endpoints import SyncSenderMixin
+from asyncrl.workers.trainer_state import ActorStateMixin
 
 
 def _warmup_lambda(warmup_steps: int):
