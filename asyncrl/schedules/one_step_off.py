@@ -36,4 +36,4 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
 def run_one_step_off(cfg: Config) -> dict[str, Any]:
     """The loop is ``loops.one_step_off``, on the real roles."""
     with open_run(cfg, RolloutSide.POOL, trainer_plan(cfg)) as (run, algorithm, roles):
-        return drive(RunPorts(cfg, run, algorithm, roles, run.start_weight_sync(roles)), "one_step_off")
+        return drive(RunPorts(run, algorithm, roles, run.start_weight_sync(roles)), "one_step_off")

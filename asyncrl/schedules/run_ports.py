@@ -13,7 +13,6 @@ from contextlib import ExitStack
 from typing import Any
 
 from asyncrl.algorithms import Algorithm, Prepared, Trained
-from asyncrl.config import Config
 from asyncrl.roles.team import Roles
 from asyncrl.schedules.dynamic_sampling import BatchFiller
 from asyncrl.schedules.generation import Generated, Launched
@@ -26,24 +25,23 @@ from asyncrl.weights.weight_sync import WeightSync
 
 
 class RunPorts:
-    """``on_pool``: the schedule generates on the rollout pool (weights pushed over ``sync``), else on the trainer's
-    own engine. ``prepare_pool``: the thread ``start_preparing`` finishes a batch's preparation on (two_step_off).
+    """``sync``: the schedule generates on the rollout pool, its weights pushed over this sync (None: on the trainer's
+    own engine). ``prepare_pool``: the thread ``start_preparing`` finishes a batch's preparation on (two_step_off).
     The data cursor a checkpoint records is the one after the last batch this step trained: batches drawn beyond it
     (in flight) are drawn and generated again by a resumed run, neither lost nor repeated."""
 
     def __init__(
         self,
-        cfg: Config,
         run: Run,
         algorithm: Algorithm,
         roles: Roles,
         sync: WeightSync | None = None,
         prepare_pool: ThreadPoolExecutor | None = None,
     ):
-        self.cfg, self.run, self.algorithm, self.roles, self.sync = cfg, run, algorithm, roles, sync
+        self.run, self.algorithm, self.roles, self.sync = run, algorithm, roles, sync
         self.prepare_pool = prepare_pool
-        self.skip, self.filler, self.params = RolloutSkip(cfg), BatchFiller(cfg), run.sampling()
-        self.start, self.total = run.start_step, cfg.trainer.total_training_steps
+        self.skip, self.filler, self.params = RolloutSkip(run.cfg), BatchFiller(run.cfg), run.sampling()
+        self.start, self.total = run.start_step, run.cfg.trainer.total_training_steps
         self.last_step = run.start_step - 1
         self.cursors: dict[int, dict] = {run.start_step - 1: run.sampler.state_dict()}  # batch b -> cursor after it
         self.tm = StepTimer(0)
@@ -66,7 +64,8 @@ class RunPorts:
             self.tm,
             prepared.metrics,
             trained.metrics,
-            self.staleness,
+            # from the versions the engine recorded, against the version the update consumed them at
+            staleness_metrics(prepared.samples, self.run.consumed_version),
             self.sync_metrics,
             generated.metrics,
         )
@@ -141,8 +140,6 @@ class RunPorts:
         yield
 
     def train(self, prepared: Prepared, step: int) -> Steps:
-        # staleness from the versions the engine recorded, against the version the update consumes them at
-        self.staleness = staleness_metrics(prepared.samples, self.run.version)
         with self.tm("train"):
             return self.run.learn(self.algorithm, prepared, step)
         yield

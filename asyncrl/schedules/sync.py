@@ -32,4 +32,4 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
 def run_sync(cfg: Config) -> dict[str, Any]:
     """The loop is ``loops.sync``, on the real roles."""
     with open_run(cfg, RolloutSide.ACTOR, trainer_plan(cfg)) as (run, algorithm, roles):
-        return drive(RunPorts(cfg, run, algorithm, roles), "sync")
+        return drive(RunPorts(run, algorithm, roles), "sync")

@@ -42,5 +42,5 @@ def run_two_step_off(cfg: Config) -> dict[str, Any]:
         open_run(cfg, RolloutSide.POOL, trainer_plan(cfg)) as (run, algorithm, roles),
         ThreadPoolExecutor(1, "prepare") as pool,
     ):
-        ports = RunPorts(cfg, run, algorithm, roles, run.start_weight_sync(roles), prepare_pool=pool)
+        ports = RunPorts(run, algorithm, roles, run.start_weight_sync(roles), prepare_pool=pool)
         return drive(ports, "two_step_off")

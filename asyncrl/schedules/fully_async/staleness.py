@@ -179,10 +179,10 @@ class StalenessController:
 
     def _limit(self) -> int:
         b = self.budget
-        oldest = min([self._version, *self._in_flight.values()])
         budget_rule = self._version * b.groups_per_version + b.groups_per_window_budget
         if b.rule == "budget":
             return budget_rule
+        oldest = min([self._version, *self._in_flight.values()])
         exact_rule = (oldest + b.max_staleness + 1) * b.groups_per_version
         return min(budget_rule, exact_rule)
 

@@ -21,12 +21,12 @@ Groups = list[tuple[int, tuple[int, ...]]]
 @dataclass
 class SimBatch:
     """A batch on the virtual clock: its groups (prompt length, response lengths), the weight version it was
-    generated with, and the latch fired when its generation ends."""
+    generated with, and (launched on the rollout side) the latch fired when its generation ends."""
 
     number: int
     groups: Groups
     version: int
-    done: Signal
+    done: Signal | None = None
 
     @property
     def rows(self) -> int:
@@ -61,11 +61,12 @@ class SimPorts:
         self.sim.clock.fire(b.done)
 
     def generated(self, launched: SimBatch, batch: int) -> Steps:
+        assert launched.done is not None
         yield Wait(launched.done)
         return launched
 
     def generate(self, batch: int) -> Steps:
-        b = SimBatch(batch, self.sim.draw_batch(batch), self.version, Signal(f"generated{batch}"))
+        b = SimBatch(batch, self.sim.draw_batch(batch), self.version)
         yield from self.sim.generate("trainer", batch, b.groups)
         return b
 
