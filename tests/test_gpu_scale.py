@@ -110,7 +110,9 @@ def test_bytes_a_ddp_trainer_holds_per_parameter_match_the_memory_plan(capsys):
 
 @pytest.mark.parametrize("tokens", [4096, 8192])
 def test_activation_checkpointing_saves_memory_at_4k_and_8k_tokens(tokens, capsys):
-    from asyncrl.planning.memory import activation_bytes
+    """One forward and backward of ``tokens`` tokens, with and without checkpointing: the peak above the weights is
+    the plan's activations + logits + the bf16 gradients (``planning.memory``), within 10%."""
+    from asyncrl.planning.memory import activation_bytes, logits_bytes
     from asyncrl.planning.shape import model_shape
 
     peaks = {}
@@ -126,7 +128,8 @@ def test_activation_checkpointing_saves_memory_at_4k_and_8k_tokens(tokens, capsy
         peaks[checkpointing] = torch.cuda.max_memory_allocated() - base
         del model, ids
     s = model_shape(QWEN_05B)
-    plan = {c: activation_bytes(s, 2, tokens, c) for c in (False, True)}
+    grads = 2 * s.params
+    plan = {c: activation_bytes(s, 2, tokens, c) + logits_bytes(s, 2, tokens) + grads for c in (False, True)}
     _line(
         capsys,
         f"activation checkpointing at {tokens} tokens, Qwen2.5-0.5B shape, bf16",
@@ -134,11 +137,16 @@ def test_activation_checkpointing_saves_memory_at_4k_and_8k_tokens(tokens, capsy
             "peak_off_MiB": _mib(peaks[False]),
             "peak_on_MiB": _mib(peaks[True]),
             "saving": round(1 - peaks[True] / peaks[False], 3),
-            "plan_activations_off_MiB": _mib(plan[False]),
-            "plan_activations_on_MiB": _mib(plan[True]),
+            "plan_activations_off_MiB": _mib(activation_bytes(s, 2, tokens, False)),
+            "plan_activations_on_MiB": _mib(activation_bytes(s, 2, tokens, True)),
+            "plan_logits_MiB": _mib(logits_bytes(s, 2, tokens)),
+            "plan_peak_off_MiB": _mib(plan[False]),
+            "plan_peak_on_MiB": _mib(plan[True]),
         },
     )
     assert peaks[True] < peaks[False]
+    for c in (False, True):
+        assert abs(peaks[c] - plan[c]) <= 0.10 * peaks[c], (c, _mib(peaks[c]), _mib(plan[c]))
 
 
 def test_sampling_on_the_device_against_the_host_at_qwens_vocabulary(capsys):
