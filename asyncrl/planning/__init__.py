@@ -1,3 +1,16 @@
-"""What a run will cost before it runs: the memory each role needs per GPU (``memory``), from the model's
-``config.json`` alone. (The time model, a run's cost fitted from its timeline, still lives in
-``asyncrl.schedules.perf``.) Imports only config, models and torch: the check runs before any worker starts."""
+"""The performance model: plan a run before renting the devices.
+
+- ``cost``: ``CostModel``, what one finished run costs per unit of work (decode per call, step and token; update per
+  token; reward per row; weight sync per byte), each term fitted with its error, saved as ``cost.json``.
+- ``profile``: ``asyncrl profile RUN_DIR`` fits it from a run's own records; ``probe`` (``--probe``) measures this
+  machine's thread scaling, prefill price and weight-sync bandwidth.
+- ``clock``: a virtual clock on which processes share a pool of cores or run on devices of their own.
+- ``setting``, ``decode``, ``stream``, ``simulate``: every schedule's order of events on that clock; ``fully_async``
+  runs the real ``Producer`` (the staleness controller, queue, ledger, refill and partial-rollout rules) with the
+  engine replaced by the cost model.
+- ``plan``: ``asyncrl plan --cost cost.json --gpus N`` searches schedule x split x staleness x sync interval;
+  ``commands``: the two commands' parsers. The published setups the model is checked against are in
+  ``lab/asyncrl_lab/perf_published.py`` (``asyncrl bench --published``).
+
+It lives under ``schedules`` because it runs their code (the fully_async books) on its clock.
+"""
