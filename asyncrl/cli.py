@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", default=None, help="FIRST:LAST: draw only these steps of each run")
     s.set_defaults(fn=cmd_report)
 
-    from asyncrl.schedules.perf.commands import add_parsers
+    from asyncrl.planning.commands import add_parsers
 
     add_parsers(sub)  # profile, plan
 

@@ -37,7 +37,8 @@ from asyncrl.models.device import DeviceError
 from asyncrl.models.errors import ModelLoadError
 from asyncrl.models.gguf import GGUFConvertError
 from asyncrl.models.lora import LoraError
-from asyncrl.planning.check import MemoryPlanError
+from asyncrl.planning.cost import CostModelError
+from asyncrl.planning.profile import ProfileError
 from asyncrl.rewards.custom import RewardSpecError
 from asyncrl.rewards.filtering import FilterMetricError
 from asyncrl.rewards.registry import UnknownDataSourceError
@@ -45,10 +46,9 @@ from asyncrl.rewards.remote import RewardServiceRejectedError, RewardServiceResp
 from asyncrl.roles.placement import PlacementError
 from asyncrl.rollout.vllm_engine import VllmEngineError
 from asyncrl.schedules.dynamic_sampling import DynamicSamplingError
-from asyncrl.schedules.perf.cost import CostModelError
-from asyncrl.schedules.perf.profile import ProfileError
 from asyncrl.schedules.replay import ReplayError
 from asyncrl.schedules.skip import RolloutSkipError
+from asyncrl.sizing.check import MemoryPlanError
 from asyncrl.teacher.launch import TeacherStartError
 from asyncrl.teacher.protocol import (
     TeacherRequestError,

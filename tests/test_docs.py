@@ -57,7 +57,7 @@ def test_verls_7b_fully_async_recipe_is_translated_key_by_key_and_fits_its_gpus(
     import shlex
 
     from asyncrl.config import load_config
-    from asyncrl.planning.check import check_memory
+    from asyncrl.sizing.check import check_memory
     from asyncrl_lab import verl_keymap
 
     page = (ROOT / "docs" / "from-verl.md").read_text()

@@ -277,9 +277,9 @@ def test_the_driver_killed_at_random_moments_resumes_with_each_step_once(setup, 
 
 
 def test_a_driver_killed_alone_leaves_no_process_of_its_run_behind(setup):
-    """Only the driver gets SIGKILL (not its process group): its watchdog (asyncrl.supervision.reaper) kills the
+    """Only the driver gets SIGKILL (not its process group): its watchdog (asyncrl.workers.reaper) kills the
     rest."""
-    from asyncrl.supervision.reaper import descendants
+    from asyncrl.workers.reaper import descendants
 
     root, model, train, test = setup
     run_dir = root / "driver_alone"

@@ -328,7 +328,7 @@ def test_one_rollouter_drives_two_rollout_ranks_with_one_set_of_books(setup, tmp
 
 
 def test_a_decode_splits_whole_groups_over_the_ranks():
-    from asyncrl.schedules.perf.decode import split_by_group
+    from asyncrl.planning.decode import split_by_group
     from asyncrl.types import Prompt, Sample
 
     def row(index: int) -> Sample:

@@ -1,4 +1,4 @@
-"""The fully_async protocol, run by the performance model's simulator (``asyncrl.schedules.perf.simulate``),
+"""The fully_async protocol, run by the performance model's simulator (``asyncrl.planning.simulate``),
 which drives the real producer: ``Producer.to_decode`` / ``finish_decode`` / ``put_finished`` (admission, one
 batched decode of every unfinished row, queueing in start order), ``take`` (the trainer's batches), ``on_sync``,
 ``snapshot`` and ``restore`` (a kill -9 of the run resumed from its checkpoint; a dead Rollouter taken over mid-run)
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from asyncrl.planning.cost import CostModel, Term
+from asyncrl.planning.simulate import Cluster, Fault, Setting, Sim
 from asyncrl.schedules.fully_async.ledger import parse_group_id
 from asyncrl.schedules.fully_async.staleness import StalenessBudget
-from asyncrl.schedules.perf.cost import CostModel, Term
-from asyncrl.schedules.perf.simulate import Cluster, Fault, Setting, Sim
 
 N = 2  # rows per group
 

@@ -84,8 +84,8 @@ def test_bytes_a_ddp_trainer_holds_per_parameter_match_the_memory_plan(capsys):
     """bf16 weights + fp32 masters + fp32 gradients + AdamW: the plan's 18 B/param, against what CUDA holds after
     one step (before the gradients are released)."""
     from asyncrl.config import Config, ModelConfig, TrainerConfig
-    from asyncrl.planning.memory import trainer_memory
-    from asyncrl.planning.shape import model_shape
+    from asyncrl.sizing.memory import trainer_memory
+    from asyncrl.sizing.shape import model_shape
     from asyncrl.trainer.precision import build_optimizer
 
     torch.cuda.empty_cache()
@@ -111,9 +111,9 @@ def test_bytes_a_ddp_trainer_holds_per_parameter_match_the_memory_plan(capsys):
 @pytest.mark.parametrize("tokens", [4096, 8192])
 def test_activation_checkpointing_saves_memory_at_4k_and_8k_tokens(tokens, capsys):
     """One forward and backward of ``tokens`` tokens, with and without checkpointing: the peak above the weights is
-    the plan's activations + logits + the bf16 gradients (``planning.memory``), within 10%."""
-    from asyncrl.planning.memory import activation_bytes, logits_bytes
-    from asyncrl.planning.shape import model_shape
+    the plan's activations + logits + the bf16 gradients (``sizing.memory``), within 10%."""
+    from asyncrl.sizing.memory import activation_bytes, logits_bytes
+    from asyncrl.sizing.shape import model_shape
 
     peaks = {}
     for checkpointing in (False, True):
@@ -220,8 +220,8 @@ def test_fsdp2_in_bf16_on_one_gpu_takes_two_steps_and_resumes_from_its_sharded_c
     it holds per parameter against the plan's 16 (fp32 shard + fp32 gradient + AdamW) divided by the ranks."""
     from asyncrl.comm.groups import find_free_port
     from asyncrl.config import Config, ModelConfig, TrainerConfig
-    from asyncrl.planning.memory import trainer_memory
-    from asyncrl.planning.shape import model_shape
+    from asyncrl.sizing.memory import trainer_memory
+    from asyncrl.sizing.shape import model_shape
     from asyncrl.trainer import fsdp
 
     store = torch.distributed.TCPStore("127.0.0.1", find_free_port(), 1, is_master=True)

@@ -1,4 +1,4 @@
-"""The memory plan (asyncrl.planning) against measured tensor bytes on the CPU, its arithmetic for a 7B model on
+"""The memory plan (asyncrl.sizing) against measured tensor bytes on the CPU, its arithmetic for a 7B model on
 verl's 8 + 8 GPU layout, the check a run makes before any worker starts, and ``asyncrl plan --model``.
 
 Measured: the bytes of every tensor a trainer rank holds after one update (parameters, gradients, fp32 masters,
@@ -24,9 +24,9 @@ from asyncrl.config.resources import resolve_ranks
 from asyncrl.losses import logprobs_from_logits
 from asyncrl.models.presets import preset_config
 from asyncrl.models.tokenizer import build_char_tokenizer
-from asyncrl.planning.check import MemoryPlanError, check_memory
-from asyncrl.planning.memory import GB, plan_memory, saved_activation_bytes, trainer_memory
-from asyncrl.planning.shape import model_shape, shape_of_config
+from asyncrl.sizing.check import MemoryPlanError, check_memory
+from asyncrl.sizing.memory import GB, plan_memory, saved_activation_bytes, trainer_memory
+from asyncrl.sizing.shape import model_shape, shape_of_config
 from asyncrl.trainer.precision import build_optimizer, grads_to_clip
 
 FIXTURES = Path(__file__).parent / "fixtures" / "models"

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.schedules.perf.clock import Clock, Compute, Delay, Signal, Wait
-from asyncrl.schedules.perf.cost import (
+from asyncrl.planning.clock import Clock, Compute, Delay, Signal, Wait
+from asyncrl.planning.cost import (
     CostModel,
     CostModelError,
     Scaling,
@@ -28,8 +28,8 @@ from asyncrl.schedules.perf.cost import (
     fit_term,
     from_dict,
 )
-from asyncrl.schedules.perf.plan import candidates, make_plan, overrides, splits
-from asyncrl.schedules.perf.simulate import Cluster, Setting, median_step, simulate
+from asyncrl.planning.plan import candidates, make_plan, overrides, splits
+from asyncrl.planning.simulate import Cluster, Setting, median_step, simulate
 
 
 # ---- the decode structure --------------------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ def sync_run(tmp_path_factory):
 
 
 def test_profile_and_plan_on_a_real_run(sync_run, tmp_path):
-    from asyncrl.schedules.perf.profile import profile_run
+    from asyncrl.planning.profile import profile_run
 
     cost = profile_run(sync_run)
     assert cost.schedule == "sync" and cost.prompts_per_step == 4 and cost.n == 4
@@ -358,7 +358,7 @@ def test_the_probe_times_both_thread_counts_on_the_same_work_each_round():
     the speed-up is the median of the rounds' own ratios."""
     import torch
 
-    from asyncrl.schedules.perf.probe import paired_speedup, time_rounds
+    from asyncrl.planning.probe import paired_speedup, time_rounds
 
     calls: list[tuple[int, int]] = []  # (seed, threads) of each call
     phases = {"gen": lambda seed: calls.append((seed, torch.get_num_threads()))}
@@ -396,3 +396,29 @@ def test_the_planner_runs_the_schedules_own_loop_and_follows_a_change_to_it(monk
     changed = simulate(cost, Cluster.gpus(2), setting, steps=12)
     assert median_step(sync) == pytest.approx(4.0, rel=1e-6)
     assert median_step(changed) == pytest.approx(median_step(sync), rel=1e-6)
+
+
+def test_the_planner_runs_fully_asyncs_own_consumer_loop_and_follows_a_change_to_it(monkeypatch):
+    """fully_async's driver loop is ``schedules.fully_async.loop.consume`` for the run and for the planner alike:
+    with the trainer the slower side (an update 2 s, its preparation 0.5 s), the shipped loop is predicted at 2.5 s a
+    step; a loop that prepares every batch twice at 3.0 s."""
+    from asyncrl.schedules.fully_async import loop
+
+    cost = fixed_cost(0.001, 2.0, prepare=Term(("call",), (0.5,)))
+    setting = Setting("fully_async", trainer=1, rollout=1, staleness_threshold=1.0)
+    shipped = simulate(cost, Cluster.gpus(2), setting, steps=12)
+    assert median_step(shipped) == pytest.approx(2.5, rel=1e-6)
+
+    def prepare_twice(p):
+        for step in p.steps():
+            got = yield from p.take(step)
+            yield from p.prepare(got, step)
+            prepared = yield from p.prepare(got, step)
+            trained = yield from p.train(prepared, step)
+            if p.window_ended():
+                yield from p.push(step)
+            yield from p.end_step(step, got, prepared, trained)
+
+    monkeypatch.setattr(loop, "consume", prepare_twice)
+    changed = simulate(cost, Cluster.gpus(2), setting, steps=12)
+    assert median_step(changed) == pytest.approx(3.0, rel=1e-6)

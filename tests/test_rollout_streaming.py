@@ -336,8 +336,8 @@ def test_the_simulator_runs_the_slots_the_built_in_decoder_runs(endless, tok, se
     """The performance model prices a built-in engine's decode step by its slots in use (``perf.stream.SimRank``):
     for rows of known lengths entering a full decoder, every step's forward batch of the real decoder equals the
     simulated rank's slots in use."""
+    from asyncrl.planning.stream import SimRank, SimRow
     from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow
-    from asyncrl.schedules.perf.stream import SimRank, SimRow
 
     rng = random.Random(seed)
     capacity, needs = 6, [rng.choice([1, 2, 3, 5, 9, 17]) for _ in range(20)]

@@ -494,8 +494,8 @@ def test_profile_of_a_vllm_run_prices_vllms_batching_and_probes_vllm(models):
     """``asyncrl profile --probe`` of a sync run on vLLM: the cost model records the engine and its slot count, the
     probe times generation and prefill on a vLLM engine and adds vLLM's weight load to the sync's fixed cost, and
     the simulator prices the run's own setting from it."""
-    from asyncrl.schedules.perf.profile import profile_run
-    from asyncrl.schedules.perf.simulate import Cluster, Setting, simulate
+    from asyncrl.planning.profile import profile_run
+    from asyncrl.planning.simulate import Cluster, Setting, simulate
 
     root, a, _, train, test = models
     run_dir = root / "run_profile_vllm"

@@ -201,6 +201,6 @@ def set_seed_all(seed: int) -> None:
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """A causal LM's decoder layers: the entries of its longest ``ModuleList`` (FSDP2 shards each as a unit of its
-    own, ``asyncrl.trainer.fsdp``; the memory plan counts one as the unit gathered at a time, ``asyncrl.planning``)."""
+    own, ``asyncrl.trainer.fsdp``; the memory plan counts one as the unit gathered at a time, ``asyncrl.sizing``)."""
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
     return list(max(lists, key=len)) if lists else []

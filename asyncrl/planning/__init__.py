@@ -5,12 +5,14 @@
 - ``profile``: ``asyncrl profile RUN_DIR`` fits it from a run's own records; ``probe`` (``--probe``) measures this
   machine's thread scaling, prefill price and weight-sync bandwidth.
 - ``clock``: a virtual clock on which processes share a pool of cores or run on devices of their own.
-- ``setting``, ``decode``, ``stream``, ``simulate``: every schedule's order of events on that clock; ``fully_async``
-  runs the real ``Producer`` (the staleness controller, queue, ledger, refill and partial-rollout rules) with the
-  engine replaced by the cost model.
+- ``setting``, ``decode``, ``sim_ports``, ``stream``, ``simulate``: the schedules' own loops (``schedules.loops``)
+  on that clock, through ports that price each phase; ``fully_async`` runs the real ``Producer`` (the staleness
+  controller, queue, ledger and partial-rollout rules) with the engine replaced by the cost model.
 - ``plan``: ``asyncrl plan --cost cost.json --gpus N`` searches schedule x split x staleness x sync interval;
   ``commands``: the two commands' parsers. The published setups the model is checked against are in
   ``lab/asyncrl_lab/perf_published.py`` (``asyncrl bench --published``).
 
-It lives under ``schedules`` because it runs their code (the fully_async books) on its clock.
+A room of its own beside ``schedules``, one floor above it: it runs their code (the loops, the fully_async books) on
+its clock, and nothing in a run imports it. The memory side of planning, which a run does check before it starts,
+is ``asyncrl.sizing``, below both.
 """

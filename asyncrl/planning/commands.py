@@ -39,7 +39,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def profile_command(a: argparse.Namespace) -> None:
-    from asyncrl.schedules.perf.profile import profile_run
+    from asyncrl.planning.profile import profile_run
 
     cost = profile_run(a.run_dir, probe=a.probe)
     out = Path(a.out) if a.out else Path(a.run_dir) / "cost.json"
@@ -50,7 +50,7 @@ def profile_command(a: argparse.Namespace) -> None:
 
 def _cluster(a: argparse.Namespace):
     from asyncrl.config import ConfigError
-    from asyncrl.schedules.perf.simulate import Cluster
+    from asyncrl.planning.simulate import Cluster
 
     kw = {"device_speed": a.device_speed}
     if a.sync_gbps is not None:
@@ -83,9 +83,9 @@ def plan_command(a: argparse.Namespace) -> None:
 def _time_plan(a: argparse.Namespace) -> list:
     """The time model's search; returns the settings it shows (best first)."""
     from asyncrl.config import ConfigError
-    from asyncrl.schedules.perf.cost import CostModel
-    from asyncrl.schedules.perf.plan import draw, format_plan, make_plan, overrides
-    from asyncrl.schedules.perf.simulate import SCHEDULES
+    from asyncrl.planning.cost import CostModel
+    from asyncrl.planning.plan import draw, format_plan, make_plan, overrides
+    from asyncrl.planning.simulate import SCHEDULES
 
     cost = CostModel.load(a.cost)
     schedules = tuple(x.strip() for x in a.schedules.split(",") if x.strip())
@@ -110,11 +110,11 @@ def _memory_plan(a: argparse.Namespace, shown: list | None) -> None:
     and that one line."""
     from asyncrl.config import ConfigError, load_config
     from asyncrl.config.resources import resolve_ranks
-    from asyncrl.planning.check import check_plan, gpu_roles, local_device_bytes
-    from asyncrl.planning.memory import plan_memory
-    from asyncrl.planning.shape import model_shape
-    from asyncrl.planning.table import Layout, format_memory
-    from asyncrl.schedules.perf.plan import splits
+    from asyncrl.planning.plan import splits
+    from asyncrl.sizing.check import check_plan, gpu_roles, local_device_bytes
+    from asyncrl.sizing.memory import plan_memory
+    from asyncrl.sizing.shape import model_shape
+    from asyncrl.sizing.table import Layout, format_memory
 
     def plan_checks(cfg) -> None:
         """Each section's own keys, and the ranks from the GPU keys. Not the cross-key checks of a run (those

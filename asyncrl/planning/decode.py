@@ -12,9 +12,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from asyncrl.schedules.perf.clock import Compute
-from asyncrl.schedules.perf.cost import Segment, continuous_schedule, decode_segments, prefill_tokens
-from asyncrl.schedules.perf.setting import Prices
+from asyncrl.planning.clock import Compute
+from asyncrl.planning.cost import Segment, continuous_schedule, decode_segments, prefill_tokens
+from asyncrl.planning.setting import Prices
 
 T = TypeVar("T")
 PIECES = 16  # a decode call is cut into at most this many pieces per segment: a pause lands within 1/16 of it

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncrl.schedules.perf.cost import CostModel
-from asyncrl.schedules.perf.simulate import Cluster, Prediction, Setting, simulate
+from asyncrl.planning.cost import CostModel
+from asyncrl.planning.simulate import Cluster, Prediction, Setting, simulate
 
 STALENESS = (0.0, 0.5, 1.0)
 PIPELINED = ("one_step_off", "two_step_off")

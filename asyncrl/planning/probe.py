@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.schedules.perf.cost import CostModel, Scaling
+from asyncrl.planning.cost import CostModel, Scaling
 
 
 def amdahl_serial(t1: float, tn: float, n: int) -> float:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.errors import UserInputError
-from asyncrl.schedules.perf.cost import (
+from asyncrl.planning.cost import (
     CostModel,
     Term,
     decode_regressors,
@@ -215,7 +215,7 @@ def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
         max_num_seqs=int(r.max_num_seqs) if r.engine == "vllm" else 0,
     )
     if probe:
-        from asyncrl.schedules.perf.probe import probe as measure
+        from asyncrl.planning.probe import probe as measure
 
         cost = measure(cost, run)
         cost = replace(cost, decode=_fit_decode(X_dec, y_dec, cost.scaling.prefill_token_s))

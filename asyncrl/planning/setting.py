@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from asyncrl.schedules.perf.cost import CostModel, Segment, update_positions
+from asyncrl.planning.cost import CostModel, Segment, update_positions
 
 SCHEDULES = ("sync", "one_step_off", "two_step_off", "fully_async")
 

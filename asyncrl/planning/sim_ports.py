@@ -1,7 +1,7 @@
 """The performance model's ``Ports`` for the loops of ``schedules.loops``: each phase priced on the virtual clock.
 
-The loops are the real run's (``schedules.loops``); here every port yields clock events (``perf.clock``): a decode
-priced as its engine batches (``perf.decode``), a preparation, an update, a weight sync. The rollout side is one
+The loops are the real run's (``schedules.loops``); here every port yields clock events (``planning.clock``): a decode
+priced as its engine batches (``planning.decode``), a preparation, an update, a weight sync. The rollout side is one
 worker generating the batches it is given in launch order, with the weights last pushed to it; a sample's staleness
 is counted from those versions, as the real run counts it from the versions the engine recorded.
 """
@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from asyncrl.planning.clock import Delay, Signal, Wait
 from asyncrl.schedules.loops import Steps
-from asyncrl.schedules.perf.clock import Delay, Signal, Wait
 
 Groups = list[tuple[int, tuple[int, ...]]]
 

@@ -2,11 +2,11 @@
 ``CostModel``, on a described cluster.
 
 ``sync``, ``one_step_off`` and ``two_step_off`` run the real run's own loops (``schedules.loops``) over ports that
-price each phase on the clock (``perf.sim_ports``): a loop changed there changes the prediction. ``fully_async`` runs
-the real producer (``Producer.place`` / ``returned`` / ``finish`` / ``put_finished`` / ``take`` with the real
+price each phase on the clock (``planning.sim_ports``): a loop changed there changes the prediction. ``fully_async``
+runs the real producer (``Producer.place`` / ``returned`` / ``finish`` / ``put_finished`` / ``take`` with the real
 ``StalenessController``, ``MessageQueue``, ``PromptLedger`` and partial-rollout pause) over streaming engines priced
-per step (``stream``); the driver's side (take, prepare, train, park the Rollouter, sync, resume) is still written
-here after ``schedules.fully_async``'s loop.
+per step (``stream``), and its driver's side (take, prepare, train, park the Rollouter, sync, resume) is the run's
+own loop too (``schedules.fully_async.loop.consume``) over ``stream.StreamSimPorts``.
 
 A decode call of the other schedules is priced by the engine's own structure (``cost.decode_segments``): one step
 per token of its longest row, each costing a fixed part plus a part per live row; rows split by group over the
@@ -25,14 +25,14 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 
+from asyncrl.planning.clock import Clock, Compute
+from asyncrl.planning.cost import CostModel, update_positions
+from asyncrl.planning.decode import Row, decode
+from asyncrl.planning.setting import SCHEDULES, Cluster, Prediction, Prices, Setting, Span, Work
+from asyncrl.planning.sim_ports import SimPorts
+from asyncrl.planning.stream import StreamSim
 from asyncrl.schedules.fully_async.staleness import StalenessBudget
 from asyncrl.schedules.loops import LOOPS
-from asyncrl.schedules.perf.clock import Clock, Compute
-from asyncrl.schedules.perf.cost import CostModel, update_positions
-from asyncrl.schedules.perf.decode import Row, decode
-from asyncrl.schedules.perf.setting import SCHEDULES, Cluster, Prediction, Prices, Setting, Span, Work
-from asyncrl.schedules.perf.sim_ports import SimPorts
-from asyncrl.schedules.perf.stream import StreamSim
 from asyncrl.telemetry.timeline import union_seconds
 
 __all__ = ["SCHEDULES", "Cluster", "Fault", "Prediction", "Setting", "Sim", "median_step", "simulate"]
@@ -113,11 +113,6 @@ class Sim(StreamSim):
             "trainer", "train", step, Compute(p.train_s(self.work.update_tokens(groups)), p.train_threads, p.pool)
         )
 
-    def trainer_step_tail(self, step: int, groups: list[tuple[int, tuple[int, ...]]]):
-        """What the driver does with a generated batch: prepare it, then train on it."""
-        yield from self.prepare("driver", step, groups)
-        yield from self.train(step, groups)
-
     def end_step(self, step: int, n_samples: int):
         yield from self.busy(
             "driver", "step_other", step, Compute(self.cost.step_other(call=1.0), 1.0, self.prices.pool)
@@ -126,7 +121,7 @@ class Sim(StreamSim):
         self.samples += n_samples
 
     def run(self) -> Prediction:
-        """The schedule's own loop (``schedules.loops``; fully_async's: ``perf.stream``) on the virtual clock."""
+        """The schedule's own loop (``schedules.loops``; fully_async's: ``planning.stream``) on the virtual clock."""
         if self.setting.schedule == "fully_async":
             proc = self.fully_async()
         else:

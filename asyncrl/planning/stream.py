@@ -14,13 +14,14 @@ import heapq
 from dataclasses import dataclass, field
 
 from asyncrl.data.sampler import EpochSampler
+from asyncrl.planning.clock import Clock, Compute, Delay, Signal, Wait
+from asyncrl.planning.cost import Segment, prefill_tokens
+from asyncrl.planning.setting import Span
+from asyncrl.schedules.fully_async import loop
 from asyncrl.schedules.fully_async.producer import Producer
 from asyncrl.schedules.fully_async.queue import MessageQueue
 from asyncrl.schedules.fully_async.recovery import ConsumedBatch, Takeover
 from asyncrl.schedules.fully_async.slots import stream_concurrency
-from asyncrl.schedules.perf.clock import Clock, Compute, Delay, Signal, Wait
-from asyncrl.schedules.perf.cost import Segment, prefill_tokens
-from asyncrl.schedules.perf.setting import Span
 from asyncrl.types import Prompt, Sample
 
 PIECE_STEPS = 16  # the clock jumps at most this many decode steps at a time, so a pause lands within them
@@ -222,66 +223,13 @@ class StreamSim:
                 self.clock.fire(self.queued)
 
     def fully_async(self):
-        """The driver's loop of ``schedules.fully_async``: take a batch, prepare, train; at the end of a sync window
-        park the Rollouter (interrupting its decode with partial rollout), send the weights, resume it. A fault
-        (``Fault``) kills the run and resumes it from its last checkpoint, or replaces the Rollouter mid-run, as
-        ``recovery`` does."""
-        st, p, fault = self.setting, self.prices, self.fault
+        """The driver's loop of ``schedules.fully_async`` (``loop.consume``) over ports on the clock."""
         s = self.state = {"version": 0, "park": False, "interrupt": False, "stop": False, "life": 0}
         self.parked, self.resumed = Signal("parked"), Signal("resumed")
         self.queued, self.admission = Signal("queued"), Signal("admission")
-        producer = self.producer = self.new_producer()
-        self.clock.spawn(self.rollouter(producer, 0))
-        version, B, W = 0, self.budget.groups_per_update, st.trigger_parameter_sync_step
-        # the books a fault restores from (a Rollouter's snapshot at each sync): taken only when a fault is simulated
-        base, since_base = (producer.snapshot(0) if fault else None), []
-        checkpoint = None
-        updates = 0
-        step = 0
-        while updates < self.steps:
-            step += 1
-            t0 = self.clock.now
-            while (got := producer.take(B, version, 0.0)) is None:
-                Clock.clear(self.queued)
-                yield Wait(self.queued)
-            if self.clock.now > t0:
-                self.spans.append(Span("driver", "wait_batch", t0, self.clock.now, step))
-            self.clock.fire(self.admission)
-            yield from self.trainer_step_tail(step, [self.work.group(g.epoch, g.index) for g in got.groups])
-            n = sum(len(g.samples) for g in got.groups)
-            for g, counted in zip(got.groups, got.staleness):
-                recorded = max(version - x.start_version for x in g.samples)
-                self.consumed.append((g.group_id, counted, recorded))
-                self.staleness[counted] += len(g.samples)
-                self.partial += sum(len(set(x.versions)) > 1 for x in g.samples)
-            since_base.append(ConsumedBatch(got.groups, version))
-            updates += 1
-            if updates % W == 0:  # the window ends: park, send, resume
-                version += 1
-                t1 = self.clock.now
-                s["park"], s["interrupt"] = True, st.partial_rollout
-                Clock.clear(self.parked)
-                self.clock.fire(self.admission)  # an idle Rollouter reaches its park point (the real one polls)
-                yield Wait(self.parked)
-                yield Delay(p.sync_s)
-                self.spans.append(Span("sync", "sync_weights", t1, self.clock.now, step))
-                producer.on_sync(version)
-                base, since_base = (producer.snapshot(version) if fault else None), []
-                if fault and fault.kind == "kill" and updates >= fault.after_update and checkpoint is None:
-                    checkpoint = (copy.deepcopy(base), updates, version, len(self.consumed))
-                s["version"], s["park"] = version, False
-                self.clock.fire(self.resumed)
-                self.clock.fire(self.admission)
-            yield from self.end_step(step, n)
-            if fault and fault.kind == "kill" and checkpoint and updates >= self.steps - 1 and not self.faulted:
-                self.faulted = True  # kill -9 late in the run: all after the checkpoint is lost; resume from it
-                snap, updates, version, n_consumed = checkpoint
-                del self.consumed[n_consumed:]
-                producer = self._replace_rollouter(Takeover(copy.deepcopy(snap), [], version), version)
-                base, since_base = copy.deepcopy(snap), []
-            elif fault and fault.kind == "takeover" and updates == fault.after_update and not self.faulted:
-                self.faulted = True  # the Rollouter dies; a new one restores the last snapshot + what was consumed
-                producer = self._replace_rollouter(Takeover(base, list(since_base), version), version)
+        self.producer = self.new_producer()
+        self.clock.spawn(self.rollouter(self.producer, 0))
+        yield from loop.consume(StreamSimPorts(self))  # looked up at run time: the loop the run runs today
         s["stop"] = True
         self.clock.fire(self.resumed)
         self.clock.fire(self.admission)
@@ -299,3 +247,90 @@ class StreamSim:
 
 def _sim_prompt(epoch: int, index: int) -> Prompt:
     return Prompt(index, [0], "sim", "")
+
+
+class StreamSimPorts:
+    """``loop.consume``'s ports on the clock: take a batch when the queue has it, prepare, train; at the end of a
+    sync window park the Rollouter (interrupting its decode with partial rollout), send the weights, resume it. A
+    fault (``Fault``) kills the run and resumes it from its last checkpoint, or replaces the Rollouter mid-run, as
+    ``recovery`` does. ``sim``: the ``simulate.Sim`` whose clock, prices, work, books and Rollouter these drive."""
+
+    def __init__(self, sim: StreamSim):
+        self.sim = sim
+        self.version, self.updates = 0, 0
+        self.W = sim.setting.trigger_parameter_sync_step
+        # the books a fault restores from (a Rollouter's snapshot at each sync): taken only when a fault is simulated
+        self.base = sim.producer.snapshot(0) if sim.fault else None
+        self.since_base: list[ConsumedBatch] = []
+        self.checkpoint: tuple | None = None
+        self.got = None  # the step's batch (``StreamBatch``)
+
+    def steps(self):
+        step = 0
+        while self.updates < self.sim.steps:  # a simulated kill rewinds ``updates`` to its checkpoint's
+            step += 1
+            yield step
+
+    def take(self, step: int):
+        sim, t0 = self.sim, self.sim.clock.now
+        while (got := sim.producer.take(sim.budget.groups_per_update, self.version, 0.0)) is None:
+            Clock.clear(sim.queued)
+            yield Wait(sim.queued)
+        if sim.clock.now > t0:
+            sim.spans.append(Span("driver", "wait_batch", t0, sim.clock.now, step))
+        sim.clock.fire(sim.admission)
+        self.got = got
+        return got
+
+    def prepare(self, got, step: int):
+        groups = [self.sim.work.group(g.epoch, g.index) for g in got.groups]
+        yield from self.sim.prepare("driver", step, groups)
+        return groups
+
+    def train(self, groups, step: int):
+        """The update, then its books (before a push: a checkpoint taken there holds them)."""
+        sim, got = self.sim, self.got
+        yield from sim.train(step, groups)
+        for g, counted in zip(got.groups, got.staleness):
+            recorded = max(self.version - x.start_version for x in g.samples)
+            sim.consumed.append((g.group_id, counted, recorded))
+            sim.staleness[counted] += len(g.samples)
+            sim.partial += sum(len(set(x.versions)) > 1 for x in g.samples)
+        self.since_base.append(ConsumedBatch(got.groups, self.version))
+        self.updates += 1
+
+    def window_ended(self) -> bool:
+        return self.updates % self.W == 0
+
+    def push(self, step: int):
+        sim, s = self.sim, self.sim.state
+        self.version += 1
+        t1 = sim.clock.now
+        s["park"], s["interrupt"] = True, sim.setting.partial_rollout
+        Clock.clear(sim.parked)
+        sim.clock.fire(sim.admission)  # an idle Rollouter reaches its park point (the real one polls)
+        yield Wait(sim.parked)
+        yield Delay(sim.prices.sync_s)
+        sim.spans.append(Span("sync", "sync_weights", t1, sim.clock.now, step))
+        sim.producer.on_sync(self.version)
+        self.base, self.since_base = (sim.producer.snapshot(self.version) if sim.fault else None), []
+        fault = sim.fault
+        if fault and fault.kind == "kill" and self.updates >= fault.after_update and self.checkpoint is None:
+            self.checkpoint = (copy.deepcopy(self.base), self.updates, self.version, len(sim.consumed))
+        s["version"], s["park"] = self.version, False
+        sim.clock.fire(sim.resumed)
+        sim.clock.fire(sim.admission)
+
+    def end_step(self, step: int, got, prepared, trained):
+        sim = self.sim
+        yield from sim.end_step(step, sum(len(g.samples) for g in got.groups))
+        fault = sim.fault
+        if fault and fault.kind == "kill" and self.checkpoint and self.updates >= sim.steps - 1 and not sim.faulted:
+            sim.faulted = True  # kill -9 late in the run: all after the checkpoint is lost; resume from it
+            snap, self.updates, self.version, n_consumed = self.checkpoint
+            del sim.consumed[n_consumed:]
+            sim._replace_rollouter(Takeover(copy.deepcopy(snap), [], self.version), self.version)
+            self.base, self.since_base = copy.deepcopy(snap), []
+        elif fault and fault.kind == "takeover" and self.updates == fault.after_update and not sim.faulted:
+            sim.faulted = True  # the Rollouter dies; a new one restores the last snapshot + what was consumed
+            sim._replace_rollouter(Takeover(self.base, list(self.since_base), self.version), self.version)

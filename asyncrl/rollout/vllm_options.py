@@ -4,7 +4,7 @@ Every default that depends on the device is resolved here by a pure function of 
 GPU side is tested on the CPU: the engine's dtype (``engine_dtype``, also the built-in engine's on a rollout
 worker), CUDA graphs (``eager``), vLLM's share of the GPU (``gpu_share``: as vLLM defines it, weights + activations
 + KV cache) and how vLLM sizes its memory and its step (``memory_options``). Whether a share holds the weights and a
-sequence's KV cache is the memory plan's to say, before any worker starts (``asyncrl.planning``).
+sequence's KV cache is the memory plan's to say, before any worker starts (``asyncrl.sizing``).
 """
 
 from __future__ import annotations

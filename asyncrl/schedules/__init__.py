@@ -38,7 +38,7 @@ def specs_for(cfg: Config) -> RoleSpecs:
 def run_training(cfg: Config) -> dict[str, Any]:
     """Run ``cfg``'s algorithm on its schedule; returns the run's summary (also written to summary.json). A run on
     GPUs whose memory plan cannot fit fails here, in one line, before any worker starts."""
-    from asyncrl.planning.check import check_memory
+    from asyncrl.sizing.check import check_memory
 
     check_memory(cfg)
     module = schedule_module(cfg)

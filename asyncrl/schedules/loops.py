@@ -1,7 +1,7 @@
 """The order of events of ``sync``, ``one_step_off`` and ``two_step_off``, written once and run on two clocks.
 
 Each loop is a generator over ``Ports``. The real run (``schedules.run_ports.RunPorts``) gives it ports that call
-the roles; the performance model (``schedules.perf.sim_ports.SimPorts``) gives it ports that advance a virtual
+the roles; the performance model (``planning.sim_ports.SimPorts``) gives it ports that advance a virtual
 clock. A port method that takes time is itself a generator, used as ``x = yield from ports.generated(...)``: the
 real ports do the work and return without yielding, the simulated ones yield clock events. So a change to a loop
 here changes what the run does and what the planner predicts together (``tests/test_perf.py`` checks that a changed

@@ -16,8 +16,8 @@ import torch
 
 from asyncrl.config import Config
 from asyncrl.errors import UserInputError
-from asyncrl.planning.memory import MemoryPlan, plan_memory
-from asyncrl.planning.shape import model_shape
+from asyncrl.sizing.memory import MemoryPlan, plan_memory
+from asyncrl.sizing.shape import model_shape
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 
 from asyncrl.config import Config
 from asyncrl.config.rollout import engine_dtype, vllm_gpu_share
-from asyncrl.planning.shape import ModelShape
+from asyncrl.sizing.shape import ModelShape
 
 GB = 1e9  # what --gpu-mem and the messages count in (an "80 GB" GPU holds 80e9 bytes or more)
 MIB = 2**20

@@ -7,8 +7,8 @@ import copy
 from dataclasses import dataclass
 
 from asyncrl.config import Config
-from asyncrl.planning.memory import GB, MemoryPlan, plan_memory
-from asyncrl.planning.shape import ModelShape
+from asyncrl.sizing.memory import GB, MemoryPlan, plan_memory
+from asyncrl.sizing.shape import ModelShape
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from asyncrl.calls import wait_with_deadline
 from asyncrl.comm.transport import WorkerLocation
 from asyncrl.config import RayConfig
 from asyncrl.roles.placement import NodeCapacity, Placement, PlacementError, describe_nodes
-from asyncrl.supervision.reaper import start_reaper
 from asyncrl.trainer.data_parallel import rank_name
 from asyncrl.workers.logs import send_output_to, worker_log
+from asyncrl.workers.reaper import start_reaper
 
 __all__ = ["PlacementError", "RayHandle", "RayPending", "RayPools", "cluster_nodes", "init_ray", "shutdown"]
 
@@ -118,7 +118,7 @@ def init_ray(cfg: RayConfig) -> None:
         raise RuntimeError(f"the local Ray cluster bound {ip}, not 127.0.0.1: this Ray ignores its loopback flag")
     _STARTED = (ray.get_runtime_context().get_node_id(), *want)
     global _REAPER_STARTED
-    if not _REAPER_STARTED:  # kills this cluster's processes if the driver is killed (asyncrl.supervision.reaper)
+    if not _REAPER_STARTED:  # kills this cluster's processes if the driver is killed (asyncrl.workers.reaper)
         start_reaper()
         _REAPER_STARTED = True
 

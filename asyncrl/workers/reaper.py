@@ -1,4 +1,4 @@
-"""``python -m asyncrl.supervision.reaper DRIVER_PID``: once the driver is gone, kill every process it had started.
+"""``python -m asyncrl.workers.reaper DRIVER_PID``: once the driver is gone, kill every process it had started.
 
 A driver killed with SIGKILL cannot stop its local Ray cluster; Ray's workers notice and exit, but some of its
 processes do not (measured: ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent`` still ran 30 s after the driver was
@@ -77,7 +77,7 @@ def start_reaper() -> None:
     if not Path("/proc/self/stat").exists():
         return
     subprocess.Popen(
-        [sys.executable, "-m", "asyncrl.supervision.reaper", str(os.getpid())],
+        [sys.executable, "-m", "asyncrl.workers.reaper", str(os.getpid())],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -153,7 +153,7 @@ def run_schedule(schedule: str, wl: Workload, out: Path, steps: int, total_cpus:
 
 def profile_sync(run_dir: Path, out_dir: Path) -> str:
     """``asyncrl profile RUN_DIR --probe`` of the sync run, written to ``out_dir/cost.json``."""
-    from asyncrl.schedules.perf.profile import profile_run
+    from asyncrl.planning.profile import profile_run
 
     cost = profile_run(run_dir, probe=True)
     path = out_dir / "cost.json"
@@ -176,8 +176,8 @@ def predict_schedules(
     ratios to ``ref``. A mode's engine must be the profile's (``+vllm`` modes from a vLLM run's profile)."""
     import time
 
-    from asyncrl.schedules.perf.cost import CostModel
-    from asyncrl.schedules.perf.simulate import Cluster, Setting, simulate
+    from asyncrl.planning.cost import CostModel
+    from asyncrl.planning.simulate import Cluster, Setting, simulate
 
     cost = CostModel.load(cost_path)
     preds: dict[str, dict[str, Any]] = {}

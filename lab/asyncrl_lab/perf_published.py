@@ -22,8 +22,8 @@ import random
 from dataclasses import dataclass, replace
 from typing import Any
 
-from asyncrl.schedules.perf.cost import CostModel, Term
-from asyncrl.schedules.perf.simulate import Cluster, Setting, Sim, median_step, simulate
+from asyncrl.planning.cost import CostModel, Term
+from asyncrl.planning.simulate import Cluster, Setting, Sim, median_step, simulate
 
 VERL = "volcengine/verl"
 SOURCES = {

@@ -1,7 +1,8 @@
 """``fully_async``: a Rollouter streams groups through a bounded queue; the roles learn from them as they come.
 
-This package is the whole schedule: this module is the consumer (the driver's loop below); ``producer`` is the
-producer's books and loop in plain Python (``Producer.step``), which ``rollouter.Rollouter`` runs on its generation
+This package is the whole schedule: this module starts the run; ``loop.consume`` is the consumer's loop (the
+driver's, below), run here over ``run_ports.StreamRunPorts`` and by the planner over simulated ports; ``producer`` is
+the producer's books and loop in plain Python (``Producer.turn``), which ``rollouter.Rollouter`` runs on its generation
 thread; ``staleness``, ``queue``, ``ledger`` are the protocol it keeps, ``recovery`` and ``supervisor`` replace a
 dead Rollouter, ``report`` writes the ledger's report. The Rollouter generates all the time, admitted by the
 staleness controller, and scores each group's rule reward as it finishes. Per trainer step, top to bottom:
@@ -31,9 +32,9 @@ from typing import Any
 
 from asyncrl.config import Config
 from asyncrl.config.specs import TrainerPlan
+from asyncrl.schedules.fully_async.recovery import ROLLOUTER_STATE
 from asyncrl.schedules.step import old_policy
 
-ROLLOUTER_STATE = "rollouter_state.pt"
 STOP_TIMEOUT_S = 60.0  # how long the clean-up waits for the Rollouter to stop before its worker is killed
 
 
@@ -47,21 +48,24 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
 
 def run_fully_async(cfg: Config) -> dict[str, Any]:
     # imported here: the books (producer, staleness, queue, ledger) load without the engine and the run machinery,
-    # so the performance model (asyncrl.schedules.perf) starts in a fraction of the time
+    # so the performance model (asyncrl.planning) starts in a fraction of the time
     import torch
 
     from asyncrl.roles.team import RolloutSide
+    from asyncrl.schedules.fully_async.loop import consume
     from asyncrl.schedules.fully_async.producer import budget_of
-    from asyncrl.schedules.fully_async.report import partial_metrics, processing_metrics, write_ledger_report
+    from asyncrl.schedules.fully_async.report import write_ledger_report
     from asyncrl.schedules.fully_async.rollouter import Rollouter
+    from asyncrl.schedules.fully_async.run_ports import StreamRunPorts
     from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
+    from asyncrl.schedules.loops import run_to_end
     from asyncrl.schedules.run import open_run
-    from asyncrl.schedules.step import StepTimer, staleness_metrics
     from asyncrl.supervision.supervisor import WorkerLostError
 
     at = cfg.async_training
     with open_run(cfg, RolloutSide.STREAM, trainer_plan(cfg), Rollouter) as (run, algorithm, roles):
         stream: StreamSupervisor | None = None
+        ports: StreamRunPorts | None = None
         try:
             sync = run.start_weight_sync(roles)
             stream = run.stream = StreamSupervisor(
@@ -75,41 +79,9 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
             )
             resumed = run.resumed_from
             stream.start(None if resumed is None else torch.load(resumed / ROLLOUTER_STATE, weights_only=False))
-            groups_per_step = at.require_batches * cfg.actor.ppo_mini_batch_size
-            step = finished = run.start_step - 1
-            for step in range(run.start_step, cfg.trainer.total_training_steps + 1):
-                tm = StepTimer(step)
-                extra: dict[str, float] = {}
-                snapshot = None
-                with tm("step"):
-                    trained_at = run.version
-                    with tm("wait_batch"):
-                        got = stream.get_batch(groups_per_step, trained_at)
-                    with tm("prepare"):
-                        prepared = algorithm.prepare(got.samples, step)()
-                    with tm("train"):
-                        trained = run.learn(algorithm, prepared, step)
-                    staleness = staleness_metrics(got.samples, trained_at)
-                    if max(got.staleness) != staleness["staleness/max"]:  # two accounts of the same fact
-                        raise RuntimeError(f"step {step}: controller staleness {got.staleness} != recorded {staleness}")
-                    if run.version != trained_at:  # a sync window ended: the rollout side gets the new weights
-                        with tm("param_sync"):
-                            save = run.due(cfg.trainer.save_freq, step)
-                            paused, stats, snap = stream.push(run.version, at.partial_rollout, save)
-                            extra["timing_s/param_sync_pause"] = paused
-                            extra.update(sync.metrics(stats) if stats is not None else {})
-                            snapshot = snap if save else None
-                ro = stream.metrics()
-                metrics = run.step_metrics(
-                    prepared.samples, prepared.batch, tm, prepared.metrics, trained.metrics, staleness, extra, ro
-                )
-                metrics.update(partial_metrics(got.samples))
-                metrics.update(processing_metrics(got.processing_s))
-                metrics["trainer/idle_ratio"] = tm.timings["timing_s/wait_batch"] / tm.timings["timing_s/step"]
-                metrics["timing_s/gen"] = ro.get("rollouter/busy_s", 0.0)  # the Rollouter's decode seconds this step
-                metrics["fully_async/trainer_version"] = float(trained_at)  # the version this step's update ran at
-                run.end_step(step, metrics, roles, extra_files={ROLLOUTER_STATE: snapshot} if snapshot else None)
-                finished = step
+            ports = StreamRunPorts(run, algorithm, roles, stream, sync)
+            run_to_end(consume(ports))
+            step = finished = ports.finished
             if stream.lost is not None:  # lost in the last step, which finished
                 raise stream.lost
             rollouter = stream.rollouter  # a replacement, if the first one died
@@ -121,6 +93,7 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
             run.summary["ledger"] = write_ledger_report(run.dir, len(run.train), rollouter.ledger_state().result())
             return run.finish(roles, step)
         except WorkerLostError:  # no Rollouter may be started again: keep the last finished step, losing nothing
+            finished = ports.finished if ports is not None else run.start_step - 1
             run.save_before_failing(finished, roles, None, extra_files={ROLLOUTER_STATE: stream.advanced()})
             raise
         finally:

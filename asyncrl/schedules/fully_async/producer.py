@@ -18,7 +18,7 @@ a batch's longest row. Concurrency is per rank (``capacities``: each engine's ro
 ``max_groups`` groups are in flight in all (``stream_concurrency``, which the performance model uses too).
 
 ``rollouter.Rollouter`` runs the loop on its generation thread with its engines (``RankPort``: its own in-process,
-the other ranks' over calls); the performance model's simulator (``asyncrl.schedules.perf.stream``) runs the same
+the other ranks' over calls); the performance model's simulator (``asyncrl.planning.stream``) runs the same
 ``place`` / ``returned`` / ``finish`` / ``put_finished`` / ``take`` on a virtual clock, its engines priced per step.
 
 At a weight sync the Rollouter parks. With ``partial_rollout`` it interrupts every engine first: the rows come back

@@ -28,6 +28,8 @@ from asyncrl.schedules.fully_async.queue import Group, QueueSnapshot
 from asyncrl.schedules.fully_async.staleness import StalenessBudget, StalenessController
 from asyncrl.types import Sample
 
+ROLLOUTER_STATE = "rollouter_state.pt"  # a checkpoint's file of the Rollouter's snapshot
+
 
 @dataclass
 class StreamBatch:

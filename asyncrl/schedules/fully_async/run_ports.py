@@ -1,0 +1,88 @@
+"""The real run's ``StreamPorts`` (``loop.consume``): each phase calls the roles and the Rollouter's supervisor, timed
+as every schedule's step is (``timing_s/*``), and the step tail writes fully_async's metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+from asyncrl.schedules.fully_async.recovery import ROLLOUTER_STATE
+from asyncrl.schedules.fully_async.report import partial_metrics, processing_metrics
+from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
+from asyncrl.schedules.step import StepTimer, staleness_metrics
+
+
+class StreamRunPorts:
+    """``run`` (``schedules.run.Run``), ``algorithm``, ``roles``, ``stream`` (the Rollouter's supervisor) and ``sync``
+    (the weight sync it pushes with). ``finished``: the last step that ended."""
+
+    def __init__(self, run: Any, algorithm: Any, roles: Any, stream: StreamSupervisor, sync: Any):
+        self.run, self.algorithm, self.roles, self.stream, self.sync = run, algorithm, roles, stream, sync
+        self.cfg = run.cfg
+        self.groups_per_step = self.cfg.async_training.require_batches * self.cfg.actor.ppo_mini_batch_size
+        self.finished = run.start_step - 1
+        self.tm = StepTimer(0)
+        self.open = ExitStack()  # the step's own span: from take to the end of its push
+        self.trained_at = 0
+        self.staleness: dict[str, float] = {}
+        self.extra: dict[str, float] = {}
+        self.snapshot: Any = None
+
+    def steps(self) -> Iterator[int]:
+        yield from range(self.run.start_step, self.cfg.trainer.total_training_steps + 1)
+
+    def take(self, step: int):
+        self.tm, self.extra, self.snapshot = StepTimer(step), {}, None
+        self.open.enter_context(self.tm("step"))
+        self.trained_at = self.run.version
+        with self.tm("wait_batch"):
+            got = self.stream.get_batch(self.groups_per_step, self.trained_at)
+        return got
+        yield  # a generator: the real ports never yield
+
+    def prepare(self, got: Any, step: int):
+        with self.tm("prepare"):
+            return self.algorithm.prepare(got.samples, step)()
+        yield
+
+    def train(self, prepared: Any, step: int):
+        with self.tm("train"):
+            trained = self.run.learn(self.algorithm, prepared, step)
+        return trained
+        yield
+
+    def window_ended(self) -> bool:
+        """The update moved the trainer's version on: the rollout side gets the new weights."""
+        return self.run.version != self.trained_at
+
+    def push(self, step: int):
+        with self.tm("param_sync"):
+            save = self.run.due(self.cfg.trainer.save_freq, step)
+            paused, stats, snap = self.stream.push(self.run.version, self.cfg.async_training.partial_rollout, save)
+            self.extra["timing_s/param_sync_pause"] = paused
+            self.extra.update(self.sync.metrics(stats) if stats is not None else {})
+            self.snapshot = snap if save else None
+        return
+        yield
+
+    def end_step(self, step: int, got: Any, prepared: Any, trained: Any):
+        tm, run = self.tm, self.run
+        self.open.close()
+        staleness = staleness_metrics(got.samples, self.trained_at)
+        if max(got.staleness) != staleness["staleness/max"]:  # two accounts of the same fact
+            raise RuntimeError(f"step {step}: controller staleness {got.staleness} != recorded {staleness}")
+        ro = self.stream.metrics()
+        metrics = run.step_metrics(
+            prepared.samples, prepared.batch, tm, prepared.metrics, trained.metrics, staleness, self.extra, ro
+        )
+        metrics.update(partial_metrics(got.samples))
+        metrics.update(processing_metrics(got.processing_s))
+        metrics["trainer/idle_ratio"] = tm.timings["timing_s/wait_batch"] / tm.timings["timing_s/step"]
+        metrics["timing_s/gen"] = ro.get("rollouter/busy_s", 0.0)  # the Rollouter's decode seconds this step
+        metrics["fully_async/trainer_version"] = float(self.trained_at)  # the version this step's update ran at
+        files = {ROLLOUTER_STATE: self.snapshot} if self.snapshot else None
+        run.end_step(step, metrics, self.roles, extra_files=files)
+        self.finished = step
+        return
+        yield
