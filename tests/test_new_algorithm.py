@@ -1,23 +1,19 @@
 """The trainer knows no algorithm: one written here, that no worker has ever seen (REINFORCE with a mean-reward
-baseline, its objective and its loss in this file), runs on the schedules through the same trainer, because an
-algorithm is a module (``asyncrl.algorithms.<name>``: its ``ALGORITHM``) plus its loss, and its name in the config's
-list of algorithms."""
+baseline, its objective and its loss in this file), runs on every schedule through the same trainer, because an
+algorithm is a module that names its class ``ALGORITHM`` plus its loss. This file is that module:
+``algorithm.name=tests.test_new_algorithm``, nothing registered, nothing patched."""
 
 from __future__ import annotations
 
 import math
-import sys
-import types
 from dataclasses import dataclass
 
 import pytest
 from torch import Tensor
 
-import asyncrl.config.checks
-import asyncrl.config.schema
 from asyncrl import losses
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
-from asyncrl.config import load_config
+from asyncrl.config import SCHEDULES, ConfigError, load_config
 from asyncrl.data.collate import Objective, TrainBatch, collate, rewards_of
 from asyncrl.schedules import run_training
 from asyncrl.telemetry.metrics import read_metrics
@@ -54,24 +50,34 @@ class Reinforce(Algorithm):
         return self.update_actor(prepared, step)
 
 
-@pytest.fixture
-def reinforce(monkeypatch):
-    module = types.ModuleType("asyncrl.algorithms.reinforce")
-    module.ALGORITHM = Reinforce
-    monkeypatch.setitem(sys.modules, "asyncrl.algorithms.reinforce", module)
-    names = (*asyncrl.config.schema.ALGORITHMS, "reinforce")
-    monkeypatch.setattr(asyncrl.config.checks, "ALGORITHMS", names)
+ALGORITHM = Reinforce  # what algorithm.name=tests.test_new_algorithm imports
 
 
-@pytest.mark.parametrize("schedule", ["sync", "one_step_off"])
-def test_an_algorithm_the_trainer_never_saw_trains_on_a_schedule(reinforce, tmp_path, schedule):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_an_algorithm_the_trainer_never_saw_trains_on_every_schedule(tmp_path, schedule):
     train, test = make_data(tmp_path)
     model = make_model(tmp_path, train)
     run_dir = tmp_path / "run"
     over = train_overrides(model, train, test, run_dir, 2) + ["trainer.backend=in_process", length_reward(tmp_path)]
-    over += ["algorithm.name=reinforce", f"trainer.schedule={schedule}"]
+    over += ["algorithm.name=tests.test_new_algorithm", f"trainer.schedule={schedule}"]
     summary = run_training(load_config(None, over))
     assert summary["steps"] == 2
     steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if m.get("step", 0) > 0]
     assert len(steps) == 2 and all(math.isfinite(m["actor/pg_loss"]) for m in steps)
     assert all(m["actor/grad_norm"] > 0 for m in steps)  # rewards differ within every group: a gradient each step
+
+
+def test_a_module_without_an_algorithm_is_one_clear_error(tmp_path):
+    """A dotted name must import and name an Algorithm subclass ALGORITHM; a plain name must be a built-in one."""
+    from asyncrl.algorithms import algorithm_class
+
+    train, test = make_data(tmp_path)
+    over = train_overrides(make_model(tmp_path, train), train, test, tmp_path / "run", 2)
+    for name, says in [
+        ("tests.helpers", "must name its asyncrl.algorithms.Algorithm subclass ALGORITHM"),
+        ("tests.no_such_module", "no module tests.no_such_module to import"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            algorithm_class(load_config(None, [*over, f"algorithm.name={name}"]))
+    with pytest.raises(ConfigError, match="the import path of a module of yours"):
+        load_config(None, [*over, "algorithm.name=reinforce"])

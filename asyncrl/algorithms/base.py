@@ -50,6 +50,9 @@ class Algorithm(ABC):
     trains each batch."""
 
     name: ClassVar[str]
+    # its batch is a function of the samples alone (no other role's state: a critic's values, a teacher's answers),
+    # so ``asyncrl replay`` can rebuild a run's updates from the batches it recorded
+    replayable: ClassVar[bool] = False
 
     def __init__(self, cfg: Config, tokenizer: object, roles: Roles, resources: object = None):
         self.cfg = cfg

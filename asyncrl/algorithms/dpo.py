@@ -94,6 +94,7 @@ def make_pairs(samples: list[Sample]) -> Pairs:
 
 class OnlineDPO(Algorithm):
     name = "dpo"
+    replayable = True
 
     @classmethod
     def trainer_needs(cls, cfg: Config) -> TrainerNeeds:

@@ -16,6 +16,7 @@ from asyncrl.types import Sample
 
 class GRPO(Algorithm):
     name = "grpo"
+    replayable = True
 
     def __init__(self, cfg, tokenizer, roles, resources=None):  # noqa: ANN001 - as Algorithm's
         super().__init__(cfg, tokenizer, roles, resources)

@@ -7,7 +7,9 @@ bounds another's (``actor.ppo_mini_batch_size`` divides ``data.train_batch_size`
 
 from __future__ import annotations
 
-from asyncrl.config.errors import ConfigError, check, choice
+import re
+
+from asyncrl.config.errors import ConfigError, check
 from asyncrl.config.model_checks import check_lora, check_quantization, check_rollout_dtype, check_trainer_ranks
 from asyncrl.config.resources import resolve_ranks
 from asyncrl.config.schema import (
@@ -22,6 +24,7 @@ from asyncrl.config.schema import (
     TeacherConfig,
 )
 
+MODULE_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")  # an algorithm of the user's: a dotted module path
 # What each algorithm needs besides the policy, and the sections only it reads.
 ALGORITHM_SECTIONS = {
     "grpo": (),
@@ -42,7 +45,13 @@ def validate(cfg: Config) -> None:
     """Every section's own checks, then what spans sections."""
     cfg.check_sections()
     resolve_ranks(cfg)
-    choice("algorithm.name", cfg.algorithm.name, ALGORITHMS)
+    check(
+        cfg.algorithm.name in ALGORITHMS or MODULE_PATH.fullmatch(cfg.algorithm.name) is not None,
+        "algorithm.name",
+        cfg.algorithm.name,
+        f"one of {', '.join(ALGORITHMS)}, or the import path of a module of yours that names its Algorithm subclass "
+        "ALGORITHM (my_pkg.my_algo)",
+    )
     d, a = cfg.data, cfg.actor
     if cfg.trainer.schedule != "fully_async":  # fully_async's step: require_batches x ppo_mini_batch_size groups
         allowed = f"<= data.train_batch_size ({d.train_batch_size})"

@@ -29,7 +29,6 @@ from asyncrl.errors import UserInputError
 from asyncrl.types import Sample
 
 CONSUMED_DIR = "consumed"
-REPLAYABLE = ("grpo", "dpo")
 
 
 class ReplayError(UserInputError, RuntimeError):
@@ -81,10 +80,10 @@ def replay(run_dir: str | Path) -> dict[str, Any]:
     if not (run / "config.yaml").is_file():
         raise ReplayError(f"{run}: no config.yaml (not a run directory)")
     cfg = load_config(str(run / "config.yaml"), [])
-    if cfg.algorithm.name not in REPLAYABLE:
+    if not algorithm_class(cfg).replayable:
         raise ReplayError(
-            f"{run}: algorithm.name={cfg.algorithm.name} is not replayable (only {', '.join(REPLAYABLE)}: its batch "
-            "depends on another role's state)"
+            f"{run}: algorithm.name={cfg.algorithm.name} is not replayable (its batch depends on another role's "
+            "state; an algorithm declares Algorithm.replayable when its batch is a function of the samples alone)"
         )
     recorded = sorted((run / CONSUMED_DIR).glob("step_*.pkl"), key=_step_of)
     if not recorded:
