@@ -26,7 +26,7 @@ def _write_run(run_dir, step_s, gen_s, spans, samples=10, tokens=1000, sync=None
             "staleness/mean": 0.0 if sync is None else 1.0,
         }
         if sync is not None:
-            m.update({"sync/seconds": sync, "sync/bytes_per_s": 1e9})
+            m.update({"weight_sync/seconds": sync, "weight_sync/bytes_per_s": 1e9})
         if step == 3:
             m["val/accuracy"] = 0.25
         lines.append(json.dumps(m))

@@ -65,7 +65,7 @@ def _run(cluster, setup, name: str, *extra: str) -> dict:
         "rollout.cpus_per_worker=1",
         "trainer.nnodes=2",
         "trainer.n_gpus_per_node=1",
-        "sync.timeout_s=60",
+        "weight_sync.timeout_s=60",
         *extra,
     ]
     summary = run_training(load_config(None, over))

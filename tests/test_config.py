@@ -131,6 +131,7 @@ def test_every_config_key_is_documented():
     [
         ("trainer.mode=ppo", "trainer.mode was split into algorithm.name (grpo | ppo | distill) and trainer.schedule"),
         ("trainer.scheduler=serial", "trainer.scheduler was replaced by trainer.schedule (serial -> sync"),
+        ("sync.timeout_s=30", "sync (the section of the trainer -> rollout weight sync) was renamed weight_sync"),
     ],
 )
 def test_a_replaced_key_fails_naming_its_replacement(override, fragment):

@@ -53,8 +53,8 @@ def overrides(
     if schedule != "sync":
         over += ["rollout.num_workers=1", "rollout.cpus_per_worker=0.5"]
     over += [
-        "sync.verify=true",
-        "sync.timeout_s=30",
+        "weight_sync.verify=true",
+        "weight_sync.timeout_s=30",
         "teacher.top_k=4",
         "teacher.timeout_s=20",
         "teacher.max_retries=1",
@@ -98,7 +98,7 @@ def test_each_schedule_distills_with_its_staleness(setup, schedule, staleness, b
     waits = {"sync": [], "one_step_off": ["wait_prev_gen"], "two_step_off": ["wait_prev_prepare", "wait_prev_gen"]}
     # at step 2 the schedule's own waits were timed (a driver span each), and the weights were sent
     assert {f"timing_s/{w}" for w in waits[schedule]} <= set(metrics[2])
-    assert (metrics[2].get("sync/seconds", 0) > 0) == (schedule != "sync")
+    assert (metrics[2].get("weight_sync/seconds", 0) > 0) == (schedule != "sync")
     spans = {(e["name"], e["step"]) for e in read_chrome_trace(run_dir / "timeline.json")}
     assert {(w, 2) for w in waits[schedule]} <= spans
     assert summary["samples"] == 3 * 4 * 4

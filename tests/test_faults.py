@@ -130,7 +130,7 @@ def test_a_rollout_worker_killed_while_rollout_skip_dumps_is_replaced(setup):
 
 def stream_overrides(model, train, test, run_dir, steps) -> list[str]:
     over = train_overrides(model, train, test, run_dir, steps) + ["trainer.schedule=fully_async", "trainer.test_freq=0"]
-    over += ["rollout.cpus_per_worker=1", "trainer.val_before_train=false", "sync.timeout_s=30"]
+    over += ["rollout.cpus_per_worker=1", "trainer.val_before_train=false", "weight_sync.timeout_s=30"]
     return over + ["async_training.staleness_threshold=1.0", "async_training.partial_rollout=true"]
 
 
@@ -199,7 +199,7 @@ def test_past_max_worker_restarts_the_run_stops_after_a_checkpoint_and_resumes(s
 def test_a_killed_trainer_stops_the_run_with_one_error_and_resume_continues(setup):
     root, model, train, test = setup
     run_dir = root / "trainer_killed"
-    over = pool_overrides(model, train, test, run_dir, 30) + ["trainer.save_freq=2", "sync.timeout_s=20"]
+    over = pool_overrides(model, train, test, run_dir, 30) + ["trainer.save_freq=2", "weight_sync.timeout_s=20"]
     killed: list[int] = []
     kill_when(run_dir, "ray::TrainerWorker", after_step=3, delay_s=0.2, killed=killed)
     t0 = time.monotonic()
@@ -215,7 +215,10 @@ def test_a_hung_rollout_worker_is_replaced(setup):
     when a ping finds no answer) it is killed and replaced."""
     root, model, train, test = setup
     run_dir = root / "worker_hung"
-    over = pool_overrides(model, train, test, run_dir, 12) + ["rollout.generate_timeout_s=15", "sync.timeout_s=15"]
+    over = pool_overrides(model, train, test, run_dir, 12) + [
+        "rollout.generate_timeout_s=15",
+        "weight_sync.timeout_s=15",
+    ]
     stopped: list[int] = []
     kill_when(run_dir, "ray::RolloutWorker", after_step=3, delay_s=0.1, killed=stopped, sig=signal.SIGSTOP)
     run_training(load_config(None, over))
@@ -226,11 +229,11 @@ def test_a_hung_rollout_worker_is_replaced(setup):
 
 
 def test_a_hung_trainer_stops_the_run_with_an_error_naming_it_and_resume_continues(setup):
-    """SIGSTOP on the trainer: the next wait on it hits its deadline (trainer.call_timeout_s, or sync.timeout_s at a
-    weight sync) and the run stops with an error naming it, instead of hanging."""
+    """SIGSTOP on the trainer: the next wait on it hits its deadline (trainer.call_timeout_s, or weight_sync.timeout_s
+    at a weight sync) and the run stops with an error naming it, instead of hanging."""
     root, model, train, test = setup
     run_dir = root / "trainer_hung"
-    over = pool_overrides(model, train, test, run_dir, 12) + ["trainer.save_freq=2", "sync.timeout_s=15"]
+    over = pool_overrides(model, train, test, run_dir, 12) + ["trainer.save_freq=2", "weight_sync.timeout_s=15"]
     stopped: list[int] = []
     kill_when(run_dir, "ray::TrainerWorker", after_step=3, delay_s=0.1, killed=stopped, sig=signal.SIGSTOP)
     t0 = time.monotonic()

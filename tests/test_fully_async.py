@@ -32,8 +32,8 @@ FULLY_ASYNC = [
     "trainer.schedule=fully_async",
     "trainer.cpus_per_worker=1",
     "rollout.cpus_per_worker=1",
-    "sync.verify=true",
-    "sync.timeout_s=30",
+    "weight_sync.verify=true",
+    "weight_sync.timeout_s=30",
 ]
 
 

@@ -24,8 +24,8 @@ POOLS = [
     "trainer.cpus_per_worker=1",
     "rollout.num_workers=2",
     "rollout.cpus_per_worker=0.5",
-    "sync.verify=true",
-    "sync.timeout_s=30",
+    "weight_sync.verify=true",
+    "weight_sync.timeout_s=30",
 ]
 
 
@@ -50,7 +50,7 @@ def test_three_one_step_off_steps_train_one_version_behind(setup):
     for step in (2, 3):
         assert metrics[step]["staleness/mean"] == 1.0
         assert metrics[step]["staleness/max"] == 1.0
-        assert metrics[step]["sync/bytes_per_s"] > 0 and metrics[step]["sync/seconds"] > 0
+        assert metrics[step]["weight_sync/bytes_per_s"] > 0 and metrics[step]["weight_sync/seconds"] > 0
         for key in ("timing_s/sync_rollout_weights", "timing_s/update_actor", "timing_s/gen"):
             assert 0 < metrics[step][key] < metrics[step]["timing_s/step"] + metrics[step]["timing_s/gen"], key
         # the driver waited for batch t (timed, possibly ~0 when it was ready) inside the step

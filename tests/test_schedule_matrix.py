@@ -62,7 +62,7 @@ def algorithm_keys(name: str, url: str) -> list[str]:
 def test_every_algorithm_runs_on_every_schedule(setup, algorithm, schedule):
     root, model, train, test, url = setup
     run_dir = root / f"{algorithm}_{schedule}"
-    over = train_overrides(model, train, test, run_dir, 2) + ["trainer.backend=in_process", "sync.verify=true"]
+    over = train_overrides(model, train, test, run_dir, 2) + ["trainer.backend=in_process", "weight_sync.verify=true"]
     over += [f"trainer.schedule={schedule}", *SCHEDULE_KEYS[schedule], *algorithm_keys(algorithm, url)]
     summary = run_training(load_config(None, over))
 
@@ -100,7 +100,7 @@ def test_every_algorithm_runs_on_every_schedule(setup, algorithm, schedule):
     if algorithm == "distill":
         assert metrics[2]["actor/kl_loss"] > 0 and metrics[2]["distill/teacher_token_logp_mean"] < 0
     if schedule != "sync":
-        assert metrics[1]["sync/bytes_per_s"] > 0  # (two_step_off has nothing left to sync for at its last step)
+        assert metrics[1]["weight_sync/bytes_per_s"] > 0  # (two_step_off has nothing left to sync for at its last step)
     trace = json.loads((run_dir / "timeline.json").read_text())
     names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
     assert {"generate", "update_actor", "train"} <= names, names

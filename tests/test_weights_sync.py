@@ -16,7 +16,7 @@ import pytest
 import ray
 import torch
 
-from asyncrl.config import SyncConfig
+from asyncrl.config import WeightSyncConfig
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rollout.engine import RolloutEngine
@@ -107,7 +107,7 @@ def actors(cluster):
 
 def _sync(trainer, rollouts, bucket_mb=64.0, timeout_s=TIMEOUT_S, verify=False) -> WeightSync:
     """The driver's WeightSync over these actors (push needs no setup of its own: the group lives on the workers)."""
-    cfg = SyncConfig(bucket_mb=bucket_mb, verify=verify, timeout_s=timeout_s)
+    cfg = WeightSyncConfig(bucket_mb=bucket_mb, verify=verify, timeout_s=timeout_s)
     handles = [RayHandle(r, f"rollout{i}") for i, r in enumerate(rollouts)]
     return WeightSync(RayHandle(trainer, "trainer"), handles, cfg, ready_timeout_s=GET_S)
 

@@ -29,9 +29,9 @@ from asyncrl.config.schema import (
     RewardModelConfig,
     RolloutConfig,
     RolloutCorrectionConfig,
-    SyncConfig,
     TeacherConfig,
     TrainerConfig,
+    WeightSyncConfig,
 )
 
 __all__ = [
@@ -48,7 +48,7 @@ __all__ = [
     "FilterGroupsConfig",
     "RewardConfig",
     "TrainerConfig",
-    "SyncConfig",
+    "WeightSyncConfig",
     "AsyncTrainingConfig",
     "TeacherConfig",
     "DistillConfig",

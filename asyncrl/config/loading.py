@@ -21,6 +21,9 @@ RENAMED = {
     "algorithm.name=distill, mode=sync|one_step_off|fully_async -> trainer.schedule=<the same>",
     "trainer.scheduler": "trainer.scheduler was replaced by trainer.schedule (serial -> sync; one_step_off and "
     "two_step_off keep their names) and now applies to every algorithm",
+    "sync": "sync (the section of the trainer -> rollout weight sync) was renamed weight_sync: "
+    "sync.bucket_mb -> weight_sync.bucket_mb, sync.verify -> weight_sync.verify, sync.timeout_s -> "
+    "weight_sync.timeout_s; its metrics are weight_sync/*",
 }
 
 

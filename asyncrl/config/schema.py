@@ -157,7 +157,7 @@ class TrainerConfig(Checked):
 
 
 @dataclass
-class SyncConfig(Checked):
+class WeightSyncConfig(Checked):
     bucket_mb: float = 64.0  # MiB per flat broadcast bucket
     verify: bool = False  # CRC32 per bucket, checked by every rollout worker
     timeout_s: float = 60.0  # a weight sync that takes longer raises, naming the step and the worker
@@ -203,7 +203,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    sync: SyncConfig = field(default_factory=SyncConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
@@ -253,7 +253,7 @@ __all__ = [
     "RolloutConfig",
     "RolloutCorrectionConfig",
     "SkipConfig",
-    "SyncConfig",
+    "WeightSyncConfig",
     "TeacherConfig",
     "TraceConfig",
     "TrainerConfig",

@@ -129,7 +129,7 @@ class Run:
         checkpoint's)."""
         ready = self.cfg.trainer.role_start_timeout_s
         backend = transport_of([h.location(ready) for h in [roles.trainer.handle, *roles.receivers]])
-        ws = WeightSync(roles.trainer.handle, roles.receivers, self.cfg.sync, ready, backend=backend)
+        ws = WeightSync(roles.trainer.handle, roles.receivers, self.cfg.weight_sync, ready, backend=backend)
         ws.setup()
         self.weight_sync = ws  # the last step's evaluation syncs the rollout pool to the final weights
         roles.rendezvous["weight_sync"] = ws.endpoint or ""

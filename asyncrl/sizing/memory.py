@@ -89,8 +89,8 @@ class TrainerMemory(Terms):
         "temperature-scaled copy logsumexp keeps for the backward (whose fp32 gradient takes the upcast's place)"
     )
     sync_buffers: int = term(
-        "the weight sync's sender side: 2 buckets of sync.bucket_mb or the largest parameter (one filling, one in "
-        "flight)"
+        "the weight sync's sender side: 2 buckets of weight_sync.bucket_mb or the largest parameter (one filling, "
+        "one in flight)"
     )
     engine: int = term(
         "sync only, the colocated engine: vLLM's gpu_memory_utilization share, or the built-in engine's KV cache "
@@ -121,7 +121,7 @@ class RolloutMemory(Terms):
         "max_batch_size rows of max_prompt_length + response_length tokens, K and V of every layer"
     )
     receiver: int = term(
-        "the weight receiver: at most 2 buckets of sync.bucket_mb or the largest parameter, each applied as it "
+        "the weight receiver: at most 2 buckets of weight_sync.bucket_mb or the largest parameter, each applied as it "
         "arrives (measured on the CPU: tests/test_weights_receiver_memory.py)"
     )
     runtime: int = term("CUDA context and NCCL communicators: 1 GiB, not a tensor (not measured)")
@@ -224,9 +224,10 @@ def max_model_len(cfg: Config) -> int:
 
 
 def _bucket_bytes(cfg: Config, s: ModelShape) -> int:
-    """Two buckets (one filling or applied, one in flight), each of ``sync.bucket_mb`` or the largest parameter in
-    the dtype it is sent in (a parameter is never split across buckets: Qwen2.5-7B's embedding is 1.09 GB in bf16)."""
-    return 2 * max(int(cfg.sync.bucket_mb * MIB), s.largest * DTYPE_BYTES[cfg.model.dtype])
+    """Two buckets (one filling or applied, one in flight), each of ``weight_sync.bucket_mb`` or the largest parameter
+    in the dtype it is sent in (a parameter is never split across buckets: Qwen2.5-7B's embedding is 1.09 GB in
+    bf16)."""
+    return 2 * max(int(cfg.weight_sync.bucket_mb * MIB), s.largest * DTYPE_BYTES[cfg.model.dtype])
 
 
 def trainer_memory(cfg: Config, s: ModelShape, ranks: int, engine: int = 0) -> TrainerMemory:

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from asyncrl.comm import groups
-from asyncrl.config import SyncConfig
+from asyncrl.config import WeightSyncConfig
 from asyncrl.weights.buckets import ParamMeta, as_bytes, checksum, metas_of, pack
 from asyncrl.weights.errors import HandshakeError, SyncTimeoutError, WeightSyncError
 from asyncrl.weights.handshake import SyncPlan, validate_plan
@@ -86,8 +86,8 @@ class WeightSyncGroup:
         port: int,
         params: Mapping[str, torch.Tensor] | Sequence[ParamMeta],
         host: str = groups.LOOPBACK,
-        bucket_mb: float = SyncConfig.bucket_mb,
-        timeout_s: float = SyncConfig.timeout_s,
+        bucket_mb: float = WeightSyncConfig.bucket_mb,
+        timeout_s: float = WeightSyncConfig.timeout_s,
         backend: str | None = None,
         group_name: str = "weights",
     ) -> WeightSyncGroup:

@@ -4,7 +4,7 @@ Why: a receiver that gathered the whole sync before applying any of it held a se
 the engine's (15 GB for a 7B model in bf16). :class:`Incoming` holds at most two buckets: the one handed over (being
 applied) and the next one, whose broadcast is posted before the first is handed over, so that receiving the next
 bucket overlaps applying this one. They go in two buffers used in turn, each the size of the largest bucket it takes
-(``sync.bucket_mb``, or one parameter larger than that: a 7B model's embedding is 1.09 GB in bf16); a buffer is
+(``weight_sync.bucket_mb``, or one parameter larger than that: a 7B model's embedding is 1.09 GB in bf16); a buffer is
 reused once the tensors of its last bucket are let go (the engine copies them into its parameters,
 ``asyncrl.rollout.bucket_update``), before the bucket after next is posted.
 

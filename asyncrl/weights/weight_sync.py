@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from asyncrl.calls import Handle, gather
-from asyncrl.config import SyncConfig
+from asyncrl.config import WeightSyncConfig
 from asyncrl.errors import raise_if_user_error
 from asyncrl.weights.errors import WeightSyncError
 from asyncrl.weights.group import rank_label
@@ -52,7 +52,7 @@ class WeightSync:
         self,
         trainer: Handle,
         receivers: Sequence[Handle],
-        cfg: SyncConfig,
+        cfg: WeightSyncConfig,
         ready_timeout_s: float,
         backend: str | None = "gloo",
     ):
@@ -101,7 +101,8 @@ class WeightSync:
         receiver's SyncStats (its transport ``seconds`` and ``apply_seconds``).
 
         Send and receives run concurrently. Raises WeightSyncError naming the version and every worker that failed
-        (with its error) or did not finish within ``sync.timeout_s`` (+ a short grace for the workers' own errors).
+        (with its error) or did not finish within ``weight_sync.timeout_s`` (+ a short grace for the workers' own
+        errors).
         ``_corrupt_bucket`` is the test hook that flips a byte of one bucket after its checksum is taken."""
         verify, timeout_s = self.cfg.verify, self.cfg.timeout_s
         labelled = [(rank_label(0), self.trainer.call("send_weights", version, verify, timeout_s, _corrupt_bucket))]
@@ -122,7 +123,7 @@ class WeightSync:
     def metrics(stats: SyncStats) -> dict[str, float]:
         """The ``sync/*`` metrics of one sync, the same keys in every schedule."""
         return {
-            "sync/seconds": stats.seconds,
-            "sync/apply_seconds": stats.apply_seconds,
-            "sync/bytes_per_s": stats.bytes_per_s,
+            "weight_sync/seconds": stats.seconds,
+            "weight_sync/apply_seconds": stats.apply_seconds,
+            "weight_sync/bytes_per_s": stats.bytes_per_s,
         }

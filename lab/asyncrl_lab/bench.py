@@ -225,8 +225,8 @@ def summarize(schedule: str, workload: str, run_dir: Path, sync_ref: dict[str, f
         "response_length_mean": mean_of(body, "response_length/mean"),
         "response_length_p95": mean_of(body, "response_length/p95"),
         "trainer_idle_fraction": trainer_idle_fraction(read_chrome_trace(run_dir / "timeline.json"), body),
-        "sync_s": mean_of(body, "sync/seconds"),
-        "sync_bytes_per_s": mean_of(body, "sync/bytes_per_s"),
+        "sync_s": mean_of(body, "weight_sync/seconds"),
+        "sync_bytes_per_s": mean_of(body, "weight_sync/bytes_per_s"),
         "staleness_mean": sum(m["staleness/mean"] for m in body) / len(body),
         "accuracy": steps[-1].get("val/accuracy"),
         # what the update processed: positions per step, the share of them padding, the share of the samples'

@@ -164,7 +164,7 @@ def _real_workload(wdir: Path) -> Workload:
         f"actor.optim.lr={c.actor.optim.lr}",
         f"data.max_prompt_length={c.data.max_prompt_length}",
         f"rollout.max_num_seqs={c.rollout.max_num_seqs}",
-        "sync.timeout_s=120",
+        "weight_sync.timeout_s=120",
     ]
     return Workload("real", 0.0, [], train_over, {"train": [str(train)], "val": [str(test)]})
 

@@ -112,7 +112,7 @@ def run_overrides(root: Path, train: Path, arm: str, seed: int, overrides: list[
         f"trainer.default_local_dir={run_dir}",
         "trainer.resume_mode=disable",
         f"trainer.seed={seed}",
-        "sync.timeout_s=120",
+        "weight_sync.timeout_s=120",
         *schedule_overrides(SCHEDULES[name], CPUS),
         *overrides,
         *own,
