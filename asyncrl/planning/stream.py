@@ -263,7 +263,6 @@ class StreamSimPorts:
         self.base = sim.producer.snapshot(0) if sim.fault else None
         self.since_base: list[ConsumedBatch] = []
         self.checkpoint: tuple | None = None
-        self.got = None  # the step's batch (``StreamBatch``)
 
     def steps(self):
         step = 0
@@ -279,17 +278,17 @@ class StreamSimPorts:
         if sim.clock.now > t0:
             sim.spans.append(Span("driver", "wait_batch", t0, sim.clock.now, step))
         sim.clock.fire(sim.admission)
-        self.got = got
         return got
 
     def prepare(self, got, step: int):
+        """The batch's work (its groups' lengths) prepared, with the batch it came from (``train`` books it)."""
         groups = [self.sim.work.group(g.epoch, g.index) for g in got.groups]
         yield from self.sim.prepare("driver", step, groups)
-        return groups
+        return got, groups
 
-    def train(self, groups, step: int):
+    def train(self, prepared, step: int):
         """The update, then its books (before a push: a checkpoint taken there holds them)."""
-        sim, got = self.sim, self.got
+        sim, (got, groups) = self.sim, prepared
         yield from sim.train(step, groups)
         for g, counted in zip(got.groups, got.staleness):
             recorded = max(self.version - x.start_version for x in g.samples)

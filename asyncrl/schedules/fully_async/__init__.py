@@ -1,11 +1,12 @@
 """``fully_async``: a Rollouter streams groups through a bounded queue; the roles learn from them as they come.
 
 This package is the whole schedule: this module starts the run; ``loop.consume`` is the consumer's loop (the
-driver's, below), run here over ``run_ports.StreamRunPorts`` and by the planner over simulated ports; ``producer`` is
-the producer's books and loop in plain Python (``Producer.turn``), which ``rollouter.Rollouter`` runs on its generation
-thread; ``staleness``, ``queue``, ``ledger`` are the protocol it keeps, ``recovery`` and ``supervisor`` replace a
-dead Rollouter, ``report`` writes the ledger's report. The Rollouter generates all the time, admitted by the
-staleness controller, and scores each group's rule reward as it finishes. Per trainer step, top to bottom:
+driver's, outlined below), run here over ``run_ports.StreamRunPorts`` and by the planner over simulated ports;
+``producer`` is the producer's books and loop in plain Python (``Producer.turn``), which ``rollouter.Rollouter`` runs
+on its generation thread; ``staleness``, ``queue``, ``ledger`` are the protocol it keeps, ``recovery`` and
+``supervisor`` replace a dead Rollouter, ``report`` writes the ledger's report. The Rollouter generates all the time,
+admitted by the staleness controller, and scores each group's rule reward as it finishes. Per trainer step, top to
+bottom:
 
     take B = require_batches x ppo_mini_batch_size groups from the queue (oldest first)   timing_s/wait_batch
     prepare the batch                                                                     timing_s/prepare
@@ -81,7 +82,6 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
             stream.start(None if resumed is None else torch.load(resumed / ROLLOUTER_STATE, weights_only=False))
             ports = StreamRunPorts(run, algorithm, roles, stream, sync)
             run_to_end(consume(ports))
-            step = finished = ports.finished
             if stream.lost is not None:  # lost in the last step, which finished
                 raise stream.lost
             rollouter = stream.rollouter  # a replacement, if the first one died
@@ -91,7 +91,7 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
                 k.rsplit("/", 1)[1]: v for k, v in counts.items() if k.startswith("fully_async/count/")
             }
             run.summary["ledger"] = write_ledger_report(run.dir, len(run.train), rollouter.ledger_state().result())
-            return run.finish(roles, step)
+            return run.finish(roles, ports.finished)
         except WorkerLostError:  # no Rollouter may be started again: keep the last finished step, losing nothing
             finished = ports.finished if ports is not None else run.start_step - 1
             run.save_before_failing(finished, roles, None, extra_files={ROLLOUTER_STATE: stream.advanced()})

@@ -25,7 +25,6 @@ class StreamRunPorts:
         self.tm = StepTimer(0)
         self.open = ExitStack()  # the step's own span: from take to the end of its push
         self.trained_at = 0
-        self.staleness: dict[str, float] = {}
         self.extra: dict[str, float] = {}
         self.snapshot: Any = None
 
