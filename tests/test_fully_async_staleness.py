@@ -1,4 +1,5 @@
-"""StalenessController: the admission rule by hand, its guard against long-tail groups, and exact resume."""
+"""StalenessController: the admission rule and the consumption pick by hand, a long-tail group taken by its deadline,
+and exact resume."""
 
 import json
 import threading
@@ -83,22 +84,39 @@ def test_threshold_one_lets_the_rollouter_run_one_window_ahead():
     assert ctl.on_consumed(["e", "f"], trainer_version=2) == [1, 1]
 
 
-def test_a_long_tail_group_in_flight_blocks_admission_until_it_is_queued():
-    # Same budget as above. "slow" starts at version 0 and is still generating when version 1 arrives.
+def test_a_long_tail_group_due_now_makes_the_trainer_wait_for_it_and_is_taken_first():
+    # Same budget as above (W = 2, M = 4, S = 1). "slow" starts at version 0 and is still generating at version 1,
+    # its deadline: the admission no longer waits for it (verl's budget, limit 6), the consumption does.
     ctl = StalenessController(StalenessBudget(1, 2, 1, 1.0))
     _start(ctl, "slow", "b", "c", "d")
     _queue(ctl, "b", "c", "d")
+    fifo = [("b", 0), ("c", 0), ("d", 0)]
+    assert ctl.pick(fifo, trainer_version=0) == [0, 1]  # leaves slow and d, both due at 1: 2 positions left there
     ctl.on_consumed(["b", "c"], trainer_version=0)
     ctl.on_sync(1)
-    # verl's budget alone would admit 2 more (limit 6). They could finish before "slow" and push it to position >= 4,
-    # i.e. version 2: staleness 2 > 1. Rule (b) caps N at (0 + 1 + 1) * 2 = 4 while "slow" is in flight.
-    assert ctl.admission_limit() == 4 and not ctl.can_start()
-    ctl.on_queued("slow")  # its position (3) is fixed now: consumed at version 1 at worst
-    assert ctl.can_start() and ctl.admission_limit() == 6
+    assert ctl.admission_limit() == 6 and ctl.can_start()
+    assert _start(ctl, "e", "f") == [1, 1]
+    _queue(ctl, "e", "f")
+    # d and e would leave slow behind past its deadline (version 1 has no position left after them): wait
+    assert ctl.pick([("d", 0), ("e", 1), ("f", 1)], trainer_version=1) is None
+    ctl.on_queued("slow")
+    got = ctl.pick([("d", 0), ("e", 1), ("f", 1), ("slow", 0)], trainer_version=1)
+    assert got == [0, 3]  # the earliest deadlines, in queue order
+    assert ctl.on_consumed(["d", "slow"], trainer_version=1) == [1, 1]
+    assert ctl.on_consumed(["e", "f"], trainer_version=2) == [1, 1]
+    assert ctl.metrics()["fully_async/max_seen_staleness"] == 1.0
+
+
+def test_pick_refuses_a_batch_a_version_out_of_step():
+    ctl = StalenessController(StalenessBudget(1, 1, 1, 1.0))
+    _start(ctl, "a")
+    with pytest.raises(ValueError, match="trainer reports version 1, its consumption says 0"):
+        ctl.pick([("a", 0)], trainer_version=1)
+    assert ctl.pick([], trainer_version=0) is None  # fewer candidates than an update takes
 
 
 def test_the_budget_rule_admits_past_a_long_tail_group_and_reports_how_stale_it_ends():
-    # The scene above under staleness_rule=budget (verl's admission): rule (a) alone, so the 2 younger groups start,
+    # The scene above under staleness_rule=budget (verl's): the trainer takes the queue FIFO, so the 2 younger groups
     # finish first and push "slow" to version 2: staleness 2 > max_staleness 1, recorded instead of refused.
     ctl = StalenessController(StalenessBudget(1, 2, 1, 1.0, rule="budget"))
     _start(ctl, "slow", "b", "c", "d")
@@ -109,6 +127,7 @@ def test_the_budget_rule_admits_past_a_long_tail_group_and_reports_how_stale_it_
     _start(ctl, "e", "f")
     assert not ctl.can_start()  # the window's budget still binds
     _queue(ctl, "e", "f")
+    assert ctl.pick([("d", 0), ("e", 1), ("f", 1)], trainer_version=1) == [0, 1]  # FIFO, whatever is generating
     assert ctl.on_consumed(["d", "e"], trainer_version=1) == [1, 0]
     ctl.on_sync(2)
     ctl.on_queued("slow")
@@ -190,10 +209,12 @@ def test_state_dict_round_trip_keeps_in_flight_and_queued_groups():
     resumed = StalenessController(budget)
     resumed.load_state_dict(state)
     assert resumed.state_dict() == ctl.state_dict()
-    assert resumed.admission_limit() == 4 and not resumed.can_start()  # the long-tail guard survives the resume
     assert resumed.in_flight() == {"slow": 0}  # the resumed Rollouter continues its rows (they are in its snapshot)
+    _start(resumed, "e")
+    resumed.on_queued("e")
+    assert resumed.pick([("d", 0), ("e", 1)], trainer_version=1) is None  # the deadline guard survives the resume
     resumed.on_queued("slow")
-    assert resumed.can_start()
+    assert resumed.pick([("d", 0), ("e", 1), ("slow", 0)], trainer_version=1) == [0, 2]
 
 
 def test_load_state_dict_refuses_a_different_budget():

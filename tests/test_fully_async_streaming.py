@@ -141,3 +141,45 @@ def test_dynamic_sampling_drops_a_group_without_spread_and_frees_its_slot_at_onc
     books.turn([engine])
     assert 2 in engine.log[3]  # its slot went to prompt 2 at the next step
     assert all(g.index % 2 == 1 for g in books.queue.snapshot().groups)
+
+
+def test_a_due_group_behind_a_full_queue_is_taken_and_keeps_its_bound():
+    """The exact rule with a queue of 1 group (below the window's budget of 3): the trainer at version 2 must take
+    the slow group (start 0, staleness bound 2) before anything younger. While it waits, the generation thread must
+    not sit in a blocked put behind the full queue (the slow row would never end); the slow group, finished with the
+    queue still full, is taken from the books directly. The generation loop runs on its own thread, as in the
+    Rollouter."""
+    import threading
+    import time
+
+    clock, stop, errors = [0], [False], []
+    engine = ScriptedEngine(3, lambda i: 60 if i == 0 else 1, clock)
+    budget = StalenessBudget(staleness_threshold=2.0)  # B = W = 1, M = 3, S = 2
+    sampler = EpochSampler(1000, 1, seed=0, shuffle=False)
+    prompt = lambda _epoch, index: Prompt(index, [1, 2], "test", "")  # noqa: E731
+    books = Producer(budget, MessageQueue(1, "backpressure"), sampler, prompt, 1, [3], 3, clock=lambda: clock[0])
+
+    def generate():
+        try:
+            while not stop[0]:
+                clock[0] += 1
+                if not books.turn([engine], lambda _s: None, 0.01, lambda: stop[0]):
+                    time.sleep(0.001)
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    thread = threading.Thread(target=generate, daemon=True)
+    thread.start()
+    try:
+        taken = []
+        for version in range(4):
+            got = books.take(1, version, timeout_s=10.0)
+            assert got is not None, f"no batch at version {version}: {books.counts}, queue {books.queue.ids()}"
+            taken.append((got.groups[0].index, got.staleness[0]))
+            books.on_sync(version + 1)
+    finally:
+        stop[0] = True
+        thread.join(5)
+    assert not errors, errors
+    assert (0, 2) in taken[:3], taken  # the slow group, trained at its deadline at the latest
+    assert all(s <= budget.max_staleness for _, s in taken), taken

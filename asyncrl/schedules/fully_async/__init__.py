@@ -8,7 +8,7 @@ on its generation thread; ``staleness``, ``queue``, ``ledger`` are the protocol 
 admitted by the staleness controller, and scores each group's rule reward as it finishes. Per trainer step, top to
 bottom:
 
-    take B = require_batches x ppo_mini_batch_size groups from the queue (oldest first)   timing_s/wait_batch
+    take B = require_batches x ppo_mini_batch_size groups (earliest deadline first)       timing_s/wait_batch
     prepare the batch                                                                     timing_s/prepare
     update (require_batches optimizer steps; old log-probs: current weights | proximal
     snapshot | behaviour, chosen by config inside the trainer)                            timing_s/train
@@ -17,8 +17,8 @@ bottom:
         send the weights -> (checkpoint snapshot) -> it resumes with the new version
     metrics (staleness and partial spans from the versions the engine recorded) -> (eval) -> (checkpoint)
 
-Staleness is bounded by the controller's admission rule (proof in ``staleness``) and checked at every consumption,
-for every algorithm. A checkpoint is taken while the Rollouter is parked for a sync, so it holds
+Staleness is bounded by admission and the order of consumption (proof in ``staleness``) and checked at every
+consumption, for every algorithm. A checkpoint is taken while the Rollouter is parked for a sync, so it holds
 the queue (samples with their rewards), the in-flight partial rows, the controller, the prompt ledger and the prompt
 cursor of one instant: a resumed run loses and repeats no prompt (``ledger.json`` at the end is the evidence).
 

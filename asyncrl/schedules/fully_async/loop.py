@@ -37,7 +37,8 @@ class StreamPorts(Protocol):
 
 
 def consume(p: StreamPorts) -> Steps:
-    """Per trainer step: take the oldest groups, prepare, train; at the end of a sync window, push the weights."""
+    """Per trainer step: take its groups (``Producer.take``), prepare, train; at the end of a sync window, push the
+    weights."""
     for step in p.steps():
         got = yield from p.take(step)
         prepared = yield from p.prepare(got, step)

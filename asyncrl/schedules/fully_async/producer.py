@@ -41,7 +41,7 @@ from typing import Any
 from asyncrl.config import AsyncTrainingConfig
 from asyncrl.data.sampler import EpochSampler
 from asyncrl.schedules.fully_async.ledger import PromptLedger
-from asyncrl.schedules.fully_async.queue import Group, MessageQueue
+from asyncrl.schedules.fully_async.queue import Group, MessageQueue, QueueClosed
 from asyncrl.schedules.fully_async.recovery import InFlightGroup, RollouterSnapshot, StreamBatch, Takeover, advance
 from asyncrl.schedules.fully_async.slots import Occupancy, RankPort
 from asyncrl.schedules.fully_async.staleness import StalenessBudget, StalenessController
@@ -121,6 +121,7 @@ class Producer:
         self._occupancy = Occupancy(self.capacities, clock)
         self._wait = [0.0, 0]  # seconds finished groups waited for the queue, groups, since ``count_metrics``
         self._admitted = [0, 0]  # groups admitted in the last whole version, and in the current one
+        self.taker_waiting = False  # the trainer's last look found no batch it may take (``take``)
 
     # ---- the loop --------------------------------------------------------------------------------------------------
     def turn(
@@ -259,21 +260,22 @@ class Producer:
 
     def put_finished(self, timeout_s: float, stop: Callable[[], bool] = lambda: True) -> bool:
         """Queue finished groups in start order, each waiting up to ``timeout_s`` at a time for room until ``stop()``
-        says to leave it (still in flight, finished). Returns whether any was queued."""
+        says to leave it (still in flight, finished), or the trainer is waiting for a choice (``take``: it takes
+        finished groups itself, and the rows still generating must not wait behind a full queue). Returns whether
+        any was queued."""
         moved = False
         for gid in sorted(self._done, key=self._done.__getitem__):
-            group = self.inflight[gid]
             while True:
                 with self.lock:  # the put and its bookkeeping are one step for the driver's calls
-                    res = self.queue.put(
-                        Group(gid, group.epoch, group.index, group.start_version, group.samples), timeout=timeout_s
-                    )
-                    if res.accepted:
-                        self._queued(group, res.dropped)
+                    if gid not in self._done:  # the trainer took it meanwhile
                         break
-                if stop():
+                    res = self.queue.put(_queued_form(self.inflight[gid]), timeout=timeout_s)
+                    if res.accepted:
+                        self._queued(self.inflight[gid], res.dropped)
+                        moved = True
+                        break
+                if stop() or self.taker_waiting:
                     return moved
-            moved = True
         return moved
 
     def _queued(self, group: InFlightGroup, dropped: tuple[str, ...]) -> None:
@@ -298,18 +300,44 @@ class Producer:
 
     # ---- the driver's side -----------------------------------------------------------------------------------------
     def take(self, n_groups: int, trainer_version: int, timeout_s: float) -> StreamBatch | None:
-        """The oldest ``n_groups`` queued groups for one trainer step at ``trainer_version``, with their staleness;
-        None if they are not there within ``timeout_s``."""
-        groups = self.queue.get_batch(n_groups, timeout=timeout_s)
-        if groups is None:
+        """The ``n_groups`` groups of one trainer step at ``trainer_version``, with their staleness: the ones
+        ``StalenessController.pick`` chooses among the queued groups and the finished ones not queued yet (so a full
+        queue never holds a due group out); None if no choice is possible within ``timeout_s`` (0: one look)."""
+        if n_groups != self.budget.groups_per_update:
+            raise ValueError(f"Producer.take: a step takes {self.budget.groups_per_update} groups (got {n_groups})")
+        until = time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                got = self._take_now(trainer_version)
+                self.taker_waiting = got is None
+                if got is not None:
+                    return got
+                if self.queue.closed:
+                    raise QueueClosed(f"Producer.take: the queue is closed ({len(self.queue)} groups queued)")
+            left = until - time.monotonic()
+            if left <= 0:
+                return None
+            self.queue.wait(min(POLL_S, left))
+
+    def _take_now(self, trainer_version: int) -> StreamBatch | None:
+        queued = self.queue.snapshot().groups
+        done = [self.inflight[g] for g in sorted(self._done, key=self._done.__getitem__)]
+        candidates = [(g.group_id, g.start_version) for g in (*queued, *done)]
+        chosen = self.controller.pick(candidates, trainer_version)
+        if chosen is None:
             return None
-        ids = [g.group_id for g in groups]
+        got = {g.group_id: g for g in self.queue.take([candidates[k][0] for k in chosen if k < len(queued)])}
+        for k in chosen:
+            if k >= len(queued):  # finished, not queued yet: queued and consumed in one step
+                group = done[k - len(queued)]
+                self._queued(group, ())
+                got[group.group_id] = _queued_form(group)
+        ids = [candidates[k][0] for k in chosen]
         staleness = self.controller.on_consumed(ids, trainer_version)
-        with self.lock:
-            self.ledger.consumed(ids)
-            proc = [self.processing_s.pop(g, 0.0) for g in ids]
-            self.counts["consumed_groups"] += len(ids)
-        return StreamBatch(groups, staleness, proc)
+        self.ledger.consumed(ids)
+        proc = [self.processing_s.pop(g, 0.0) for g in ids]
+        self.counts["consumed_groups"] += len(ids)
+        return StreamBatch([got[g] for g in ids], staleness, proc)
 
     def on_sync(self, version: int) -> None:
         """New groups start with ``version`` from now on (the engines hold its weights)."""
@@ -370,6 +398,10 @@ class Producer:
             out["fully_async/admissions_per_version"] = float(self._admitted[0])
         out.update(self.controller.metrics())
         return out
+
+
+def _queued_form(g: InFlightGroup) -> Group:
+    return Group(g.group_id, g.epoch, g.index, g.start_version, g.samples)
 
 
 def _blank(prompt: Prompt, version: int, row: int) -> Sample:

@@ -2,8 +2,8 @@
 
 Plain Python (a ``threading.Condition``), so it is tested without Ray; a Ray actor wraps it at the edge. The unit is a
 ``Group`` (the ``rollout.n`` responses to one prompt): the trainer consumes whole groups because GRPO normalises
-rewards within a group. FIFO order matters beyond fairness: the staleness proof in ``staleness.py`` relies on a group's
-consumption position being fixed once it is in the queue.
+rewards within a group. The queue keeps arrival order; which groups an update takes is the consumer's choice
+(``StalenessController.pick``: oldest first under verl's budget, earliest deadline first under the exact rule).
 
 Nothing disappears uncounted: a full queue either blocks the producer (``drop_policy="backpressure"``, the default:
 backpressure) or, with ``drop_policy="oldest"``, evicts the oldest queued group, increments ``dropped_count`` and
@@ -63,8 +63,9 @@ class MessageQueue:
 
     ``put`` with ``drop_policy="backpressure"`` waits while full (``timeout`` seconds, None = forever) and returns a
     false ``PutResult`` on timeout; with ``"oldest"`` it never waits. ``get_batch(n)`` waits until ``n`` groups are
-    queued and takes the oldest ``n`` (None on timeout). ``close`` wakes every waiter: blocked and later calls raise
-    ``QueueClosed``, except that ``get_batch`` still returns full batches that were already queued.
+    queued and takes the oldest ``n`` (None on timeout); ``take(ids)`` takes the ones a consumer chose. ``close``
+    wakes every waiter: blocked and later calls raise ``QueueClosed``, except that ``get_batch`` still returns full
+    batches that were already queued.
     """
 
     def __init__(self, capacity: int, drop_policy: str = "backpressure"):
@@ -142,6 +143,25 @@ class MessageQueue:
                 self._ids.discard(g.group_id)
             self._not_full.notify_all()
             return batch
+
+    def take(self, group_ids: list[str]) -> list[Group]:
+        """Remove the queued groups ``group_ids`` (chosen by the consumer, ``StalenessController.pick``) and return
+        them in that order; never waits."""
+        with self._lock:
+            missing = [g for g in group_ids if g not in self._ids]
+            if missing:
+                raise ValueError(f"MessageQueue.take: groups {missing} are not queued")
+            by_id = {g.group_id: g for g in self._groups}
+            self._groups = deque(g for g in self._groups if g.group_id not in set(group_ids))
+            self._ids.difference_update(group_ids)
+            self._not_full.notify_all()
+            return [by_id[g] for g in group_ids]
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until a group is put or the queue closes, at most ``timeout`` seconds."""
+        with self._lock:
+            if not self._closed:
+                self._not_empty.wait(timeout)
 
     def close(self) -> None:
         """Wake every waiter; queued groups stay (they are still counted, and ``snapshot`` still sees them)."""

@@ -33,8 +33,8 @@ ROLLOUTER_STATE = "rollouter_state.pt"  # a checkpoint's file of the Rollouter's
 
 @dataclass
 class StreamBatch:
-    """One trainer step's groups (oldest first), the staleness of each as the controller counted it, and the
-    seconds each spent from admission to the queue."""
+    """One trainer step's groups (in the order ``StalenessController.pick`` chose them), the staleness of each as
+    the controller counted it, and the seconds each spent from admission to the queue."""
 
     groups: list[Group]
     staleness: list[int]

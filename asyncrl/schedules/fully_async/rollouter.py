@@ -146,7 +146,8 @@ class Rollouter(RolloutWorker):
 
     # ---- driver calls ----------------------------------------------------------------------------------------------
     def get_batch(self, n_groups: int, trainer_version: int) -> StreamBatch:
-        """The oldest ``n_groups`` queued groups for one trainer step at ``trainer_version``, with their staleness.
+        """The ``n_groups`` groups of one trainer step at ``trainer_version`` (``Producer.take``), with their
+        staleness.
 
         Blocks until they are there (the trainer's idle time); raises if the generation thread died or nothing arrived
         within ``async_training.get_batch_timeout_s``.

@@ -16,33 +16,42 @@ Derivation (``s`` = ``staleness_threshold``):
 - If groups were consumed in the order they started, a group started at version ``v`` would sit at a position
   ``c <= v * W + M - 1``, so ``max_staleness = (M - 1) // W = ceil(floor(W * s) / W)``: 0 for ``s = 0`` (strictly
   on-policy within a window), ``ceil(s)`` once ``W * s >= 1``, never more than ``ceil(s)``.
-- But groups are consumed in the order they *finish*: a slow (long-tail) group can be overtaken by any number of
-  younger groups while it is in flight, and verl's budget alone then lets its staleness grow without bound. Once a
-  group is in the FIFO queue its position is fixed; only in-flight groups can be overtaken.
+- But groups finish out of start order: a slow (long-tail) group can be overtaken by any number of younger groups
+  while it is in flight, and verl's budget alone (consumption in the order groups finish) then lets its staleness
+  grow without bound.
 
-Admission rule. Let ``N`` = groups started and not dropped/abandoned, counting the candidate (= consumed + queued +
-in flight + 1), ``v_r`` the Rollouter's version and ``v_f`` the oldest start version among in-flight groups (``v_r``
-when none). Start the candidate only if both hold:
+Admission. Let ``N`` = groups started and not dropped/abandoned, counting the candidate (= consumed + queued + in
+flight + 1) and ``v_r`` the Rollouter's version. Start the candidate only if
 
-  (a) ``N <= v_r * W + M``                     verl's budget: what ``staleness_threshold`` means for throughput;
-  (b) ``N <= (v_f + max_staleness + 1) * W``   the exactness guard verl lacks.
+  (a) ``N <= v_r * W + M``                     verl's budget: what ``staleness_threshold`` means for throughput.
 
-``async_training.staleness_rule`` picks the rules: ``exact`` (the default) both, ``budget`` (a) alone, which is what
-verl's fully_async runs. Under ``budget`` a long-tail group overtaken while it generates is consumed staler than
-``max_staleness`` (its staleness is measured and reported, ``fully_async/max_seen_staleness``, not refused); in return
-admission is never held back by an old group still generating, which on a long tail is worth up to 1.2x a version
-(BENCHMARKS.md, issue 49: verl's published 128-GPU staleness ablation).
+Consumption. Under ``async_training.staleness_rule=exact`` (the default) each group has a *deadline*,
+``start_version + S`` (``S = max_staleness``): the last version that may train on it. The trainer's update at
+consumed count ``c`` (version ``v = c // W``) takes the ``B`` queued (or finished, not yet queued) groups with the
+earliest deadlines, queue order among equals, and only if what it leaves behind still fits: for every version
+``u >= v``, the unconsumed groups with deadline ``<= u`` number at most ``(u + 1) * W - (c + B)``, the consumption
+positions left through version ``u``. Otherwise it waits for the group that is due (still generating). Under
+``budget`` (verl's) it takes the oldest ``B`` queued groups, FIFO, and never waits for a particular one.
 
-Proof that every group ``g`` (start version ``v_g``) is consumed with staleness ``<= S = max_staleness``: while ``g``
-is in flight every admission saw ``v_f <= v_g``, so ``N <= (v_g + S + 1) * W`` after each (``N`` rises only at
-admissions; drops only lower it). When ``g`` enters the queue its position is final and every group consumed before it
-was put before it, i.e. started before that moment, is not ``g`` and was not dropped: ``c_g <= N - 1 <=
-(v_g + S + 1) * W - 1``, so ``c_g // W - v_g <= S``. Rule (a) implies (b) whenever ``v_f == v_r`` (because
-``M <= (S + 1) * W``), so (b) only bites while an older group is still generating. Liveness: with nothing in flight
-only (a) can refuse, and then ``N >= (v_r + 1) * W``: the queue holds a full update's worth once the Rollouter runs
-the trainer's version (given a queue capacity >= B; ``M`` is a capacity that never fills while synced). Across a
-kill and resume the argument is unchanged: queued groups come back in the same order, and in-flight groups are
-abandoned (never consumed, like drops) and their prompts re-issued as new groups at the resumed version.
+Proof that under ``exact`` every group ``g`` is consumed with staleness ``<= S``: the groups with deadline ``<= u``
+started at versions ``<= u - S``, so by (a) they number at most ``(u - S) * W + M <= (u + 1) * W`` (``M <= (S + 1) *
+W``), which is every position through version ``u``: the check holds before any consumption. Each update keeps it
+(that is its condition), and an admission cannot break it: a new group starts at ``v_r``, no earlier than any live
+group, so its deadline is at least that of every group already consumed; for a ``u`` below it nothing changes, and
+for a ``u`` at or above it the count is bounded by all groups ever started, ``v_r * W + M <= (u + 1) * W``. Drops
+only lower counts. So every group's position is at most ``(deadline + 1) * W - 1``: it is trained at a version
+``<= start_version + S``. Liveness: the trainer waits only for groups that are generating (they end, or fail and are
+dropped); with nothing in flight the earliest-deadline pick always fits. The queue's capacity cannot hold a due group
+out: a finished group the queue has no room for is taken from the Rollouter's books directly (``Producer.take``), and
+the generation thread stops waiting for room while the trainer waits (``Producer.put_finished``).
+
+Across a kill and resume the argument is unchanged: queued groups come back with their start versions, and in-flight
+groups are abandoned (never consumed, like drops) and their prompts re-issued as new groups at the resumed version.
+
+Why at consumption and not at admission: holding admission back while an old group generates (the rule this module
+had until 2026-11-27) also bounds staleness, but on a long tail it kept the exact Rollouter at 0.6 of its slots where
+the budget alone fills 0.87 (BENCHMARKS.md, issue 49); the trainer, which waits for data most of every step on such
+work anyway, now waits for a due group instead.
 """
 
 from __future__ import annotations
@@ -63,7 +72,7 @@ class AdmissionRefused(RuntimeError):
 
 
 class StalenessViolation(RuntimeError):
-    """A consumed group is staler than ``max_staleness``: the protocol was broken (e.g. a non-FIFO queue)."""
+    """A consumed group is staler than ``max_staleness``: the protocol was broken (a batch not chosen by ``pick``)."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +83,7 @@ class StalenessBudget:
     ppo_mini_batch_size: int = 1
     trigger_parameter_sync_step: int = 1
     staleness_threshold: float = 0.0
-    rule: str = "exact"  # exact: rules (a) and (b), every group within max_staleness | budget: (a) alone, as verl
+    rule: str = "exact"  # exact: every group within max_staleness (consumed by deadline) | budget: FIFO, as verl
 
     def __post_init__(self) -> None:
         if self.rule not in STALENESS_RULES:
@@ -169,7 +178,7 @@ class StalenessController:
             return self._live()
 
     def admission_limit(self) -> int:
-        """The largest N (counting a candidate) rules (a) and (b) allow right now."""
+        """The largest N (counting a candidate) rule (a) allows right now."""
         with self._cond:
             return self._limit()
 
@@ -179,12 +188,7 @@ class StalenessController:
 
     def _limit(self) -> int:
         b = self.budget
-        budget_rule = self._version * b.groups_per_version + b.groups_per_window_budget
-        if b.rule == "budget":
-            return budget_rule
-        oldest = min([self._version, *self._in_flight.values()])
-        exact_rule = (oldest + b.max_staleness + 1) * b.groups_per_version
-        return min(budget_rule, exact_rule)
+        return self._version * b.groups_per_version + b.groups_per_window_budget
 
     def can_start(self) -> bool:
         with self._cond:
@@ -199,8 +203,7 @@ class StalenessController:
             if n > limit:
                 raise AdmissionRefused(
                     f"cannot start group {group_id!r}: {n} live groups would exceed the admission limit {limit} "
-                    f"(version {self._version}, oldest in flight "
-                    f"{min(self._in_flight.values(), default=self._version)}, max_staleness {self.max_staleness})"
+                    f"(version {self._version}, max_staleness {self.max_staleness})"
                 )
             self._in_flight[group_id] = self._version
             self._started += 1
@@ -224,6 +227,42 @@ class StalenessController:
         """Block until a start is admissible (True) or ``timeout`` seconds pass (False)."""
         with self._cond:
             return self._cond.wait_for(lambda: self._live() + 1 <= self._limit(), timeout)
+
+    # ---- consumption ---------------------------------------------------------------------------------------------
+    def pick(self, candidates: list[tuple[str, int]], trainer_version: int) -> list[int] | None:
+        """Which of ``candidates`` (``(group id, start version)`` of the queued and finished groups, in the order
+        they would be taken FIFO) the next update takes: positions into ``candidates``, in that order; None to wait.
+
+        ``budget``: the first ``B``. ``exact``: the ``B`` with the earliest deadlines, and only if the groups left
+        unconsumed still fit the positions left before their deadlines (the module docstring); else None, so the
+        trainer waits for the due group still generating."""
+        b = self.budget
+        n = b.groups_per_update
+        if len(candidates) < n:
+            return None
+        if b.rule == "budget":
+            return list(range(n))
+        order = sorted(range(len(candidates)), key=lambda k: candidates[k][1])  # stable: FIFO among equals
+        chosen = set(order[:n])
+        taken = {candidates[k][0] for k in chosen}
+        with self._cond:
+            if trainer_version != self.trainer_version:
+                raise ValueError(
+                    f"StalenessController.pick: trainer reports version {trainer_version}, its consumption says "
+                    f"{self.trainer_version}"
+                )
+            due: dict[int, int] = {}  # deadline -> unconsumed groups left behind with it
+            for gid, start in [*self._queued.items(), *self._in_flight.items()]:
+                if gid not in taken:
+                    deadline = start + b.max_staleness
+                    due[deadline] = due.get(deadline, 0) + 1
+            after = self._consumed + n
+            left = sum(k for d, k in due.items() if d < trainer_version)  # overdue: none while the rule is kept
+            for u in range(trainer_version, max(due, default=trainer_version) + 1):
+                left += due.get(u, 0)
+                if left > (u + 1) * b.groups_per_version - after:
+                    return None
+        return sorted(chosen)
 
     # ---- lifecycle -----------------------------------------------------------------------------------------
     def on_queued(self, group_id: str) -> None:
