@@ -1,4 +1,5 @@
-"""MessageQueue: backpressure, counted drops, close, FIFO batches, snapshot/restore. Threads use short timeouts."""
+"""MessageQueue: backpressure, counted drops, close, taking chosen groups, snapshot/restore. Threads use short
+timeouts."""
 
 import threading
 
@@ -40,7 +41,7 @@ def test_put_blocks_while_full_and_resumes_when_the_trainer_takes_a_batch():
     started.wait(1)
     t.join(timeout=0.1)
     assert t.is_alive() and results == []  # backpressure: still waiting for room
-    assert [g.index for g in q.get_batch(1)] == [0]
+    assert [g.index for g in q.take(["0:0#0"])] == [0]
     t.join(timeout=5)
     assert not errors and results[0].accepted and results[0].dropped == ()
     assert q.ids() == ["0:1#0", "0:2#0"] and q.dropped_count == 0
@@ -63,24 +64,28 @@ def test_drop_oldest_evicts_counts_and_reports_every_drop():
     assert q.dropped_count == 2 and q.ids() == ["0:2#0", "0:3#0"]
 
 
-def test_get_batch_waits_for_a_full_batch_in_fifo_order():
+def test_take_removes_the_chosen_groups_in_the_order_asked_and_wait_wakes_on_a_put():
     q = MessageQueue(capacity=4)
-    q.put(_g(0))
-    t, results, _ = _in_thread(lambda: q.get_batch(2, timeout=5))
+    for i in range(3):
+        q.put(_g(i))
+    assert [g.index for g in q.take(["0:2#0", "0:0#0"])] == [2, 0]
+    assert q.ids() == ["0:1#0"]
+    with pytest.raises(ValueError, match=r"groups \['0:0#0'\] are not queued"):
+        q.take(["0:0#0"])
+    t, results, _ = _in_thread(lambda: q.wait(5))
     t.join(timeout=0.1)
-    assert t.is_alive()  # one group is not a batch
-    q.put(_g(1))
+    assert t.is_alive()  # nothing put yet
+    q.put(_g(3))
     t.join(timeout=5)
-    assert [g.index for g in results[0]] == [0, 1]
-    assert q.get_batch(1, timeout=0.01) is None
+    assert not t.is_alive()
 
 
-def test_close_wakes_blocked_producers_and_consumers():
+def test_close_wakes_blocked_producers_and_waiting_consumers():
     full = MessageQueue(capacity=1)
     full.put(_g(0))
     empty = MessageQueue(capacity=2)
     producer, _, producer_errors = _in_thread(lambda: full.put(_g(1), timeout=5))
-    consumer, _, consumer_errors = _in_thread(lambda: empty.get_batch(2, timeout=5))
+    consumer, _, _ = _in_thread(lambda: empty.wait(5))
     producer.join(timeout=0.05)
     consumer.join(timeout=0.05)
     full.close()
@@ -88,20 +93,11 @@ def test_close_wakes_blocked_producers_and_consumers():
     producer.join(timeout=1)
     consumer.join(timeout=1)
     assert not producer.is_alive() and not consumer.is_alive()
-    assert isinstance(producer_errors[0], QueueClosed) and isinstance(consumer_errors[0], QueueClosed)
+    assert isinstance(producer_errors[0], QueueClosed)
     assert full.ids() == ["0:0#0"]  # nothing vanished: the queued group is still there for the checkpoint
-
-
-def test_after_close_full_batches_still_drain_then_get_raises():
-    q = MessageQueue(capacity=3)
-    for i in range(3):
-        q.put(_g(i))
-    q.close()
-    assert [g.index for g in q.get_batch(2)] == [0, 1]
-    with pytest.raises(QueueClosed, match="1 groups still queued"):
-        q.get_batch(2)
+    assert [g.index for g in full.take(["0:0#0"])] == [0]  # and can still be taken
     with pytest.raises(QueueClosed):
-        q.put(_g(9))
+        full.put(_g(9))
 
 
 def test_snapshot_restore_round_trip_keeps_order_and_drop_count():
@@ -114,7 +110,7 @@ def test_snapshot_restore_round_trip_keeps_order_and_drop_count():
     resumed = MessageQueue(capacity=2, drop_policy="oldest")
     resumed.restore(snap)
     assert resumed.ids() == q.ids() and resumed.dropped_count == 1
-    assert [g.start_version for g in resumed.get_batch(2)] == [1, 2]
+    assert [g.start_version for g in resumed.snapshot().groups] == [1, 2]
 
 
 def test_restore_refuses_to_truncate_or_overwrite():
@@ -132,8 +128,6 @@ def test_errors_name_the_argument():
         MessageQueue(capacity=0)
     with pytest.raises(ValueError, match="drop_policy must be one of backpressure, oldest \\(got 'newest'\\)"):
         MessageQueue(capacity=1, drop_policy="newest")
-    with pytest.raises(ValueError, match="n_groups must be in \\[1, capacity=2\\] \\(got 3\\)"):
-        MessageQueue(capacity=2).get_batch(3)
     q = MessageQueue(capacity=2)
     q.put(_g(0))
     with pytest.raises(ValueError, match="already queued"):

@@ -175,9 +175,9 @@ class AsyncTrainingConfig(Checked):
     """``fully_async`` only (verl's ``async_training`` section); the bound: schedules/fully_async/staleness.py."""
 
     staleness_threshold: float = 0.0  # extra groups in flight, as a fraction of one sync window
-    # exact: no group is trained staler than ceil(staleness_threshold) versions (a group may start only if the oldest
-    # one still generating cannot be overtaken past it) | budget: verl's rule, the window's budget alone (faster on a
-    # long tail; a slow group can end up staler, and the run reports how stale: fully_async/max_seen_staleness)
+    # exact: no group is trained staler than ceil(staleness_threshold) versions (the trainer takes the earliest
+    # deadlines first and waits for a due group still generating) | budget: verl's, groups trained in the order they
+    # finish (a slow group can end up staler, and the run reports how stale: fully_async/max_seen_staleness)
     staleness_rule: str = "exact"
     trigger_parameter_sync_step: int = 1  # trainer steps per weight sync (= per version)
     require_batches: int = 1  # ppo_mini_batch_size groups per trainer step (one optimizer step each)

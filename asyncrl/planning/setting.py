@@ -55,7 +55,7 @@ class Setting:
     max_inflight_groups: int = 0  # 0: one per slot of the ranks (slots.stream_concurrency), as the Rollouter does
     max_queue_size: int = 0  # 0: the staleness window's budget, as the Rollouter does
     drop_policy: str = "backpressure"
-    staleness_rule: str = "exact"  # exact | budget (verl's admission): async_training.staleness_rule
+    staleness_rule: str = "exact"  # exact | budget (verl's order): async_training.staleness_rule
 
     @staticmethod
     def from_config(cfg) -> Setting:

@@ -21,7 +21,7 @@ from asyncrl.types import Sample
 
 
 class QueueClosed(RuntimeError):
-    """The queue was closed: a ``put`` will never be accepted, a ``get_batch`` will never be filled."""
+    """The queue was closed: a ``put`` will never be accepted, and a consumer waiting for groups stops waiting."""
 
 
 @dataclass
@@ -62,10 +62,9 @@ class MessageQueue:
     """Bounded FIFO of ``Group``s with ``capacity`` in groups.
 
     ``put`` with ``drop_policy="backpressure"`` waits while full (``timeout`` seconds, None = forever) and returns a
-    false ``PutResult`` on timeout; with ``"oldest"`` it never waits. ``get_batch(n)`` waits until ``n`` groups are
-    queued and takes the oldest ``n`` (None on timeout); ``take(ids)`` takes the ones a consumer chose. ``close``
-    wakes every waiter: blocked and later calls raise ``QueueClosed``, except that ``get_batch`` still returns full
-    batches that were already queued.
+    false ``PutResult`` on timeout; with ``"oldest"`` it never waits. ``take(ids)`` removes the groups the consumer
+    chose (``Producer.take``, which waits with ``wait``). ``close`` wakes every waiter: a blocked or later ``put``
+    raises ``QueueClosed``; queued groups stay, and can still be taken.
     """
 
     def __init__(self, capacity: int, drop_policy: str = "backpressure"):
@@ -125,24 +124,6 @@ class MessageQueue:
             self._ids.add(group.group_id)
             self._not_empty.notify_all()
             return PutResult(accepted=True, dropped=tuple(dropped))
-
-    def get_batch(self, n_groups: int, timeout: float | None = None) -> list[Group] | None:
-        """The oldest ``n_groups`` groups, waiting up to ``timeout`` seconds for them (None on timeout)."""
-        if n_groups < 1 or n_groups > self.capacity:
-            raise ValueError(
-                f"MessageQueue.get_batch: n_groups must be in [1, capacity={self.capacity}] (got {n_groups}); "
-                f"a batch larger than the queue could never be filled"
-            )
-        with self._lock:
-            self._not_empty.wait_for(lambda: self._closed or len(self._groups) >= n_groups, timeout)
-            if len(self._groups) < n_groups:
-                self._raise_if_closed("get_batch")
-                return None
-            batch = [self._groups.popleft() for _ in range(n_groups)]
-            for g in batch:
-                self._ids.discard(g.group_id)
-            self._not_full.notify_all()
-            return batch
 
     def take(self, group_ids: list[str]) -> list[Group]:
         """Remove the queued groups ``group_ids`` (chosen by the consumer, ``StalenessController.pick``) and return
