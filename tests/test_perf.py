@@ -422,36 +422,3 @@ def test_the_planner_runs_fully_asyncs_own_consumer_loop_and_follows_a_change_to
     monkeypatch.setattr(loop, "consume", prepare_twice)
     changed = simulate(cost, Cluster.gpus(2), setting, steps=12)
     assert median_step(changed) == pytest.approx(3.0, rel=1e-6)
-
-
-def test_the_probes_stream_factor_prices_every_streamed_decode_step_and_prefill():
-    """A streaming engine measured at twice the batch decode's prices (``Scaling.stream_factor``, from the probe):
-    on a generation-bound fully_async, where nothing else takes time, every event moves twice as late."""
-    cost = fixed_cost(0.1, 0.0, decode=Term(("call", "step", "token", "prefill_token"), (0.0, 0.1, 0.01, 0.001)))
-    setting = Setting("fully_async", trainer=1, rollout=1, staleness_threshold=1.0)
-    plain = simulate(cost, Cluster.gpus(2), setting, steps=12)
-    slow = dataclasses.replace(cost, scaling=dataclasses.replace(cost.scaling, stream_factor=2.0))
-    doubled = simulate(slow, Cluster.gpus(2), setting, steps=12)
-    assert median_step(doubled) == pytest.approx(2 * median_step(plain), rel=1e-9)
-    batch = Setting("one_step_off", trainer=1, rollout=1)  # the batch decoder keeps the batch prices
-    assert simulate(slow, Cluster.gpus(2), batch, steps=6).step_s == simulate(cost, Cluster.gpus(2), batch, 6).step_s
-
-
-def test_the_probe_streams_a_steps_rows_through_the_engines_slots_and_prices_them(sync_run):
-    """The probe's streaming workload: the run's step (4 prompts x 4 rows) submitted into the built-in engine's
-    streaming decoder at once, stepped until every row ended; each step's slots and the prefilled tokens are recorded
-    per (seed, threads), and ``stream_ratio`` divides each round's seconds by what the batch decode's terms price
-    those steps at (round k ran seed k + 2)."""
-    import torch
-
-    from asyncrl.planning.probe import stream_ratio, workloads
-
-    w = workloads(sync_run, 4, 4)
-    assert w.stream is not None and w.streamed is not None
-    w.stream(2)
-    used, prefilled = w.streamed[(2, torch.get_num_threads())]
-    assert used and max(used) <= 16 and used[-1] == 0  # at most the 16 rows submitted; the last step ended the last
-    assert prefilled > 0
-    cost = fixed_cost(0.0, 0.0, decode=Term(("call", "step", "token", "prefill_token"), (0.0, 1.0, 0.5, 0.25)))
-    streamed = {(2, 1): ([4, 2], 8), (3, 1): ([1], 0)}  # prices 1 + 2 + 1 + 1 + 2 = 7, and 1.5
-    assert stream_ratio(cost, streamed, [14.0, 1.5], 1) == pytest.approx(1.5)  # median of 2.0 and 1.0

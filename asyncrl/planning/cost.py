@@ -206,7 +206,6 @@ class Scaling:
     measured: bool = False
     notes: str = ""
     prefill_token_s: float | None = None  # seconds per prefilled token on the run's threads (None: not probed)
-    stream_factor: float = 1.0  # a streamed decode's seconds over the batch decode's prices for its steps (probed)
 
     def speed(self, phase: str, threads: float) -> float:
         """Throughput on ``threads`` cores (fractional: time-sliced) relative to one core."""

@@ -4,10 +4,6 @@ own model and prompts.
 - Thread scaling: one step's generation (the run's prompts x n, its sampling) and one update on those samples, at 1
   thread and at the run's threads; Amdahl's serial fraction of each, so the model can price a phase on a thread
   count the run did not use (a one-thread rollout worker beside a two-thread trainer).
-- Streaming: the same step's rows streamed through the engine's slots as ``fully_async``'s Rollouter decodes them
-  (refilled as rows end), against what the batch decode's prices say those steps and prefills cost. A streamed step
-  reads a slot window the batch call does not (every live row's columns back to the oldest row's start); the
-  simulator scales its streaming engines' prices by the ratio. Built-in engine only (1.0 on vLLM: not probed).
 - Prefill: the seconds per prompt token of a prefill forward against the decode's per-position price (a resumed
   partial row is prefilled again; a run whose prompts are all alike cannot separate the two).
 - Weight sync: a broadcast of the model's bytes between two processes over gloo on 127.0.0.1, at two sizes: the
@@ -34,7 +30,6 @@ from pathlib import Path
 import torch
 
 from asyncrl.planning.cost import CostModel, Scaling
-from asyncrl.types import Sample
 
 
 def amdahl_serial(t1: float, tn: float, n: int) -> float:
@@ -101,8 +96,6 @@ class Workloads:
     prefill_tokens: int
     prefill_base: Callable[[int], object] | None = None
     apply: Callable[[], object] | None = None
-    stream: Callable[[int], object] | None = None
-    streamed: dict[tuple[int, int], tuple[list[int], int]] | None = None  # (seed, threads) -> slots a step, prefill
 
 
 def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
@@ -130,26 +123,11 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
         with torch.no_grad():
             return model(input_ids=ids)
 
-    streamed: dict[tuple[int, int], tuple[list[int], int]] = {}
-
-    def stream(seed: int) -> None:
-        """The step's prompts x n rows submitted blank into the streaming decoder at once (a group's rows share a
-        prefill), stepped until every row ended; records the slots each step ran and the tokens prefilled."""
-        blank = [Sample(replace(p, epoch=0), [], [], [], "interrupted", 0, row=j) for p in prompts for j in range(n)]
-        engine.submit(blank, params, seed)
-        used: list[int] = []
-        while engine.live_rows():
-            engine.step()
-            used.append(engine.slots_in_use())
-        streamed[(seed, torch.get_num_threads())] = (used, engine.take_prefill().tokens)
-
     return Workloads(
         generate=lambda seed: engine.generate(prompts, params, seed=seed),
         update=_update_of(cfg, model, tok, samples),
         prefill=prefill,
         prefill_tokens=ids.numel(),
-        stream=stream,
-        streamed=streamed,
     )
 
 
@@ -234,21 +212,6 @@ def paired_speedup(times: dict[tuple[str, int], list[float]], phase: str, thread
     return statistics.median(a / b for a, b in zip(times[(phase, 1)], times[(phase, threads)]))
 
 
-def stream_ratio(
-    cost: CostModel, streamed: dict[tuple[int, int], tuple[list[int], int]], seconds: list[float], threads: int
-) -> float:
-    """The median over rounds of a streamed step's seconds over its price by ``cost``'s decode terms (a step: its
-    fixed part and a part per slot it ran; a prefilled token) at ``threads``. Round k (0-based) was seeded k + 2
-    (``time_rounds``: round 0, seed 1, warms up)."""
-    d = cost.decode
-    ratios = []
-    for k, s in enumerate(seconds):
-        used, prefilled = streamed[(k + 2, threads)]
-        price = sum(d.get("step") + d.get("token") * u for u in used) + d.get("prefill_token") * prefilled
-        ratios.append(s / price)
-    return statistics.median(ratios)
-
-
 def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float = 240.0) -> CostModel:
     """``cost`` with its ``scaling`` measured on this machine (see the module docstring), the thread counts timed in
     pairs (``time_rounds``), medians."""
@@ -257,8 +220,6 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
     phases = {"gen": w.generate, "upd": w.update, "prefill": w.prefill}
     if w.prefill_base is not None:
         phases["prefill_base"] = w.prefill_base
-    if w.stream is not None:
-        phases["stream"] = w.stream
     times = time_rounds(phases, threads, rounds, budget_s)
     rounds = len(times[("gen", 1)])
     gen = {t: statistics.median(times[("gen", t)]) for t in (1, threads)}
@@ -280,11 +241,6 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
         fixed += statistics.median(applied)
         apply_note = f"; vLLM loads the weights in {statistics.median(applied):.3f} s (added to the fixed cost)"
     n = threads
-    stream_factor, stream_note = 1.0, ""
-    if w.streamed is not None:
-        t = n if cost.gen_threads >= n else 1
-        stream_factor = stream_ratio(cost, w.streamed, times[("stream", t)], t)
-        stream_note = f"; streamed steps {stream_factor:.2f}x the batch decode's prices on {t}"
     scaling = Scaling(
         gen_serial=amdahl_serial(speedup["gen"], 1.0, n),
         train_serial=amdahl_serial(speedup["upd"], 1.0, n),
@@ -294,9 +250,8 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
         notes=(
             f"generate {gen[1]:.3f} s on 1 thread, {gen[n]:.3f} s on {n} ({speedup['gen']:.2f}x paired); update "
             f"{upd[1]:.3f} s / {upd[n]:.3f} s ({speedup['upd']:.2f}x); "
-            f"prefill {prefill[n] * 1e6:.1f} us/token on {n}{apply_note}{stream_note}; {rounds} rounds"
+            f"prefill {prefill[n] * 1e6:.1f} us/token on {n}{apply_note}; {rounds} rounds"
         ),
         prefill_token_s=prefill[n] if cost.gen_threads >= n else prefill[1],
-        stream_factor=stream_factor,
     )
     return replace(cost, scaling=scaling)

@@ -103,7 +103,7 @@ class StreamSim:
         """Seconds of one decode step of ``rank``: vLLM's runs its live rows, the built-in engine's every slot in use
         (free ones between live ones included)."""
         rows = len(rank.live) if self.cost.engine == "vllm" else len(rank.used)
-        return self.prices.segments_cost(Segment(1, rows, 0), 1) * self.cost.scaling.stream_factor
+        return self.prices.segments_cost(Segment(1, rows, 0), 1)
 
     def _submit(self, rank: SimRank, rows: list[Sample]) -> None:
         """Rows enter ``rank`` (a slot at its next step, or wait for one): it owes their prefill (a blank group's rows
@@ -121,7 +121,7 @@ class StreamSim:
         """Seconds a streaming engine spends taking rows in: their prefill, one forward. Not the batch decoder's
         per-call cost (``decode.call``: the setup of a whole ``generate`` call, which a running stream never pays
         again)."""
-        return self.cost.decode.get("prefill_token") * tokens * self.prices.gen_factor * self.cost.scaling.stream_factor
+        return self.cost.decode.get("prefill_token") * tokens * self.prices.gen_factor
 
     def _advance(self, seconds: float, version: int) -> list[list[Sample]]:
         """Every rank decodes for ``seconds`` (its prefill debt first); returns the rows that ended, per rank."""

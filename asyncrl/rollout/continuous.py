@@ -115,10 +115,6 @@ class ContinuousDecoder:
         with self._lock:
             return len(self._inbox)
 
-    def slots_in_use(self) -> int:
-        """Rows the next forward runs: the live slots and the free ones between them."""
-        return len(self._slots)
-
     def take_prefill(self) -> PrefillStats:
         """Prefill token counts since the last call (``tokens`` run, ``unshared_tokens`` without sharing), then zero."""
         stats, self._prefill = self._prefill, PrefillStats()

@@ -356,10 +356,6 @@ class RolloutEngine(GatedEngine):
         """The streaming decoder's prefill token counts since the last call (shared and unshared), then zero."""
         return self._stream.take_prefill()
 
-    def slots_in_use(self) -> int:
-        """Rows the streaming decoder's next forward runs (live slots and the free ones between them)."""
-        return self._stream.slots_in_use()
-
     # ---------------------------------------------------------------------------------------------------- weights
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
