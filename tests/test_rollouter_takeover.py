@@ -16,9 +16,9 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.schedules import specs_for
 from asyncrl.schedules.fully_async.ledger import parse_group_id
-from asyncrl.schedules.fully_async.producer import budget_of
 from asyncrl.schedules.fully_async.recovery import ConsumedBatch, Takeover, advance
 from asyncrl.schedules.fully_async.rollouter import Rollouter
+from asyncrl.schedules.fully_async.slots import budget_of
 from tests.helpers import make_data, make_model, train_overrides
 
 PROMPTS = 10

@@ -19,9 +19,8 @@ from asyncrl.planning.cost import Segment, prefill_tokens
 from asyncrl.planning.setting import Span
 from asyncrl.schedules.fully_async import loop
 from asyncrl.schedules.fully_async.producer import Producer
-from asyncrl.schedules.fully_async.queue import MessageQueue
 from asyncrl.schedules.fully_async.recovery import ConsumedBatch, Takeover
-from asyncrl.schedules.fully_async.slots import stream_concurrency
+from asyncrl.schedules.fully_async.slots import queue_for, stream_concurrency
 from asyncrl.types import Prompt, Sample
 
 PIECE_STEPS = 16  # the clock jumps at most this many decode steps at a time, so a pause lands within them
@@ -89,7 +88,7 @@ class StreamSim:
     def new_producer(self) -> Producer:
         st, cost = self.setting, self.cost
         budget = self.budget
-        queue = MessageQueue(st.max_queue_size or budget.groups_per_window_budget, st.drop_policy)
+        queue = queue_for(st, budget)
         sampler = EpochSampler(self.dataset_size, 1, seed=self.seed, shuffle=True)
         capacities, max_groups = stream_concurrency(
             cost.stream_rows, cost.n, self.prices.replicas, st.max_inflight_groups

@@ -168,7 +168,8 @@ VERL_NAMES: dict[str, str] = {
     "async_training.trigger_parameter_sync_step": "async_training.trigger_parameter_sync_step",
     "async_training.require_batches": "async_training.require_batches",
     "async_training.drop_policy": NONE + "verl always drops the oldest sample when its queue is full",
-    "async_training.staleness_rule": NONE + "verl admits by its budget alone: staleness_rule=budget runs as verl does",
+    "async_training.staleness_rule": NONE
+    + "verl trains groups in the order they finish: staleness_rule=budget runs as verl does",
     "async_training.max_queue_size": "async_training.max_queue_size (counted in samples there, groups here)",
     "async_training.partial_rollout": "async_training.partial_rollout",
     "async_training.compute_prox_log_prob": "async_training.compute_prox_log_prob",

@@ -54,10 +54,10 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
 
     from asyncrl.roles.team import RolloutSide
     from asyncrl.schedules.fully_async.loop import consume
-    from asyncrl.schedules.fully_async.producer import budget_of
     from asyncrl.schedules.fully_async.report import write_ledger_report
     from asyncrl.schedules.fully_async.rollouter import Rollouter
     from asyncrl.schedules.fully_async.run_ports import StreamRunPorts
+    from asyncrl.schedules.fully_async.slots import budget_of
     from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
     from asyncrl.schedules.loops import run_to_end
     from asyncrl.schedules.run import open_run

@@ -38,7 +38,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from asyncrl.config import AsyncTrainingConfig
 from asyncrl.data.sampler import EpochSampler
 from asyncrl.schedules.fully_async.ledger import PromptLedger
 from asyncrl.schedules.fully_async.queue import Group, MessageQueue, QueueClosed
@@ -58,21 +57,6 @@ COUNT_KEYS = (
     "interrupted_rows",
     "filtered_groups",
 )
-
-
-def budget_of(at: AsyncTrainingConfig, ppo_mini_batch_size: int) -> StalenessBudget:
-    return StalenessBudget(
-        require_batches=at.require_batches,
-        ppo_mini_batch_size=ppo_mini_batch_size,
-        trigger_parameter_sync_step=at.trigger_parameter_sync_step,
-        staleness_threshold=at.staleness_threshold,
-        rule=at.staleness_rule,
-    )
-
-
-def queue_for(at: AsyncTrainingConfig, budget: StalenessBudget) -> MessageQueue:
-    """The bounded queue: ``max_queue_size`` (default the budget's window) and the full-queue policy."""
-    return MessageQueue(at.max_queue_size or budget.groups_per_window_budget, at.drop_policy)
 
 
 class Producer:

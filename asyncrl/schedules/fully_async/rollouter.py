@@ -28,10 +28,10 @@ from asyncrl.rewards.filtering import keep_group
 from asyncrl.rollout.agent.tools import tool_schemas
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.schedules.fully_async.ports import LocalPort, RemotePort
-from asyncrl.schedules.fully_async.producer import POLL_S, Producer, budget_of, queue_for
+from asyncrl.schedules.fully_async.producer import POLL_S, Producer
 from asyncrl.schedules.fully_async.queue import QueueClosed
 from asyncrl.schedules.fully_async.recovery import RollouterSnapshot, StreamBatch, Takeover
-from asyncrl.schedules.fully_async.slots import RankPort, stream_concurrency
+from asyncrl.schedules.fully_async.slots import RankPort, budget_of, queue_for, stream_concurrency
 from asyncrl.types import PrefillStats, Sample
 from asyncrl.workers.rollout import RolloutWorker
 from asyncrl.workers.stream_loop import BusySpan

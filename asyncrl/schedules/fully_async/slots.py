@@ -1,13 +1,40 @@
-"""Where the fully_async producer's rows go: the rollout ranks as the loop drives them (``RankPort``), how many rows
-and groups the stream holds (``stream_concurrency``: one rule for the Rollouter and the performance model), the
-slots' occupancy over time."""
+"""Where the fully_async producer's rows go and how much the stream holds: the rollout ranks as the loop drives them
+(``RankPort``), how many rows and groups are in flight (``stream_concurrency``), the staleness budget and the queue
+(``budget_of``, ``queue_for``), each one rule for the Rollouter and the performance model; the slots' occupancy over
+time."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Protocol
 
+from asyncrl.config import AsyncTrainingConfig
+from asyncrl.schedules.fully_async.queue import MessageQueue
+from asyncrl.schedules.fully_async.staleness import StalenessBudget
 from asyncrl.types import Sample
+
+
+class QueueKnobs(Protocol):
+    """What sizes the queue: ``async_training``'s keys (the performance model's ``Setting`` has them too)."""
+
+    max_queue_size: int | None
+    drop_policy: str
+
+
+def budget_of(at: AsyncTrainingConfig, ppo_mini_batch_size: int) -> StalenessBudget:
+    return StalenessBudget(
+        require_batches=at.require_batches,
+        ppo_mini_batch_size=ppo_mini_batch_size,
+        trigger_parameter_sync_step=at.trigger_parameter_sync_step,
+        staleness_threshold=at.staleness_threshold,
+        rule=at.staleness_rule,
+    )
+
+
+def queue_for(knobs: QueueKnobs, budget: StalenessBudget) -> MessageQueue:
+    """The bounded queue: ``max_queue_size`` (unset: the budget's window, which never fills while synced) and the
+    full-queue policy."""
+    return MessageQueue(knobs.max_queue_size or budget.groups_per_window_budget, knobs.drop_policy)
 
 
 class RankPort(Protocol):
