@@ -132,9 +132,10 @@ class MessageQueue:
             missing = [g for g in group_ids if g not in self._ids]
             if missing:
                 raise ValueError(f"MessageQueue.take: groups {missing} are not queued")
-            by_id = {g.group_id: g for g in self._groups}
-            self._groups = deque(g for g in self._groups if g.group_id not in set(group_ids))
-            self._ids.difference_update(group_ids)
+            gone = set(group_ids)
+            by_id = {g.group_id: g for g in self._groups if g.group_id in gone}
+            self._groups = deque(g for g in self._groups if g.group_id not in gone)
+            self._ids -= gone
             self._not_full.notify_all()
             return [by_id[g] for g in group_ids]
 
