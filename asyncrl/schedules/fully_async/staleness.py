@@ -127,9 +127,9 @@ class StalenessController:
     """Tracks every live group (in flight, queued) and decides whether the Rollouter may start one more.
 
     Thread-safe: the Rollouter's threads call ``can_start``/``on_start``/``on_queued``/``on_dropped``, the trainer
-    side calls ``on_consumed``/``on_sync``. Call ``on_queued`` only *after* the group is in the queue (its position
-    must be fixed before it stops counting as in flight). ``on_consumed`` may arrive before ``on_queued`` for the
-    same group (the two come from different processes); that is accounted for.
+    side calls ``pick``/``on_consumed``/``on_sync``. Call ``on_queued`` only *after* the group is in the queue.
+    ``on_consumed`` arriving before ``on_queued`` for the same group is accounted for (``Producer`` itself never
+    does that: it puts and calls ``on_queued`` under the lock its ``take`` holds).
     """
 
     def __init__(self, budget: StalenessBudget, version: int = 0):
@@ -266,7 +266,7 @@ class StalenessController:
 
     # ---- lifecycle -----------------------------------------------------------------------------------------
     def on_queued(self, group_id: str) -> None:
-        """``group_id`` is now in the queue (its consumption position is fixed)."""
+        """``group_id`` is now in the queue (a consumer may take it)."""
         with self._cond:
             if group_id in self._consumed_unqueued:
                 self._consumed_unqueued.discard(group_id)
