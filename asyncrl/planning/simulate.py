@@ -31,7 +31,7 @@ from asyncrl.planning.decode import Row, decode
 from asyncrl.planning.setting import SCHEDULES, Cluster, Prediction, Prices, Setting, Span, Work
 from asyncrl.planning.sim_ports import SimPorts
 from asyncrl.planning.stream import StreamSim
-from asyncrl.schedules.fully_async.staleness import StalenessBudget
+from asyncrl.schedules.fully_async.slots import budget_of
 from asyncrl.schedules.loops import LOOPS
 from asyncrl.telemetry.timeline import union_seconds
 
@@ -67,13 +67,7 @@ class Sim(StreamSim):
         self.cost, self.cluster, self.setting, self.steps = cost, cluster, setting, steps
         self.seed, self.fault, self.faulted = seed, fault, False
         self.consumed: list[tuple[str, int, int]] = []  # fully_async: (group, controller's staleness, rows' own)
-        self.budget = StalenessBudget(
-            require_batches=setting.require_batches,
-            ppo_mini_batch_size=cost.ppo_mini_batch_size,
-            trigger_parameter_sync_step=setting.trigger_parameter_sync_step,
-            staleness_threshold=setting.staleness_threshold,
-            rule=setting.staleness_rule,
-        )
+        self.budget = budget_of(setting, cost.ppo_mini_batch_size)
         # enough prompts that the run never wraps an epoch (a smaller set is shuffled faster than a large one)
         b = self.budget
         self.dataset_size = dataset_size or (steps + 2) * b.groups_per_update + 2 * b.groups_per_window_budget + 4096

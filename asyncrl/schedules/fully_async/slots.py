@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from asyncrl.config import AsyncTrainingConfig
 from asyncrl.schedules.fully_async.queue import MessageQueue
 from asyncrl.schedules.fully_async.staleness import StalenessBudget
 from asyncrl.types import Sample
@@ -21,7 +20,16 @@ class QueueKnobs(Protocol):
     drop_policy: str
 
 
-def budget_of(at: AsyncTrainingConfig, ppo_mini_batch_size: int) -> StalenessBudget:
+class BudgetKnobs(Protocol):
+    """What sets the staleness budget: ``async_training``'s keys (the performance model's ``Setting`` has them too)."""
+
+    require_batches: int
+    trigger_parameter_sync_step: int
+    staleness_threshold: float
+    staleness_rule: str
+
+
+def budget_of(at: BudgetKnobs, ppo_mini_batch_size: int) -> StalenessBudget:
     return StalenessBudget(
         require_batches=at.require_batches,
         ppo_mini_batch_size=ppo_mini_batch_size,
