@@ -7,6 +7,7 @@ the trainer turns a list of samples into padded tensors with ``asyncrl.data.coll
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,16 @@ class PrefillStats:
         """``perf/rollout_prefill_saving``: the share of prompt tokens not prefilled because an identical prompt was
         (none when nothing was prefilled)."""
         return {"perf/rollout_prefill_saving": self.saved_tokens / self.unshared_tokens} if self.unshared_tokens else {}
+
+
+def engine_chunks(prefix_lengths: Sequence[int], size: int) -> list[list[int]]:
+    """The built-in engine's decode calls over rows with these prefix lengths: row indices in chunks of at most
+    ``size``; with more rows than that, sorted by prefix length first (stable: a group's adjacent rows stay together)
+    so each chunk pads and prefills less. The engine decodes by this rule; the profile and the simulator price it."""
+    order = list(range(len(prefix_lengths)))
+    if len(order) > size:
+        order.sort(key=lambda i: prefix_lengths[i])
+    return [order[i : i + size] for i in range(0, len(order), size)]
 
 
 @dataclass

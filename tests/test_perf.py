@@ -310,7 +310,7 @@ def test_profile_and_plan_on_a_real_run(sync_run, tmp_path):
 
     cost = profile_run(sync_run)
     assert cost.schedule == "sync" and cost.prompts_per_step == 4 and cost.n == 4
-    assert len(cost.groups) == 4 * 4 and all(len(rs) == 4 for _, rs in cost.groups)  # steps 2..5, 4 groups each
+    assert len(cost.groups) == 5 * 4 and all(len(rs) == 4 for _, rs in cost.groups)  # every step, 4 groups each
     assert cost.decode.n == 4 and all(c >= 0 for c in cost.decode.coef)
     assert 0 < cost.update_keep < 2 and cost.weight_bytes > 0
     res = _cli("profile", str(sync_run), cwd=Path.cwd())

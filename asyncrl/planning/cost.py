@@ -227,11 +227,11 @@ class CostModel:
     max_batch_size: int
     max_new_tokens: int
     ppo_mini_batch_size: int
-    # every trained group's (prompt length, its responses' lengths): the distribution with its tail, and the
-    # lengths within a group kept together (a hard prompt's rows are all long)
+    # every trained group's (prompt length, its responses' lengths), in the run's data order: the distribution with
+    # its tail, and the lengths within a group kept together (a hard prompt's rows are all long)
     groups: tuple[tuple[int, tuple[int, ...]], ...]
-    # positions the update processed per position of the samples: skipped zero-advantage rows lower it, padding
-    # raises it (above 1 where the update skips nothing)
+    # positions the update processed per position of the samples, over the measured steps together: skipped
+    # zero-advantage rows lower it, padding raises it (above 1 where the update skips nothing)
     update_keep: float
     shared_prefix: bool
     # the device it ran on

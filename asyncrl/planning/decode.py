@@ -15,6 +15,7 @@ from typing import TypeVar
 from asyncrl.planning.clock import Compute
 from asyncrl.planning.cost import Segment, continuous_schedule, decode_segments, prefill_tokens
 from asyncrl.planning.setting import Prices
+from asyncrl.types import engine_chunks
 
 T = TypeVar("T")
 PIECES = 16  # a decode call is cut into at most this many pieces per segment: a pause lands within 1/16 of it
@@ -49,7 +50,7 @@ def decode(
     shares = split_by_group(rows, prices.replicas, key=lambda r: r.shared if r.shared >= 0 else id(r))
     size = cost.chunk_rows or max(1, len(rows))
     # every replica's chunks run one after another; the replicas step together
-    plans = [[share[i : i + size] for i in range(0, len(share), size)] for share in shares]
+    plans = [[[share[i] for i in c] for c in engine_chunks([rows[i].prefix for i in share], size)] for share in shares]
     n_calls = max((len(chunks) for chunks in plans), default=0)
     cut = False
     for c in range(n_calls):

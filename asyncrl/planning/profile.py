@@ -6,7 +6,9 @@ update's processed tokens) and ``timeline.json`` (each worker's ``generate``, ``
 spans). Fitted over the measured steps (the first, which pays one-off costs, left out):
 
 - decode seconds per engine call ~ call + step x decode steps + token x positions run (live rows per step plus
-  prefilled tokens), the regressors computed from each step's rows as the engine batches them (``cost``);
+  prefilled tokens), the regressors computed from each step's rows as the engine batches them (``cost``); the
+  built-in engine's measured steps (``decode_segments`` on the timeline: seconds per stretch of a constant batch)
+  price a step and a row of it directly, the call's part fitted on what they leave;
 - update seconds ~ call + token x processed tokens; the rest of the train call likewise;
 - reward seconds per scored row; prepare (advantages, a teacher's knowledge in distillation: the teacher's latency)
   per step and per prompt + response token of the batch; the step's remaining driver time per step.
@@ -37,6 +39,7 @@ from asyncrl.planning.cost import (
 )
 from asyncrl.telemetry.timeline import read_chrome_trace
 from asyncrl.telemetry.trace import WORK_FILE
+from asyncrl.types import engine_chunks
 
 
 class ProfileError(UserInputError, ValueError):
@@ -64,13 +67,6 @@ def _weight_bytes(run: Path) -> int:
     return 0
 
 
-def _chunks(rows: list[tuple[int, int, int]], size: int) -> list[list[tuple[int, int, int]]]:
-    """The engine's chunks of ``max_batch_size`` rows (grouped by prefix length when there is more than one)."""
-    if len(rows) > size:
-        rows = sorted(rows, key=lambda r: r[1])
-    return [rows[i : i + size] for i in range(0, len(rows), size)]
-
-
 def generation_regressors(
     rec: dict[str, Any], max_batch_size: int, shared: bool, engine: str = "builtin", slots: int = 0
 ) -> dict[str, float]:
@@ -79,7 +75,10 @@ def generation_regressors(
     of every row, ``slots`` at a time (every request prefilled)."""
     rows = list(zip(rec["group"], rec["prompt_len"], rec["response_len"]))
     total: dict[str, float] = defaultdict(float)
-    chunks = [rows] if engine == "vllm" else _chunks(rows, max_batch_size)
+    if engine == "vllm":
+        chunks = [rows]
+    else:
+        chunks = [[rows[i] for i in c] for c in engine_chunks([p for _, p, _ in rows], max_batch_size)]
     for chunk in chunks:
         prefill = prefill_tokens(((g if shared else None, p) for g, p, _ in chunk), engine)
         for k, v in decode_regressors([r for _, _, r in chunk], prefill, engine, slots).items():
@@ -90,10 +89,23 @@ def generation_regressors(
 DECODE_NAMES = ("call", "step", "token", "prefill_token")
 
 
-def _fit_decode(X: list[list[float]], y: list[float], prefill_s: float | None) -> Term:
-    """(call, step, token, prefill_token): with a probed prefill price, the rest fitted on what prefill leaves;
-    without, a prefilled token priced as a decoded position (the two fitted as one regressor)."""
-    if prefill_s is not None:
+def _fit_decode(
+    X: list[list[float]], y: list[float], prefill_s: float | None, segments: list[tuple[int, int, float]] = ()
+) -> Term:
+    """(call, step, token, prefill_token). With ``segments`` (the engine's measured decode steps: rows in the batch,
+    steps, seconds), a step's fixed part and its part per row are fitted on them, where the batch size varies
+    within a call (the steps of a long tail run at a fraction of the batch), and the call's part on what the steps
+    leave of each generation. Without, all three on the generations alone, where the steps, positions and calls of a
+    step move together and the split between them is poorly determined. A probed prefill price is taken as
+    measured; without one a prefilled token is priced as a decoded position (the two fitted as one regressor)."""
+    if segments:
+        per = fit_term(("step", "token"), [[n, n * live] for live, n, _ in segments], [sec for *_, sec in segments])
+        step_c, token_c = per.coef
+        prefill_c = token_c if prefill_s is None else prefill_s
+        left = [v - step_c * x[1] - token_c * x[2] - prefill_c * x[3] for x, v in zip(X, y)]
+        call = fit_term(("call",), [[x[0]] for x in X], left)
+        coef: tuple[float, ...] = (call.coef[0], step_c, token_c, prefill_c)
+    elif prefill_s is not None:
         rest = fit_term(("call", "step", "token"), [x[:3] for x in X], [v - prefill_s * x[3] for x, v in zip(X, y)])
         coef = (*rest.coef, prefill_s)
     else:
@@ -146,8 +158,9 @@ def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
     gens: dict[int, list[float]] = defaultdict(list)
     rewards: dict[int, float] = defaultdict(float)
     updates: dict[int, float] = {}
+    segments: dict[int, list[tuple[int, int, float]]] = {}  # a step's measured decode steps (the built-in engine)
     for e in events:
-        if e.get("kind") != "span" or e.get("worker") == "driver":
+        if e.get("kind") not in ("span", "instant") or e.get("worker") == "driver":
             continue
         step = e.get("step")
         dur = e["end_s"] - e["start_s"]
@@ -155,13 +168,14 @@ def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
             gens[step].append(dur)
         elif e["name"] == "reward":
             rewards[step] += dur
+        elif e["name"] == "decode_segments" and step is not None:
+            segments.setdefault(step, [(int(a), int(b), float(c)) for a, b, c in e["args"].get("segments", [])])
         elif e["name"] == "update_actor":
             updates[step] = updates.get(step, 0.0) + dur
     r = cfg.rollout
     shared = bool(r.enable_prefix_caching)
     X_dec, y_dec, X_up, y_up, y_oth = [], [], [], [], []
     y_rew, X_rew, prep, X_prep, other, keep = [], [], [], [], [], []
-    groups_all: list[tuple[int, tuple[int, ...]]] = []
     for m in body:
         s, w = m["step"], works[m["step"]]
         if not gens.get(s):
@@ -180,11 +194,10 @@ def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
         gen_s = m["timing_s/gen"] if schedule == "sync" else 0.0
         other.append(max(0.0, m["timing_s/step"] - gen_s - m.get("timing_s/prepare", 0.0) - m["timing_s/train"]))
         groups = step_groups(w)
-        groups_all += groups
         X_prep.append([1.0, float(update_positions(groups, shared_prefix=False))])  # what a teacher scores
         full = update_positions(groups, cfg.actor.shared_prefix)
-        if tokens > 0 and full > 0:
-            keep.append(tokens / full)  # padding included: what the fitted per-token price was paid on
+        keep.append((tokens, full))  # padding included: what the fitted per-token price was paid on
+    measured = [seg for m in body for seg in segments.get(m["step"], [])]
     on_gpu = cfg.trainer.n_gpus_per_node > 0
     trainer_units = (cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node) if on_gpu else int(cfg.trainer.cpus_per_worker)
     rollout_units = (r.nnodes * r.n_gpus_per_node) if r.n_gpus_per_node > 0 else int(r.cpus_per_worker)
@@ -197,15 +210,15 @@ def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
         max_batch_size=int(r.max_batch_size),
         max_new_tokens=int(r.response_length),
         ppo_mini_batch_size=int(cfg.actor.ppo_mini_batch_size),
-        groups=tuple(groups_all),
-        update_keep=statistics.mean(keep) if keep else 1.0,
+        groups=tuple(g for step in sorted(works) for g in step_groups(works[step])),
+        update_keep=_keep(keep),
         shared_prefix=bool(cfg.actor.shared_prefix),
         device="cuda" if on_gpu else "cpu",
         cores=trainer_units if on_gpu else (os.cpu_count() or 1),
         gen_threads=max(1, gen_units),
         train_threads=max(1, trainer_units),
         weight_bytes=_weight_bytes(run),
-        decode=_fit_decode(X_dec, y_dec, None),
+        decode=_fit_decode(X_dec, y_dec, None, measured),
         update=fit_term(("call", "token"), X_up, y_up),
         train_other=fit_term(("call", "token"), X_up, y_oth),
         prepare=fit_term(("call", "token"), X_prep, prep),
@@ -218,5 +231,13 @@ def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
         from asyncrl.planning.probe import probe as measure
 
         cost = measure(cost, run)
-        cost = replace(cost, decode=_fit_decode(X_dec, y_dec, cost.scaling.prefill_token_s))
+        cost = replace(cost, decode=_fit_decode(X_dec, y_dec, cost.scaling.prefill_token_s, measured))
     return cost
+
+
+def _keep(steps: list[tuple[float, int]]) -> float:
+    """Positions the update processed per position of the samples, over every measured step together (a step
+    whose groups all had zero advantage processed none, and counts)."""
+    full = sum(f for _, f in steps)
+    tokens = sum(t for t, _ in steps)
+    return tokens / full if full > 0 and tokens > 0 else 1.0

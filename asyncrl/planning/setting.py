@@ -180,7 +180,10 @@ class Prices:
 
 # ---- the work: groups drawn from the profile -------------------------------------------------------------------------
 class Work:
-    """Prompt groups drawn (seeded, with replacement) from the profiled run's own groups."""
+    """The profiled run's own groups: the k-th prompt the simulated run asks for is the profiled run's k-th, in its
+    data order (a run of the same data meets the same prompts in that order, and their lengths are known: a long
+    tail's few long groups land where they landed); past the end of the profile, groups drawn (seeded, with
+    replacement) from them."""
 
     def __init__(self, cost: CostModel, seed: int):
         self.cost, self.rng = cost, random.Random(seed)
@@ -189,7 +192,9 @@ class Work:
     def group(self, epoch: int, index: int) -> tuple[int, tuple[int, ...]]:
         key = (epoch, index)
         if key not in self.drawn:
-            self.drawn[key] = self.cost.groups[self.rng.randrange(len(self.cost.groups))]
+            groups = self.cost.groups
+            k = len(self.drawn)
+            self.drawn[key] = groups[k] if k < len(groups) else groups[self.rng.randrange(len(groups))]
         return self.drawn[key]
 
     def update_tokens(self, groups: list[tuple[int, tuple[int, ...]]]) -> float:

@@ -1,6 +1,7 @@
 """Generate on a rollout engine and score each sample's rule reward where it was made: what a rollout worker and the
 sync schedule's trainer do for every batch. The engine and the timeline are passed in (any engine with
-``generate``, ``version`` and ``last_prefill``; ``asyncrl.telemetry.timeline.Timeline``)."""
+``generate``, ``version`` and ``last_prefill``, and ``last_segments`` where it measures its decode steps;
+``asyncrl.telemetry.timeline.Timeline``)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ def generate_scored(
             samples = engine.generate(prompts, params, seed=seed, on_sample=scorer.submit)  # type: ignore[union-attr]
         else:
             samples = engine.generate(prompts, params, seed=seed)
+    segments = getattr(engine, "last_segments", ())
+    if segments:  # the built-in engine's measured decode steps, by batch size (``asyncrl profile`` fits them)
+        timeline.instant("decode_segments", step=step, worker=worker, segments=[list(s) for s in segments])
     metrics: dict[str, float] = {}
     if score:
         with timeline.span("reward", step=step, worker=worker):

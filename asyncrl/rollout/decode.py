@@ -12,6 +12,7 @@ cache, so long tails do not pay for rows that are already done.
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +40,9 @@ class DecodeResult:
     logprobs: list[list[float]]
     stop_reasons: list[str]
     prefill: PrefillStats = PrefillStats()
+    # (rows in the batch, decode steps, seconds) per stretch of a constant batch, in order: what each step cost at
+    # each batch size, measured (``asyncrl profile`` prices a decode step from them)
+    segments: tuple[tuple[int, int, float], ...] = ()
 
 
 def unique_prefixes(prefixes: list[list[int]]) -> tuple[list[list[int]], list[int]]:
@@ -158,7 +162,10 @@ def decode_batch(
     active_b = torch.ones(B, dtype=torch.bool)
     mask_bK = mask_BL.to(device)
     next_pos_b = pos_BL[:, -1].to(device) + 1
+    segments: list[tuple[int, int, float]] = []
+    seg_steps, seg_t0 = 0, time.perf_counter()
     for t in range(T):
+        seg_steps += 1
         # Sampled on the logits' device from the rows' own draws; B tokens and log-probs come back to the host.
         uniforms_b = None if params.greedy else streams.uniforms(rows_b.tolist(), t)
         tok_b, logp_b = (x.cpu() for x in sample_rows(logits_bV, params, uniforms_b))
@@ -182,6 +189,9 @@ def decode_batch(
             reason_B[rows_b[active_b]] = INTERRUPTED
             break
         if n_active <= len(rows_b) // 2:
+            now = time.perf_counter()
+            segments.append((len(rows_b), seg_steps, now - seg_t0))
+            seg_steps, seg_t0 = 0, now
             keep_b = active_b.nonzero().squeeze(-1)
             cache.batch_select_indices(keep_b.to(device))
             rows_b, tok_b, active_b = rows_b[keep_b], tok_b[keep_b], active_b[keep_b]
@@ -191,8 +201,10 @@ def decode_batch(
         logits_bV = _last_logits(model, feed_b[:, None], mask_bK, next_pos_b[:, None], cache, keep_last)
         next_pos_b = next_pos_b + 1
 
+    if seg_steps:
+        segments.append((len(rows_b), seg_steps, time.perf_counter() - seg_t0))
     lengths = length_B.tolist()
     tokens = [row[:n] for row, n in zip(out_tok_BT.tolist(), lengths)]
     logprobs = [row[:n] for row, n in zip(out_logp_BT.tolist(), lengths)]
     reasons = [STOP_REASONS[r] for r in reason_B.tolist()]
-    return DecodeResult(tokens, logprobs, reasons, PrefillStats(prefill_tokens, unshared_tokens))
+    return DecodeResult(tokens, logprobs, reasons, PrefillStats(prefill_tokens, unshared_tokens), tuple(segments))

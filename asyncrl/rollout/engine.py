@@ -33,7 +33,7 @@ from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_t
 from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, WeightUpdateError
 from asyncrl.rollout.rows import check_prompts, extend_sample, resumable, row_streams
 from asyncrl.rollout.sampling import RowStreams, SamplingParams
-from asyncrl.types import PrefillStats, Prompt, Sample
+from asyncrl.types import PrefillStats, Prompt, Sample, engine_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class RolloutEngine(GatedEngine):
         self.share_prefixes = share_prefixes
         self.quantization = quantization  # "fp8": syncs arrive quantized (asyncrl.models.fp8) and are dequantized
         self.last_prefill = PrefillStats()
+        self.last_segments: tuple[tuple[int, int, float], ...] = ()  # the last decode's steps (``_decode_all``)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.pad_id: int = int(pad_id)
         self._eos_ids_E = torch.tensor(self.eos_token_ids, dtype=torch.long)
@@ -199,25 +200,23 @@ class RolloutEngine(GatedEngine):
         """Decode all rows in chunks of <= max_batch_size, results in input order (``on_row(i, ...)``: row ``i`` of
         the input has finished, see ``decode_batch``'s ``on_finish``).
 
-        With more than one chunk, rows are grouped by prefix length so each chunk pads (and prefills) less. The sort
-        is stable, so rows with identical prefixes that are adjacent in the input (a prompt's n rows in ``generate``,
-        a group's blank rows in the Rollouter's ``resume``) stay adjacent and share one prefill unless a chunk
-        boundary splits them. Sets ``last_prefill``.
+        With more than one chunk, rows are grouped by prefix length (``engine_chunks``) so each chunk pads (and
+        prefills) less. The sort is stable, so rows with identical prefixes that are adjacent in the input (a
+        prompt's n rows in ``generate``, a group's blank rows in the Rollouter's ``resume``) stay adjacent and share
+        one prefill unless a chunk boundary splits them. Sets ``last_prefill`` and ``last_segments`` (every chunk's
+        measured decode steps, ``DecodeResult.segments``).
         """
         self._check_positions(prefixes, budgets)
-        order = list(range(len(prefixes)))
-        if len(prefixes) > self.max_batch_size:
-            order.sort(key=lambda i: len(prefixes[i]))
         tokens: list[list[int]] = [[] for _ in prefixes]
         logprobs: list[list[float]] = [[] for _ in prefixes]
         reasons: list[str] = ["interrupted"] * len(prefixes)
         self.last_prefill = PrefillStats()
+        self.last_segments = ()
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
-                for start in range(0, len(order), self.max_batch_size):
-                    chunk = order[start : start + self.max_batch_size]
+                for chunk in engine_chunks([len(p) for p in prefixes], self.max_batch_size):
                     result = decode_batch(
                         self.model,
                         [prefixes[i] for i in chunk],
@@ -233,6 +232,7 @@ class RolloutEngine(GatedEngine):
                         None if on_row is None else (lambda j, *rest, chunk=chunk: on_row(chunk[j], *rest)),
                     )
                     self.last_prefill += result.prefill
+                    self.last_segments += result.segments
                     for j, i in enumerate(chunk):
                         tokens[i], logprobs[i], reasons[i] = (
                             result.tokens[j],
@@ -241,7 +241,7 @@ class RolloutEngine(GatedEngine):
                         )
         finally:
             self.model.train(was_training)
-        return DecodeResult(tokens, logprobs, reasons, self.last_prefill)
+        return DecodeResult(tokens, logprobs, reasons, self.last_prefill, self.last_segments)
 
     def _check_positions(self, prefixes: list[list[int]], budgets: list[int]) -> None:
         longest = max(len(p) + n for p, n in zip(prefixes, budgets)) if prefixes else 0

@@ -1,0 +1,95 @@
+"""What the planner's prices rest on: the engine's measured decode steps and the fit over them, the engine's own
+chunking in the simulator, the profiled run's prompts replayed in their order, the update's share of positions."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.planning.clock import Clock
+from asyncrl.planning.cost import decode_segments
+from asyncrl.planning.decode import Row, decode
+from asyncrl.planning.profile import _fit_decode, _keep
+from asyncrl.planning.setting import Prices, Work
+from asyncrl.planning.simulate import Cluster, Setting
+from asyncrl.types import engine_chunks
+from tests.test_perf import fixed_cost
+
+
+def test_engine_chunks_group_rows_by_prefix_length_and_keep_adjacent_rows_together():
+    assert engine_chunks([30, 10, 30, 10], 4) == [[0, 1, 2, 3]]  # one chunk: the input order
+    assert engine_chunks([30, 30, 10, 10, 20], 2) == [[2, 3], [4, 0], [1]]
+
+
+def test_the_simulated_decode_chunks_rows_as_the_engine_does():
+    """Rows with prefixes [10, 50, 10] needing [100, 1, 100] tokens, 2 to a call: the engine decodes the two long
+    rows together (101 steps in all); taken in input order they would cost 100 + 100."""
+    cost = fixed_cost(0.01, 1.0, max_batch_size=2, device="cpu")
+    prices = Prices(cost, Cluster.gpus(1), Setting("sync", trainer=1))
+    clock = Clock(None)
+    rows = [Row(100, 10, 0), Row(1, 50, 1), Row(100, 10, 2)]
+    clock.spawn(decode(prices, rows))
+    clock.run()
+    assert clock.now == pytest.approx(101 * 0.01)
+
+
+def test_the_decode_loop_reports_its_steps_by_batch_size(tiny_engine):
+    """``decode_segments``-shaped measurements: the batch starts whole, only shrinks, and the steps add up to the
+    longest row (whatever tokens the model draws)."""
+    from asyncrl.rollout.sampling import SamplingParams
+    from asyncrl.types import Prompt
+
+    engine = tiny_engine
+    prompts = [Prompt(index=i, prompt_ids=[5 + i, 6, 7], data_source="t", ground_truth="") for i in range(3)]
+    samples = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=12, temperature=1.0), seed=3)
+    segs = engine.last_segments
+    assert segs and segs[0][0] == 12
+    assert all(b[0] < a[0] for a, b in zip(segs, segs[1:]))
+    assert all(steps >= 1 and sec >= 0 for _, steps, sec in segs)
+    assert sum(steps for _, steps, _ in segs) == max(len(s.response_ids) for s in samples)
+    # the same shape the planner reconstructs from the row lengths alone
+    assert [(s.live, s.tokens) for s in decode_segments([len(s.response_ids) for s in samples])] == [
+        (live, steps) for live, steps, _ in segs
+    ]
+
+
+def test_measured_steps_price_a_step_and_a_row_that_the_generations_alone_cannot_separate():
+    """Generations whose calls, steps and positions move together leave the split between them open; segments of
+    varying batch size fix it. Built from known prices: step 4 ms, row 0.3 ms, call 50 ms, prefill 0.1 ms/token."""
+    step, token, call, prefill = 0.004, 0.0003, 0.05, 0.0001
+    segs = [(16, 20, 0.0), (8, 30, 0.0), (4, 40, 0.0), (2, 50, 0.0), (1, 60, 0.0)]
+    segs = [(live, n, n * (step + token * live)) for live, n, _ in segs]
+    X = [[2.0, 200.0 + 10 * k, 1800.0 + 160 * k, 400.0] for k in range(6)]
+    y = [call * x[0] + step * x[1] + token * x[2] + prefill * x[3] for x in X]
+    t = _fit_decode(X, y, prefill, segs)
+    assert t.coef == pytest.approx((call, step, token, prefill), rel=1e-6)
+    assert t.rel_err == pytest.approx(0.0, abs=1e-9)
+    unprobed = _fit_decode(X, y, None, segs)  # a prefilled token priced as a decoded position
+    assert unprobed.get("prefill_token") == pytest.approx(token)
+
+
+def test_the_simulated_run_meets_the_profiled_prompts_in_their_order():
+    groups = tuple((10 + k, (k + 1,) * 4) for k in range(5))
+    work = Work(fixed_cost(0.1, 1.0, groups=groups), seed=0)
+    asked = [work.group(0, i) for i in (40, 7, 40, 3, 99)]
+    assert asked == [groups[0], groups[1], groups[0], groups[2], groups[3]]
+    assert work.group(1, 0) == groups[4]
+    assert all(work.group(2, i) in groups for i in range(20))  # past the profile: drawn from it
+
+
+def test_the_update_share_counts_every_measured_step():
+    """A step whose groups all had zero advantage trained nothing: it lowers the share (a mean of per-step ratios
+    over the steps that trained would say 0.5)."""
+    assert _keep([(0.0, 100), (50.0, 100)]) == pytest.approx(0.25)
+    assert _keep([]) == 1.0
+
+
+@pytest.fixture
+def tiny_engine():
+    import string
+
+    from asyncrl.models.presets import build_model
+    from asyncrl.models.tokenizer import build_char_tokenizer
+    from asyncrl.rollout.engine import RolloutEngine
+
+    tok = build_char_tokenizer([string.printable[:95]])
+    return RolloutEngine(build_model("micro", tok, seed=0, initializer_range=0.3), tok, max_batch_size=64)
