@@ -321,6 +321,20 @@ def test_profile_and_plan_on_a_real_run(sync_run, tmp_path):
     assert "trainer.schedule=sync" in res.stdout
 
 
+def test_the_probe_prices_the_streaming_decoder_of_a_real_run(sync_run):
+    """``--probe`` on the built-in engine streams the run's prompts through the engine's slots and prices a step,
+    a row and taking rows in; the simulated fully_async Rollouter is priced by them."""
+    from asyncrl.planning.profile import profile_run
+
+    cost = profile_run(sync_run, probe=True)
+    sc = cost.scaling
+    assert sc.measured and "streamed step" in sc.notes
+    assert sc.stream_step_s is not None and sc.stream_step_s > 0
+    assert sc.stream_row_s is not None and sc.stream_admit_token_s is not None and sc.stream_admit_s is not None
+    setting = Setting("fully_async", trainer=1, rollout=1, staleness_threshold=1.0, partial_rollout=True)
+    assert simulate(cost, Cluster.cpu(2), setting, steps=6).samples_per_s > 0
+
+
 def test_plan_command_prints_ranked_overrides(tmp_path):
     path = tmp_path / "cost.json"
     fixed_cost(0.1, 1.0).save(path)

@@ -3,10 +3,12 @@ chunking in the simulator, the profiled run's prompts replayed in their order, t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from asyncrl.planning.clock import Clock
-from asyncrl.planning.cost import decode_segments
+from asyncrl.planning.cost import Term, decode_segments
 from asyncrl.planning.decode import Row, decode
 from asyncrl.planning.profile import _fit_decode, _keep
 from asyncrl.planning.setting import Prices, Work
@@ -93,3 +95,41 @@ def tiny_engine():
 
     tok = build_char_tokenizer([string.printable[:95]])
     return RolloutEngine(build_model("micro", tok, seed=0, initializer_range=0.3), tok, max_batch_size=64)
+
+
+def test_stream_prices_are_read_from_timed_steps_and_scaled_to_the_run():
+    """Streamed steps at 4, 8 and 16 rows costing 5 ms + 0.3 ms a row, some taking rows in (2 ms + 0.1 ms a token on
+    top); this process's batch steps cost 4 ms + 0.2 ms a row where the run's cost 5 ms + 0.25 ms: every streaming
+    price is scaled by 1.25."""
+    from asyncrl.planning.probe import stream_prices
+
+    steps = []
+    for k, live in enumerate([4, 8, 16] * 20):
+        tokens = 40 + k if k % 3 == 0 else 0
+        steps.append((live, tokens, 0.005 + 0.0003 * live + (0.002 + 0.0001 * tokens if tokens else 0.0)))
+    batch = [(live, n, n * (0.004 + 0.0002 * live)) for live, n in [(16, 10), (8, 20), (4, 30), (2, 40), (1, 50)]]
+    run = Term(("call", "step", "token", "prefill_token"), (0.03, 0.005, 0.00025, 0.0001))
+    a, b, adm, adm_tok, scale = stream_prices(batch, steps, run)
+    assert scale == pytest.approx(1.25)
+    assert (a, b, adm, adm_tok) == pytest.approx((0.005 * 1.25, 0.0003 * 1.25, 0.002 * 1.25, 0.0001 * 1.25))
+
+
+def test_a_probed_streaming_decoder_prices_the_simulated_rollouter():
+    """fully_async's simulated engine steps at the probed streaming prices, not the batch decode's: a step costing
+    twice as much halves the Rollouter's output where it is the bottleneck."""
+    from asyncrl.planning.cost import Scaling
+    from asyncrl.planning.simulate import simulate
+
+    base = fixed_cost(0.01, 0.05, length=40, device="cpu", max_batch_size=16, ppo_mini_batch_size=8)
+    setting = Setting("fully_async", trainer=1, rollout=1, staleness_threshold=1.0, partial_rollout=True)
+    batch_priced = simulate(base, Cluster.cpu(4), setting, steps=12)
+    probed = dataclasses.replace(
+        base, scaling=Scaling(stream_step_s=0.01, stream_row_s=0.0, stream_admit_s=0.0, stream_admit_token_s=0.0)
+    )
+    twice = dataclasses.replace(
+        base, scaling=Scaling(stream_step_s=0.02, stream_row_s=0.0, stream_admit_s=0.0, stream_admit_token_s=0.0)
+    )
+    same = simulate(probed, Cluster.cpu(4), setting, steps=12)
+    slow = simulate(twice, Cluster.cpu(4), setting, steps=12)
+    assert same.samples_per_s == pytest.approx(batch_priced.samples_per_s, rel=1e-6)
+    assert slow.samples_per_s == pytest.approx(batch_priced.samples_per_s / 2, rel=0.1)

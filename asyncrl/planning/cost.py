@@ -206,6 +206,13 @@ class Scaling:
     measured: bool = False
     notes: str = ""
     prefill_token_s: float | None = None  # seconds per prefilled token on the run's threads (None: not probed)
+    # the built-in engine streaming (fully_async's Rollouter), on the run's threads, in the run's process (None: not
+    # probed; the batch decode's prices): a step = fixed + per row in a slot; taking rows in = fixed + per prefilled
+    # token (the prefill, and moving the slots' cache to make room)
+    stream_step_s: float | None = None
+    stream_row_s: float | None = None
+    stream_admit_s: float | None = None
+    stream_admit_token_s: float | None = None
 
     def speed(self, phase: str, threads: float) -> float:
         """Throughput on ``threads`` cores (fractional: time-sliced) relative to one core."""

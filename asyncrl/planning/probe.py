@@ -4,6 +4,11 @@ own model and prompts.
 - Thread scaling: one step's generation (the run's prompts x n, its sampling) and one update on those samples, at 1
   thread and at the run's threads; Amdahl's serial fraction of each, so the model can price a phase on a thread
   count the run did not use (a one-thread rollout worker beside a two-thread trainer).
+- Streaming (built-in engine): the run's prompts streamed through the engine's slots as ``fully_async``'s Rollouter
+  admits them (a group whenever its rows fit), each step timed: a step's fixed part and its part per row, and what
+  taking rows in costs (a prefill, and moving the slots' cache to make room) per admission and per prefilled token.
+  They are measured outside the run, so they are scaled by how the run's own batch decode steps compare with the
+  same engine's measured here (``decode_segments``): what the run's process adds is kept.
 - Prefill: the seconds per prompt token of a prefill forward against the decode's per-position price (a resumed
   partial row is prefilled again; a run whose prompts are all alike cannot separate the two).
 - Weight sync: a broadcast of the model's bytes between two processes over gloo on 127.0.0.1, at two sizes: the
@@ -29,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.planning.cost import CostModel, Scaling
+from asyncrl.planning.cost import CostModel, Scaling, Term, fit_term
 
 
 def amdahl_serial(t1: float, tn: float, n: int) -> float:
@@ -96,6 +101,7 @@ class Workloads:
     prefill_tokens: int
     prefill_base: Callable[[int], object] | None = None
     apply: Callable[[], object] | None = None
+    stream: Callable[[], tuple[list[tuple[int, int, float]], list[tuple[int, int, float]]]] | None = None
 
 
 def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
@@ -109,7 +115,8 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
     run = Path(run_dir)
     cfg = load_config(str(run / "config.yaml"))
     model, tok = load_model(run / "final")
-    rows = load_rows(cfg.data.train_files)[:prompts_per_step]
+    all_rows = load_rows(cfg.data.train_files)
+    rows = all_rows[:prompts_per_step]
     dataset = PromptDataset(rows, tok, cfg.data.max_prompt_length)
     prompts = [dataset[i] for i in range(len(dataset))]
     params = SamplingParams.from_config(cfg.rollout)
@@ -123,12 +130,76 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
         with torch.no_grad():
             return model(input_ids=ids)
 
+    def stream() -> tuple[list[tuple[int, int, float]], list[tuple[int, int, float]]]:
+        """(the batch decode's measured segments, the streamed steps) on this engine, on the current threads. The
+        stream is held at a few numbers of rows, up to the most the run decoded at once (where its prices were
+        measured): a group, twice that, ... (the fixed and the per-row part of a step are told apart)."""
+        batch = []
+        for seed in (101, 102):
+            engine.generate(prompts, params, seed=seed)
+            batch += engine.last_segments
+        top = min(engine.capacity, max(n, len(prompts) * n))
+        levels = sorted({min(top, n << k) for k in range(top.bit_length() + 1)})
+        steps = []
+        for i, limit in enumerate(levels):
+            steps += stream_steps(engine, stream_prompts, params, n, 103 + i, STREAM_STEPS // len(levels), limit)
+        return batch, steps
+
+    streamed = PromptDataset(all_rows[:64], tok, cfg.data.max_prompt_length)  # enough groups to keep slots full
+    stream_prompts = [streamed[i] for i in range(len(streamed))]
     return Workloads(
         generate=lambda seed: engine.generate(prompts, params, seed=seed),
         update=_update_of(cfg, model, tok, samples),
         prefill=prefill,
         prefill_tokens=ids.numel(),
+        stream=stream,
     )
+
+
+STREAM_STEPS = 400  # streamed steps the probe times (a few seconds on a small model)
+
+
+def stream_steps(
+    engine, prompts: list, params, n: int, seed: int, steps: int, limit: int
+) -> list[tuple[int, int, float]]:
+    """(rows in slots, tokens prefilled, seconds) of each of ``steps`` steps of ``engine`` streaming ``prompts``
+    (cycled, a new epoch each pass): a group of ``n`` blank rows is submitted whenever it fits in ``limit`` rows, as
+    the Rollouter admits. The rows still held at the end are interrupted."""
+    from asyncrl.types import Sample
+
+    out: list[tuple[int, int, float]] = []
+    k = 0
+    engine.take_prefill()
+    while len(out) < steps:
+        while min(limit, engine.capacity) - engine.live_rows() >= n:
+            p = replace(prompts[k % len(prompts)], epoch=k // len(prompts))
+            engine.submit([Sample(p, [], [], [], "interrupted", 0, row=j) for j in range(n)], params, seed)
+            k += 1
+        live = min(engine.live_rows(), engine.capacity)
+        t0 = time.perf_counter()
+        engine.step()
+        out.append((live, engine.take_prefill().tokens, time.perf_counter() - t0))
+    engine.interrupt()
+    return out
+
+
+def stream_prices(
+    batch: list[tuple[int, int, float]], steps: list[tuple[int, int, float]], run_decode: Term
+) -> tuple[float, float, float, float, float]:
+    """(step s, per row s, per admission s, per admitted token s, scale) of the streaming decoder, from its timed
+    ``steps`` (a step that took rows in pays their admission on top of its decode), scaled by the run's batch decode
+    (``run_decode``) over this process's (``batch``: measured segments) at the streamed steps' mean rows."""
+    plain = [(live, sec) for live, tokens, sec in steps if tokens == 0]
+    step = fit_term(("step", "token"), [[1.0, live] for live, _ in plain], [sec for _, sec in plain])
+    a, b = step.coef
+    taking = [(tokens, sec - a - b * live) for live, tokens, sec in steps if tokens > 0]
+    admit = fit_term(("call", "token"), [[1.0, tokens] for tokens, _ in taking], [extra for _, extra in taking])
+    here = fit_term(("step", "token"), [[n, n * live] for live, n, _ in batch], [sec for *_, sec in batch])
+    rows = statistics.fmean(live for live, _, _ in steps)
+    scale = (run_decode.get("step") + run_decode.get("token") * rows) / max(
+        here.get("step") + here.get("token") * rows, 1e-12
+    )
+    return a * scale, b * scale, admit.get("call") * scale, admit.get("token") * scale, scale
 
 
 def _update_of(cfg, model, tok, samples) -> Callable[[], object]:
@@ -220,6 +291,7 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
     phases = {"gen": w.generate, "upd": w.update, "prefill": w.prefill}
     if w.prefill_base is not None:
         phases["prefill_base"] = w.prefill_base
+    before_threads = torch.get_num_threads()
     times = time_rounds(phases, threads, rounds, budget_s)
     rounds = len(times[("gen", 1)])
     gen = {t: statistics.median(times[("gen", t)]) for t in (1, threads)}
@@ -241,6 +313,21 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
         fixed += statistics.median(applied)
         apply_note = f"; vLLM loads the weights in {statistics.median(applied):.3f} s (added to the fixed cost)"
     n = threads
+    stream_kw: dict[str, float] = {}
+    stream_note = ""
+    if w.stream is not None:  # at the run's generation threads, the ones its decode prices were fitted on
+        t = n if cost.gen_threads >= n else 1
+        torch.set_num_threads(t)
+        try:
+            batch, steps = w.stream()
+        finally:
+            torch.set_num_threads(before_threads)
+        a, b, adm, adm_tok, scale = stream_prices(batch, steps, cost.decode)
+        stream_kw = dict(stream_step_s=a, stream_row_s=b, stream_admit_s=adm, stream_admit_token_s=adm_tok)
+        stream_note = (
+            f"; streamed step {a * 1e3:.2f} ms + {b * 1e3:.3f} ms/row, taking rows in {adm * 1e3:.2f} ms + "
+            f"{adm_tok * 1e6:.1f} us/token on {t} (x{scale:.2f}: the run's batch steps over this process's)"
+        )
     scaling = Scaling(
         gen_serial=amdahl_serial(speedup["gen"], 1.0, n),
         train_serial=amdahl_serial(speedup["upd"], 1.0, n),
@@ -250,8 +337,9 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
         notes=(
             f"generate {gen[1]:.3f} s on 1 thread, {gen[n]:.3f} s on {n} ({speedup['gen']:.2f}x paired); update "
             f"{upd[1]:.3f} s / {upd[n]:.3f} s ({speedup['upd']:.2f}x); "
-            f"prefill {prefill[n] * 1e6:.1f} us/token on {n}{apply_note}; {rounds} rounds"
+            f"prefill {prefill[n] * 1e6:.1f} us/token on {n}{apply_note}{stream_note}; {rounds} rounds"
         ),
         prefill_token_s=prefill[n] if cost.gen_threads >= n else prefill[1],
+        **stream_kw,
     )
     return replace(cost, scaling=scaling)

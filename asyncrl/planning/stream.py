@@ -102,6 +102,9 @@ class StreamSim:
         """Seconds of one decode step of ``rank``: vLLM's runs its live rows, the built-in engine's every slot in use
         (free ones between live ones included)."""
         rows = len(rank.live) if self.cost.engine == "vllm" else len(rank.used)
+        sc = self.cost.scaling
+        if sc.stream_step_s is not None and sc.stream_row_s is not None:  # probed: the streaming decoder's own
+            return (sc.stream_step_s + sc.stream_row_s * rows) * self.prices.gen_factor
         return self.prices.segments_cost(Segment(1, rows, 0), 1)
 
     def _submit(self, rank: SimRank, rows: list[Sample]) -> None:
@@ -119,7 +122,10 @@ class StreamSim:
     def _admission_s(self, tokens: int) -> float:
         """Seconds a streaming engine spends taking rows in: their prefill, one forward. Not the batch decoder's
         per-call cost (``decode.call``: the setup of a whole ``generate`` call, which a running stream never pays
-        again)."""
+        again). Probed: what taking rows in cost the streaming decoder (``probe.stream_prices``)."""
+        sc = self.cost.scaling
+        if sc.stream_admit_s is not None and sc.stream_admit_token_s is not None:
+            return (sc.stream_admit_s + sc.stream_admit_token_s * tokens) * self.prices.gen_factor
         return self.cost.decode.get("prefill_token") * tokens * self.prices.gen_factor
 
     def _advance(self, seconds: float, version: int) -> list[list[Sample]]:
