@@ -109,9 +109,12 @@ def test_stream_prices_are_read_from_timed_steps_and_scaled_to_the_run():
         steps.append((live, tokens, 0.005 + 0.0003 * live + (0.002 + 0.0001 * tokens if tokens else 0.0)))
     batch = [(live, n, n * (0.004 + 0.0002 * live)) for live, n in [(16, 10), (8, 20), (4, 30), (2, 40), (1, 50)]]
     run = Term(("call", "step", "token", "prefill_token"), (0.03, 0.005, 0.00025, 0.0001))
-    a, b, adm, adm_tok, scale = stream_prices(batch, steps, run)
+    priced = stream_prices(batch, steps, run)
+    assert priced is not None
+    a, b, adm, adm_tok, scale = priced
     assert scale == pytest.approx(1.25)
     assert (a, b, adm, adm_tok) == pytest.approx((0.005 * 1.25, 0.0003 * 1.25, 0.002 * 1.25, 0.0001 * 1.25))
+    assert stream_prices(batch, [s for s in steps if s[1] == 0], run) is None  # no admission timed: not priced
 
 
 def test_a_probed_streaming_decoder_prices_the_simulated_rollouter():

@@ -185,11 +185,14 @@ def stream_steps(
 
 def stream_prices(
     batch: list[tuple[int, int, float]], steps: list[tuple[int, int, float]], run_decode: Term
-) -> tuple[float, float, float, float, float]:
+) -> tuple[float, float, float, float, float] | None:
     """(step s, per row s, per admission s, per admitted token s, scale) of the streaming decoder, from its timed
     ``steps`` (a step that took rows in pays their admission on top of its decode), scaled by the run's batch decode
-    (``run_decode``) over this process's (``batch``: measured segments) at the streamed steps' mean rows."""
+    (``run_decode``) over this process's (``batch``: measured segments) at the streamed steps' mean rows. None when
+    the steps cannot tell them apart (no step without an admission, or none with one, or no batch segment)."""
     plain = [(live, sec) for live, tokens, sec in steps if tokens == 0]
+    if not plain or len(plain) == len(steps) or not batch:
+        return None
     step = fit_term(("step", "token"), [[1.0, live] for live, _ in plain], [sec for _, sec in plain])
     a, b = step.coef
     taking = [(tokens, sec - a - b * live) for live, tokens, sec in steps if tokens > 0]
@@ -322,12 +325,16 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
             batch, steps = w.stream()
         finally:
             torch.set_num_threads(before_threads)
-        a, b, adm, adm_tok, scale = stream_prices(batch, steps, cost.decode)
-        stream_kw = dict(stream_step_s=a, stream_row_s=b, stream_admit_s=adm, stream_admit_token_s=adm_tok)
-        stream_note = (
-            f"; streamed step {a * 1e3:.2f} ms + {b * 1e3:.3f} ms/row, taking rows in {adm * 1e3:.2f} ms + "
-            f"{adm_tok * 1e6:.1f} us/token on {t} (x{scale:.2f}: the run's batch steps over this process's)"
-        )
+        priced = stream_prices(batch, steps, cost.decode)
+        if priced is None:
+            stream_note = "; streamed steps not priced (they could not tell a step from taking rows in)"
+        else:
+            a, b, adm, adm_tok, scale = priced
+            stream_kw = dict(stream_step_s=a, stream_row_s=b, stream_admit_s=adm, stream_admit_token_s=adm_tok)
+            stream_note = (
+                f"; streamed step {a * 1e3:.2f} ms + {b * 1e3:.3f} ms/row, taking rows in {adm * 1e3:.2f} ms + "
+                f"{adm_tok * 1e6:.1f} us/token on {t} (x{scale:.2f}: the run's batch steps over this process's)"
+            )
     scaling = Scaling(
         gen_serial=amdahl_serial(speedup["gen"], 1.0, n),
         train_serial=amdahl_serial(speedup["upd"], 1.0, n),
