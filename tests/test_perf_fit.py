@@ -136,3 +136,22 @@ def test_a_probed_streaming_decoder_prices_the_simulated_rollouter():
     slow = simulate(twice, Cluster.cpu(4), setting, steps=12)
     assert same.samples_per_s == pytest.approx(batch_priced.samples_per_s, rel=1e-6)
     assert slow.samples_per_s == pytest.approx(batch_priced.samples_per_s / 2, rel=0.1)
+
+
+def test_a_streamed_step_scales_with_threads_as_the_probe_timed_it():
+    """Rounds of the same streamed steps on 1 and 2 threads, the 2-thread ones 1.6x as fast in two rounds of three:
+    the median says a serial fraction of 0.25 (1.6 = 1 / (0.25 + 0.75 / 2)), and the simulated one-thread Rollouter
+    of a two-thread profile is priced 1.6x, whatever generation's own fraction says."""
+    from asyncrl.planning.cost import Scaling
+    from asyncrl.planning.probe import stream_serial
+
+    def steps(scale: float) -> list[tuple[int, int, float]]:
+        return [(live, 0, scale * (0.004 + 0.0002 * live)) for live in (4, 8, 16) * 5]
+
+    rounds = [(steps(1.6), steps(1.0)), (steps(1.6), steps(1.0)), (steps(1.1), steps(1.0))]
+    serial = stream_serial(rounds, 2)
+    assert serial == pytest.approx(0.25)
+    cost = fixed_cost(0.01, 1.0, device="cpu", gen_threads=2, scaling=Scaling(gen_serial=1.0, stream_serial=serial))
+    prices = Prices(cost, Cluster.cpu(2), Setting("fully_async", trainer=1, rollout=1))
+    assert prices.gen_factor == pytest.approx(1.0)  # generation: no gain from a second thread
+    assert prices.stream_factor == pytest.approx(1.6)

@@ -213,10 +213,14 @@ class Scaling:
     stream_row_s: float | None = None
     stream_admit_s: float | None = None
     stream_admit_token_s: float | None = None
+    stream_serial: float | None = None  # Amdahl's serial fraction of a streamed step (None: generation's)
 
     def speed(self, phase: str, threads: float) -> float:
         """Throughput on ``threads`` cores (fractional: time-sliced) relative to one core."""
-        s = self.gen_serial if phase == "gen" else self.train_serial
+        if phase == "stream" and self.stream_serial is not None:
+            s = self.stream_serial
+        else:
+            s = self.gen_serial if phase in ("gen", "stream") else self.train_serial
         if threads <= 1.0:
             return max(threads, 1e-9)
         return 1.0 / (s + (1.0 - s) / threads)

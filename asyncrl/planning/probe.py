@@ -156,7 +156,8 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
     )
 
 
-STREAM_STEPS = 400  # streamed steps the probe times (a few seconds on a small model)
+STREAM_STEPS = 400  # streamed steps the probe times a round (a few seconds on a small model)
+STREAM_ROUNDS = 3  # rounds of them at each thread count
 
 
 def stream_steps(
@@ -183,6 +184,33 @@ def stream_steps(
     return out
 
 
+def plain_step(steps: list[tuple[int, int, float]]) -> tuple[float, float] | None:
+    """(fixed s, per row s) of the streamed steps that took no rows in (None: there were none)."""
+    plain = [(live, sec) for live, tokens, sec in steps if tokens == 0]
+    if not plain:
+        return None
+    a, b = fit_term(("step", "token"), [[1.0, live] for live, _ in plain], [sec for _, sec in plain]).coef
+    return a, b
+
+
+def stream_serial(
+    rounds: list[tuple[list[tuple[int, int, float]], list[tuple[int, int, float]]]], n: int
+) -> float | None:
+    """Amdahl's serial fraction of a streamed step (a streamed step of a small model scales with threads unlike a
+    whole batch generation), from rounds of the same steps timed on 1 thread and on ``n``: the median over rounds of
+    their prices' ratio at the rounds' mean rows."""
+    ratios = []
+    for steps_1, steps_n in rounds:
+        one, many = plain_step(steps_1), plain_step(steps_n)
+        if one is None or many is None:
+            continue
+        rows = statistics.fmean(live for live, _, _ in steps_1 + steps_n)
+        t1, tn = one[0] + one[1] * rows, many[0] + many[1] * rows
+        if tn > 0:
+            ratios.append(t1 / tn)
+    return amdahl_serial(statistics.median(ratios), 1.0, n) if ratios else None
+
+
 def stream_prices(
     batch: list[tuple[int, int, float]], steps: list[tuple[int, int, float]], run_decode: Term
 ) -> tuple[float, float, float, float, float] | None:
@@ -190,11 +218,12 @@ def stream_prices(
     ``steps`` (a step that took rows in pays their admission on top of its decode), scaled by the run's batch decode
     (``run_decode``) over this process's (``batch``: measured segments) at the streamed steps' mean rows. None when
     the steps cannot tell them apart (no step without an admission, or none with one, or no batch segment)."""
-    plain = [(live, sec) for live, tokens, sec in steps if tokens == 0]
-    if not plain or len(plain) == len(steps) or not batch:
+    if not batch or all(tokens == 0 for _, tokens, _ in steps):
         return None
-    step = fit_term(("step", "token"), [[1.0, live] for live, _ in plain], [sec for _, sec in plain])
-    a, b = step.coef
+    fitted = plain_step(steps)
+    if fitted is None:
+        return None
+    a, b = fitted
     taking = [(tokens, sec - a - b * live) for live, tokens, sec in steps if tokens > 0]
     admit = fit_term(("call", "token"), [[1.0, tokens] for tokens, _ in taking], [extra for _, extra in taking])
     here = fit_term(("step", "token"), [[n, n * live] for live, n, _ in batch], [sec for *_, sec in batch])
@@ -318,22 +347,31 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
     n = threads
     stream_kw: dict[str, float] = {}
     stream_note = ""
-    if w.stream is not None:  # at the run's generation threads, the ones its decode prices were fitted on
+    if w.stream is not None:  # at the run's generation threads (its decode prices' own), and at the other count
         t = n if cost.gen_threads >= n else 1
-        torch.set_num_threads(t)
+        timed: dict[int, list[tuple[list, list]]] = {1: [], n: []}
         try:
-            batch, steps = w.stream()
+            for _ in range(STREAM_ROUNDS):  # the thread counts take turns on the same work
+                for k in dict.fromkeys((t, 1, n)):
+                    torch.set_num_threads(k)
+                    timed[k].append(w.stream())
         finally:
             torch.set_num_threads(before_threads)
+        batch = [seg for b, _ in timed[t] for seg in b]
+        steps = [step for _, s in timed[t] for step in s]
         priced = stream_prices(batch, steps, cost.decode)
+        serial = stream_serial([(a[1], b[1]) for a, b in zip(timed[1], timed[n])], n) if n > 1 else None
         if priced is None:
             stream_note = "; streamed steps not priced (they could not tell a step from taking rows in)"
         else:
             a, b, adm, adm_tok, scale = priced
             stream_kw = dict(stream_step_s=a, stream_row_s=b, stream_admit_s=adm, stream_admit_token_s=adm_tok)
+            if serial is not None:
+                stream_kw["stream_serial"] = serial
             stream_note = (
                 f"; streamed step {a * 1e3:.2f} ms + {b * 1e3:.3f} ms/row, taking rows in {adm * 1e3:.2f} ms + "
                 f"{adm_tok * 1e6:.1f} us/token on {t} (x{scale:.2f}: the run's batch steps over this process's)"
+                + ("" if serial is None else f", serial fraction {serial:.2f}")
             )
     scaling = Scaling(
         gen_serial=amdahl_serial(speedup["gen"], 1.0, n),

@@ -150,6 +150,8 @@ class Prices:
         if cluster.kind == "cpu":
             gen_threads = setting.trainer if setting.schedule == "sync" else setting.rollout
             self.gen_factor = sc.speed("gen", cost.gen_threads) / sc.speed("gen", gen_threads)
+            # a streaming engine's step scales with threads as the probe measured it (else as generation does)
+            self.stream_factor = sc.speed("stream", cost.gen_threads) / sc.speed("stream", gen_threads)
             self.train_factor = sc.speed("train", cost.train_threads) / sc.speed("train", setting.trainer)
             self.replicas, self.gen_threads, self.train_threads = 1, float(gen_threads), float(setting.trainer)
             self.pool: str | None = "shared"
@@ -157,7 +159,7 @@ class Prices:
             # generation: one replica per device as profiled (rows split over them); training: tokens split
             rollout_devices = setting.trainer if setting.schedule == "sync" else setting.rollout
             self.replicas = max(1, rollout_devices // max(1, cost.gen_threads))
-            self.gen_factor = 1.0 / speed
+            self.gen_factor = self.stream_factor = 1.0 / speed
             self.train_factor = cost.train_threads / setting.trainer / speed
             self.gen_threads = self.train_threads = 0.0
             self.pool = None

@@ -104,7 +104,7 @@ class StreamSim:
         rows = len(rank.live) if self.cost.engine == "vllm" else len(rank.used)
         sc = self.cost.scaling
         if sc.stream_step_s is not None and sc.stream_row_s is not None:  # probed: the streaming decoder's own
-            return (sc.stream_step_s + sc.stream_row_s * rows) * self.prices.gen_factor
+            return (sc.stream_step_s + sc.stream_row_s * rows) * self.prices.stream_factor
         return self.prices.segments_cost(Segment(1, rows, 0), 1)
 
     def _submit(self, rank: SimRank, rows: list[Sample]) -> None:
@@ -125,8 +125,8 @@ class StreamSim:
         again). Probed: what taking rows in cost the streaming decoder (``probe.stream_prices``)."""
         sc = self.cost.scaling
         if sc.stream_admit_s is not None and sc.stream_admit_token_s is not None:
-            return (sc.stream_admit_s + sc.stream_admit_token_s * tokens) * self.prices.gen_factor
-        return self.cost.decode.get("prefill_token") * tokens * self.prices.gen_factor
+            return (sc.stream_admit_s + sc.stream_admit_token_s * tokens) * self.prices.stream_factor
+        return self.cost.decode.get("prefill_token") * tokens * self.prices.stream_factor
 
     def _advance(self, seconds: float, version: int) -> list[list[Sample]]:
         """Every rank decodes for ``seconds`` (its prefill debt first); returns the rows that ended, per rank."""
