@@ -104,6 +104,13 @@ class Segment:
 ENGINES = ("builtin", "vllm")
 
 
+def segments_term(segments: Sequence[tuple[int, int, float]]) -> Term:
+    """A decode step's (step, token) price: its fixed part and its part per row in the batch, fitted on the
+    built-in engine's measured stretches of a constant batch (rows in the batch, steps, seconds;
+    ``DecodeResult.segments``)."""
+    return fit_term(("step", "token"), [[n, n * live] for live, n, _ in segments], [sec for *_, sec in segments])
+
+
 def decode_segments(remaining: list[int], engine: str = "builtin", slots: int = 0) -> list[Segment]:
     """The decode steps of one call over rows that still need ``remaining`` tokens each, as segments of a constant
     live batch. ``builtin``: the batch starts with every row and drops the finished ones when at most half of it is

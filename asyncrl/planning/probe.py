@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.planning.cost import CostModel, Scaling, Term, fit_term
+from asyncrl.planning.cost import CostModel, Scaling, Term, fit_term, segments_term
 
 
 def amdahl_serial(t1: float, tn: float, n: int) -> float:
@@ -226,7 +226,7 @@ def stream_prices(
     a, b = fitted
     taking = [(tokens, sec - a - b * live) for live, tokens, sec in steps if tokens > 0]
     admit = fit_term(("call", "token"), [[1.0, tokens] for tokens, _ in taking], [extra for _, extra in taking])
-    here = fit_term(("step", "token"), [[n, n * live] for live, n, _ in batch], [sec for *_, sec in batch])
+    here = segments_term(batch)
     rows = statistics.fmean(live for live, _, _ in steps)
     scale = (run_decode.get("step") + run_decode.get("token") * rows) / max(
         here.get("step") + here.get("token") * rows, 1e-12
@@ -349,10 +349,10 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
     stream_note = ""
     if w.stream is not None:  # at the run's generation threads (its decode prices' own), and at the other count
         t = n if cost.gen_threads >= n else 1
-        timed: dict[int, list[tuple[list, list]]] = {1: [], n: []}
+        timed: dict[int, list[tuple[list, list]]] = {1: [], n: []}  # n >= 2 (``threads``)
         try:
             for _ in range(STREAM_ROUNDS):  # the thread counts take turns on the same work
-                for k in dict.fromkeys((t, 1, n)):
+                for k in (1, n):
                     torch.set_num_threads(k)
                     timed[k].append(w.stream())
         finally:
@@ -360,7 +360,7 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
         batch = [seg for b, _ in timed[t] for seg in b]
         steps = [step for _, s in timed[t] for step in s]
         priced = stream_prices(batch, steps, cost.decode)
-        serial = stream_serial([(a[1], b[1]) for a, b in zip(timed[1], timed[n])], n) if n > 1 else None
+        serial = stream_serial([(a[1], b[1]) for a, b in zip(timed[1], timed[n])], n)
         if priced is None:
             stream_note = "; streamed steps not priced (they could not tell a step from taking rows in)"
         else:

@@ -35,6 +35,7 @@ from asyncrl.planning.cost import (
     decode_regressors,
     fit_term,
     prefill_tokens,
+    segments_term,
     update_positions,
 )
 from asyncrl.telemetry.timeline import read_chrome_trace
@@ -99,8 +100,7 @@ def _fit_decode(
     step move together and the split between them is poorly determined. A probed prefill price is taken as
     measured; without one a prefilled token is priced as a decoded position (the two fitted as one regressor)."""
     if segments:
-        per = fit_term(("step", "token"), [[n, n * live] for live, n, _ in segments], [sec for *_, sec in segments])
-        step_c, token_c = per.coef
+        step_c, token_c = segments_term(segments).coef
         prefill_c = token_c if prefill_s is None else prefill_s
         left = [v - step_c * x[1] - token_c * x[2] - prefill_c * x[3] for x, v in zip(X, y)]
         call = fit_term(("call",), [[x[0]] for x in X], left)
