@@ -117,7 +117,7 @@ def cmd_trace(a: argparse.Namespace) -> None:
 
 
 def cmd_replay(a: argparse.Namespace) -> None:
-    from asyncrl.schedules.replay import replay
+    from asyncrl.replay import replay
 
     result = replay(a.run_dir)
     print(result["line"])

@@ -24,11 +24,11 @@ import torch
 from asyncrl import losses
 from asyncrl.data.collate import collate, group_ids, rewards_of
 from asyncrl.data.dataset import PromptDataset
-from asyncrl.evaluation import evaluate_prompts
 from asyncrl.finetune.sft import load_sft_config, run_sft
 from asyncrl.models.loading import load_model
 from asyncrl.rewards import RewardFn
 from asyncrl.rollout.engine import RolloutEngine
+from asyncrl.run.evaluation import evaluate_prompts
 from asyncrl.trainer.forward import forward_logits
 from asyncrl.types import Sample, SamplingParams
 

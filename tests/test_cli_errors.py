@@ -39,15 +39,15 @@ from asyncrl.models.gguf import GGUFConvertError
 from asyncrl.models.lora import LoraError
 from asyncrl.planning.cost import CostModelError
 from asyncrl.planning.profile import ProfileError
+from asyncrl.replay import ReplayError
 from asyncrl.rewards.custom import RewardSpecError
 from asyncrl.rewards.filtering import FilterMetricError
 from asyncrl.rewards.registry import UnknownDataSourceError
 from asyncrl.rewards.remote import RewardServiceRejectedError, RewardServiceResponseError, RewardServiceUnavailableError
 from asyncrl.roles.placement import PlacementError
 from asyncrl.rollout.vllm_engine import VllmEngineError
-from asyncrl.schedules.dynamic_sampling import DynamicSamplingError
-from asyncrl.schedules.replay import ReplayError
-from asyncrl.schedules.skip import RolloutSkipError
+from asyncrl.run.generation import DynamicSamplingError
+from asyncrl.run.skip import RolloutSkipError
 from asyncrl.sizing.check import MemoryPlanError
 from asyncrl.teacher.launch import TeacherStartError
 from asyncrl.teacher.protocol import (

@@ -7,8 +7,7 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.rewards.filtering import FilterMetricError, filter_groups, group_by_prompt, keep_group, metric_value
-from asyncrl.schedules.dynamic_sampling import BatchFiller, DynamicSamplingError
-from asyncrl.schedules.skip import Replayed
+from asyncrl.run.generation import BatchFiller, DynamicSamplingError, Replayed
 from asyncrl.types import Prompt, Sample
 
 BASE = ["model.path=m", "data.train_files=[t.parquet]"]

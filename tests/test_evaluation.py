@@ -4,8 +4,8 @@ The generate function here is a plain function that answers from a table: the th
 the scoring goes through the real reward registry (reasoning-gym's chain_sum scorer).
 """
 
-from asyncrl.evaluation import evaluate_prompts
 from asyncrl.rewards.reward_fn import build_reward_fn
+from asyncrl.run.evaluation import evaluate_prompts
 from asyncrl.types import Prompt, Sample
 
 

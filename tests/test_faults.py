@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import load_config
+from asyncrl.run.supervision import WorkerLostError
 from asyncrl.schedules import run_training
-from asyncrl.supervision.supervisor import WorkerLostError
 from asyncrl.telemetry.metrics import read_metrics
 from tests.helpers import make_data, make_model, train_overrides
 

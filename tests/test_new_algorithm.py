@@ -12,7 +12,7 @@ import pytest
 from torch import Tensor
 
 from asyncrl import losses
-from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
+from asyncrl.algorithms.base import Algorithm, Finish, Prepared
 from asyncrl.config import SCHEDULES, ConfigError, load_config
 from asyncrl.data.collate import Objective, TrainBatch, collate, rewards_of
 from asyncrl.schedules import run_training
@@ -45,9 +45,6 @@ class Reinforce(Algorithm):
         batch.policy = ReinforceTarget(losses.broadcast_advantages(reward_B - reward_B.mean(), batch.response_mask_BT))
         prepared = Prepared(samples, batch)
         return lambda: prepared
-
-    def train(self, prepared: Prepared, step: int) -> Trained:
-        return self.update_actor(prepared, step)
 
 
 ALGORITHM = Reinforce  # what algorithm.name=tests.test_new_algorithm imports

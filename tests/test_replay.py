@@ -13,8 +13,8 @@ import yaml
 from asyncrl.cli import main
 from asyncrl.config import load_config, to_dict
 from asyncrl.models.loading import load_model
+from asyncrl.replay import ReplayError, replay
 from asyncrl.schedules import run_training
-from asyncrl.schedules.replay import ReplayError, replay
 from tests.helpers import make_data, make_model, train_overrides
 
 

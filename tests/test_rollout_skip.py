@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from asyncrl.config import ConfigError, load_config
+from asyncrl.run.skip import RolloutSkipError
 from asyncrl.schedules import run_training
-from asyncrl.schedules.skip import RolloutSkipError
 from asyncrl.telemetry.metrics import read_metrics
 from tests.helpers import make_data, make_model, train_overrides
 
@@ -68,8 +68,8 @@ def test_a_dumped_batch_keeps_the_pool_that_replaces_a_dead_worker(tmp_path):
     it dumped (a worker dying mid-generation stopped the run). Every field of the launched batch must survive."""
     from dataclasses import fields
 
-    from asyncrl.schedules.generation import Launched
-    from asyncrl.schedules.skip import _Dumping
+    from asyncrl.run.generation import Launched
+    from asyncrl.run.skip import _Dumping
 
     pool, redo = object(), (lambda worker: None)  # stand-ins: only their identity is checked
     launched = Launched(calls=[], pool=pool, workers=[1], again=[redo])  # type: ignore[arg-type]

@@ -87,9 +87,11 @@ class Algorithm(ABC):
     def prepare(self, samples: list[Sample], step: int) -> Finish:
         """Issue this batch's calls (in batch order) and return ``finish``, which builds the typed batch."""
 
-    @abstractmethod
     def train(self, prepared: Prepared, step: int) -> Trained:
-        """Update the roles that learn from ``prepared``; the actor's result carries the new weight version."""
+        """Update the roles that learn from ``prepared``; the actor's result carries the new weight version. By
+        default the actor alone learns: one optimizer step per ``num_mini_batches`` share of the batch."""
+        res = self.roles.trainer.update(prepared.batch, step, self.num_mini_batches(prepared.samples)).result()
+        return Trained(res, res.metrics)
 
     # ---- shared parts ----------------------------------------------------------------------------------------------
     def num_mini_batches(self, samples: list[Sample]) -> int:
@@ -97,7 +99,3 @@ class Algorithm(ABC):
         batch schedules, async_training.require_batches in fully_async)."""
         groups = len({s.uid for s in samples})
         return max(1, groups // self.cfg.actor.ppo_mini_batch_size)
-
-    def update_actor(self, prepared: Prepared, step: int) -> Trained:
-        res = self.roles.trainer.update(prepared.batch, step, self.num_mini_batches(prepared.samples)).result()
-        return Trained(res, res.metrics)

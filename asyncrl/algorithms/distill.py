@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from asyncrl import losses
-from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
+from asyncrl.algorithms.base import Algorithm, Finish, Prepared
 from asyncrl.config import DistillConfig
 from asyncrl.data.collate import Objective, TrainBatch, collate
 from asyncrl.losses.distill_loss import mix_on_policy
@@ -153,9 +153,6 @@ class Distill(Algorithm):
             return Prepared(samples, batch, metrics)
 
         return finish
-
-    def train(self, prepared: Prepared, step: int) -> Trained:
-        return self.update_actor(prepared, step)
 
 
 ALGORITHM = Distill

@@ -8,7 +8,7 @@ per response, broadcast over its tokens -> the trainer's update (which computes 
 from __future__ import annotations
 
 from asyncrl import losses
-from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
+from asyncrl.algorithms.base import Algorithm, Finish, Prepared
 from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
 from asyncrl.data.collate import collate, group_ids, rewards_of
 from asyncrl.types import Sample
@@ -30,9 +30,6 @@ class GRPO(Algorithm):
         batch.policy = PolicyTarget(losses.broadcast_advantages(adv_B, batch.response_mask_BT), self.loss)
         prepared = Prepared(samples, batch)
         return lambda: prepared
-
-    def train(self, prepared: Prepared, step: int) -> Trained:
-        return self.update_actor(prepared, step)
 
 
 ALGORITHM = GRPO

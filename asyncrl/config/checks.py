@@ -99,7 +99,7 @@ def _check_algorithm(cfg: Config) -> None:
 
 def _check_dynamic_sampling(cfg: Config) -> None:
     """``algorithm.filter_groups`` and ``data.gen_batch_size``: what the batch schedules' dynamic sampling
-    (``asyncrl.schedules.dynamic_sampling``) can honour. The keys are accepted while ``enable`` is false, as verl's
+    (``asyncrl.run.generation``) can honour. The keys are accepted while ``enable`` is false, as verl's
     DAPO scripts set them whether or not they turn it on."""
     fg, d, schedule = cfg.algorithm.filter_groups, cfg.data, cfg.trainer.schedule
     key = "algorithm.filter_groups.enable"

@@ -50,6 +50,12 @@ class TrainerPlan:
             raise ValueError(f"TrainerPlan.old_policy: one of {', '.join(OLD_POLICIES)} (got {self.old_policy!r})")
 
 
+def default_old_policy(cfg: Config) -> str:
+    """The PPO ratio's denominator a schedule uses unless it decides otherwise: the behaviour log-probs
+    (``actor.use_rollout_log_probs``, bypass mode) or the trainer's current weights."""
+    return "behaviour" if cfg.actor.use_rollout_log_probs else "actor"
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """What builds a rollout engine over ``model``: the engine's knobs and what sizes its context."""

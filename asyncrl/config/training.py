@@ -140,7 +140,7 @@ class FilterGroupsConfig(Checked):
     """``algorithm.filter_groups``: dynamic sampling as DAPO does it (verl's keys). A group (the ``rollout.n`` samples
     of one prompt) whose ``metric`` is equal across its samples teaches GRPO nothing (its advantages are all zero),
     so it is dropped before the trainer, and more prompts are generated until the batch holds
-    ``data.train_batch_size`` groups (``asyncrl.rewards.filtering`` is the rule, ``asyncrl.schedules.dynamic_sampling``
+    ``data.train_batch_size`` groups (``asyncrl.rewards.filtering`` is the rule, ``asyncrl.run.generation``
     the loop)."""
 
     enable: bool = False

@@ -20,12 +20,12 @@ import torch
 
 from asyncrl.config import ConfigError, check, load_config
 from asyncrl.data.dataset import PromptDataset, load_rows, tokenize_messages
-from asyncrl.evaluation import evaluate_prompts
 from asyncrl.models.loading import load_model, set_seed_all
 from asyncrl.models.presets import PRESETS, init_model_dir
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.engine import RolloutEngine
+from asyncrl.run.evaluation import evaluate_prompts
 from asyncrl.types import Prompt
 
 

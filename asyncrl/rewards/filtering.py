@@ -3,7 +3,7 @@
 A group is the ``rollout.n`` samples of one prompt. When its metric is the same for every sample, GRPO's
 group-normalised advantages are all zero and online DPO has no pair, so the group costs a trainer pass and teaches
 nothing: it is dropped and another prompt is generated in its place. This module is the rule alone, pure and
-importable by every producer of groups (the batch schedules' ``asyncrl.schedules.dynamic_sampling`` and the
+importable by every producer of groups (the batch schedules' ``asyncrl.run.generation`` and the
 fully_async Producer) without importing any schedule.
 
 The metrics, as verl names them, on what an asyncrl ``Sample`` carries:

@@ -31,7 +31,7 @@ class RolloutSide(enum.Enum):
 @dataclass
 class Roles:
     """Every role of a run, built whole when the workers start; afterwards only a supervisor changes a member, when
-    it replaces a dead rollout worker or Rollouter (``asyncrl.supervision``)."""
+    it replaces a dead rollout worker or Rollouter (``asyncrl.run.supervision``)."""
 
     trainer: TrainerClient
     rollouts: list[RolloutClient]  # who generates a batch: the trainer itself, or the rollout pool

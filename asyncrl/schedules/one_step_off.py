@@ -21,19 +21,17 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.config import Config
-from asyncrl.config.specs import TrainerPlan
+from asyncrl.config.specs import TrainerPlan, default_old_policy
 from asyncrl.roles.team import RolloutSide
-from asyncrl.schedules.run import open_run
-from asyncrl.schedules.run_ports import RunPorts, drive
-from asyncrl.schedules.step import old_policy
+from asyncrl.schedules.run_ports import RunPorts, drive, open_run
 
 
 def trainer_plan(cfg: Config) -> TrainerPlan:
     """The rollout pool generates; the trainer only evaluates with its engine: one update per version."""
-    return TrainerPlan(old_policy=old_policy(cfg))
+    return TrainerPlan(old_policy=default_old_policy(cfg))
 
 
 def run_one_step_off(cfg: Config) -> dict[str, Any]:
     """The loop is ``loops.one_step_off``, on the real roles."""
-    with open_run(cfg, RolloutSide.POOL, trainer_plan(cfg)) as (run, algorithm, roles):
-        return drive(RunPorts(run, algorithm, roles, run.start_weight_sync(roles)), "one_step_off")
+    with open_run(cfg, RolloutSide.POOL, trainer_plan(cfg)) as (run, algorithm):
+        return drive(RunPorts(run, algorithm), "one_step_off")

@@ -1,49 +1,143 @@
-"""The real run's ``Ports`` for the loops of ``schedules.loops``: the roles' calls, each phase timed.
+"""The real run: ``open_run`` builds it whole before a schedule's first step, and ``RunPorts`` are the ports the
+loops of ``schedules.loops`` run on, the roles' calls, each phase timed.
 
 A port method that takes time is written as a generator (the loops ``yield from`` it) but never yields: it does the
-work and returns. What a step measures (``timing_s/*``, staleness from the recorded versions, the sync's metrics) and
-how it ends (metrics -> evaluation -> log -> checkpoint, ``Run.end_step``) is here once for the three schedules.
+work and returns. What a step measures (``timing_s/*``, the sync's metrics) is here once for the three schedules;
+how it ends (metrics -> evaluation -> log -> checkpoint) is ``Run.end_step``, fully_async's too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict
 from typing import Any
 
-from asyncrl.algorithms import Algorithm, Prepared, Trained
-from asyncrl.roles.team import Roles
-from asyncrl.schedules.dynamic_sampling import BatchFiller
-from asyncrl.schedules.generation import Generated, Launched
+import torch
+
+from asyncrl.algorithms import Algorithm, Prepared, Trained, algorithm_class
+from asyncrl.comm.transport import transport_of
+from asyncrl.config import Config
+from asyncrl.config.specs import TrainerPlan, role_specs
+from asyncrl.models.loading import check_model_dir
+from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
+from asyncrl.rewards.reward_fn import build_reward_fn
+from asyncrl.roles.team import Roles, RolloutSide
+from asyncrl.rollout.agent.loop import check_agent_loop
+from asyncrl.run import Run
+from asyncrl.run.directory import RunDir
+from asyncrl.run.generation import BatchFiller, Generated, Launched, PromptStream, Replayed
+from asyncrl.run.skip import RolloutSkip
+from asyncrl.run.step_log import StepLog, StepTimer
+from asyncrl.run.supervision import RolloutPool, WorkerLostError
 from asyncrl.schedules.loops import LOOPS, Steps, run_to_end
-from asyncrl.schedules.run import Run
-from asyncrl.schedules.skip import Replayed, RolloutSkip
-from asyncrl.schedules.step import StepTimer, staleness_metrics
-from asyncrl.supervision.supervisor import WorkerLostError
 from asyncrl.weights.weight_sync import WeightSync
+from asyncrl.workers.start import start_roles
+
+# fully_async's: who keeps its Rollouter alive, built from the roles, the weight sync and the trainer's version
+StreamFactory = Callable[[Roles, WeightSync, Callable[[], int]], Any]
+
+
+@contextmanager
+def _driver_threads(cfg: Config) -> Iterator[None]:
+    """With the Ray backend the driver only keeps books (collate, advantages) beside workers that use every core:
+    one torch thread, so its OpenMP pool does not wake a second thread on (and spin on) a core a worker is using."""
+    if cfg.trainer.backend != "ray":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
+def open_run(
+    cfg: Config,
+    side: RolloutSide,
+    plan: TrainerPlan,
+    producer: type | None = None,
+    stream: StreamFactory | None = None,
+) -> Iterator[tuple[Run, Algorithm]]:
+    """What comes before every schedule's first step, in order: the run directory and the data; the algorithm's own
+    resources (a teacher); every role started on its pool with its spec (``plan``: what the schedule decided for the
+    trainer; ``producer``: the worker class of a streaming schedule's producer); the resume from the latest
+    checkpoint; where the schedule has a rollout side, the weight sync (the rollout side brought to the trainer's
+    weights) and who replaces its dead workers (the pool's supervisor on Ray; ``stream`` builds fully_async's); the
+    metrics log; the held-out accuracy before training. The ``Run`` is built whole from these. Everything started
+    here is stopped at exit."""
+    check_model_dir(cfg.model.path)  # before any worker starts: the workers load the weights
+    check_agent_loop(cfg.rollout.agent.default_agent_loop)
+    directory = RunDir(cfg)
+    tokenizer = load_tokenizer(cfg.model.path)
+    prompts = PromptStream(cfg, tokenizer)
+    reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)  # evaluation
+    cls = algorithm_class(cfg)
+    specs = role_specs(cfg, cls.trainer_needs(cfg), plan)
+    with (
+        _driver_threads(cfg),
+        cls.resources(cfg, tokenizer, str(directory.path)) as resources,
+        start_roles(cfg, side, specs, cls.roles_needed(cfg), producer) as roles,
+    ):
+        algorithm = cls(cfg, tokenizer, roles, resources)
+        progress, cursor = directory.resume(roles.checkpointed)
+        if cursor is not None:
+            prompts.sampler.load_state_dict(cursor)
+        algorithm.on_resume(progress.start_step)
+        directory.summary.update(algorithm.summary)
+        rendezvous = dict(roles.rendezvous)
+        sync = pool = supervisor = None
+        if side is not RolloutSide.ACTOR:
+            sync = _start_weight_sync(cfg, roles, progress.version)
+            rendezvous["weight_sync"] = sync.endpoint or ""
+            directory.summary.update(sync.summary())
+            if stream is not None:
+                supervisor = stream(roles, sync, lambda: progress.version)
+            elif roles.respawn is not None and roles.rollouter is None:
+                t = cfg.trainer
+                version = lambda: progress.version  # noqa: E731 - read at each replacement
+                pool = RolloutPool(
+                    roles, sync, roles.respawn, version, t.max_worker_restarts, cfg.rollout.generate_timeout_s
+                )
+        directory.summary["placement"] = {
+            "pools": {name: asdict(pool) for name, pool in roles.placement.all_pools().items()},
+            "roles": roles.placement.roles,
+            "workers": [asdict(w) for w in roles.locations(cfg.trainer.role_start_timeout_s)],
+            "rendezvous": rendezvous,
+        }
+        log = StepLog(cfg, directory.path, tokenizer)
+        run = Run(cfg, directory, prompts, progress, log, roles, reward_fn, tokenizer, sync, pool, supervisor)
+        run.evaluate_before_training()
+        yield run, algorithm
+
+
+def _start_weight_sync(cfg: Config, roles: Roles, version: int) -> WeightSync:
+    """The sync group, set up, and the rollout side brought to the trainer's weights (after a resume: the
+    checkpoint's)."""
+    ready = cfg.trainer.role_start_timeout_s
+    backend = transport_of([h.location(ready) for h in [roles.trainer.handle, *roles.receivers]])
+    ws = WeightSync(roles.trainer.handle, roles.receivers, cfg.weight_sync, ready, backend=backend)
+    ws.setup()
+    ws.push(version)
+    return ws
 
 
 class RunPorts:
-    """``sync``: the schedule generates on the rollout pool, its weights pushed over this sync (None: on the trainer's
-    own engine). ``prepare_pool``: the thread ``start_preparing`` finishes a batch's preparation on (two_step_off).
+    """The run's weight ``sync`` set (a rollout pool): the schedule generates there (else on the trainer's own
+    engine). ``prepare_pool``: the thread ``start_preparing`` finishes a batch's preparation on (two_step_off).
     The data cursor a checkpoint records is the one after the last batch this step trained: batches drawn beyond it
     (in flight) are drawn and generated again by a resumed run, neither lost nor repeated."""
 
-    def __init__(
-        self,
-        run: Run,
-        algorithm: Algorithm,
-        roles: Roles,
-        sync: WeightSync | None = None,
-        prepare_pool: ThreadPoolExecutor | None = None,
-    ):
-        self.run, self.algorithm, self.roles, self.sync = run, algorithm, roles, sync
+    def __init__(self, run: Run, algorithm: Algorithm, prepare_pool: ThreadPoolExecutor | None = None):
+        self.run, self.algorithm, self.sync = run, algorithm, run.sync
         self.prepare_pool = prepare_pool
-        self.skip, self.filler, self.params = RolloutSkip(run.cfg), BatchFiller(run.cfg), run.sampling()
+        self.skip, self.filler, self.params = RolloutSkip(run.cfg), BatchFiller(run.cfg), run.prompts.sampling()
         self.start, self.total = run.start_step, run.cfg.trainer.total_training_steps
         self.last_step = run.start_step - 1
-        self.cursors: dict[int, dict] = {run.start_step - 1: run.sampler.state_dict()}  # batch b -> cursor after it
+        self.cursors: dict[int, dict] = {run.start_step - 1: run.prompts.sampler.state_dict()}  # batch b -> after it
         self.tm = StepTimer(0)
         self.sync_metrics: dict[str, float] = {}
         self._timing = ExitStack()
@@ -58,20 +152,10 @@ class RunPorts:
 
     def end_step(self, step: int, generated: Generated, prepared: Prepared, trained: Trained) -> Steps:
         self._timing.close()
-        metrics = self.run.step_metrics(
-            prepared.samples,
-            prepared.batch,
-            self.tm,
-            prepared.metrics,
-            trained.metrics,
-            # from the versions the engine recorded, against the version the update consumed them at
-            staleness_metrics(prepared.samples, self.run.consumed_version),
-            self.sync_metrics,
-            generated.metrics,
-        )
-        if self.sync is not None:  # on the pool: measured on the rollout workers, overlapped with the step before
-            metrics["timing_s/gen"] = generated.seconds
-        self.run.end_step(step, metrics, self.roles, sampler_state=self.cursors[step])
+        # on the pool: measured on the rollout workers, overlapped with the step before
+        last = {"timing_s/gen": generated.seconds} if self.sync is not None else None
+        parts = (self.sync_metrics, generated.metrics)
+        self.run.end_step(step, prepared, trained, self.tm, *parts, last=last, sampler_state=self.cursors[step])
         for b in [b for b in self.cursors if b < step]:
             del self.cursors[b]
         return
@@ -82,12 +166,10 @@ class RunPorts:
         """Batch ``batch``'s ``gen_batch``-th generation batch (dynamic sampling's extra ones: drawn before the next
         batch's first), on the pool or the trainer's engine; not waited for."""
         run = self.run
-        prompts = run.next_prompts()
-        self.cursors[batch] = run.sampler.state_dict()
-        pool = run.pool if self.sync is not None else None
-        return self.skip.launch(
-            self.roles.rollouts, prompts, self.params, run.gen_seed(), batch, pool, gen_batch=gen_batch
-        )
+        prompts = run.prompts.next_prompts()
+        self.cursors[batch] = run.prompts.sampler.state_dict()
+        seed = run.prompts.gen_seed()
+        return self.skip.launch(run.roles.rollouts, prompts, self.params, seed, batch, run.pool, gen_batch=gen_batch)
 
     def _fill(self, launched: Launched | Replayed, batch: int) -> Generated:
         return self.filler.fill(batch, launched, lambda g: self.launch(batch, g))
@@ -120,7 +202,7 @@ class RunPorts:
         yield
 
     def _save_before_failing(self) -> None:
-        self.run.save_before_failing(self.last_step, self.roles, self.cursors.get(self.last_step))
+        self.run.save_before_failing(self.last_step, self.cursors.get(self.last_step))
 
     # ---- preparation and update ----------------------------------------------------------------------------------
     def prepare(self, generated: Generated, step: int) -> Steps:
@@ -141,7 +223,10 @@ class RunPorts:
 
     def train(self, prepared: Prepared, step: int) -> Steps:
         with self.tm("train"):
-            return self.run.learn(self.algorithm, prepared, step)
+            self.run.consuming(prepared.samples, step)
+            trained = self.algorithm.train(prepared, step)
+        self.run.trained(trained, len(prepared.samples), step)
+        return trained
         yield
 
 
@@ -149,4 +234,4 @@ def drive(ports: RunPorts, schedule: str) -> dict[str, Any]:
     """Run ``schedule``'s loop (``schedules.loops.LOOPS``, the one the performance model runs) on the real roles to
     its end; the run's summary."""
     run_to_end(LOOPS[schedule](ports))
-    return ports.run.finish(ports.roles, ports.last_step)
+    return ports.run.finish(ports.last_step)

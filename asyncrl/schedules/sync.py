@@ -17,19 +17,17 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.config import Config
-from asyncrl.config.specs import TrainerPlan
+from asyncrl.config.specs import TrainerPlan, default_old_policy
 from asyncrl.roles.team import RolloutSide
-from asyncrl.schedules.run import open_run
-from asyncrl.schedules.run_ports import RunPorts, drive
-from asyncrl.schedules.step import old_policy
+from asyncrl.schedules.run_ports import RunPorts, drive, open_run
 
 
 def trainer_plan(cfg: Config) -> TrainerPlan:
     """The trainer's own engine generates every batch, with the weights it trains: one update per version."""
-    return TrainerPlan(old_policy=old_policy(cfg), engine_is_rollout=True)
+    return TrainerPlan(old_policy=default_old_policy(cfg), engine_is_rollout=True)
 
 
 def run_sync(cfg: Config) -> dict[str, Any]:
     """The loop is ``loops.sync``, on the real roles."""
-    with open_run(cfg, RolloutSide.ACTOR, trainer_plan(cfg)) as (run, algorithm, roles):
-        return drive(RunPorts(run, algorithm, roles), "sync")
+    with open_run(cfg, RolloutSide.ACTOR, trainer_plan(cfg)) as (run, algorithm):
+        return drive(RunPorts(run, algorithm), "sync")

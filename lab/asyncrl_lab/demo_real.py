@@ -158,10 +158,10 @@ def heldout(cfg: Any, test: Path, models: list[str]) -> dict[str, dict[str, Any]
     import torch
 
     from asyncrl.data.dataset import PromptDataset, load_rows
-    from asyncrl.evaluation import evaluate_prompts
     from asyncrl.models.loading import load_model
     from asyncrl.rewards.reward_fn import build_reward_fn
     from asyncrl.rollout.engine import RolloutEngine
+    from asyncrl.run.evaluation import evaluate_prompts
 
     torch.set_num_threads(CPUS)
     reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)

@@ -32,9 +32,8 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.config import Config
-from asyncrl.config.specs import TrainerPlan
+from asyncrl.config.specs import TrainerPlan, default_old_policy
 from asyncrl.schedules.fully_async.recovery import ROLLOUTER_STATE
-from asyncrl.schedules.step import old_policy
 
 STOP_TIMEOUT_S = 60.0  # how long the clean-up waits for the Rollouter to stop before its worker is killed
 
@@ -43,7 +42,7 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
     """A sync window of ``trigger_parameter_sync_step`` updates shares one weight version; with
     ``compute_prox_log_prob`` the ratio's denominator is the weights at the window's start (decoupled PPO)."""
     at = cfg.async_training
-    old = "prox" if at.compute_prox_log_prob else old_policy(cfg)
+    old = "prox" if at.compute_prox_log_prob else default_old_policy(cfg)
     return TrainerPlan(old_policy=old, updates_per_version=at.trigger_parameter_sync_step)
 
 
@@ -53,6 +52,7 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
     import torch
 
     from asyncrl.roles.team import RolloutSide
+    from asyncrl.run.supervision import WorkerLostError
     from asyncrl.schedules.fully_async.loop import consume
     from asyncrl.schedules.fully_async.report import write_ledger_report
     from asyncrl.schedules.fully_async.rollouter import Rollouter
@@ -60,45 +60,42 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
     from asyncrl.schedules.fully_async.slots import budget_of
     from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
     from asyncrl.schedules.loops import run_to_end
-    from asyncrl.schedules.run import open_run
-    from asyncrl.supervision.supervisor import WorkerLostError
+    from asyncrl.schedules.run_ports import open_run
 
     at = cfg.async_training
-    with open_run(cfg, RolloutSide.STREAM, trainer_plan(cfg), Rollouter) as (run, algorithm, roles):
-        stream: StreamSupervisor | None = None
+
+    def supervise(roles: Any, sync: Any, version: Any) -> StreamSupervisor:
+        timeout = max(at.get_batch_timeout_s, at.pause_timeout_s)
+        budget = budget_of(at, cfg.actor.ppo_mini_batch_size)
+        return StreamSupervisor(roles, sync, roles.respawn, version, cfg.trainer.max_worker_restarts, timeout, budget)
+
+    with open_run(cfg, RolloutSide.STREAM, trainer_plan(cfg), Rollouter, supervise) as (run, algorithm):
+        stream: StreamSupervisor = run.stream
         ports: StreamRunPorts | None = None
         try:
-            sync = run.start_weight_sync(roles)
-            stream = run.stream = StreamSupervisor(
-                roles,
-                sync,
-                roles.respawn,
-                lambda: run.version,
-                cfg.trainer.max_worker_restarts,
-                max(at.get_batch_timeout_s, at.pause_timeout_s),
-                budget_of(at, cfg.actor.ppo_mini_batch_size),
-            )
-            resumed = run.resumed_from
+            resumed = run.dir.resumed_from
             stream.start(None if resumed is None else torch.load(resumed / ROLLOUTER_STATE, weights_only=False))
-            ports = StreamRunPorts(run, algorithm, roles, stream, sync)
+            ports = StreamRunPorts(run, algorithm)
             run_to_end(consume(ports))
             if stream.lost is not None:  # lost in the last step, which finished
                 raise stream.lost
             rollouter = stream.rollouter  # a replacement, if the first one died
             rollouter.stop().result()  # the books are final from here on
             counts = rollouter.take_metrics().result()
-            run.summary["counts"] = {
+            summary = run.dir.summary
+            summary["counts"] = {
                 k.rsplit("/", 1)[1]: v for k, v in counts.items() if k.startswith("fully_async/count/")
             }
-            run.summary["ledger"] = write_ledger_report(run.dir, len(run.train), rollouter.ledger_state().result())
-            return run.finish(roles, ports.finished)
+            summary["ledger"] = write_ledger_report(
+                run.dir.path, len(run.prompts.train), rollouter.ledger_state().result()
+            )
+            return run.finish(ports.finished)
         except WorkerLostError:  # no Rollouter may be started again: keep the last finished step, losing nothing
             finished = ports.finished if ports is not None else run.start_step - 1
-            run.save_before_failing(finished, roles, None, extra_files={ROLLOUTER_STATE: stream.advanced()})
+            run.save_before_failing(finished, None, extra_files={ROLLOUTER_STATE: stream.advanced()})
             raise
         finally:
-            if stream is not None:
-                _stop_quietly(stream.rollouter)
+            _stop_quietly(stream.rollouter)
 
 
 def _stop_quietly(rollouter: Any) -> None:

@@ -7,18 +7,17 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
 
+from asyncrl.run.step_log import StepTimer, staleness_metrics
 from asyncrl.schedules.fully_async.recovery import ROLLOUTER_STATE
 from asyncrl.schedules.fully_async.report import partial_metrics, processing_metrics
-from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
-from asyncrl.schedules.step import StepTimer, staleness_metrics
 
 
 class StreamRunPorts:
-    """``run`` (``schedules.run.Run``), ``algorithm``, ``roles``, ``stream`` (the Rollouter's supervisor) and ``sync``
-    (the weight sync it pushes with). ``finished``: the last step that ended."""
+    """``run`` (``asyncrl.run.Run``: its ``stream`` is the Rollouter's supervisor, its ``sync`` the weight sync it
+    pushes with) and ``algorithm``. ``finished``: the last step that ended."""
 
-    def __init__(self, run: Any, algorithm: Any, roles: Any, stream: StreamSupervisor, sync: Any):
-        self.run, self.algorithm, self.roles, self.stream, self.sync = run, algorithm, roles, stream, sync
+    def __init__(self, run: Any, algorithm: Any):
+        self.run, self.algorithm, self.stream, self.sync = run, algorithm, run.stream, run.sync
         self.cfg = run.cfg
         self.groups_per_step = self.cfg.async_training.require_batches * self.cfg.actor.ppo_mini_batch_size
         self.finished = run.start_step - 1
@@ -47,7 +46,9 @@ class StreamRunPorts:
 
     def train(self, prepared: Any, step: int):
         with self.tm("train"):
-            trained = self.run.learn(self.algorithm, prepared, step)
+            self.run.consuming(prepared.samples, step)
+            trained = self.algorithm.train(prepared, step)
+        self.run.trained(trained, len(prepared.samples), step)
         return trained
         yield
 
@@ -57,7 +58,7 @@ class StreamRunPorts:
 
     def push(self, step: int):
         with self.tm("param_sync"):
-            save = self.run.due(self.cfg.trainer.save_freq, step)
+            save = self.run.log.due(self.cfg.trainer.save_freq, step)
             paused, stats, snap = self.stream.push(self.run.version, self.cfg.async_training.partial_rollout, save)
             self.extra["timing_s/param_sync_pause"] = paused
             self.extra.update(self.sync.metrics(stats) if stats is not None else {})
@@ -66,22 +67,21 @@ class StreamRunPorts:
         yield
 
     def end_step(self, step: int, got: Any, prepared: Any, trained: Any):
-        tm, run = self.tm, self.run
+        tm = self.tm
         self.open.close()
         staleness = staleness_metrics(got.samples, self.trained_at)
         if max(got.staleness) != staleness["staleness/max"]:  # two accounts of the same fact
             raise RuntimeError(f"step {step}: controller staleness {got.staleness} != recorded {staleness}")
         ro = self.stream.metrics()
-        metrics = run.step_metrics(
-            prepared.samples, prepared.batch, tm, prepared.metrics, trained.metrics, staleness, self.extra, ro
-        )
-        metrics.update(partial_metrics(got.samples))
-        metrics.update(processing_metrics(got.processing_s))
-        metrics["trainer/idle_ratio"] = tm.timings["timing_s/wait_batch"] / tm.timings["timing_s/step"]
-        metrics["timing_s/gen"] = ro.get("rollouter/busy_s", 0.0)  # the Rollouter's decode seconds this step
-        metrics["fully_async/trainer_version"] = float(self.trained_at)  # the version this step's update ran at
+        last = {
+            **partial_metrics(got.samples),
+            **processing_metrics(got.processing_s),
+            "trainer/idle_ratio": tm.timings["timing_s/wait_batch"] / tm.timings["timing_s/step"],
+            "timing_s/gen": ro.get("rollouter/busy_s", 0.0),  # the Rollouter's decode seconds this step
+            "fully_async/trainer_version": float(self.trained_at),  # the version this step's update ran at
+        }
         files = {ROLLOUTER_STATE: self.snapshot} if self.snapshot else None
-        run.end_step(step, metrics, self.roles, extra_files=files)
+        self.run.end_step(step, prepared, trained, tm, self.extra, ro, last=last, extra_files=files)
         self.finished = step
         return
         yield

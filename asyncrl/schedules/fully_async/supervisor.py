@@ -28,10 +28,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asyncrl.calls import Handle, Pending, error_text
+from asyncrl.run.supervision import Supervisor, WorkerLostError, is_worker_death, ping_failure
 from asyncrl.schedules.fully_async.client import RollouterClient
 from asyncrl.schedules.fully_async.recovery import ConsumedBatch, RollouterSnapshot, StreamBatch, Takeover, advance
 from asyncrl.schedules.fully_async.staleness import StalenessBudget
-from asyncrl.supervision.supervisor import Supervisor, WorkerLostError, is_worker_death, ping_failure
 from asyncrl.weights.errors import WeightSyncError
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class StreamSupervisor(Supervisor):
         self.base: RollouterSnapshot | None = None  # the last snapshot (kept only when replaceable)
         self.consumed: list[ConsumedBatch] = []  # what the trainer took since ``base``
         self.lost: WorkerLostError | None = None  # the restart budget is spent: raised at the next ``get_batch``
+        self.streaming = False  # started: held-out prompts are decoded while it is parked (asyncrl.run.evaluation)
 
     def advanced(self) -> RollouterSnapshot:
         """What the Rollouter's snapshot would be now, at the trainer's version (``recovery``)."""
@@ -77,6 +78,7 @@ class StreamSupervisor(Supervisor):
             self.base, self.consumed = r.snapshot().result(), []
         r.take_metrics().result()  # start the idle window now
         r.start().result()
+        self.streaming = True
 
     def get_batch(self, n_groups: int, trainer_version: int) -> StreamBatch:
         if self.lost is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import pickle
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,9 @@ from asyncrl.config import Config
 from asyncrl.errors import UserInputError
 from asyncrl.roles.clients import RolloutClient
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.schedules.generation import Generated, Launched, launch_generation
-from asyncrl.supervision.supervisor import RolloutPool
-from asyncrl.types import Prompt, Sample
+from asyncrl.run.generation import Generated, Launched, Replayed, launch_generation
+from asyncrl.run.supervision import RolloutPool
+from asyncrl.types import Prompt
 
 
 class RolloutSkipError(UserInputError, RuntimeError):
@@ -71,14 +71,6 @@ def _dynamic_sampling_key(cfg: Config) -> dict[str, Any]:
     if not fg.enable:
         return {}
     return {"algorithm.filter_groups.metric": fg.metric, "data.gen_batch_size": cfg.data.prompts_per_generation}
-
-
-@dataclass
-class Replayed:
-    samples: list[Sample]
-
-    def result(self) -> Generated:
-        return Generated(self.samples, 0.0, {"rollout/skipped": 1.0})
 
 
 class _Dumping(Launched):

@@ -1,14 +1,14 @@
 """Deterministic replay of a run's trainer side (``trainer.record_consumed`` + ``asyncrl replay RUN_DIR``).
 
-An asynchronous run is not repeatable: which samples land in which step, with which weight versions and where a
-partial rollout was split, depends on timing. The trainer's side is, though, given what it consumed. With
+An asynchronous run is not repeatable: which samples land in which step, with which weight versions and where a partial
+rollout was split, depends on timing. The trainer's side is, though, given what it consumed. With
 ``trainer.record_consumed`` the driver writes each step's consumed samples, as the algorithm received them (order,
-groups, every token's version), to ``RUN_DIR/consumed/step_N.pkl`` before the update, and a crc32 of each weight
-tensor after it (``step_N.weights.json``). ``asyncrl replay RUN_DIR``
-starts the trainer in this process from the run's config, with the torch thread count the run's trainer reported,
-feeds it those samples step by step through the same algorithm, and compares its weights with the run's checkpoints
-and final model. Its last line says whether the final weights are identical, bit for bit, or names the first step
-and tensor that differ. This is how a divergence that timing made unrepeatable is debugged.
+groups, every token's version), to ``RUN_DIR/consumed/step_N.pkl`` before the update, and a crc32 of each weight tensor
+after it (``step_N.weights.json``; ``asyncrl.run.directory``). ``asyncrl replay RUN_DIR`` starts the trainer in this
+process from the run's config, with the torch thread count the run's trainer reported, feeds it those samples step by
+step through the same algorithm, and compares its weights with the run's checkpoints and final model. Its last line says
+whether the final weights are identical, bit for bit, or names the first step and tensor that differ. This is how a
+divergence that timing made unrepeatable is debugged.
 
 Algorithms whose batch depends on another role's state (``ppo``'s critic, ``distill``'s teacher) are not replayed (a
 clear error): only the actor-only algorithms, ``grpo`` and ``dpo``.
@@ -24,36 +24,13 @@ from typing import Any
 
 import torch
 
-from asyncrl.checkpoint import atomic_write_bytes, fingerprint, load_tensors
+from asyncrl.checkpoint import fingerprint, load_tensors
 from asyncrl.errors import UserInputError
-from asyncrl.types import Sample
-
-CONSUMED_DIR = "consumed"
+from asyncrl.run.directory import CONSUMED_DIR, step_of
 
 
 class ReplayError(UserInputError, RuntimeError):
     """The run cannot be replayed (nothing recorded, a step missing, an algorithm with other roles)."""
-
-
-def record_fingerprint(run_dir: Path, step: int, fp: dict[str, int]) -> None:
-    atomic_write_bytes(run_dir / CONSUMED_DIR / f"step_{step}.weights.json", json.dumps(fp).encode())
-
-
-def record(run_dir: Path, step: int, samples: list[Sample]) -> None:
-    (run_dir / CONSUMED_DIR).mkdir(exist_ok=True)
-    atomic_write_bytes(run_dir / CONSUMED_DIR / f"step_{step}.pkl", pickle.dumps(samples))
-
-
-def _step_of(path: Path) -> int:
-    """N of ``step_N.pkl`` / ``step_N.weights.json``."""
-    return int(path.name.split(".")[0].removeprefix("step_"))
-
-
-def truncate(run_dir: Path, last_step: int) -> None:
-    """Drop the records of steps after ``last_step`` (a resumed run records them again)."""
-    for p in (run_dir / CONSUMED_DIR).glob("step_*") if (run_dir / CONSUMED_DIR).is_dir() else []:
-        if _step_of(p) > last_step:
-            p.unlink()
 
 
 def _first_difference(mine: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> str | None:
@@ -85,10 +62,10 @@ def replay(run_dir: str | Path) -> dict[str, Any]:
             f"{run}: algorithm.name={cfg.algorithm.name} is not replayable (its batch depends on another role's "
             "state; an algorithm declares Algorithm.replayable when its batch is a function of the samples alone)"
         )
-    recorded = sorted((run / CONSUMED_DIR).glob("step_*.pkl"), key=_step_of)
+    recorded = sorted((run / CONSUMED_DIR).glob("step_*.pkl"), key=step_of)
     if not recorded:
         raise ReplayError(f"{run}: nothing recorded (run it with trainer.record_consumed=true)")
-    steps = [_step_of(p) for p in recorded]
+    steps = [step_of(p) for p in recorded]
     if steps != list(range(1, len(steps) + 1)):
         raise ReplayError(f"{run}: recorded steps {steps[:3]}...{steps[-3:]} are not 1..N")
     threads = [m.get("perf/trainer_threads") for m in read_metrics(run / "metrics.jsonl")]

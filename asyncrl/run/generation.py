@@ -1,0 +1,211 @@
+"""Where a step's batch comes from, on the batch schedules (sync, one_step_off, two_step_off): the run's one prompt
+stream, the generation of its prompts on the rollout side, and dynamic sampling's filling.
+
+**The prompt stream** (``PromptStream``): the training and held-out datasets and the one sampler whose cursor a
+checkpoint records; every row's sampling noise keyed by ``trainer.seed`` and the prompt, never the step.
+
+**Generation on a rollout pool** (``launch_generation``): a batch's prompts split over the workers, waited for
+together. With a ``RolloutPool`` (``asyncrl.run.supervision``; Ray runs of the schedules with a pool), a worker that
+dies or hangs while generating its share is replaced and the share generated again on the new worker, same prompts
+and seed.
+
+**Dynamic sampling** (``BatchFiller``, ``algorithm.filter_groups``): DAPO's loop, as verl's DAPO trainer runs it. A
+step's batch is generated in generation batches of ``data.gen_batch_size`` prompts (``data.train_batch_size`` when
+null). Each one's groups are judged by the rule in ``asyncrl.rewards.filtering`` (``keep_group``: the metric differs
+within the group); while fewer than ``data.train_batch_size`` groups are kept, another generation batch is generated and
+judged, at most ``max_num_gen_batches`` of them (0: no limit), after which the run stops with an error naming the key
+and the counts. The groups kept beyond a full batch in the last generation batch are discarded, as verl discards them.
+
+Where this departs from verl: the extra generation batches of a step are generated with the weights its first one
+was (no weight sync in between), and the surplus is never carried into the next step, so every schedule keeps its
+exact staleness (sync 0, one_step_off 1, two_step_off 2) with filtering on.
+
+The data cursor: each generation batch draws from the run's one prompt stream (``PromptStream.next_prompts``), so the
+prompts of filtered and discarded groups are consumed, as in verl. Each schedule records, for a checkpoint, the
+cursor after the last generation batch of the step it trained (or of the batch in flight, for the pipelined ones),
+so a resumed run goes on with the prompt after the last one drawn.
+
+Metrics of a step: ``train/num_gen_batches`` (verl's name) and ``dynamic_sampling/groups_generated``,
+``groups_kept`` (with a spread), ``groups_filtered`` (without: dropped), ``groups_discarded`` (kept beyond the full
+batch) and ``groups_trained``; generated = kept + filtered and kept = trained + discarded, trained =
+``data.train_batch_size``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from asyncrl import seeds
+from asyncrl.calls import Pending
+from asyncrl.config import Config
+from asyncrl.data.dataset import PromptDataset, load_rows
+from asyncrl.data.sampler import EpochSampler
+from asyncrl.errors import UserInputError
+from asyncrl.rewards.filtering import filter_groups, group_by_prompt
+from asyncrl.rewards.loop import merge_metrics
+from asyncrl.roles.clients import RolloutClient
+from asyncrl.rollout.agent.tools import tool_schemas
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.run.supervision import RolloutPool
+from asyncrl.types import Generation, PrefillStats, Prompt, Sample
+
+
+class PromptStream:
+    """The run's data: ``train`` (drawn from by ``next_prompts``, the one cursor a checkpoint records), ``val`` (the
+    held-out prompts, ``data.val_max_samples`` of them; None without ``data.val_files``) and how rows are sampled."""
+
+    def __init__(self, cfg: Config, tokenizer: object):
+        self.cfg = cfg
+        d = cfg.data
+        tools = tool_schemas(cfg.rollout.multi_turn.tools)  # rendered into prompts by templates that know them
+        self.train = PromptDataset(
+            load_rows(d.train_files), tokenizer, d.max_prompt_length, overlong=d.overlong_prompts, tools=tools
+        )
+        self.val: PromptDataset | None = None
+        if d.val_files:
+            rows = load_rows(d.val_files)
+            if d.val_max_samples > 0:
+                rows = rows[: d.val_max_samples]
+            self.val = PromptDataset(rows, tokenizer, d.max_prompt_length, overlong=d.overlong_prompts, tools=tools)
+        # prompts drawn per generation call: a step's batch, or with dynamic sampling one of its generation batches
+        self.sampler = EpochSampler(len(self.train), d.prompts_per_generation, seed=cfg.trainer.seed, shuffle=d.shuffle)
+
+    def next_prompts(self) -> list[Prompt]:
+        """The next generation batch's prompts (``data.gen_batch_size``, or ``data.train_batch_size``)."""
+        out = []
+        for epoch, index in self.sampler.next_batch():
+            p = self.train[index]
+            out.append(Prompt(**{**asdict(p), "epoch": epoch}))
+        return out
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams.from_config(self.cfg.rollout)
+
+    def gen_seed(self) -> int:
+        """The base of every row's sampling noise (``seeds.row_keys``): a row's tokens depend on trainer.seed, its
+        prompt's epoch and index and its number in the group, not on the step, so a resumed run samples what the
+        unbroken run did and every schedule samples what sync does."""
+        return seeds.sampling(self.cfg.trainer.seed)
+
+
+@dataclass
+class Generated:
+    """A generated batch: its samples in prompt order per worker, the slowest worker's seconds, and what the
+    rollout engines reported (``perf/rollout_prefill_saving``: the share of prompt tokens not prefilled because an
+    identical prompt was; ``perf/rollout_tokens_per_s``: response tokens generated per second of the slowest call)."""
+
+    samples: list[Sample]
+    seconds: float
+    metrics: dict[str, float]
+
+
+@dataclass
+class Launched:
+    """A batch being generated on the rollout side (not waited for yet)."""
+
+    calls: list[Pending[Generation]]
+    pool: RolloutPool | None = None  # replaces a worker that dies and generates its share again
+    workers: list[int] = field(default_factory=list)  # the rollout worker of each call
+    again: list[Callable[[RolloutClient], Pending[Generation]]] = field(default_factory=list)  # each call, re-issued
+
+    def result(self) -> Generated:
+        if self.pool is None:
+            gens = [c.result() for c in self.calls]
+        else:
+            gens = [self.pool.wait(i, c, redo) for i, c, redo in zip(self.workers, self.calls, self.again)]
+        prefill = sum((g.prefill for g in gens), PrefillStats())
+        samples, seconds = [s for g in gens for s in g.samples], max(g.seconds for g in gens)
+        rate = {"perf/rollout_tokens_per_s": sum(len(s.response_ids) for s in samples) / seconds} if seconds > 0 else {}
+        rewards = merge_metrics([g.reward_metrics for g in gens])
+        return Generated(samples, seconds, {**prefill.metrics(), **rate, **rewards})
+
+
+def launch_generation(
+    rollouts: list[RolloutClient],
+    prompts: list[Prompt],
+    params: SamplingParams,
+    seed: int,
+    step: int,
+    pool: RolloutPool | None = None,
+) -> Launched:
+    """Split ``prompts`` over the rollout side (whole prompts: a group stays on one worker); not waited for."""
+    k = len(rollouts)
+    chunks = [prompts[i::k] for i in range(k)]
+    workers = [i for i in range(k) if chunks[i]]
+
+    def issue(i: int) -> Callable[[RolloutClient], Pending[Generation]]:
+        return lambda w: w.generate(chunks[i], params, seed, step)  # rows key their own noise (seeds.row_keys)
+
+    again = [issue(i) for i in workers]
+    return Launched([redo(rollouts[i]) for i, redo in zip(workers, again)], pool, workers, again)
+
+
+@dataclass
+class Replayed:
+    """A batch read back from a dump (``asyncrl.run.skip``), not generated."""
+
+    samples: list[Sample]
+
+    def result(self) -> Generated:
+        return Generated(self.samples, 0.0, {"rollout/skipped": 1.0})
+
+
+# the ``g``-th generation batch of a step (g = 2, 3, ...), launched: a schedule's own launch, bound to the step
+LaunchMore = Callable[[int], Launched | Replayed]
+
+
+class DynamicSamplingError(UserInputError, RuntimeError):
+    """``algorithm.filter_groups.max_num_gen_batches`` generation batches did not fill a step's batch."""
+
+
+class BatchFiller:
+    """Fills a step's batch with groups that have a spread (``algorithm.filter_groups``); with it off, a step's
+    batch is its one generation batch, as before."""
+
+    def __init__(self, cfg: Config):
+        fg = cfg.algorithm.filter_groups
+        self.enable, self.metric, self.max_gen_batches = fg.enable, fg.metric, fg.max_num_gen_batches
+        self.groups_per_step = cfg.data.train_batch_size
+
+    def fill(self, step: int, first: Launched | Replayed, launch_more: LaunchMore) -> Generated:
+        """Wait for ``first`` (the step's first generation batch) and, with filtering on, judge its groups and
+        launch and wait for more (``launch_more(g)``) until ``data.train_batch_size`` groups are kept. The result's
+        samples are the first ``train_batch_size`` kept groups in generation order; its seconds add up the
+        generation batches' (they ran one after another)."""
+        if not self.enable:
+            return first.result()
+        gens: list[Generated] = []
+        kept: list[list] = []
+        generated = filtered = 0
+        pending = first
+        while True:
+            gen = pending.result()
+            gens.append(gen)
+            groups = group_by_prompt(gen.samples)
+            keep, dropped = filter_groups(groups, self.metric)
+            kept += keep
+            generated, filtered = generated + len(groups), filtered + dropped
+            if len(kept) >= self.groups_per_step:
+                break
+            if 0 < self.max_gen_batches <= len(gens):
+                raise DynamicSamplingError(
+                    f"algorithm.filter_groups.max_num_gen_batches={self.max_gen_batches}: step {step} generated "
+                    f"{len(gens)} generation batches ({generated} groups) and only {len(kept)} "
+                    f"groups had a spread of algorithm.filter_groups.metric={self.metric!r}, of the "
+                    f"{self.groups_per_step} data.train_batch_size needs; {filtered} had the same {self.metric} in "
+                    "every sample (the prompts may be too easy or too hard for the model); raise "
+                    "max_num_gen_batches, or set it to 0 for no limit"
+                )
+            pending = launch_more(len(gens) + 1)
+        trained = kept[: self.groups_per_step]
+        metrics = {
+            **merge_metrics([g.metrics for g in gens]),
+            "train/num_gen_batches": float(len(gens)),
+            "dynamic_sampling/groups_generated": float(generated),
+            "dynamic_sampling/groups_kept": float(len(kept)),
+            "dynamic_sampling/groups_filtered": float(filtered),
+            "dynamic_sampling/groups_discarded": float(len(kept) - len(trained)),
+            "dynamic_sampling/groups_trained": float(len(trained)),
+        }
+        return Generated([s for g in trained for s in g], sum(g.seconds for g in gens), metrics)

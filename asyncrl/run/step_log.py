@@ -1,0 +1,84 @@
+"""What a step measures and where it is written: its wall-clock timings (``StepTimer``), the staleness of what it
+trained, the sample and throughput statistics, and the run's metrics log (``metrics.jsonl`` and the configured
+backends) with the work and rollout traces beside it."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import Config
+from asyncrl.data.collate import TrainBatch
+from asyncrl.rewards.overlong import overlong_metrics
+from asyncrl.telemetry import trace
+from asyncrl.telemetry.metrics import MetricsLogger, machine_cpu
+from asyncrl.telemetry.samples import sample_metrics
+from asyncrl.telemetry.timeline import get_timeline
+from asyncrl.types import Sample
+
+
+def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, float]:
+    """Staleness of each sample = the trainer's version at the update that consumes it minus the version its
+    generation started with, computed from what the engine recorded (never assumed from the schedule)."""
+    st = [trainer_version - s.start_version for s in samples]
+    return {"staleness/mean": sum(st) / len(st), "staleness/max": float(max(st))}
+
+
+class StepTimer:
+    """Collects ``timing_s/<name>`` wall-clock seconds for one step, and records each as a driver span."""
+
+    def __init__(self, step: int):
+        self.step = step
+        self.timings: dict[str, float] = {}
+        self.timeline = get_timeline()
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        with self.timeline.span(name, step=self.step, worker="driver"):
+            yield
+        self.timings[f"timing_s/{name}"] = self.timings.get(f"timing_s/{name}", 0.0) + time.perf_counter() - t0
+
+
+class StepLog:
+    """The run's metrics log, opened on ``run_dir``, and how one step's metrics are made."""
+
+    def __init__(self, cfg: Config, run_dir: Path, tokenizer: Any):
+        t = cfg.trainer
+        self.cfg, self.dir, self.tokenizer = cfg, run_dir, tokenizer
+        self.logger = MetricsLogger(run_dir, t.logger, run_name=run_dir.name, prometheus_port=t.prometheus_port)
+        self.logger.set_total(t.total_training_steps)
+
+    def metrics(
+        self, samples: list[Sample], batch: TrainBatch, tm: StepTimer, consumed_version: int, *parts: dict
+    ) -> dict[str, float]:
+        """Everything logged for a step: sample statistics, the given parts, timings and throughput (the step's
+        ``timing_s/step`` must be set); the step's work record and (``rollout.trace``) a few of its samples, as
+        consumed at ``consumed_version``, written beside the metrics."""
+        step_s = tm.timings["timing_s/step"]
+        metrics = {**sample_metrics(samples, batch), **overlong_metrics(samples)}
+        metrics.update({**{k: v for p in parts for k, v in p.items()}, **tm.timings})
+        metrics["perf/throughput_tokens_per_s"] = float(batch.attention_mask_BL.sum()) / step_s
+        metrics["perf/samples_per_s"] = len(samples) / step_s
+        metrics.update(machine_cpu())
+        trace.append_work(self.dir, trace.work_record(tm.step, samples))
+        t = self.cfg.rollout.trace
+        if t.enable:  # a few of the step's samples, as consumed, in rollout_trace.jsonl
+            recs = trace.records(
+                tm.step, samples, consumed_version, self.tokenizer, t.max_samples_per_step, t.token2text
+            )
+            trace.append(self.dir, recs)
+        return metrics
+
+    def due(self, freq: int, step: int) -> bool:
+        """Whether something done every ``freq`` steps (``trainer.test_freq``/``save_freq``; 0 = never) happens at
+        ``step``: on multiples of ``freq``, and always at the last step."""
+        return (freq > 0 and step % freq == 0) or step == self.cfg.trainer.total_training_steps
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.logger.log(step, metrics)
+
+    def close(self) -> None:
+        self.logger.close()
