@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.algorithms import check_config
 from asyncrl.config import Config, ConfigError, load_config
 from asyncrl.finetune.sft import load_sft_config
 
@@ -163,7 +164,16 @@ def test_a_replaced_key_in_a_yaml_file_names_the_file(tmp_path):
         (["trainer.critic_warmup=2"], "config key trainer.critic_warmup must be 0 when algorithm.name=grpo"),
         (["algorithm.adv_estimator=gae"], "must be grpo or null when algorithm.name=grpo (gae needs a critic"),
         (["algorithm.name=ppo", "algorithm.adv_estimator=grpo"], "must be gae or null when algorithm.name=ppo"),
-        (["algorithm.name=kto"], "config key algorithm.name must be one of grpo, ppo, distill, dpo"),
+        (
+            ["algorithm.name=kto"],
+            "algorithm.name='kto': no module asyncrl.algorithms.kto to import (built in: distill, dpo",
+        ),
+        (
+            ["algorithm.name=grpo", "algorithm.gamma=0.9"],
+            "config key algorithm.gamma: set, but algorithm.name=grpo never",
+        ),
+        (["algorithm.name=ppo", "algorithm.norm_adv_by_std_in_grpo=false"], "only grpo does"),
+        (["algorithm.name=kto!"], "config key algorithm.name must be a built-in algorithm's name"),
         (["dpo.beta=0.5"], "config section dpo: set, but algorithm.name=grpo never reads it"),
         (["ref.fsdp_config.param_offload=true"], "config section ref: set, but algorithm.name=grpo with actor.use_kl"),
         (["actor.fsdp_config.fsdp_size=2"], "actor.fsdp_config.fsdp_size must be -1 or trainer.num_workers (1)"),
@@ -183,8 +193,9 @@ def test_a_replaced_key_in_a_yaml_file_names_the_file(tmp_path):
     ],
 )
 def test_a_section_or_key_the_choices_never_read_is_an_error(overrides, fragment):
+    """At load (the config's own rules) or before the run starts (the algorithm's: ``check_config``)."""
     with pytest.raises(ConfigError) as e:
-        load_config(None, BASE + overrides)
+        check_config(load_config(None, BASE + overrides))
     assert fragment in str(e.value)
 
 
@@ -193,6 +204,7 @@ def test_a_section_or_key_the_choices_never_read_is_an_error(overrides, fragment
 def test_every_algorithm_and_schedule_pair_is_a_valid_config(algorithm, schedule):
     extra = ["teacher.url=http://127.0.0.1:1"] if algorithm == "distill" else []
     cfg = load_config(None, BASE + [f"algorithm.name={algorithm}", f"trainer.schedule={schedule}", *extra])
+    check_config(cfg)
     assert (cfg.algorithm.name, cfg.trainer.schedule) == (algorithm, schedule)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl.algorithms import check_config
 from asyncrl.config import ConfigError, load_config
 
 BASE = ["model.path=m", "data.train_files=[t.parquet]", "data.train_batch_size=8", "actor.ppo_mini_batch_size=4"]
@@ -133,9 +134,10 @@ def test_filter_keys_without_enable_load_as_verl_scripts_set_them():
         (["reward_model.weight=2"], "config section reward_model: set, but algorithm.name=grpo never reads it"),
     ],
 )
-def test_a_wrong_dapo_key_fails_at_load_naming_it(overrides, fragment):
+def test_a_wrong_dapo_key_fails_before_the_run_starts_naming_it(overrides, fragment):
+    """At load, or by the algorithm's own checks (``check_config``), which ``run_training`` runs first."""
     with pytest.raises(ConfigError) as e:
-        load_config(None, BASE + overrides)
+        check_config(load_config(None, BASE + overrides))
     assert fragment in str(e.value)
 
 

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from asyncrl.algorithms import check_config
 from asyncrl.checkpoint import load_driver_state
 from asyncrl.config import ConfigError, load_config
 from asyncrl.data.rows import load_rows, write_rows
@@ -172,7 +173,7 @@ def test_a_teacher_with_another_vocabulary_is_refused_before_training(setup, tmp
 
 def test_config_errors_name_the_key(setup, tmp_path):
     with pytest.raises(ConfigError, match="teacher.model_path"):
-        load_config(None, overrides(setup, tmp_path, 1, "sync")[:-1])
+        check_config(load_config(None, overrides(setup, tmp_path, 1, "sync")[:-1]))
     with pytest.raises(ConfigError, match="config key trainer.schedule must be one of sync, one_step_off"):
         load_config(None, overrides(setup, tmp_path, 1, "three_step_off"))
     with pytest.raises(ConfigError, match="distill.loss"):
@@ -180,7 +181,7 @@ def test_config_errors_name_the_key(setup, tmp_path):
     with pytest.raises(ConfigError, match="trainer.scheduler was replaced by trainer.schedule"):
         load_config(None, overrides(setup, tmp_path, 1, "sync") + ["trainer.scheduler=serial"])
     with pytest.raises(ConfigError, match="config section teacher: set, but algorithm.name=grpo never reads it"):
-        load_config(None, overrides(setup, tmp_path, 1, "sync") + ["algorithm.name=grpo"])
+        check_config(load_config(None, overrides(setup, tmp_path, 1, "sync") + ["algorithm.name=grpo"]))
 
 
 def test_a_teacher_that_cannot_start_is_a_clear_error(tmp_path):

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from asyncrl import losses
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared
-from asyncrl.config import SCHEDULES, ConfigError, load_config
+from asyncrl.config import SCHEDULES, Config, ConfigError, check, load_config
 from asyncrl.data.collate import Objective, TrainBatch, collate, rewards_of
 from asyncrl.schedules import run_training
 from asyncrl.telemetry.metrics import read_metrics
@@ -38,6 +38,11 @@ class ReinforceTarget(Objective):
 
 class Reinforce(Algorithm):
     name = "reinforce"
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:  # its own rule, checked before a run starts
+        n = cfg.data.train_batch_size * cfg.rollout.n
+        check(n >= 2, "rollout.n", cfg.rollout.n, ">= 2 or data.train_batch_size >= 2 (a baseline of one sample)")
 
     def prepare(self, samples: list[Sample], step: int) -> Finish:
         batch = collate(samples, self.tokenizer.pad_token_id)
@@ -76,5 +81,24 @@ def test_a_module_without_an_algorithm_is_one_clear_error(tmp_path):
     ]:
         with pytest.raises(ConfigError, match=says):
             algorithm_class(load_config(None, [*over, f"algorithm.name={name}"]))
+    with pytest.raises(ConfigError, match=r"no module asyncrl.algorithms.reinforce to import \(built in: distill, dpo"):
+        algorithm_class(load_config(None, [*over, "algorithm.name=reinforce"]))  # a plain name is a built-in one's
     with pytest.raises(ConfigError, match="the import path of a module of yours"):
-        load_config(None, [*over, "algorithm.name=reinforce"])
+        load_config(None, [*over, "algorithm.name=my-algo"])
+
+
+def test_the_algorithm_checks_its_own_config_before_the_run_starts(tmp_path):
+    """Its own rule and the sections it does not declare are errors from ``run_training``, before the run directory
+    exists: nothing in asyncrl.config knows this algorithm."""
+    train, test = make_data(tmp_path)
+    run_dir = tmp_path / "run"
+    over = train_overrides(make_model(tmp_path, train), train, test, run_dir, 2) + ["trainer.backend=in_process"]
+    over += ["algorithm.name=tests.test_new_algorithm"]
+    for extra, says in [
+        (["rollout.n=1", "data.train_batch_size=1", "actor.ppo_mini_batch_size=1"], "rollout.n must be >= 2 or"),
+        (["critic.optim.lr=1e-3"], "config section critic: set, but algorithm.name=tests.test_new_algorithm never"),
+        (["algorithm.gamma=0.9"], "config key algorithm.gamma: set, but algorithm.name=tests.test_new_algorithm"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            run_training(load_config(None, over + extra))
+    assert not run_dir.exists()

@@ -82,10 +82,11 @@ def test_a_reward_model_role_is_ignored_when_the_reward_model_is_off():
 
 
 def test_bad_ppo_config_values_name_the_key():
+    from asyncrl.algorithms import check_config
     from asyncrl.config import ConfigError
 
     with pytest.raises(ConfigError, match="algorithm.adv_estimator must be gae or null when algorithm.name=ppo"):
-        load_config(None, BASE + ["algorithm.adv_estimator=grpo"])
+        check_config(load_config(None, BASE + ["algorithm.adv_estimator=grpo"]))
     with pytest.raises(ConfigError, match="algorithm.lam must be in"):
         load_config(None, BASE + ["algorithm.lam=1.5"])
     with pytest.raises(ConfigError, match="reward_model.path must be a model directory"):

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.config import ALGORITHMS, SCHEDULES, load_config
+from asyncrl.algorithms import builtin_algorithms
+from asyncrl.config import SCHEDULES, load_config
 from asyncrl.schedules import run_training
 from asyncrl.teacher.launch import start_teacher_server, stop_process
 from asyncrl.telemetry.metrics import read_metrics
@@ -58,7 +59,7 @@ def algorithm_keys(name: str, url: str) -> list[str]:
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", builtin_algorithms())
 def test_every_algorithm_runs_on_every_schedule(setup, algorithm, schedule):
     root, model, train, test, url = setup
     run_dir = root / f"{algorithm}_{schedule}"
@@ -116,7 +117,7 @@ def undocumented_metrics(keys: set[str]) -> list[str]:
     return sorted(k for k in keys if k not in names and not any(k.startswith(f) for f in families))
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", builtin_algorithms())
 def test_fully_async_resume_loses_and_repeats_no_prompt_for_every_algorithm(setup, algorithm):
     """A fully_async run stopped at a checkpoint and resumed: the queue and in-flight rows it held come back, so
     over the whole run every prompt of a finished epoch is trained on exactly once, whatever the algorithm."""

@@ -53,6 +53,20 @@ class Algorithm(ABC):
     # its batch is a function of the samples alone (no other role's state: a critic's values, a teacher's answers),
     # so ``asyncrl replay`` can rebuild a run's updates from the batches it recorded
     replayable: ClassVar[bool] = False
+    # what it reads of the config besides the policy's sections, so that a section or key set for another algorithm
+    # is an error and not silently ignored (``asyncrl.algorithms.check_config``): the sections only it reads (ppo:
+    # critic, reward_model), the keys of ``algorithm:`` only it reads (ppo: gamma, lam), the
+    # ``algorithm.adv_estimator`` values it fits (none: it fits no advantages), and whether it learns from rewards
+    # (distillation learns from its teacher and only logs them)
+    sections: ClassVar[tuple[str, ...]] = ()
+    algorithm_keys: ClassVar[tuple[str, ...]] = ()
+    estimators: ClassVar[tuple[str, ...]] = ()
+    learns_from_rewards: ClassVar[bool] = True
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        """Its own rules on ``cfg`` beyond what it declares, each a ``ConfigError`` naming the key; none by default."""
+        del cfg
 
     def __init__(self, cfg: Config, tokenizer: object, roles: Roles, resources: object = None):
         self.cfg = cfg

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from asyncrl import losses
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared
-from asyncrl.config import DistillConfig
+from asyncrl.config import Config, DistillConfig, check
 from asyncrl.data.collate import Objective, TrainBatch, collate
 from asyncrl.losses.distill_loss import mix_on_policy
 from asyncrl.teacher.client import TeacherClient
@@ -85,6 +85,18 @@ class RunTeacher:
 
 class Distill(Algorithm):
     name = "distill"
+    sections = ("teacher", "distill")
+    learns_from_rewards = False  # it learns from the teacher; its rewards are only logged
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        tc = cfg.teacher
+        check(
+            bool(tc.url) or bool(tc.model_path),
+            "teacher.model_path",
+            tc.model_path,
+            "a teacher model directory when teacher.url is not given (distill needs a teacher)",
+        )
 
     def __init__(self, cfg, tokenizer, roles, resources):  # noqa: ANN001 - as Algorithm's
         super().__init__(cfg, tokenizer, roles, resources)

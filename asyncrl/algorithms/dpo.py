@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained, TrainerNeeds
-from asyncrl.config import Config, DpoConfig
+from asyncrl.config import Config, DpoConfig, check
 from asyncrl.data.collate import Objective, TrainBatch, collate
 from asyncrl.losses.dpo import dpo_loss, sequence_logratios
 from asyncrl.rewards.filtering import group_by_prompt
@@ -94,6 +94,24 @@ def make_pairs(samples: list[Sample]) -> Pairs:
 
 class OnlineDPO(Algorithm):
     name = "dpo"
+    sections = ("dpo",)
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        check(cfg.rollout.n >= 2, "rollout.n", cfg.rollout.n, ">= 2 when algorithm.name=dpo (a pair needs two samples)")
+        check(
+            not cfg.actor.use_kl_loss,
+            "actor.use_kl_loss",
+            cfg.actor.use_kl_loss,
+            "false when algorithm.name=dpo (DPO's loss already holds the policy to its reference, dpo.beta)",
+        )
+        check(
+            cfg.dpo.ref_update_freq == 0 or not cfg.model.lora_rank,
+            "dpo.ref_update_freq",
+            cfg.dpo.ref_update_freq,
+            "0 with LoRA (the reference is the base model, the adapter switched off; refreshing it is not implemented)",
+        )
+
     replayable = True
 
     @classmethod

@@ -17,6 +17,8 @@ from asyncrl.types import Sample
 class GRPO(Algorithm):
     name = "grpo"
     replayable = True
+    algorithm_keys = ("norm_adv_by_std_in_grpo",)
+    estimators = ("grpo",)
 
     def __init__(self, cfg, tokenizer, roles, resources=None):  # noqa: ANN001 - as Algorithm's
         super().__init__(cfg, tokenizer, roles, resources)

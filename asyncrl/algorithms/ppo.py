@@ -22,6 +22,7 @@ import torch
 from asyncrl import losses
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
 from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
+from asyncrl.config import Config, check
 from asyncrl.data.collate import collate, rewards_of
 from asyncrl.data.targets import ValueTarget
 from asyncrl.rewards.combine import combine_rewards, token_level_rewards
@@ -31,6 +32,21 @@ from asyncrl.types import Sample
 
 class PPO(Algorithm):
     name = "ppo"
+    sections = ("critic", "reward_model")
+    algorithm_keys = ("gamma", "lam")
+    estimators = ("gae",)
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        fg, rm = cfg.algorithm.filter_groups, cfg.reward_model
+        if fg.enable and fg.metric in ("seq_reward", "seq_final_reward") and rm.enable:
+            check(
+                False,
+                "algorithm.filter_groups.metric",
+                fg.metric,
+                "acc or score when reward_model.enable is true (the reward model scores on the trainer, after groups "
+                "are filtered, so a sequence's full reward is not known yet)",
+            )
 
     @classmethod
     def roles_needed(cls, cfg):  # noqa: ANN001, ANN206 - as Algorithm's

@@ -5,7 +5,6 @@ from asyncrl.config.checks import validate
 from asyncrl.config.errors import ConfigError, check, choice
 from asyncrl.config.loading import load_config, to_dict
 from asyncrl.config.schema import (
-    ALGORITHMS,
     BACKENDS,
     SCHEDULES,
     ActorConfig,
@@ -35,7 +34,6 @@ from asyncrl.config.schema import (
 )
 
 __all__ = [
-    "ALGORITHMS",
     "BACKENDS",
     "SCHEDULES",
     "DataConfig",

@@ -48,7 +48,6 @@ from asyncrl.config.training import (
 )
 
 MISSING = "???"  # OmegaConf's marker of a required value (the tree imports without omegaconf: a GPU box may lack it)
-ALGORITHMS = ("grpo", "ppo", "distill", "dpo")
 SCHEDULES = ("sync", "one_step_off", "two_step_off", "fully_async")
 BACKENDS = ("ray", "in_process")
 LOGGERS = ("console", "jsonl", "tensorboard", "prometheus")
@@ -221,8 +220,12 @@ class Config:
                 section.check(name)
 
 
+# the sections only some algorithm reads (it declares them: ``Algorithm.sections``), at their defaults: set in a run of
+# another algorithm, each is an error naming it (``reward_model`` is checked apart: its reward manager is everyone's)
+SECTION_DEFAULTS = {"critic": CriticConfig, "teacher": TeacherConfig, "distill": DistillConfig, "dpo": DpoConfig}
+
 __all__ = [
-    "ALGORITHMS",
+    "SECTION_DEFAULTS",
     "BACKENDS",
     "SCHEDULES",
     "ActorConfig",

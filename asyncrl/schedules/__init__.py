@@ -36,10 +36,13 @@ def specs_for(cfg: Config) -> RoleSpecs:
 
 
 def run_training(cfg: Config) -> dict[str, Any]:
-    """Run ``cfg``'s algorithm on its schedule; returns the run's summary (also written to summary.json). A run on
-    GPUs whose memory plan cannot fit fails here, in one line, before any worker starts."""
+    """Run ``cfg``'s algorithm on its schedule; returns the run's summary (also written to summary.json). A config
+    the algorithm refuses (``asyncrl.algorithms.check_config``) or a run on GPUs whose memory plan cannot fit fails
+    here, in one line, before anything of the run starts."""
+    from asyncrl.algorithms import check_config
     from asyncrl.sizing.check import check_memory
 
+    check_config(cfg)
     check_memory(cfg)
     module = schedule_module(cfg)
     return getattr(module, f"run_{cfg.trainer.schedule}")(cfg)
