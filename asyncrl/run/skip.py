@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,7 @@ from typing import Any
 from asyncrl.checkpoint import atomic_write_bytes
 from asyncrl.config import Config
 from asyncrl.errors import UserInputError
-from asyncrl.roles.clients import RolloutClient
-from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.run.generation import Generated, Launched, Replayed, launch_generation
-from asyncrl.run.supervision import RolloutPool
+from asyncrl.run.generation import Generated, Launched, Replayed
 from asyncrl.types import Prompt
 
 
@@ -117,19 +115,13 @@ class RolloutSkip:
         return self.dir / (f"step_{step}.pkl" if gen_batch == 1 else f"step_{step}_gen{gen_batch}.pkl")
 
     def launch(
-        self,
-        rollouts: list[RolloutClient],
-        prompts: list[Prompt],
-        params: SamplingParams,
-        seed: int,
-        step: int,
-        pool: RolloutPool | None = None,
-        gen_batch: int = 1,
+        self, prompts: list[Prompt], step: int, generate: Callable[[], Launched], gen_batch: int = 1
     ) -> Launched | Replayed:
-        """Step ``step``'s batch (its ``gen_batch``-th generation batch with dynamic sampling): generated (and
-        dumped), or read back from the dump. ``repeat`` never meets a ``gen_batch`` > 1 (a config error)."""
+        """Step ``step``'s batch of ``prompts`` (its ``gen_batch``-th generation batch with dynamic sampling):
+        ``generate``-d (and dumped), or read back from the dump. ``repeat`` never meets a ``gen_batch`` > 1 (a config
+        error)."""
         if self.dir is None:
-            return launch_generation(rollouts, prompts, params, seed, step, pool)
+            return generate()
         path = self._dump(step, gen_batch)
         if path.exists():
             samples = pickle.loads(path.read_bytes())
@@ -146,4 +138,4 @@ class RolloutSkip:
             earlier = [s for s in range(step - 1, 0, -1) if self._dump(s).exists()]
             if earlier:
                 return Replayed(pickle.loads(self._dump(earlier[0]).read_bytes()))
-        return _Dumping(launch_generation(rollouts, prompts, params, seed, step, pool), path)
+        return _Dumping(generate(), path)

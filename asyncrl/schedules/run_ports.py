@@ -27,7 +27,7 @@ from asyncrl.roles.team import Roles, RolloutSide
 from asyncrl.rollout.agent.loop import check_agent_loop
 from asyncrl.run import Run
 from asyncrl.run.directory import RunDir
-from asyncrl.run.generation import BatchFiller, Generated, Launched, PromptStream, Replayed
+from asyncrl.run.generation import BatchFiller, Generated, Launched, PromptStream, Replayed, launch_generation
 from asyncrl.run.skip import RolloutSkip
 from asyncrl.run.step_log import StepLog, StepTimer
 from asyncrl.run.supervision import RolloutPool, WorkerLostError
@@ -168,8 +168,9 @@ class RunPorts:
         run = self.run
         prompts = run.prompts.next_prompts()
         self.cursors[batch] = run.prompts.sampler.state_dict()
-        seed = run.prompts.gen_seed()
-        return self.skip.launch(run.roles.rollouts, prompts, self.params, seed, batch, run.pool, gen_batch=gen_batch)
+        seed, rollouts = run.prompts.gen_seed(), run.roles.rollouts
+        generate = lambda: launch_generation(rollouts, prompts, self.params, seed, batch, run.pool)  # noqa: E731
+        return self.skip.launch(prompts, batch, generate, gen_batch=gen_batch)
 
     def _fill(self, launched: Launched | Replayed, batch: int) -> Generated:
         return self.filler.fill(batch, launched, lambda g: self.launch(batch, g))
