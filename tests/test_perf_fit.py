@@ -97,11 +97,11 @@ def tiny_engine():
     return RolloutEngine(build_model("micro", tok, seed=0, initializer_range=0.3), tok, max_batch_size=64)
 
 
-def test_stream_prices_are_read_from_timed_steps_and_scaled_to_the_run():
+def test_stream_prices_are_read_from_timed_steps_and_the_process_ratio_is_reported_apart():
     """Streamed steps at 4, 8 and 16 rows costing 5 ms + 0.3 ms a row, some taking rows in (2 ms + 0.1 ms a token on
-    top); this process's batch steps cost 4 ms + 0.2 ms a row where the run's cost 5 ms + 0.25 ms: every streaming
-    price is scaled by 1.25."""
-    from asyncrl.planning.probe import stream_prices
+    top): those are the prices. This process's batch steps cost 4 ms + 0.2 ms a row where the run's cost 5 ms + 0.25
+    ms: the ratio, 1.25, is reported apart and does not move them."""
+    from asyncrl.planning.probe import process_ratio, stream_prices
 
     steps = []
     for k, live in enumerate([4, 8, 16] * 20):
@@ -109,12 +109,13 @@ def test_stream_prices_are_read_from_timed_steps_and_scaled_to_the_run():
         steps.append((live, tokens, 0.005 + 0.0003 * live + (0.002 + 0.0001 * tokens if tokens else 0.0)))
     batch = [(live, n, n * (0.004 + 0.0002 * live)) for live, n in [(16, 10), (8, 20), (4, 30), (2, 40), (1, 50)]]
     run = Term(("call", "step", "token", "prefill_token"), (0.03, 0.005, 0.00025, 0.0001))
-    priced = stream_prices(batch, steps, run)
+    priced = stream_prices(steps)
     assert priced is not None
-    a, b, adm, adm_tok, scale = priced
-    assert scale == pytest.approx(1.25)
-    assert (a, b, adm, adm_tok) == pytest.approx((0.005 * 1.25, 0.0003 * 1.25, 0.002 * 1.25, 0.0001 * 1.25))
-    assert stream_prices(batch, [s for s in steps if s[1] == 0], run) is None  # no admission timed: not priced
+    assert priced == pytest.approx((0.005, 0.0003, 0.002, 0.0001))
+    assert process_ratio(batch, run, rows=8.0) == pytest.approx(1.25)
+    assert process_ratio([], run, rows=8.0) is None
+    assert stream_prices([s for s in steps if s[1] == 0]) is None  # no admission timed: not priced
+    assert stream_prices([s for s in steps if s[1] > 0]) is None  # no step without one: not priced
 
 
 def test_a_probed_streaming_decoder_prices_the_simulated_rollouter():

@@ -211,14 +211,16 @@ def stream_serial(
     return amdahl_serial(statistics.median(ratios), 1.0, n) if ratios else None
 
 
-def stream_prices(
-    batch: list[tuple[int, int, float]], steps: list[tuple[int, int, float]], run_decode: Term
-) -> tuple[float, float, float, float, float] | None:
-    """(step s, per row s, per admission s, per admitted token s, scale) of the streaming decoder, from its timed
-    ``steps`` (a step that took rows in pays their admission on top of its decode), scaled by the run's batch decode
-    (``run_decode``) over this process's (``batch``: measured segments) at the streamed steps' mean rows. None when
-    the steps cannot tell them apart (no step without an admission, or none with one, or no batch segment)."""
-    if not batch or all(tokens == 0 for _, tokens, _ in steps):
+def stream_prices(steps: list[tuple[int, int, float]]) -> tuple[float, float, float, float] | None:
+    """(step s, per row s, per admission s, per admitted token s) of the streaming decoder, from its timed ``steps``
+    (a step that took rows in pays their admission on top of its decode). None when the steps cannot tell them apart
+    (no step without an admission, or none with one).
+
+    Taken as measured: the probe's process holds the engine alone, as the Rollouter's does. They are not moved by the
+    sync run's own batch steps (``process_ratio``), which ran in the trainer's process beside its optimizer state
+    (BENCHMARKS.md, issue 49, sixth session: moved by that ratio, 0.91-1.23, the predictions of eight bracketed
+    invocations were off by -14..+17% of the measured ratio to sync; as measured, by -5..+9%)."""
+    if all(tokens == 0 for _, tokens, _ in steps):
         return None
     fitted = plain_step(steps)
     if fitted is None:
@@ -226,12 +228,18 @@ def stream_prices(
     a, b = fitted
     taking = [(tokens, sec - a - b * live) for live, tokens, sec in steps if tokens > 0]
     admit = fit_term(("call", "token"), [[1.0, tokens] for tokens, _ in taking], [extra for _, extra in taking])
+    return a, b, admit.get("call"), admit.get("token")
+
+
+def process_ratio(batch: list[tuple[int, int, float]], run_decode: Term, rows: float) -> float | None:
+    """The run's batch decode step (``run_decode``, fitted in its trainer's process) over this process's (``batch``:
+    measured segments) at ``rows`` rows: how much slower the engine decoded beside the trainer (reported, not
+    applied). None without a batch segment."""
+    if not batch:
+        return None
     here = segments_term(batch)
-    rows = statistics.fmean(live for live, _, _ in steps)
-    scale = (run_decode.get("step") + run_decode.get("token") * rows) / max(
-        here.get("step") + here.get("token") * rows, 1e-12
-    )
-    return a * scale, b * scale, admit.get("call") * scale, admit.get("token") * scale, scale
+    mine = here.get("step") + here.get("token") * rows
+    return (run_decode.get("step") + run_decode.get("token") * rows) / max(mine, 1e-12)
 
 
 def _update_of(cfg, model, tok, samples) -> Callable[[], object]:
@@ -359,18 +367,20 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
             torch.set_num_threads(before_threads)
         batch = [seg for b, _ in timed[t] for seg in b]
         steps = [step for _, s in timed[t] for step in s]
-        priced = stream_prices(batch, steps, cost.decode)
+        priced = stream_prices(steps)
         serial = stream_serial([(a[1], b[1]) for a, b in zip(timed[1], timed[n])], n)
+        ratio = process_ratio(batch, cost.decode, statistics.fmean(live for live, _, _ in steps)) if steps else None
         if priced is None:
             stream_note = "; streamed steps not priced (they could not tell a step from taking rows in)"
         else:
-            a, b, adm, adm_tok, scale = priced
+            a, b, adm, adm_tok = priced
             stream_kw = dict(stream_step_s=a, stream_row_s=b, stream_admit_s=adm, stream_admit_token_s=adm_tok)
             if serial is not None:
                 stream_kw["stream_serial"] = serial
             stream_note = (
                 f"; streamed step {a * 1e3:.2f} ms + {b * 1e3:.3f} ms/row, taking rows in {adm * 1e3:.2f} ms + "
-                f"{adm_tok * 1e6:.1f} us/token on {t} (x{scale:.2f}: the run's batch steps over this process's)"
+                f"{adm_tok * 1e6:.1f} us/token on {t}"
+                + ("" if ratio is None else f" (the run's batch steps were x{ratio:.2f} this process's; not applied)")
                 + ("" if serial is None else f", serial fraction {serial:.2f}")
             )
     scaling = Scaling(
