@@ -103,7 +103,7 @@ def open_run(
                     roles, sync, roles.respawn, version, t.max_worker_restarts, cfg.rollout.generate_timeout_s
                 )
         directory.summary["placement"] = {
-            "pools": {name: asdict(pool) for name, pool in roles.placement.all_pools().items()},
+            "pools": {name: asdict(p) for name, p in roles.placement.all_pools().items()},
             "roles": roles.placement.roles,
             "workers": [asdict(w) for w in roles.locations(cfg.trainer.role_start_timeout_s)],
             "rendezvous": rendezvous,
