@@ -1,6 +1,7 @@
-"""The RL loops: one module per schedule (``trainer.schedule``), each the whole order of events of that schedule and
-able to run every algorithm. ``run.py`` holds what the schedules share. Training from labels (SFT, a reward model)
-is ``asyncrl.finetune``'s."""
+"""The RL loops: one module per schedule (``trainer.schedule``), each starting that schedule's run and able to run
+every algorithm. ``loops.py`` writes the order of events of the batch schedules once (``fully_async/loop.py``
+fully_async's), ``run_ports.py`` builds the run and runs those loops on the real roles; what every schedule shares is
+``asyncrl.run``'s. Training from labels (SFT, a reward model) is ``asyncrl.finetune``'s."""
 
 from __future__ import annotations
 
