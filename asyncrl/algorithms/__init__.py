@@ -42,10 +42,16 @@ def algorithm_class(cfg: Config) -> type[Algorithm]:
 
 
 @cache
+def _builtin_classes() -> dict[str, type[Algorithm]]:
+    """This package's modules that name an ``ALGORITHM``, by module name, and that class."""
+    names = [m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.name != "base"]
+    modules = {n: importlib.import_module(f"asyncrl.algorithms.{n}") for n in sorted(names)}
+    return {n: m.ALGORITHM for n, m in modules.items() if hasattr(m, "ALGORITHM")}
+
+
 def builtin_algorithms() -> tuple[str, ...]:
     """The ``algorithm.name`` values built in: this package's modules that name an ``ALGORITHM``."""
-    names = [m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.name != "base"]
-    return tuple(n for n in sorted(names) if hasattr(importlib.import_module(f"asyncrl.algorithms.{n}"), "ALGORITHM"))
+    return tuple(_builtin_classes())
 
 
 def check_config(cfg: Config) -> None:
@@ -71,7 +77,8 @@ def check_config(cfg: Config) -> None:
                 f"{_readers(section)} does); remove it or choose that algorithm"
             )
     default_algorithm = type(cfg.algorithm)()
-    for key in ("norm_adv_by_std_in_grpo", "gamma", "lam"):
+    declared = sorted({k for c in _builtin_classes().values() for k in c.algorithm_keys})  # what some algorithm reads
+    for key in declared:
         if key not in cls.algorithm_keys and getattr(cfg.algorithm, key) != getattr(default_algorithm, key):
             raise ConfigError(
                 f"config key algorithm.{key}: set, but algorithm.name={name} never reads it (only "
@@ -108,8 +115,7 @@ def _check_rewards_used(cfg: Config, cls: type[Algorithm]) -> None:
 
 def _readers(what: str, keys: bool = False) -> str:
     """The built-in algorithms that read a config section (or, ``keys``, a key of ``algorithm:``)."""
-    mods = [importlib.import_module(f"asyncrl.algorithms.{n}").ALGORITHM for n in builtin_algorithms()]
-    names = [c.name for c in mods if what in (c.algorithm_keys if keys else c.sections)]
+    names = [c.name for c in _builtin_classes().values() if what in (c.algorithm_keys if keys else c.sections)]
     return " | ".join(names) or "no built-in algorithm"
 
 

@@ -369,11 +369,11 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
         steps = [step for _, s in timed[t] for step in s]
         priced = stream_prices(steps)
         serial = stream_serial([(a[1], b[1]) for a, b in zip(timed[1], timed[n])], n)
-        ratio = process_ratio(batch, cost.decode, statistics.fmean(live for live, _, _ in steps)) if steps else None
         if priced is None:
             stream_note = "; streamed steps not priced (they could not tell a step from taking rows in)"
         else:
             a, b, adm, adm_tok = priced
+            ratio = process_ratio(batch, cost.decode, statistics.fmean(live for live, _, _ in steps))
             stream_kw = dict(stream_step_s=a, stream_row_s=b, stream_admit_s=adm, stream_admit_token_s=adm_tok)
             if serial is not None:
                 stream_kw["stream_serial"] = serial
