@@ -6,13 +6,12 @@ own model and prompts.
   count the run did not use (a one-thread rollout worker beside a two-thread trainer).
 - Streaming (built-in engine): the run's prompts streamed through the engine's slots as ``fully_async``'s Rollouter
   admits them (a group whenever its rows fit), each step timed: a step's fixed part and its part per row, and what
-  taking rows in costs (a prefill, and moving the slots' cache to make room) per admission and per prefilled token.
-  They are measured outside the run, so they are scaled by how the run's own batch decode steps compare with the
-  same engine's measured here (``decode_segments``): what the run's process adds is kept.
+  taking rows in costs (a prefill, and moving the slots' cache to make room) per admission and per prefilled token
+  (``stream_prices``). Taken as measured: this process holds the engine alone, as the Rollouter's does.
 - Prefill: the seconds per prompt token of a prefill forward against the decode's per-position price (a resumed
   partial row is prefilled again; a run whose prompts are all alike cannot separate the two).
 - Weight sync: a broadcast of the model's bytes between two processes over gloo on 127.0.0.1, at two sizes: the
-  fixed cost and the bandwidth; with ``rollout.engine=vllm`` also the seconds vLLM takes to load the weights.
+  fixed cost and the bandwidth; and the seconds the run's engine takes to load the weights (built-in or vLLM).
 
 The engine is the run's: with ``rollout.engine=vllm`` generation and prefill are timed on a vLLM engine built as the
 run configured it (the prefill as one-token generations of the prompts and of their first halves).
@@ -34,16 +33,16 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.planning.cost import CostModel, Scaling, Term, fit_term, segments_term
-
-
-def amdahl_serial(t1: float, tn: float, n: int) -> float:
-    """The serial fraction s with t1 / tn = 1 / (s + (1 - s) / n), clamped to [0, 1]."""
-    if n <= 1 or tn <= 0:
-        return 0.0
-    speedup = t1 / tn
-    s = (n / speedup - 1.0) / (n - 1.0)
-    return min(1.0, max(0.0, s))
+from asyncrl.planning.cost import CostModel, Scaling
+from asyncrl.planning.stream_prices import (
+    STREAM_ROUNDS,
+    STREAM_STEPS,
+    amdahl_serial,
+    process_ratio,
+    stream_prices,
+    stream_serial,
+    stream_steps,
+)
 
 
 def _broadcast_worker(rank: int, port: int, sizes: list[int], repeats: int, out: str) -> None:
@@ -92,8 +91,8 @@ class Workloads:
     """One step's generation, update and a prefill of the run, ready to time, each called with the round's seed
     (both thread counts of a round sample the same tokens: on a long tail, responses drawn afresh for each timing
     differ more in length than the thread counts differ in speed). ``prefill`` runs ``prefill_tokens`` tokens more
-    than ``prefill_base`` (None: ``prefill`` alone is the prefill); ``apply``: a vLLM engine loading the model's
-    weights, what a weight sync costs beyond the wire (None on the built-in engine)."""
+    than ``prefill_base`` (None: ``prefill`` alone is the prefill); ``apply``: the run's engine loading the model's
+    weights, what a weight sync costs beyond the wire (measured in runs: ``weight_sync/apply_seconds``)."""
 
     generate: Callable[[int], object]
     update: Callable[[int], object]
@@ -109,6 +108,7 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
     from asyncrl.data.dataset import PromptDataset
     from asyncrl.data.rows import load_rows
     from asyncrl.models.loading import load_model
+    from asyncrl.models.lora import synced_tensors
     from asyncrl.rollout.engine import RolloutEngine
     from asyncrl.rollout.sampling import SamplingParams
 
@@ -147,99 +147,16 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
 
     streamed = PromptDataset(all_rows[:64], tok, cfg.data.max_prompt_length)  # enough groups to keep slots full
     stream_prompts = [streamed[i] for i in range(len(streamed))]
+    tensors = synced_tensors(model)
+    versions = iter(range(1, 1 << 30))
     return Workloads(
         generate=lambda seed: engine.generate(prompts, params, seed=seed),
         update=_update_of(cfg, model, tok, samples),
         prefill=prefill,
         prefill_tokens=ids.numel(),
+        apply=lambda: engine.update_weights(tensors, next(versions)),
         stream=stream,
     )
-
-
-STREAM_STEPS = 400  # streamed steps the probe times a round (a few seconds on a small model)
-STREAM_ROUNDS = 3  # rounds of them at each thread count
-
-
-def stream_steps(
-    engine, prompts: list, params, n: int, seed: int, steps: int, limit: int
-) -> list[tuple[int, int, float]]:
-    """(rows in slots, tokens prefilled, seconds) of each of ``steps`` steps of ``engine`` streaming ``prompts``
-    (cycled, a new epoch each pass): a group of ``n`` blank rows is submitted whenever it fits in ``limit`` rows, as
-    the Rollouter admits. The rows still held at the end are interrupted."""
-    from asyncrl.types import Sample
-
-    out: list[tuple[int, int, float]] = []
-    k = 0
-    engine.take_prefill()
-    while len(out) < steps:
-        while min(limit, engine.capacity) - engine.live_rows() >= n:
-            p = replace(prompts[k % len(prompts)], epoch=k // len(prompts))
-            engine.submit([Sample(p, [], [], [], "interrupted", 0, row=j) for j in range(n)], params, seed)
-            k += 1
-        live = min(engine.live_rows(), engine.capacity)
-        t0 = time.perf_counter()
-        engine.step()
-        out.append((live, engine.take_prefill().tokens, time.perf_counter() - t0))
-    engine.interrupt()
-    return out
-
-
-def plain_step(steps: list[tuple[int, int, float]]) -> tuple[float, float] | None:
-    """(fixed s, per row s) of the streamed steps that took no rows in (None: there were none)."""
-    plain = [(live, sec) for live, tokens, sec in steps if tokens == 0]
-    if not plain:
-        return None
-    a, b = fit_term(("step", "token"), [[1.0, live] for live, _ in plain], [sec for _, sec in plain]).coef
-    return a, b
-
-
-def stream_serial(
-    rounds: list[tuple[list[tuple[int, int, float]], list[tuple[int, int, float]]]], n: int
-) -> float | None:
-    """Amdahl's serial fraction of a streamed step (a streamed step of a small model scales with threads unlike a
-    whole batch generation), from rounds of the same steps timed on 1 thread and on ``n``: the median over rounds of
-    their prices' ratio at the rounds' mean rows."""
-    ratios = []
-    for steps_1, steps_n in rounds:
-        one, many = plain_step(steps_1), plain_step(steps_n)
-        if one is None or many is None:
-            continue
-        rows = statistics.fmean(live for live, _, _ in steps_1 + steps_n)
-        t1, tn = one[0] + one[1] * rows, many[0] + many[1] * rows
-        if tn > 0:
-            ratios.append(t1 / tn)
-    return amdahl_serial(statistics.median(ratios), 1.0, n) if ratios else None
-
-
-def stream_prices(steps: list[tuple[int, int, float]]) -> tuple[float, float, float, float] | None:
-    """(step s, per row s, per admission s, per admitted token s) of the streaming decoder, from its timed ``steps``
-    (a step that took rows in pays their admission on top of its decode). None when the steps cannot tell them apart
-    (no step without an admission, or none with one).
-
-    Taken as measured: the probe's process holds the engine alone, as the Rollouter's does. They are not moved by the
-    sync run's own batch steps (``process_ratio``), which ran in the trainer's process beside its optimizer state
-    (BENCHMARKS.md, issue 49, sixth session: moved by that ratio, 0.91-1.23, the predictions of eight bracketed
-    invocations were off by -14..+17% of the measured ratio to sync; as measured, by -5..+9%)."""
-    if all(tokens == 0 for _, tokens, _ in steps):
-        return None
-    fitted = plain_step(steps)
-    if fitted is None:
-        return None
-    a, b = fitted
-    taking = [(tokens, sec - a - b * live) for live, tokens, sec in steps if tokens > 0]
-    admit = fit_term(("call", "token"), [[1.0, tokens] for tokens, _ in taking], [extra for _, extra in taking])
-    return a, b, admit.get("call"), admit.get("token")
-
-
-def process_ratio(batch: list[tuple[int, int, float]], run_decode: Term, rows: float) -> float | None:
-    """The run's batch decode step (``run_decode``, fitted in its trainer's process) over this process's (``batch``:
-    measured segments) at ``rows`` rows: how much slower the engine decoded beside the trainer (reported, not
-    applied). None without a batch segment."""
-    if not batch:
-        return None
-    here = segments_term(batch)
-    mine = here.get("step") + here.get("token") * rows
-    return (run_decode.get("step") + run_decode.get("token") * rows) / max(mine, 1e-12)
 
 
 def _update_of(cfg, model, tok, samples) -> Callable[[], object]:
@@ -343,7 +260,7 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
         prefill[t] = max(0.0, statistics.median(times[("prefill", t)]) - base) / w.prefill_tokens
     fixed, bw = probe_sync(cost.weight_bytes)
     apply_note = ""
-    if w.apply is not None:  # vLLM loads the weights after they arrive: a fixed cost of every sync
+    if w.apply is not None:  # the engine loads the weights after they arrive: a fixed cost of every sync
         w.apply()
         applied = []
         for _ in range(3):
@@ -351,7 +268,7 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
             w.apply()
             applied.append(time.perf_counter() - t0)
         fixed += statistics.median(applied)
-        apply_note = f"; vLLM loads the weights in {statistics.median(applied):.3f} s (added to the fixed cost)"
+        apply_note = f"; the engine loads the weights in {statistics.median(applied):.3f} s (added to the fixed cost)"
     n = threads
     stream_kw: dict[str, float] = {}
     stream_note = ""
