@@ -13,7 +13,8 @@ from torch import Tensor
 
 from asyncrl import losses
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared
-from asyncrl.config import SCHEDULES, Config, ConfigError, check, load_config
+from asyncrl.config import SCHEDULES, AlgorithmConfig, Config, ConfigError, check, load_config
+from asyncrl.config.rules import one_of
 from asyncrl.data.collate import Objective, TrainBatch, collate, rewards_of
 from asyncrl.schedules import run_training
 from asyncrl.telemetry.metrics import read_metrics
@@ -36,8 +37,18 @@ class ReinforceTarget(Objective):
         return loss, {"actor/pg_loss": float(loss.detach())}
 
 
+@dataclass
+class ReinforceConfig(AlgorithmConfig):
+    """Its ``algorithm:`` section: the keys every algorithm reads, and its own, with its own rule."""
+
+    baseline: str = "mean"  # mean: the batch's mean reward is subtracted | none: the raw reward is the advantage
+
+    RULES = {"baseline": one_of(("mean", "none"))}
+
+
 class Reinforce(Algorithm):
     name = "reinforce"
+    section = ReinforceConfig  # the loader parses algorithm: as this class
 
     @classmethod
     def check_config(cls, cfg: Config) -> None:  # its own rule, checked before a run starts
@@ -47,7 +58,9 @@ class Reinforce(Algorithm):
     def prepare(self, samples: list[Sample], step: int) -> Finish:
         batch = collate(samples, self.tokenizer.pad_token_id)
         reward_B = rewards_of(samples)
-        batch.policy = ReinforceTarget(losses.broadcast_advantages(reward_B - reward_B.mean(), batch.response_mask_BT))
+        if self.options.baseline == "mean":  # type: ignore[attr-defined] - a ReinforceConfig (``section``)
+            reward_B = reward_B - reward_B.mean()
+        batch.policy = ReinforceTarget(losses.broadcast_advantages(reward_B, batch.response_mask_BT))
         prepared = Prepared(samples, batch)
         return lambda: prepared
 
@@ -61,12 +74,26 @@ def test_an_algorithm_the_trainer_never_saw_trains_on_every_schedule(tmp_path, s
     model = make_model(tmp_path, train)
     run_dir = tmp_path / "run"
     over = train_overrides(model, train, test, run_dir, 2) + ["trainer.backend=in_process", length_reward(tmp_path)]
-    over += ["algorithm.name=tests.test_new_algorithm", f"trainer.schedule={schedule}"]
+    over += ["algorithm.name=tests.test_new_algorithm", "algorithm.baseline=mean", f"trainer.schedule={schedule}"]
     summary = run_training(load_config(None, over))
     assert summary["steps"] == 2
     steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if m.get("step", 0) > 0]
     assert len(steps) == 2 and all(math.isfinite(m["actor/pg_loss"]) for m in steps)
     assert all(m["actor/grad_norm"] > 0 for m in steps)  # rewards differ within every group: a gradient each step
+
+
+def test_the_algorithm_brings_its_own_keys_with_their_rules(tmp_path):
+    """``algorithm:`` is parsed as the chosen algorithm's section class: its own key loads with its default or a
+    value its rule allows, its rule names a bad value, and the key is unknown to an algorithm that does not read it."""
+    train, test = make_data(tmp_path)
+    over = train_overrides(make_model(tmp_path, train), train, test, tmp_path / "run", 2)
+    mine = [*over, "algorithm.name=tests.test_new_algorithm"]
+    assert load_config(None, mine).algorithm == ReinforceConfig(name="tests.test_new_algorithm")
+    assert load_config(None, [*mine, "algorithm.baseline=none"]).algorithm.baseline == "none"
+    with pytest.raises(ConfigError, match="algorithm.baseline must be one of"):
+        load_config(None, [*mine, "algorithm.baseline=median"])
+    with pytest.raises(ConfigError, match="unknown config key 'algorithm.baseline'"):
+        load_config(None, [*over, "algorithm.baseline=none"])  # grpo's section has no such key
 
 
 def test_a_module_without_an_algorithm_is_one_clear_error(tmp_path):

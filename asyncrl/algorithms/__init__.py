@@ -6,12 +6,11 @@ this package's modules that name an ``ALGORITHM`` (``builtin_algorithms``), a us
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from functools import cache
-from pathlib import Path
 
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
 from asyncrl.config import Config, ConfigError, check
+from asyncrl.config.algorithm_section import algorithm_module, builtin_modules
 from asyncrl.config.schema import SECTION_DEFAULTS
 
 
@@ -19,24 +18,14 @@ def algorithm_class(cfg: Config) -> type[Algorithm]:
     """The class of ``algorithm.name``: the module ``asyncrl.algorithms.<name>`` for a built-in name, or the module at
     a dotted import path of the user's (``my_pkg.my_algo``), names it ``ALGORITHM`` (imported on demand:
     distillation's teacher client is not loaded otherwise). A new algorithm is such a module and its loss: nothing
-    here lists it."""
+    here lists it (``asyncrl.config.algorithm_section`` finds the module, for its ``algorithm:`` keys too)."""
     name = cfg.algorithm.name
-    module_name = name if "." in name else f"asyncrl.algorithms.{name}"
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name is None or not module_name.startswith(e.name):
-            raise  # the module exists; something it imports does not
-        raise ConfigError(
-            f"config key algorithm.name={name!r}: no module {module_name} to import (built in: "
-            f"{', '.join(builtin_algorithms())}; or the import path of a module of yours that names its Algorithm "
-            "subclass ALGORITHM, my_pkg.my_algo)"
-        ) from None
+    module = algorithm_module(name)
     cls = getattr(module, "ALGORITHM", None)
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise ConfigError(
-            f"config key algorithm.name={name!r}: module {module_name} must name its asyncrl.algorithms.Algorithm "
-            f"subclass ALGORITHM (got {cls!r:.60})"
+            f"config key algorithm.name={name!r}: module {module.__name__} must name its "
+            f"asyncrl.algorithms.Algorithm subclass ALGORITHM (got {cls!r:.60})"
         )
     return cls
 
@@ -44,8 +33,7 @@ def algorithm_class(cfg: Config) -> type[Algorithm]:
 @cache
 def _builtin_classes() -> dict[str, type[Algorithm]]:
     """This package's modules that name an ``ALGORITHM``, by module name, and that class."""
-    names = [m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.name != "base"]
-    modules = {n: importlib.import_module(f"asyncrl.algorithms.{n}") for n in sorted(names)}
+    modules = {n: importlib.import_module(f"asyncrl.algorithms.{n}") for n in builtin_modules()}
     return {n: m.ALGORITHM for n, m in modules.items() if hasattr(m, "ALGORITHM")}
 
 
@@ -55,10 +43,11 @@ def builtin_algorithms() -> tuple[str, ...]:
 
 
 def check_config(cfg: Config) -> None:
-    """What holds for the chosen algorithm, from what it declares (``Algorithm.sections``, ``algorithm_keys``,
-    ``estimators``, ``learns_from_rewards``, ``trainer_needs``) and its own ``check_config``: run before anything of
-    a run starts (``asyncrl.schedules.run_training``). A section or key set for another algorithm is an error naming
-    it, checked after the ranges, so a bad value is named even in a section the run would not read."""
+    """What holds for the chosen algorithm, from what it declares (``Algorithm.sections``, ``estimators``,
+    ``learns_from_rewards``, ``trainer_needs``) and its own ``check_config``: run before anything of
+    a run starts (``asyncrl.schedules.run_training``). A section set for another algorithm is an error naming it,
+    checked after the ranges, so a bad value is named even in a section the run would not read (a key of
+    ``algorithm:`` that another algorithm reads is named when the config is loaded: ``config.algorithm_section``)."""
     cls = algorithm_class(cfg)
     name = cfg.algorithm.name
     cls.check_config(cfg)
@@ -75,14 +64,6 @@ def check_config(cfg: Config) -> None:
             raise ConfigError(
                 f"config section {section}: set, but algorithm.name={name} never reads it (only "
                 f"{_readers(section)} does); remove it or choose that algorithm"
-            )
-    default_algorithm = type(cfg.algorithm)()
-    declared = sorted({k for c in _builtin_classes().values() for k in c.algorithm_keys})  # what some algorithm reads
-    for key in declared:
-        if key not in cls.algorithm_keys and getattr(cfg.algorithm, key) != getattr(default_algorithm, key):
-            raise ConfigError(
-                f"config key algorithm.{key}: set, but algorithm.name={name} never reads it (only "
-                f"{_readers(key, keys=True)} does); remove it or choose that algorithm"
             )
     if not cls.trainer_needs(cfg).reference and cfg.ref != type(cfg.ref)():
         raise ConfigError(
@@ -113,9 +94,9 @@ def _check_rewards_used(cfg: Config, cls: type[Algorithm]) -> None:
     check(not ob.enable, "reward_model.reward_kwargs.overlong_buffer_cfg.enable", True, why)
 
 
-def _readers(what: str, keys: bool = False) -> str:
-    """The built-in algorithms that read a config section (or, ``keys``, a key of ``algorithm:``)."""
-    names = [c.name for c in _builtin_classes().values() if what in (c.algorithm_keys if keys else c.sections)]
+def _readers(section: str) -> str:
+    """The built-in algorithms that read a config section."""
+    names = [c.name for c in _builtin_classes().values() if section in c.sections]
     return " | ".join(names) or "no built-in algorithm"
 
 

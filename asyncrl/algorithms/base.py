@@ -10,13 +10,14 @@ schedules call it at once.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from asyncrl.config import Config
+from asyncrl.config import AlgorithmConfig, Config
 from asyncrl.config.specs import TrainerNeeds
 from asyncrl.data.collate import TrainBatch
 from asyncrl.roles.team import Roles
@@ -53,15 +54,25 @@ class Algorithm(ABC):
     # its batch is a function of the samples alone (no other role's state: a critic's values, a teacher's answers),
     # so ``asyncrl replay`` can rebuild a run's updates from the batches it recorded
     replayable: ClassVar[bool] = False
-    # what it reads of the config besides the policy's sections, so that a section or key set for another algorithm
+    # its ``algorithm:`` section: the keys every algorithm reads, and its own as a subclass's fields (ppo: gamma,
+    # lam), with their rules (``RULES``); the loader parses the section as this class (``config.algorithm_section``)
+    section: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+    # what else it reads of the config besides the policy's sections, so that a section set for another algorithm
     # is an error and not silently ignored (``asyncrl.algorithms.check_config``): the sections only it reads (ppo:
-    # critic, reward_model), the keys of ``algorithm:`` only it reads (ppo: gamma, lam), the
-    # ``algorithm.adv_estimator`` values it fits (none: it fits no advantages), and whether it learns from rewards
-    # (distillation learns from its teacher and only logs them)
+    # critic, reward_model), the ``algorithm.adv_estimator`` values it fits (none: it fits no advantages), and
+    # whether it learns from rewards (distillation learns from its teacher and only logs them)
     sections: ClassVar[tuple[str, ...]] = ()
-    algorithm_keys: ClassVar[tuple[str, ...]] = ()
     estimators: ClassVar[tuple[str, ...]] = ()
     learns_from_rewards: ClassVar[bool] = True
+
+    @classmethod
+    def section_of(cls, cfg: Config) -> AlgorithmConfig:
+        """``cfg.algorithm`` as its ``section`` class: as loaded, or, for a config built in code with the shared
+        keys only (``Config()``: no loader, as on a GPU box without omegaconf), those keys and its own defaults."""
+        al = cfg.algorithm
+        if isinstance(al, cls.section):
+            return al
+        return cls.section(**{f.name: getattr(al, f.name) for f in dataclasses.fields(AlgorithmConfig)})
 
     @classmethod
     def check_config(cls, cfg: Config) -> None:
@@ -70,6 +81,7 @@ class Algorithm(ABC):
 
     def __init__(self, cfg: Config, tokenizer: object, roles: Roles, resources: object = None):
         self.cfg = cfg
+        self.options = self.section_of(cfg)
         self.tokenizer = tokenizer
         self.roles = roles
         self.summary: dict[str, object] = {}  # what the run's summary.json records about this algorithm's parts

@@ -16,13 +16,15 @@ time (before the critic's update), and the reward model's logit enters the rewar
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from asyncrl import losses
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
 from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
-from asyncrl.config import Config, check
+from asyncrl.config import AlgorithmConfig, Config, check
+from asyncrl.config.rules import between
 from asyncrl.data.collate import collate, rewards_of
 from asyncrl.data.targets import ValueTarget
 from asyncrl.rewards.combine import combine_rewards, token_level_rewards
@@ -30,10 +32,20 @@ from asyncrl.roles.team import PoolTurns
 from asyncrl.types import Sample
 
 
+@dataclass
+class PPOConfig(AlgorithmConfig):
+    """``algorithm:`` for ppo: the keys every algorithm reads, and GAE's."""
+
+    gamma: float = 1.0  # discount per response token
+    lam: float = 1.0  # lambda (bias/variance trade-off of the advantage estimate)
+
+    RULES = {"gamma": between(0, 1), "lam": between(0, 1)}
+
+
 class PPO(Algorithm):
     name = "ppo"
+    section = PPOConfig
     sections = ("critic", "reward_model")
-    algorithm_keys = ("gamma", "lam")
     estimators = ("gae",)
 
     @classmethod
@@ -81,7 +93,7 @@ class PPO(Algorithm):
                 for s, r in zip(samples, reward_B.tolist(), strict=True):
                     s.reward = r  # reward/mean logs what the policy is trained on
             mask = batch.response_mask_BT
-            al = self.cfg.algorithm
+            al = self.options  # a PPOConfig (``section``)
             adv_BT, returns_BT = losses.compute_gae(
                 token_level_rewards(reward_B, mask), values_BT, mask, al.gamma, al.lam
             )

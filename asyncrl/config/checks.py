@@ -8,28 +8,20 @@ own: it declares what it reads and checks its rules (``asyncrl.algorithms.check_
 
 from __future__ import annotations
 
-import re
-
+from asyncrl.config.algorithm_section import check_algorithm_name
 from asyncrl.config.errors import ConfigError, check
 from asyncrl.config.model_checks import check_lora, check_quantization, check_rollout_dtype, check_trainer_ranks
 from asyncrl.config.resources import resolve_ranks
 from asyncrl.config.schema import AsyncTrainingConfig, Config
 
 # an algorithm's name: a built-in module's (grpo) or the import path of a module of the user's (my_pkg.my_algo)
-ALGORITHM_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 def validate(cfg: Config) -> None:
     """Every section's own checks, then what spans sections."""
     cfg.check_sections()
     resolve_ranks(cfg)
-    check(
-        ALGORITHM_NAME.fullmatch(cfg.algorithm.name) is not None,
-        "algorithm.name",
-        cfg.algorithm.name,
-        "a built-in algorithm's name (grpo) or the import path of a module of yours that names its "
-        "Algorithm subclass ALGORITHM (my_pkg.my_algo)",
-    )
+    check_algorithm_name(cfg.algorithm.name)
     d, a = cfg.data, cfg.actor
     if cfg.trainer.schedule != "fully_async":  # fully_async's step: require_batches x ppo_mini_batch_size groups
         allowed = f"<= data.train_batch_size ({d.train_batch_size})"

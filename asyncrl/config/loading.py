@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config import algorithm_section
 from asyncrl.config.checks import validate
 from asyncrl.config.errors import ConfigError
 from asyncrl.config.schema import Config
@@ -48,7 +49,6 @@ def load_config(
     from omegaconf import OmegaConf  # here, not at import: the config tree itself needs no omegaconf
     from omegaconf.errors import OmegaConfBaseException
 
-    base = OmegaConf.structured(schema)
     layers = []
     if path is not None:
         p = Path(path)
@@ -68,7 +68,7 @@ def load_config(
             raise ConfigError(
                 f"command-line override {item!r}: the value is not valid YAML ({first}); quote it: key='value'"
             ) from None
-    merged = base
+    merged = _base(schema, layers)
     for where, layer in layers:
         _renamed_key(layer, where)
         try:
@@ -81,6 +81,31 @@ def load_config(
         raise ConfigError(_describe(e, "config")) from None
     (validate_fn or validate)(cfg)
     return cfg
+
+
+def _base(schema: type, layers: list[tuple[str, Any]]) -> Any:
+    """``schema``'s defaults, its ``algorithm:`` section as the class of the algorithm the layers choose (the last
+    ``algorithm.name`` set: ``algorithm_section``), and each layer's keys of other algorithms at their defaults
+    removed from it."""
+    from omegaconf import DictConfig, OmegaConf
+
+    base = OmegaConf.structured(schema)
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    if "algorithm" not in fields:
+        return base
+    name = fields["algorithm"].default_factory().name  # type: ignore[misc]
+    for _, layer in layers:
+        set_name = OmegaConf.select(layer, "algorithm.name", default=None)
+        name = str(set_name) if set_name is not None else name
+    section = algorithm_section.section_class(name)
+    base.algorithm = OmegaConf.structured(section)
+    for _, layer in layers:
+        given = OmegaConf.select(layer, "algorithm", default=None)
+        if isinstance(given, DictConfig):
+            plain = OmegaConf.to_container(given, resolve=False)
+            for key in algorithm_section.drop_other_algorithms_defaults(dict(plain), section, name):  # type: ignore[arg-type]
+                del given[key]
+    return base
 
 
 def _without_hydra_prefix(item: str) -> str:

@@ -159,15 +159,15 @@ class FilterGroupsConfig(Checked):
 
 @dataclass
 class AlgorithmConfig(Checked):
+    """The ``algorithm:`` section, tagged by ``name``: these are the keys every algorithm reads; an algorithm's own
+    keys are the fields of its section class, a subclass of this one in its module (``Algorithm.section``: ppo's
+    ``gamma`` and ``lam``, grpo's ``norm_adv_by_std_in_grpo``). The loader parses the section as the chosen
+    algorithm's class (``asyncrl.config.algorithm_section``)."""
+
     name: str = "grpo"  # grpo | ppo (critic + GAE) | distill (on-policy distillation from a teacher) | dpo (online)
     adv_estimator: str | None = None  # verl's name; null = the algorithm's own (grpo: grpo, ppo: gae)
-    norm_adv_by_std_in_grpo: bool = True  # GRPO: divide by the group's reward std (false: centre only, as Dr. GRPO)
-    gamma: float = 1.0  # gae: discount per response token
-    lam: float = 1.0  # gae: lambda (bias/variance trade-off of the advantage estimate)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
-
-    RULES = {"gamma": between(0, 1), "lam": between(0, 1)}  # name: checks.py (it picks the sections read)
 
 
 @dataclass

@@ -1,0 +1,112 @@
+"""The ``algorithm:`` section is tagged by ``algorithm.name``: its keys are those of the chosen algorithm's section
+class, ``AlgorithmConfig`` (what every algorithm reads) or a subclass its module defines (``Algorithm.section``; ppo's
+``PPOConfig`` adds ``gamma`` and ``lam``). The loader parses the section as that class, so a key no algorithm reads is
+an unknown key, and a user's algorithm brings its own keys with it.
+
+An algorithm is found by its name as ``asyncrl.algorithms.algorithm_class`` finds it: the module
+``asyncrl.algorithms.<name>``, or a dotted import path of the user's, that names its class ``ALGORITHM``. It is a
+plugin lookup by name (``importlib``), so the config, two floors below the algorithms, imports none of them by
+statement.
+
+A key another built-in algorithm reads, set for this one, is an error naming that algorithm, unless it holds that
+key's default: verl's scripts and configs carry ``algorithm.gamma: 1.0`` and ``algorithm.lam: 1.0`` for every
+estimator, and a run of this package dumps only its own algorithm's keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import pkgutil
+import re
+from typing import Any
+
+from asyncrl.config.errors import ConfigError, check
+from asyncrl.config.training import AlgorithmConfig
+
+BUILTIN = "asyncrl.algorithms"  # the package whose modules that name an ALGORITHM are the built-in algorithms
+NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")  # a module's name, or a dotted import path
+
+
+def check_algorithm_name(name: str) -> None:
+    """``algorithm.name`` names a module (before anything is imported by it)."""
+    check(
+        NAME.fullmatch(name) is not None,
+        "algorithm.name",
+        name,
+        "a built-in algorithm's name (grpo) or the import path of a module of yours that names its "
+        "Algorithm subclass ALGORITHM (my_pkg.my_algo)",
+    )
+
+
+def module_name(name: str) -> str:
+    """The module an ``algorithm.name`` names: a built-in name's module, or the user's dotted import path."""
+    return name if "." in name else f"{BUILTIN}.{name}"
+
+
+def builtin_modules() -> list[str]:
+    """The built-in package's modules (without importing it): the candidates for a built-in algorithm."""
+    spec = importlib.util.find_spec(BUILTIN)
+    paths = list(spec.submodule_search_locations or []) if spec else []
+    return sorted(m.name for m in pkgutil.iter_modules(paths) if m.name != "base")
+
+
+def algorithm_module(name: str) -> Any:
+    """The module of ``algorithm.name`` (imported); a name with no module is one error naming the built-in ones."""
+    check_algorithm_name(name)
+    target = module_name(name)
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as e:
+        if e.name is None or not target.startswith(e.name):
+            raise  # the module exists; something it imports does not
+        builtin = [n for n in builtin_modules() if hasattr(importlib.import_module(f"{BUILTIN}.{n}"), "ALGORITHM")]
+        raise ConfigError(
+            f"config key algorithm.name={name!r}: no module {target} to import (built in: {', '.join(builtin)}; or "
+            "the import path of a module of yours that names its Algorithm subclass ALGORITHM, my_pkg.my_algo)"
+        ) from None
+
+
+def section_class(name: str) -> type[AlgorithmConfig]:
+    """The ``algorithm:`` section's class for ``algorithm.name``: its algorithm's ``section`` (``AlgorithmConfig``
+    when it declares none; a module without an ``ALGORITHM`` is named by ``algorithm_class`` later)."""
+    cls = getattr(getattr(algorithm_module(name), "ALGORITHM", None), "section", AlgorithmConfig)
+    return cls if isinstance(cls, type) and issubclass(cls, AlgorithmConfig) else AlgorithmConfig
+
+
+def _builtin_sections() -> dict[str, type[AlgorithmConfig]]:
+    out = {}
+    for n in builtin_modules():
+        algorithm = getattr(importlib.import_module(f"{BUILTIN}.{n}"), "ALGORITHM", None)
+        if algorithm is not None:
+            out[n] = getattr(algorithm, "section", AlgorithmConfig)
+    return out
+
+
+def drop_other_algorithms_defaults(section: dict[str, Any], chosen: type[AlgorithmConfig], name: str) -> list[str]:
+    """The keys of ``section`` (one layer's ``algorithm:``, plain values) that another built-in algorithm reads and
+    ``chosen`` does not, removed when they hold that algorithm's default; a changed one is an error naming who reads
+    it. Returns the keys removed. Keys no algorithm reads are left for the loader to name as unknown."""
+    own = {f.name for f in dataclasses.fields(chosen)}
+    stray = [k for k in section if k not in own]
+    if not stray:
+        return []
+    readers: dict[str, list[tuple[str, Any]]] = {}
+    for algo, cls in _builtin_sections().items():
+        for f in dataclasses.fields(cls):
+            if f.name not in own and f.default is not dataclasses.MISSING:
+                readers.setdefault(f.name, []).append((algo, f.default))
+    dropped = []
+    for key in stray:
+        if key not in readers:
+            continue
+        if any(section[key] == default for _, default in readers[key]):
+            del section[key]
+            dropped.append(key)
+            continue
+        raise ConfigError(
+            f"config key algorithm.{key}: set, but algorithm.name={name} never reads it (only "
+            f"{', '.join(a for a, _ in readers[key])} does); remove it or choose that algorithm"
+        )
+    return dropped
