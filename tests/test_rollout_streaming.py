@@ -143,6 +143,52 @@ def test_interrupted_and_resubmitted_rows_continue_as_if_never_interrupted(model
     assert_same_rows(reference, done)
 
 
+def test_prefill_buckets_split_by_length_only_where_padding_wastes_more_than_a_forward():
+    from asyncrl.rollout.continuous import prefill_buckets
+
+    assert prefill_buckets([40, 41, 39, 40], min_saved=16) == [[0, 1, 2, 3]]  # alike: one forward
+    assert prefill_buckets([7], min_saved=0) == [[0]]
+    runs = prefill_buckets([300, 10, 290, 12, 8], min_saved=100)
+    assert sorted(sorted(r) for r in runs) == [[0, 2], [1, 3, 4]]  # the long ones apart from the short ones
+    lengths = [5, 300, 17, 120, 64, 3, 250, 90, 31, 200]
+    for min_saved in (0, 10, 100, 1000, 10**6):
+        runs = prefill_buckets(lengths, min_saved)
+        assert sorted(i for r in runs for i in r) == list(range(len(lengths)))  # each prefix in one forward
+        padded = sum(len(r) * max(lengths[i] for i in r) for r in runs)
+        assert padded + min_saved * len(runs) <= len(lengths) * max(lengths) + min_saved  # never worse than one
+    assert len(prefill_buckets(lengths, 0)) > 1 and len(prefill_buckets(lengths, 10**6)) == 1
+
+
+def test_interrupted_rows_taken_back_in_several_prefill_forwards_draw_the_same_tokens(model, tok, monkeypatch):
+    """A sync's interrupted rows come back with partial responses of many lengths: split into prefill forwards by
+    length (a forward whenever it saves a padded position here), they still continue as if never interrupted."""
+    from asyncrl.rollout import continuous
+
+    monkeypatch.setattr(continuous, "MIN_SAVED_POSITIONS", 1)
+    forwards = []
+    split = continuous.prefill_buckets
+
+    def counted(lengths: list[int], min_saved: int) -> list[list[int]]:
+        runs = split(lengths, min_saved)
+        forwards.append(len(runs))
+        return runs
+
+    monkeypatch.setattr(continuous, "prefill_buckets", counted)
+    rows = blanks(tok)
+    reference = RolloutEngine(model, tok).resume(rows, PARAMS, seed=6)
+    engine = RolloutEngine(model, tok, max_batch_size=len(rows))
+    engine.submit(rows, PARAMS, seed=6)
+    done: list[Sample] = []
+    for k in (2, 9):  # rows cut at different lengths: the second re-admission mixes short and long partials
+        for _ in range(k):
+            done += engine.step()
+        todo = engine.interrupt()
+        engine.submit(todo, PARAMS, seed=6)
+    done += engine.drain()
+    assert max(forwards) > 1  # some admission really went in several forwards
+    assert_same_rows(reference, done)
+
+
 def test_a_row_submitted_mid_stream_enters_at_the_next_step(endless, tok):
     engine = RolloutEngine(endless, tok, max_batch_size=4)
     first, late = blanks(tok, n=1)[:2], blanks(tok, n=1)[2:3]
