@@ -147,7 +147,7 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
 
     streamed = PromptDataset(all_rows[:64], tok, cfg.data.max_prompt_length)  # enough groups to keep slots full
     stream_prompts = [streamed[i] for i in range(len(streamed))]
-    tensors = synced_tensors(model)
+    tensors = {k: v.clone() for k, v in synced_tensors(model).items()}  # the engine's own would copy onto themselves
     versions = iter(range(1, 1 << 30))
     return Workloads(
         generate=lambda seed: engine.generate(prompts, params, seed=seed),
