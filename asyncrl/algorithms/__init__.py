@@ -5,12 +5,9 @@ this package's modules that name an ``ALGORITHM`` (``builtin_algorithms``), a us
 
 from __future__ import annotations
 
-import importlib
-from functools import cache
-
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
 from asyncrl.config import Config, ConfigError, check
-from asyncrl.config.algorithm_section import algorithm_module, builtin_modules
+from asyncrl.config.algorithm_section import algorithm_module, builtin_classes
 from asyncrl.config.schema import SECTION_DEFAULTS
 
 
@@ -30,16 +27,9 @@ def algorithm_class(cfg: Config) -> type[Algorithm]:
     return cls
 
 
-@cache
-def _builtin_classes() -> dict[str, type[Algorithm]]:
-    """This package's modules that name an ``ALGORITHM``, by module name, and that class."""
-    modules = {n: importlib.import_module(f"asyncrl.algorithms.{n}") for n in builtin_modules()}
-    return {n: m.ALGORITHM for n, m in modules.items() if hasattr(m, "ALGORITHM")}
-
-
 def builtin_algorithms() -> tuple[str, ...]:
     """The ``algorithm.name`` values built in: this package's modules that name an ``ALGORITHM``."""
-    return tuple(_builtin_classes())
+    return tuple(builtin_classes())
 
 
 def check_config(cfg: Config) -> None:
@@ -96,7 +86,7 @@ def _check_rewards_used(cfg: Config, cls: type[Algorithm]) -> None:
 
 def _readers(section: str) -> str:
     """The built-in algorithms that read a config section."""
-    names = [c.name for c in _builtin_classes().values() if section in c.sections]
+    names = [c.name for c in builtin_classes().values() if section in c.sections]
     return " | ".join(names) or "no built-in algorithm"
 
 

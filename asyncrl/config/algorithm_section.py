@@ -20,6 +20,7 @@ import importlib
 import importlib.util
 import pkgutil
 import re
+from functools import cache
 from typing import Any
 
 from asyncrl.config.errors import ConfigError, check
@@ -45,11 +46,18 @@ def module_name(name: str) -> str:
     return name if "." in name else f"{BUILTIN}.{name}"
 
 
-def builtin_modules() -> list[str]:
-    """The built-in package's modules (without importing it): the candidates for a built-in algorithm."""
+@cache
+def builtin_classes() -> dict[str, Any]:
+    """The built-in algorithms: the built-in package's modules that name an ``ALGORITHM``, by module name, with that
+    class (each module imported once, the first time it is asked)."""
     spec = importlib.util.find_spec(BUILTIN)
     paths = list(spec.submodule_search_locations or []) if spec else []
-    return sorted(m.name for m in pkgutil.iter_modules(paths) if m.name != "base")
+    out = {}
+    for n in sorted(m.name for m in pkgutil.iter_modules(paths) if m.name != "base"):
+        algorithm = getattr(importlib.import_module(f"{BUILTIN}.{n}"), "ALGORITHM", None)
+        if algorithm is not None:
+            out[n] = algorithm
+    return out
 
 
 def algorithm_module(name: str) -> Any:
@@ -61,9 +69,9 @@ def algorithm_module(name: str) -> Any:
     except ModuleNotFoundError as e:
         if e.name is None or not target.startswith(e.name):
             raise  # the module exists; something it imports does not
-        builtin = [n for n in builtin_modules() if hasattr(importlib.import_module(f"{BUILTIN}.{n}"), "ALGORITHM")]
         raise ConfigError(
-            f"config key algorithm.name={name!r}: no module {target} to import (built in: {', '.join(builtin)}; or "
+            f"config key algorithm.name={name!r}: no module {target} to import (built in: "
+            f"{', '.join(builtin_classes())}; or "
             "the import path of a module of yours that names its Algorithm subclass ALGORITHM, my_pkg.my_algo)"
         ) from None
 
@@ -75,26 +83,17 @@ def section_class(name: str) -> type[AlgorithmConfig]:
     return cls if isinstance(cls, type) and issubclass(cls, AlgorithmConfig) else AlgorithmConfig
 
 
-def _builtin_sections() -> dict[str, type[AlgorithmConfig]]:
-    out = {}
-    for n in builtin_modules():
-        algorithm = getattr(importlib.import_module(f"{BUILTIN}.{n}"), "ALGORITHM", None)
-        if algorithm is not None:
-            out[n] = getattr(algorithm, "section", AlgorithmConfig)
-    return out
-
-
-def drop_other_algorithms_defaults(section: dict[str, Any], chosen: type[AlgorithmConfig], name: str) -> list[str]:
+def other_algorithms_defaults(section: dict[str, Any], chosen: type[AlgorithmConfig], name: str) -> list[str]:
     """The keys of ``section`` (one layer's ``algorithm:``, plain values) that another built-in algorithm reads and
-    ``chosen`` does not, removed when they hold that algorithm's default; a changed one is an error naming who reads
-    it. Returns the keys removed. Keys no algorithm reads are left for the loader to name as unknown."""
+    ``chosen`` does not, each holding that algorithm's default: the loader drops them. Such a key set to anything
+    else is an error naming who reads it. Keys no algorithm reads are left for the loader to name as unknown."""
     own = {f.name for f in dataclasses.fields(chosen)}
     stray = [k for k in section if k not in own]
     if not stray:
         return []
     readers: dict[str, list[tuple[str, Any]]] = {}
-    for algo, cls in _builtin_sections().items():
-        for f in dataclasses.fields(cls):
+    for algo, cls in builtin_classes().items():
+        for f in dataclasses.fields(getattr(cls, "section", AlgorithmConfig)):
             if f.name not in own and f.default is not dataclasses.MISSING:
                 readers.setdefault(f.name, []).append((algo, f.default))
     dropped = []
@@ -102,7 +101,6 @@ def drop_other_algorithms_defaults(section: dict[str, Any], chosen: type[Algorit
         if key not in readers:
             continue
         if any(section[key] == default for _, default in readers[key]):
-            del section[key]
             dropped.append(key)
             continue
         raise ConfigError(

@@ -14,8 +14,6 @@ from asyncrl.config.model_checks import check_lora, check_quantization, check_ro
 from asyncrl.config.resources import resolve_ranks
 from asyncrl.config.schema import AsyncTrainingConfig, Config
 
-# an algorithm's name: a built-in module's (grpo) or the import path of a module of the user's (my_pkg.my_algo)
-
 
 def validate(cfg: Config) -> None:
     """Every section's own checks, then what spans sections."""

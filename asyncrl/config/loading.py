@@ -103,7 +103,7 @@ def _base(schema: type, layers: list[tuple[str, Any]]) -> Any:
         given = OmegaConf.select(layer, "algorithm", default=None)
         if isinstance(given, DictConfig):
             plain = OmegaConf.to_container(given, resolve=False)
-            for key in algorithm_section.drop_other_algorithms_defaults(dict(plain), section, name):  # type: ignore[arg-type]
+            for key in algorithm_section.other_algorithms_defaults(plain, section, name):  # type: ignore[arg-type]
                 del given[key]
     return base
 

@@ -234,10 +234,10 @@ class ContinuousDecoder:
                 )
             )
             prefills.append((members, prefilled))
-        order = torch.tensor([u for members in buckets for u in members], dtype=torch.long)
-        logits_UV = torch.cat(logits) if len(logits) > 1 else logits[0]
+        logits_UV = logits[0]
         if len(buckets) > 1:  # back to the unique prefixes' order
-            logits_UV = logits_UV.index_select(0, torch.argsort(order).to(logits_UV.device))
+            order = torch.tensor([u for members in buckets for u in members], dtype=torch.long)
+            logits_UV = torch.cat(logits).index_select(0, torch.argsort(order).to(logits_UV.device))
         W = max(map(len, unique))
         self._prefill += PrefillStats(sum(map(len, unique)), sum(map(len, prefixes)))
 
