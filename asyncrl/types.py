@@ -79,14 +79,17 @@ class Sample:
 @dataclass(frozen=True)
 class PrefillStats:
     """Prefix tokens through a rollout engine's prefill (real tokens, not padding): ``tokens`` were actually run
-    (identical prefixes once per chunk); ``unshared_tokens`` is what prefilling every row would have run. Adds up
-    over chunks, calls and workers."""
+    (identical prefixes once per chunk); ``unshared_tokens`` is what prefilling every row would have run; ``rows``
+    the rows they were for. Adds up over chunks, calls and workers."""
 
     tokens: int = 0
     unshared_tokens: int = 0
+    rows: int = 0
 
     def __add__(self, other: PrefillStats) -> PrefillStats:
-        return PrefillStats(self.tokens + other.tokens, self.unshared_tokens + other.unshared_tokens)
+        return PrefillStats(
+            self.tokens + other.tokens, self.unshared_tokens + other.unshared_tokens, self.rows + other.rows
+        )
 
     @property
     def saved_tokens(self) -> int:

@@ -132,6 +132,29 @@ def test_shared_cores_slow_every_computation_and_own_devices_do_not():
         assert (done["a"], done["b"]) == pytest.approx(expect)  # 3 threads on 2 cores: each at 2/3 of its speed
 
 
+def test_oversubscribed_cores_move_a_parallel_job_and_a_one_thread_job_at_their_measured_speeds():
+    """With the probe's co-run speeds (a 2-thread job at 0.25 of its speed beside a one-thread job at 0.9), a 1 s
+    2-thread job beside a 0.45 s one-thread job: the one-thread job ends at 0.5 s, the parallel one has done 0.125 s
+    of its work by then and ends at 1.375 s (a fair share: 0.675 s and 1.225 s). Three one-thread jobs on 2 cores
+    keep their fair share: no parallel region waits on a barrier."""
+
+    def job(clock, seconds, threads, done, name):
+        yield Compute(seconds, threads)
+        done[name] = clock.now
+
+    for rates, expect in (((0.25, 0.9), (1.375, 0.5)), (None, (1.225, 0.675))):
+        clock, done = Clock(2, oversubscribed=rates), {}
+        clock.spawn(job(clock, 1.0, 2, done, "parallel"))
+        clock.spawn(job(clock, 0.45, 1, done, "one"))
+        clock.run()
+        assert (done["parallel"], done["one"]) == pytest.approx(expect)
+    clock, done = Clock(2, oversubscribed=(0.25, 0.9)), {}
+    for name in "abc":
+        clock.spawn(job(clock, 1.0, 1, done, name))
+    clock.run()
+    assert list(done.values()) == pytest.approx([1.5] * 3)
+
+
 def test_signals_and_delays_order_processes():
     clock, log, sig = Clock(None), [], Signal("go")
 
@@ -323,7 +346,8 @@ def test_profile_and_plan_on_a_real_run(sync_run, tmp_path):
 
 def test_the_probe_prices_the_streaming_decoder_of_a_real_run(sync_run):
     """``--probe`` on the built-in engine streams the run's prompts through the engine's slots and prices a step,
-    a row and taking rows in; the simulated fully_async Rollouter is priced by them."""
+    a row and taking rows in; with a trainer on several threads it times the update and the streamed decode sharing
+    the cores; the simulated fully_async Rollouter is priced by them."""
     from asyncrl.planning.profile import profile_run
 
     cost = profile_run(sync_run, probe=True)
@@ -331,6 +355,13 @@ def test_the_probe_prices_the_streaming_decoder_of_a_real_run(sync_run):
     assert sc.measured and "streamed step" in sc.notes
     assert sc.stream_step_s is not None and sc.stream_step_s > 0
     assert sc.stream_row_s is not None and sc.stream_admit_token_s is not None and sc.stream_admit_s is not None
+    assert sc.stream_admit_row_s >= 0
+    if cost.train_threads > 1:
+        assert sc.oversubscribed_parallel is not None and 0 < sc.oversubscribed_parallel <= 1
+        assert sc.oversubscribed_single is not None and 0 < sc.oversubscribed_single <= 1
+        assert "sharing the cores" in sc.notes
+    else:  # a one-thread trainer and a one-thread Rollouter do not oversubscribe two cores
+        assert sc.oversubscribed_parallel is None and sc.oversubscribed_single is None
     setting = Setting("fully_async", trainer=1, rollout=1, staleness_threshold=1.0, partial_rollout=True)
     assert simulate(cost, Cluster.cpu(2), setting, steps=6).samples_per_s > 0
 

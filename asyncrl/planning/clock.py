@@ -5,7 +5,10 @@ A process yields what it does next:
 - ``Compute(seconds, threads, pool)``: work that takes ``seconds`` when it has its ``threads`` to itself. In a
   shared pool (a CPU machine's cores, ``Clock(cores=...)``) every running computation is slowed by
   ``min(1, cores / threads of all running)``: the threads are time-sliced and each computation moves at the pace of
-  its slowest thread. A pool of its own (``pool=None``: a role's own devices) never slows.
+  its slowest thread. With ``oversubscribed=(parallel, single)`` (measured: ``corun``), a pool with more threads
+  than cores and a computation on several threads moves those at ``parallel`` and the one-thread ones at ``single``
+  instead: a parallel region waits at its barrier for a thread sliced out. A pool of its own (``pool=None``: a
+  role's own devices) never slows.
 - ``Wait(signal)``: until ``signal.fire()`` (at once if it fired since it was last ``clear``-ed).
 - ``Delay(seconds)``: wall time that takes no core (a network transfer, a sleep).
 
@@ -58,8 +61,9 @@ class _Job:
 
 
 class Clock:
-    def __init__(self, cores: float | None = None):
+    def __init__(self, cores: float | None = None, oversubscribed: tuple[float, float] | None = None):
         self.cores = cores
+        self.oversubscribed = oversubscribed
         self.now = 0.0
         self._ready: deque[tuple[Process, Any]] = deque()
         self._jobs: list[_Job] = []
@@ -101,9 +105,14 @@ class Clock:
             raise TypeError(f"Clock: a process yielded {op!r}; expected Compute, Delay or Wait")
 
     def _rates(self) -> list[float]:
-        demand = sum(j.threads for j in self._jobs if j.shared)
-        fair = 1.0 if self.cores is None or demand <= self.cores else self.cores / demand
-        return [fair if j.shared else 1.0 for j in self._jobs]
+        shared = [j for j in self._jobs if j.shared]
+        demand = sum(j.threads for j in shared)
+        if self.cores is None or demand <= self.cores:
+            return [1.0] * len(self._jobs)
+        if self.oversubscribed is not None and any(j.threads > 1 for j in shared):
+            parallel, single = self.oversubscribed
+            return [(parallel if j.threads > 1 else single) if j.shared else 1.0 for j in self._jobs]
+        return [self.cores / demand if j.shared else 1.0 for j in self._jobs]
 
     def run(self, until: Callable[[], bool] = lambda: False, max_events: int = 10_000_000) -> float:
         for _ in range(max_events):

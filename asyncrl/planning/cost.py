@@ -213,21 +213,30 @@ class Scaling:
     measured: bool = False
     notes: str = ""
     prefill_token_s: float | None = None  # seconds per prefilled token on the run's threads (None: not probed)
-    # the built-in engine streaming (fully_async's Rollouter), on the run's threads, in the run's process (None: not
-    # probed; the batch decode's prices): a step = fixed + per row in a slot; taking rows in = fixed + per prefilled
-    # token (the prefill, and moving the slots' cache to make room)
+    # the built-in engine streaming (fully_async's Rollouter), on the run's threads, in the probe's process (None:
+    # not probed; the batch decode's prices): a step = fixed + per row in a slot; taking rows in = fixed + per
+    # prefilled token (the prefill) + per row taken in (its cache written into a slot, the slots' cache moved)
     stream_step_s: float | None = None
     stream_row_s: float | None = None
     stream_admit_s: float | None = None
     stream_admit_token_s: float | None = None
+    stream_admit_row_s: float = 0.0
     stream_serial: float | None = None  # Amdahl's serial fraction of a streamed step (None: generation's)
+    stream_admit_serial: float | None = None  # ... of taking rows in (None: a streamed step's)
+    # fewer cores than threads (``corun``): the speed of a job on several threads and of a one-thread job, each over
+    # its speed alone (None: not probed; a fair share of the cores)
+    oversubscribed_parallel: float | None = None
+    oversubscribed_single: float | None = None
 
     def speed(self, phase: str, threads: float) -> float:
-        """Throughput on ``threads`` cores (fractional: time-sliced) relative to one core."""
-        if phase == "stream" and self.stream_serial is not None:
+        """Throughput on ``threads`` cores (fractional: time-sliced) relative to one core; ``phase``: gen, train,
+        stream (a streamed step) or admit (a streaming engine taking rows in)."""
+        if phase == "admit" and self.stream_admit_serial is not None:
+            s = self.stream_admit_serial
+        elif phase in ("stream", "admit") and self.stream_serial is not None:
             s = self.stream_serial
         else:
-            s = self.gen_serial if phase in ("gen", "stream") else self.train_serial
+            s = self.gen_serial if phase in ("gen", "stream", "admit") else self.train_serial
         if threads <= 1.0:
             return max(threads, 1e-9)
         return 1.0 / (s + (1.0 - s) / threads)

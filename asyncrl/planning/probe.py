@@ -33,10 +33,12 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.planning.corun import corun_rates
 from asyncrl.planning.cost import CostModel, Scaling
 from asyncrl.planning.stream_prices import (
     STREAM_ROUNDS,
     STREAM_STEPS,
+    TimedStep,
     amdahl_serial,
     process_ratio,
     stream_prices,
@@ -92,7 +94,9 @@ class Workloads:
     (both thread counts of a round sample the same tokens: on a long tail, responses drawn afresh for each timing
     differ more in length than the thread counts differ in speed). ``prefill`` runs ``prefill_tokens`` tokens more
     than ``prefill_base`` (None: ``prefill`` alone is the prefill); ``apply``: the run's engine loading the model's
-    weights, what a weight sync costs beyond the wire (measured in runs: ``weight_sync/apply_seconds``)."""
+    weights, what a weight sync costs beyond the wire (measured in runs: ``weight_sync/apply_seconds``); ``stream``:
+    the streaming decoder timed (built-in engine), ``stream_for``: its streamed steps' seconds over about that long,
+    the run's prompts a group whenever it fits, as the Rollouter keeps it busy (``corun``)."""
 
     generate: Callable[[int], object]
     update: Callable[[int], object]
@@ -100,7 +104,8 @@ class Workloads:
     prefill_tokens: int
     prefill_base: Callable[[int], object] | None = None
     apply: Callable[[], object] | None = None
-    stream: Callable[[], tuple[list[tuple[int, int, float]], list[tuple[int, int, float]]]] | None = None
+    stream: Callable[[], tuple[list[tuple[int, int, float]], list[TimedStep]]] | None = None
+    stream_for: Callable[[float], list[float]] | None = None
 
 
 def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
@@ -130,7 +135,7 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
         with torch.no_grad():
             return model(input_ids=ids)
 
-    def stream() -> tuple[list[tuple[int, int, float]], list[tuple[int, int, float]]]:
+    def stream() -> tuple[list[tuple[int, int, float]], list[TimedStep]]:
         """(the batch decode's measured segments, the streamed steps) on this engine, on the current threads. The
         stream is held at a few numbers of rows, up to the most the run decoded at once (where its prices were
         measured): a group, twice that, ... (the fixed and the per-row part of a step are told apart)."""
@@ -138,13 +143,22 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
         for seed in (101, 102):
             engine.generate(prompts, params, seed=seed)
             batch += engine.last_segments
-        top = min(engine.capacity, max(n, len(prompts) * n))
         levels = sorted({min(top, n << k) for k in range(top.bit_length() + 1)})
         steps = []
-        for i, limit in enumerate(levels):
-            steps += stream_steps(engine, stream_prompts, params, n, 103 + i, STREAM_STEPS // len(levels), limit)
+        each = max(1, STREAM_STEPS // (2 * len(levels)))
+        for i, limit in enumerate(levels):  # a group at a time, then a batch at a time
+            for burst in (False, True):
+                steps += stream_steps(engine, stream_prompts, params, n, 103 + i, each, limit, burst)
         return batch, steps
 
+    def stream_for(seconds: float) -> list[float]:
+        out: list[float] = []
+        end = time.perf_counter() + seconds
+        while not out or time.perf_counter() < end:
+            out += [s.seconds for s in stream_steps(engine, stream_prompts, params, n, 199, 20, top)]
+        return out
+
+    top = min(engine.capacity, max(n, len(prompts) * n))  # the most rows the run decoded at once
     streamed = PromptDataset(all_rows[:64], tok, cfg.data.max_prompt_length)  # enough groups to keep slots full
     stream_prompts = [streamed[i] for i in range(len(streamed))]
     tensors = {k: v.clone() for k, v in synced_tensors(model).items()}  # the engine's own would copy onto themselves
@@ -156,6 +170,7 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
         prefill_tokens=ids.numel(),
         apply=lambda: engine.update_weights(tensors, next(versions)),
         stream=stream,
+        stream_for=stream_for,
     )
 
 
@@ -284,22 +299,39 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
             torch.set_num_threads(before_threads)
         batch = [seg for b, _ in timed[t] for seg in b]
         steps = [step for _, s in timed[t] for step in s]
-        priced = stream_prices(steps)
-        serial = stream_serial([(a[1], b[1]) for a, b in zip(timed[1], timed[n])], n)
-        if priced is None:
+        p = stream_prices(steps)
+        serial, admit_serial = stream_serial([(a[1], b[1]) for a, b in zip(timed[1], timed[n])], n)
+        if p is None:
             stream_note = "; streamed steps not priced (they could not tell a step from taking rows in)"
         else:
-            a, b, adm, adm_tok = priced
-            ratio = process_ratio(batch, cost.decode, statistics.fmean(live for live, _, _ in steps))
-            stream_kw = dict(stream_step_s=a, stream_row_s=b, stream_admit_s=adm, stream_admit_token_s=adm_tok)
+            ratio = process_ratio(batch, cost.decode, statistics.fmean(s.live for s in steps))
+            stream_kw = dict(
+                stream_step_s=p.step_s,
+                stream_row_s=p.row_s,
+                stream_admit_s=p.admit_s,
+                stream_admit_token_s=p.admit_token_s,
+                stream_admit_row_s=p.admit_row_s,
+            )
             if serial is not None:
                 stream_kw["stream_serial"] = serial
+            if admit_serial is not None:
+                stream_kw["stream_admit_serial"] = admit_serial
             stream_note = (
-                f"; streamed step {a * 1e3:.2f} ms + {b * 1e3:.3f} ms/row, taking rows in {adm * 1e3:.2f} ms + "
-                f"{adm_tok * 1e6:.1f} us/token on {t}"
+                f"; streamed step {p.step_s * 1e3:.2f} ms + {p.row_s * 1e3:.3f} ms/row, taking rows in "
+                f"{p.admit_s * 1e3:.2f} ms + {p.admit_token_s * 1e6:.1f} us/token + {p.admit_row_s * 1e3:.3f} ms/row "
+                f"on {t}"
                 + ("" if ratio is None else f" (the run's batch steps were x{ratio:.2f} this process's; not applied)")
                 + ("" if serial is None else f", serial fraction {serial:.2f}")
+                + ("" if admit_serial is None else f" ({admit_serial:.2f} taking rows in)")
             )
+    corun_note = ""
+    if w.stream_for is not None and cost.train_threads > 1:  # the trainer's update beside the Rollouter's decode
+        par, one = corun_rates(run_dir, cost.prompts_per_step, cost.n, cost.train_threads)
+        stream_kw.update(oversubscribed_parallel=par, oversubscribed_single=one)
+        corun_note = (
+            f"; sharing the cores, the update on {cost.train_threads} threads ran at {par:.2f} of its speed alone "
+            f"and the streamed decode on 1 at {one:.2f}"
+        )
     scaling = Scaling(
         gen_serial=amdahl_serial(speedup["gen"], 1.0, n),
         train_serial=amdahl_serial(speedup["upd"], 1.0, n),
@@ -309,7 +341,7 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
         notes=(
             f"generate {gen[1]:.3f} s on 1 thread, {gen[n]:.3f} s on {n} ({speedup['gen']:.2f}x paired); update "
             f"{upd[1]:.3f} s / {upd[n]:.3f} s ({speedup['upd']:.2f}x); "
-            f"prefill {prefill[n] * 1e6:.1f} us/token on {n}{apply_note}{stream_note}; {rounds} rounds"
+            f"prefill {prefill[n] * 1e6:.1f} us/token on {n}{apply_note}{stream_note}{corun_note}; {rounds} rounds"
         ),
         prefill_token_s=prefill[n] if cost.gen_threads >= n else prefill[1],
         **stream_kw,

@@ -72,7 +72,7 @@ class Sim(StreamSim):
         b = self.budget
         self.dataset_size = dataset_size or (steps + 2) * b.groups_per_update + 2 * b.groups_per_window_budget + 4096
         self.prices = Prices(cost, cluster, setting)
-        self.clock = Clock(cluster.cores if cluster.kind == "cpu" else None)
+        self.clock = Clock(cluster.cores if cluster.kind == "cpu" else None, self.prices.oversubscribed)
         self.work = Work(cost, seed)
         self.spans: list[Span] = []
         self.step_ends: list[float] = []

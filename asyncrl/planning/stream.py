@@ -116,16 +116,18 @@ class StreamSim:
             done = len(x.response_ids)
             rank.waiting.append(SimRow(x, max(0, lengths[x.row] - done), -1))
             prefixes.append((x.prompt.uid if done == 0 else None, p + done))
-        rank.debt += self._admission_s(prefill_tokens(prefixes, self.cost.engine))
+        rank.debt += self._admission_s(prefill_tokens(prefixes, self.cost.engine), len(rows))
         rank.fill()
 
-    def _admission_s(self, tokens: int) -> float:
-        """Seconds a streaming engine spends taking rows in: their prefill, one forward. Not the batch decoder's
-        per-call cost (``decode.call``: the setup of a whole ``generate`` call, which a running stream never pays
-        again). Probed: what taking rows in cost the streaming decoder (``probe.stream_prices``)."""
+    def _admission_s(self, tokens: int, rows: int) -> float:
+        """Seconds a streaming engine spends taking ``rows`` in: their prefill (``tokens``, one forward) and their
+        place in the slots. Not the batch decoder's per-call cost (``decode.call``: the setup of a whole ``generate``
+        call, which a running stream never pays again). Probed: what taking rows in cost the streaming decoder
+        (``stream_prices.stream_prices``), scaled to the Rollouter's threads as the probe timed it."""
         sc = self.cost.scaling
         if sc.stream_admit_s is not None and sc.stream_admit_token_s is not None:
-            return (sc.stream_admit_s + sc.stream_admit_token_s * tokens) * self.prices.stream_factor
+            seconds = sc.stream_admit_s + sc.stream_admit_token_s * tokens + sc.stream_admit_row_s * rows
+            return seconds * self.prices.admit_factor
         return self.cost.decode.get("prefill_token") * tokens * self.prices.stream_factor
 
     def _advance(self, seconds: float, version: int) -> list[list[Sample]]:

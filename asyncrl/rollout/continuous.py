@@ -239,7 +239,7 @@ class ContinuousDecoder:
             order = torch.tensor([u for members in buckets for u in members], dtype=torch.long)
             logits_UV = torch.cat(logits).index_select(0, torch.argsort(order).to(logits_UV.device))
         W = max(map(len, unique))
-        self._prefill += PrefillStats(sum(map(len, unique)), sum(map(len, prefixes)))
+        self._prefill += PrefillStats(sum(map(len, unique)), sum(map(len, prefixes)), len(rows))
 
         if self._cache is None:
             self._cache = SlotCache(self.model.config)

@@ -207,4 +207,6 @@ def decode_batch(
     tokens = [row[:n] for row, n in zip(out_tok_BT.tolist(), lengths)]
     logprobs = [row[:n] for row, n in zip(out_logp_BT.tolist(), lengths)]
     reasons = [STOP_REASONS[r] for r in reason_B.tolist()]
-    return DecodeResult(tokens, logprobs, reasons, PrefillStats(prefill_tokens, unshared_tokens), tuple(segments))
+    return DecodeResult(
+        tokens, logprobs, reasons, PrefillStats(prefill_tokens, unshared_tokens, len(prefixes)), tuple(segments)
+    )

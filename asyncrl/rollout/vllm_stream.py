@@ -250,7 +250,7 @@ def read_output(output: Any, first: bool) -> tuple[list[int], list[float], str |
     prefill = PrefillStats()
     if first and output.num_cached_tokens is not None:
         n_prompt = len(output.prompt_token_ids or [])
-        prefill = PrefillStats(n_prompt - int(output.num_cached_tokens), n_prompt)
+        prefill = PrefillStats(n_prompt - int(output.num_cached_tokens), n_prompt, 1)
     reason = FINISH.get(completion.finish_reason or "", "length") if output.finished else None
     return tokens, logprobs, reason, prefill
 
