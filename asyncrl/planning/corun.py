@@ -17,6 +17,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ import torch
 PHASES = ("train", "gen", "both")  # each job alone, then together; a round of them, ``rounds`` times
 
 
-def _loop(fn, seconds: float) -> list[float]:
+def loop_calls(fn: Callable[[int], object], seconds: float) -> list[float]:
     """Seconds of each call of ``fn`` over about ``seconds`` (at least one call)."""
     out: list[float] = []
     end = time.perf_counter() + seconds
@@ -35,23 +36,14 @@ def _loop(fn, seconds: float) -> list[float]:
     return out
 
 
-def _worker(
-    rank: int,
-    run_dir: str,
-    prompts_per_step: int,
-    n: int,
-    threads: list[int],
-    seconds: float,
-    rounds: int,
-    barrier,
-    out,
-) -> None:
-    from asyncrl.planning.probe import workloads
+Job = Callable[[float], list[float]]  # runs for about that many seconds; the seconds of each of its calls
 
+
+def _worker(
+    rank: int, jobs: Callable[[int], Job], threads: list[int], seconds: float, rounds: int, barrier, out: str
+) -> None:
     torch.set_num_threads(threads[rank])
-    w = workloads(run_dir, prompts_per_step, n)
-    assert w.stream_for is not None
-    job = (lambda s: _loop(w.update, s)) if rank == 0 else w.stream_for
+    job = jobs(rank)
     job(min(1.0, seconds))  # warm-up
     mine = PHASES[rank]
     times: dict[str, list[float]] = {"alone": [], "together": []}
@@ -67,16 +59,18 @@ def _worker(
 
 
 def corun_rates(
-    run_dir: str | Path, prompts_per_step: int, n: int, train_threads: int, seconds: float = 3.0, rounds: int = 2
+    jobs: Callable[[int], Job], train_threads: int, seconds: float = 3.0, rounds: int = 2
 ) -> tuple[float, float]:
     """(the update's speed beside the decode, the decode's beside the update), each over its speed alone: medians of
-    their calls (updates; streamed steps) over ``rounds`` rounds of each alone for ``seconds``, then both together."""
+    their calls over ``rounds`` rounds of each alone for ``seconds``, then both together. ``jobs(0)`` builds the
+    update's job (run on ``train_threads``), ``jobs(1)`` the decode's (on one thread), each in its own process
+    (``jobs`` is pickled to them: a module-level function or a partial of one)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(2)
     with tempfile.TemporaryDirectory() as d:
-        args = (str(run_dir), prompts_per_step, n, [train_threads, 1], seconds, rounds, barrier, d)
+        args = (jobs, [train_threads, 1], seconds, rounds, barrier, d)
         mp.spawn(_worker, args=args, nprocs=2, join=True)
         got = [json.loads(Path(d, f"{rank}.json").read_text()) for rank in (0, 1)]
     rates = [statistics.median(g["alone"]) / statistics.median(g["together"]) for g in got]

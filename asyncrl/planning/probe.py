@@ -29,11 +29,12 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from asyncrl.planning.corun import corun_rates
+from asyncrl.planning.corun import Job, corun_rates, loop_calls
 from asyncrl.planning.cost import CostModel, Scaling
 from asyncrl.planning.stream_prices import (
     STREAM_ROUNDS,
@@ -172,6 +173,13 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Workloads:
         stream=stream,
         stream_for=stream_for,
     )
+
+
+def corun_job(run_dir: str, prompts_per_step: int, n: int, rank: int) -> Job:
+    """``corun``'s jobs on the run: rank 0 its update in a loop, rank 1 its streamed decode (built-in engine)."""
+    w = workloads(run_dir, prompts_per_step, n)
+    assert w.stream_for is not None
+    return partial(loop_calls, w.update) if rank == 0 else w.stream_for
 
 
 def _update_of(cfg, model, tok, samples) -> Callable[[], object]:
@@ -326,7 +334,7 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
             )
     corun_note = ""
     if w.stream_for is not None and cost.train_threads > 1:  # the trainer's update beside the Rollouter's decode
-        par, one = corun_rates(run_dir, cost.prompts_per_step, cost.n, cost.train_threads)
+        par, one = corun_rates(partial(corun_job, str(run_dir), cost.prompts_per_step, cost.n), cost.train_threads)
         stream_kw.update(oversubscribed_parallel=par, oversubscribed_single=one)
         corun_note = (
             f"; sharing the cores, the update on {cost.train_threads} threads ran at {par:.2f} of its speed alone "
