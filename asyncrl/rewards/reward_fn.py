@@ -67,7 +67,8 @@ class RewardFn:
     """Fills ``reward``, ``reward_failed`` and ``reward_extra`` of samples from their ``response_text``.
 
     With ``custom_function`` (a spec for ``load_custom_function``) that function scores every data source, as verl's
-    ``custom_reward_function`` does; otherwise the scorer is looked up by ``data_source`` in the registry. Picklable
+    ``custom_reward_function`` does; otherwise the scorer is looked up by ``data_source`` in the registry, once per
+    data source (the first time one of its samples is scored: register a scorer before training starts). Picklable
     (for Ray): only the spec travels, the function is re-imported on the other side.
     """
 
@@ -83,12 +84,14 @@ class RewardFn:
         self.overlong = overlong  # the DAPO manager's length penalty, added after binarize (asyncrl.rewards.overlong)
         self.max_logged_errors = max_logged_errors
         self._custom: ScoreFn | None = load_custom_function(custom_function) if custom_function else None
+        self._scorers: dict[str, ScoreFn] = {}  # the registry's answer per data source
         self.failed_total = 0
         self.last_errors: list[str] = []
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_custom"] = None  # functions loaded from a file are not importable by name, so not picklable
+        state["_scorers"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -98,7 +101,12 @@ class RewardFn:
 
     def scorer_for(self, data_source: str) -> ScoreFn:
         """The function that scores ``data_source`` (raises ``UnknownDataSourceError`` if there is none)."""
-        return self._custom if self._custom is not None else get_scorer(data_source)
+        if self._custom is not None:
+            return self._custom
+        scorer = self._scorers.get(data_source)
+        if scorer is None:
+            scorer = self._scorers[data_source] = get_scorer(data_source)
+        return scorer
 
     def score_one(
         self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
