@@ -61,10 +61,9 @@ def stream_steps(
     while len(out) < steps:
         room = min(limit, engine.capacity) - engine.live_rows()
         if burst and engine.live_rows() == 0:
-            rows = [x for j in range(max(1, room // n)) for x in group(k + j)]
-            k += max(1, room // n)
-            bursts, since = bursts + 1, 0
-            engine.submit(rows, params, seed)
+            groups = max(1, room // n)
+            engine.submit([x for j in range(groups) for x in group(k + j)], params, seed)
+            k, bursts, since = k + groups, bursts + 1, 0
         elif burst and bursts % 2 == 0 and since == 2:
             engine.submit(engine.interrupt(), params, seed)
         while not burst and room >= n:
@@ -80,15 +79,6 @@ def stream_steps(
         since += 1
     engine.interrupt()
     return out
-
-
-def plain_step(steps: list[TimedStep]) -> tuple[float, float] | None:
-    """(fixed s, per row s) of the streamed steps that took no rows in (None: there were none)."""
-    plain = [s for s in steps if s.rows == 0]
-    if not plain:
-        return None
-    a, b = fit_term(("step", "token"), [[1.0, s.live] for s in plain], [s.seconds for s in plain]).coef
-    return a, b
 
 
 @dataclass(frozen=True)
