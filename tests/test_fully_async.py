@@ -185,12 +185,16 @@ def test_partial_rollout_keeps_tokens_from_both_versions(setup, tmp_path):
         before = {gid: [len(s.response_ids) for s in g.samples] for gid, g in ro.books.inflight.items()}
         new = {k: v + 0.01 for k, v in ro.engine.state_dict_for_sync().items()}
         ro.engine.update_weights(new, version=1)
-        ro.resume_generation(1)
+        packed = ro.resume_generation(1, snapshot=True)  # the push's snapshot, taken in the same call
         got = ro.get_batch(1, trainer_version=1)
     finally:
         ro.stop()
     (group,) = got.groups
     assert group.start_version == 0 and got.staleness == [1]
+    # the snapshot is the parked instant, not the live groups it was taken from (B's rows have run on since)
+    snap = packed.unpack()
+    assert snap.engine_version == 1
+    assert {g.group_id: [len(s.response_ids) for s in g.samples] for g in snap.inflight} == before
     # scored on the Rollouter before the queue, by the configured reward function (text length / 1000 here)
     assert [s.reward for s in group.samples] == [len(s.response_text) / 1000 for s in group.samples]
     assert all(s.reward > 0 for s in group.samples)

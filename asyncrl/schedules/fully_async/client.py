@@ -6,7 +6,7 @@ from typing import Any
 
 from asyncrl.calls import Pending
 from asyncrl.roles.clients import RoleClient
-from asyncrl.schedules.fully_async.recovery import RollouterSnapshot, StreamBatch, Takeover
+from asyncrl.schedules.fully_async.recovery import PackedSnapshot, RollouterSnapshot, StreamBatch, Takeover
 
 
 class RollouterClient(RoleClient):
@@ -21,8 +21,8 @@ class RollouterClient(RoleClient):
     def pause(self, interrupt: bool) -> Pending[float]:
         return self.handle.call("pause", interrupt)
 
-    def resume_generation(self, version: int) -> Pending[None]:
-        return self.handle.call("resume_generation", version)
+    def resume_generation(self, version: int, snapshot: bool = False) -> Pending[PackedSnapshot | None]:
+        return self.handle.call("resume_generation", version, snapshot)
 
     def snapshot(self) -> Pending[RollouterSnapshot]:
         return self.handle.call("snapshot")

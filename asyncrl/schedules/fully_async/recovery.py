@@ -19,6 +19,7 @@ handed out yet:
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -75,6 +76,22 @@ class RollouterSnapshot:
     counts: dict[str, int]
     engine_version: int
     skip: tuple[tuple[int, int], ...] = ()  # prompts the cursor passes over (``replay_consumed``; a tuple: old pickles)
+
+
+@dataclass(frozen=True)
+class PackedSnapshot:
+    """A ``RollouterSnapshot`` pickled while the Rollouter was parked. Its in-flight groups and samples are the live
+    ones, which the generation thread changes once it goes on; packed first, the snapshot is the instant it was
+    taken in, whichever backend carries it and whenever it is sent."""
+
+    data: bytes
+
+    @classmethod
+    def pack(cls, snapshot: RollouterSnapshot) -> PackedSnapshot:
+        return cls(pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def unpack(self) -> RollouterSnapshot:
+        return pickle.loads(self.data)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.schedules.fully_async.ports import LocalPort, RemotePort
 from asyncrl.schedules.fully_async.producer import POLL_S, Producer
 from asyncrl.schedules.fully_async.queue import QueueClosed
-from asyncrl.schedules.fully_async.recovery import RollouterSnapshot, StreamBatch, Takeover
+from asyncrl.schedules.fully_async.recovery import PackedSnapshot, RollouterSnapshot, StreamBatch, Takeover
 from asyncrl.schedules.fully_async.slots import RankPort, budget_of, queue_for, stream_concurrency
 from asyncrl.types import PrefillStats, Sample
 from asyncrl.workers.rollout import RolloutWorker
@@ -184,14 +184,18 @@ class Rollouter(RolloutWorker):
             raise RollouterError(f"pause: the generation thread did not park within {timeout_s:g} s")
         return time.perf_counter() - t0
 
-    def resume_generation(self, version: int) -> None:
-        """Let the parked thread go on, generating with ``version`` (the weights just received)."""
+    def resume_generation(self, version: int, snapshot: bool = False) -> PackedSnapshot | None:
+        """Let the parked thread go on, generating with ``version`` (the weights just received); with ``snapshot``,
+        first take the snapshot (``snapshot()``, packed while still parked) and return it: a weight push's last two
+        steps in one call, one round trip less for the trainer to wait."""
         if self.engine.version != version:
             raise RollouterError(f"resume_generation({version}): the engine holds version {self.engine.version}")
+        snap = PackedSnapshot.pack(self.snapshot()) if snapshot else None
         self.books.on_sync(version)
         with self._cv:
             self._want_park = False
             self._cv.notify_all()
+        return snap
 
     def snapshot(self) -> RollouterSnapshot:
         """Everything a resumed run needs, taken while parked (or before ``start``): queue, in-flight rows,

@@ -96,8 +96,8 @@ class StreamSupervisor(Supervisor):
         try:
             paused = r.pause(interrupt).result(timeout=self.timeout_s)
             stats = self.sync.push(version)
-            snap = r.snapshot().result(timeout=self.timeout_s) if snapshot or self.replaceable else None
-            r.resume_generation(version).result(timeout=self.timeout_s)
+            packed = r.resume_generation(version, snapshot or self.replaceable).result(timeout=self.timeout_s)
+            snap = packed.unpack() if packed is not None else None
         except Exception as e:  # noqa: BLE001 - a death is handled, anything else re-raised
             # lost: the step trained, it finishes, and the next get_batch raises
             return (0.0, None, self.base) if self._survive(e, r) else (0.0, None, self.advanced())
