@@ -271,6 +271,7 @@ def rewards_of(samples: list[Sample]) -> torch.Tensor:
 
 
 def group_ids(samples: list[Sample]) -> torch.Tensor:
-    """Samples generated from the same (epoch, prompt) share a group id."""
-    uids = {u: i for i, u in enumerate(dict.fromkeys(s.uid for s in samples))}
-    return torch.tensor([uids[s.uid] for s in samples], dtype=torch.long)
+    """Samples generated from the same (epoch, prompt) share a group id (the prompt's ``uid``, kept as the pair)."""
+    keys = [(s.prompt.epoch, s.prompt.index) for s in samples]
+    ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    return torch.tensor([ids[k] for k in keys], dtype=torch.long)

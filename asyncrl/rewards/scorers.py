@@ -52,6 +52,15 @@ def _decode_json_field(extra_info: dict[str, Any], key: str, data_source: str) -
         raise ValueError(f"data_source {data_source!r}: extra_info[{key!r}] is not valid JSON ({e})") from e
 
 
+@lru_cache(maxsize=64)
+def _score_metadata(data_source: str) -> tuple[str, ...]:
+    """The metadata keys the task's scorer reads, looked up once per data source (not per scored answer: for a
+    reasoning-gym dataset outside the built-in tasks the lookup lists reasoning-gym's datasets)."""
+    from asyncrl.data.tasks import get_task
+
+    return tuple(get_task(data_source).score_metadata)
+
+
 def reasoning_gym_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]) -> float:
     """Score with reasoning-gym's ``score_answer`` for the task named by ``data_source``.
 
@@ -59,11 +68,9 @@ def reasoning_gym_score(data_source: str, solution_str: str, ground_truth: str, 
     "metadata": json.loads(extra_info["metadata"])}``. Tasks whose scorer reads metadata (countdown: ``numbers``,
     ``target``) raise ``ValueError`` if it is missing, rather than score every answer as wrong.
     """
-    from asyncrl.data.tasks import get_task
-
     extra_info = extra_info or {}
     metadata = _decode_json_field(extra_info, "metadata", data_source) or {}
-    missing = [k for k in get_task(data_source).score_metadata if k not in metadata]
+    missing = [k for k in _score_metadata(data_source) if k not in metadata]
     if missing:
         raise ValueError(
             f"data_source {data_source!r}: scoring needs extra_info['metadata'] with keys {missing} "

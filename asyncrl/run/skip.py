@@ -86,15 +86,18 @@ class _Dumping(Launched):
 
 
 class RolloutSkip:
+    """A run's ``rollout.skip`` (built only when it is enabled): its dump directory, claimed for this run's
+    generation key."""
+
     def __init__(self, cfg: Config):
         s = cfg.rollout.skip
+        if not s.enable:
+            raise ValueError("RolloutSkip: rollout.skip.enable is false (a run without it generates every batch)")
         self.action = s.action
-        self.dir = Path(s.dump_dir) if s.enable else None
-        if self.dir is not None:
-            self._claim(generation_key(cfg))
+        self.dir = Path(s.dump_dir)
+        self._claim(generation_key(cfg))
 
     def _claim(self, key: dict[str, Any]) -> None:
-        assert self.dir is not None
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / "key.json"
         if path.exists():
@@ -111,7 +114,6 @@ class RolloutSkip:
 
     def _dump(self, step: int, gen_batch: int = 1) -> Path:
         """A step's first generation batch's dump; with dynamic sampling, its later ones beside it."""
-        assert self.dir is not None
         return self.dir / (f"step_{step}.pkl" if gen_batch == 1 else f"step_{step}_gen{gen_batch}.pkl")
 
     def launch(
@@ -120,8 +122,6 @@ class RolloutSkip:
         """Step ``step``'s batch of ``prompts`` (its ``gen_batch``-th generation batch with dynamic sampling):
         ``generate``-d (and dumped), or read back from the dump. ``repeat`` never meets a ``gen_batch`` > 1 (a config
         error)."""
-        if self.dir is None:
-            return generate()
         path = self._dump(step, gen_batch)
         if path.exists():
             samples = pickle.loads(path.read_bytes())

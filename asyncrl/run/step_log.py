@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config
+from asyncrl.config.specs import RewardSpec
 from asyncrl.data.collate import TrainBatch
-from asyncrl.rewards.overlong import overlong_metrics
+from asyncrl.rewards.overlong import OverlongShaping, overlong_metrics
 from asyncrl.telemetry import trace
 from asyncrl.telemetry.metrics import MetricsLogger, machine_cpu
 from asyncrl.telemetry.samples import sample_metrics
@@ -50,6 +51,8 @@ class StepLog:
         self.cfg, self.dir, self.tokenizer = cfg, run_dir, tokenizer
         self.logger = MetricsLogger(run_dir, t.logger, run_name=run_dir.name, prometheus_port=t.prometheus_port)
         self.logger.set_total(t.total_training_steps)
+        shaping = OverlongShaping.of(RewardSpec.of(cfg))
+        self.overlong_logged = shaping is not None and shaping.log  # overlong_buffer_cfg.log: its two step metrics
 
     def metrics(
         self, samples: list[Sample], batch: TrainBatch, tm: StepTimer, consumed_version: int, *parts: dict
@@ -58,7 +61,7 @@ class StepLog:
         ``timing_s/step`` must be set); the step's work record and (``rollout.trace``) a few of its samples, as
         consumed at ``consumed_version``, written beside the metrics."""
         step_s = tm.timings["timing_s/step"]
-        metrics = {**sample_metrics(samples, batch), **overlong_metrics(samples)}
+        metrics = {**sample_metrics(samples, batch), **(overlong_metrics(samples) if self.overlong_logged else {})}
         metrics.update({**{k: v for p in parts for k, v in p.items()}, **tm.timings})
         metrics["perf/throughput_tokens_per_s"] = float(batch.attention_mask_BL.sum()) / step_s
         metrics["perf/samples_per_s"] = len(samples) / step_s

@@ -134,7 +134,8 @@ class RunPorts:
     def __init__(self, run: Run, algorithm: Algorithm, prepare_pool: ThreadPoolExecutor | None = None):
         self.run, self.algorithm, self.sync = run, algorithm, run.sync
         self.prepare_pool = prepare_pool
-        self.skip, self.filler, self.params = RolloutSkip(run.cfg), BatchFiller(run.cfg), run.prompts.sampling()
+        self.filler, self.params = BatchFiller(run.cfg), run.prompts.sampling()
+        self.skip = RolloutSkip(run.cfg) if run.cfg.rollout.skip.enable else None  # dump batches, or read them back
         self.start, self.total = run.start_step, run.cfg.trainer.total_training_steps
         self.last_step = run.start_step - 1
         self.cursors: dict[int, dict] = {run.start_step - 1: run.prompts.sampler.state_dict()}  # batch b -> after it
@@ -170,6 +171,8 @@ class RunPorts:
         self.cursors[batch] = run.prompts.sampler.state_dict()
         seed, rollouts = run.prompts.gen_seed(), run.roles.rollouts
         generate = lambda: launch_generation(rollouts, prompts, self.params, seed, batch, run.pool)  # noqa: E731
+        if self.skip is None:
+            return generate()
         return self.skip.launch(prompts, batch, generate, gen_batch=gen_batch)
 
     def _fill(self, launched: Launched | Replayed, batch: int) -> Generated:
