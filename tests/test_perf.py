@@ -362,6 +362,8 @@ def test_the_probe_prices_the_streaming_decoder_of_a_real_run(sync_run):
         assert "sharing the cores" in sc.notes
     else:  # a one-thread trainer and a one-thread Rollouter do not oversubscribe two cores
         assert sc.oversubscribed_parallel is None and sc.oversubscribed_single is None
+    # a fully_async push timed on the run's roles (in this process: the run's backend)
+    assert sc.stream_push_s is not None and sc.stream_push_s > 0 and "weight push" in sc.notes
     setting = Setting("fully_async", trainer=1, rollout=1, staleness_threshold=1.0, partial_rollout=True)
     assert simulate(cost, Cluster.cpu(2), setting, steps=6).samples_per_s > 0
 

@@ -156,6 +156,32 @@ def test_a_probed_streaming_decoder_prices_the_simulated_rollouter():
     assert slow.samples_per_s == pytest.approx(batch_priced.samples_per_s / 2, rel=0.1)
 
 
+def test_a_probed_push_prices_the_simulated_fully_async_push():
+    """fully_async's simulated push lasts what the probe timed on the run's roles (beyond the park), not the plain
+    sync's fixed + bytes / bandwidth: on the CPU only (a GPU cluster's sync is its own), and not a sync schedule's."""
+    from asyncrl.planning.cost import Scaling
+    from asyncrl.planning.simulate import simulate
+
+    base = fixed_cost(0.01, 0.05, length=40, device="cpu", max_batch_size=16, ppo_mini_batch_size=8)
+    setting = Setting("fully_async", trainer=1, rollout=1, staleness_threshold=1.0, partial_rollout=True)
+    plain = Scaling(stream_step_s=0.01, stream_row_s=0.0, stream_admit_s=0.0, stream_admit_token_s=0.0)
+    pushed = dataclasses.replace(plain, stream_push_s=0.25)
+    cpu = Prices(dataclasses.replace(base, scaling=pushed), Cluster.cpu(4), setting)
+    assert cpu.stream_push_s == 0.25 and cpu.sync_s != 0.25
+    assert Prices(dataclasses.replace(base, scaling=plain), Cluster.cpu(4), setting).stream_push_s == cpu.sync_s
+    gpu = Prices(dataclasses.replace(base, scaling=pushed), Cluster.gpus(2), setting)
+    assert gpu.stream_push_s == gpu.sync_s
+    steps = 12
+    fast = simulate(dataclasses.replace(base, scaling=plain), Cluster.cpu(4), setting, steps=steps)
+    slow = simulate(dataclasses.replace(base, scaling=pushed), Cluster.cpu(4), setting, steps=steps)
+    # every update is followed by a push the trainer waits for: each step is longer by about the difference
+    assert slow.step_s - fast.step_s == pytest.approx(0.25 - cpu.sync_s, rel=0.2)
+    sync = Setting("sync", trainer=1)
+    assert simulate(dataclasses.replace(base, scaling=pushed), Cluster.cpu(4), sync, steps=steps).step_s == (
+        pytest.approx(simulate(dataclasses.replace(base, scaling=plain), Cluster.cpu(4), sync, steps=steps).step_s)
+    )
+
+
 def test_a_streamed_step_scales_with_threads_as_the_probe_timed_it():
     """Rounds of the same streamed steps on 1 and 2 threads, the 2-thread ones 1.6x as fast in two rounds of three:
     the median says a serial fraction of 0.25 (1.6 = 1 / (0.25 + 0.75 / 2)), and the simulated one-thread Rollouter

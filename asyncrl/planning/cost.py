@@ -227,6 +227,9 @@ class Scaling:
     # its speed alone (None: not probed; a fair share of the cores)
     oversubscribed_parallel: float | None = None
     oversubscribed_single: float | None = None
+    # a fully_async weight push beyond its park, timed on the run's own roles (``push_probe``: the calls around the
+    # transfer, the transfer and the load as the run makes them; None: not probed, priced as a plain sync)
+    stream_push_s: float | None = None
 
     def speed(self, phase: str, threads: float) -> float:
         """Throughput on ``threads`` cores (fractional: time-sliced) relative to one core; ``phase``: gen, train,

@@ -36,6 +36,7 @@ import torch
 
 from asyncrl.planning.corun import Job, corun_rates, loop_calls
 from asyncrl.planning.cost import CostModel, Scaling
+from asyncrl.planning.push_probe import probe_push, push_note
 from asyncrl.planning.stream_prices import (
     STREAM_ROUNDS,
     STREAM_STEPS,
@@ -340,6 +341,11 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
             f"; sharing the cores, the update on {cost.train_threads} threads ran at {par:.2f} of its speed alone "
             f"and the streamed decode on 1 at {one:.2f}"
         )
+    push_note_ = ""
+    if w.stream is not None:  # the built-in engine: a fully_async run's push on the run's roles
+        pushes = probe_push(run_dir, cost.train_threads)
+        stream_kw["stream_push_s"] = statistics.fmean(pushes)
+        push_note_ = "; " + push_note(pushes)
     scaling = Scaling(
         gen_serial=amdahl_serial(speedup["gen"], 1.0, n),
         train_serial=amdahl_serial(speedup["upd"], 1.0, n),
@@ -349,7 +355,8 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
         notes=(
             f"generate {gen[1]:.3f} s on 1 thread, {gen[n]:.3f} s on {n} ({speedup['gen']:.2f}x paired); update "
             f"{upd[1]:.3f} s / {upd[n]:.3f} s ({speedup['upd']:.2f}x); "
-            f"prefill {prefill[n] * 1e6:.1f} us/token on {n}{apply_note}{stream_note}{corun_note}; {rounds} rounds"
+            f"prefill {prefill[n] * 1e6:.1f} us/token on {n}{apply_note}{stream_note}{corun_note}{push_note_}; "
+            f"{rounds} rounds"
         ),
         prefill_token_s=prefill[n] if cost.gen_threads >= n else prefill[1],
         **stream_kw,

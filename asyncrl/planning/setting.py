@@ -170,6 +170,8 @@ class Prices:
         fixed = cluster.sync_fixed_s if cluster.sync_fixed_s is not None else sc.sync_fixed_s
         bw = cluster.sync_bytes_per_s if cluster.sync_bytes_per_s is not None else sc.sync_bytes_per_s
         self.sync_s = fixed + cost.weight_bytes / bw
+        probed = cluster.kind == "cpu" and sc.stream_push_s is not None  # timed on this machine's roles
+        self.stream_push_s = sc.stream_push_s if probed else self.sync_s  # fully_async's push, beyond the park
 
     def segments_cost(self, seg: Segment, tokens: int) -> float:
         d = self.cost.decode

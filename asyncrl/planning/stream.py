@@ -316,7 +316,7 @@ class StreamSimPorts:
         Clock.clear(sim.parked)
         sim.clock.fire(sim.admission)  # an idle Rollouter reaches its park point (the real one polls)
         yield Wait(sim.parked)
-        yield Delay(sim.prices.sync_s)
+        yield Delay(sim.prices.stream_push_s)
         sim.spans.append(Span("sync", "sync_weights", t1, sim.clock.now, step))
         sim.producer.on_sync(self.version)
         self.base, self.since_base = (sim.producer.snapshot(self.version) if sim.fault else None), []

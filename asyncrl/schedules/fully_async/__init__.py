@@ -29,6 +29,8 @@ Rollouter would have given and stops with ``WorkerLostError``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from asyncrl.config import Config
@@ -46,30 +48,50 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
     return TrainerPlan(old_policy=old, updates_per_version=at.trigger_parameter_sync_step)
 
 
-def run_fully_async(cfg: Config) -> dict[str, Any]:
-    # imported here: the books (producer, staleness, queue, ledger) load without the engine and the run machinery,
-    # so the performance model (asyncrl.planning) starts in a fraction of the time
-    import torch
-
-    from asyncrl.roles.team import RolloutSide
-    from asyncrl.run.supervision import WorkerLostError
-    from asyncrl.schedules.fully_async.loop import consume
-    from asyncrl.schedules.fully_async.report import write_ledger_report
-    from asyncrl.schedules.fully_async.rollouter import Rollouter
-    from asyncrl.schedules.fully_async.run_ports import StreamRunPorts
+def supervisor_of(cfg: Config) -> Callable[[Any, Any, Callable[[], int]], Any]:
+    """How the run's ``StreamSupervisor`` is built from its roles, its weight sync and the trainer's version
+    (``open_run``'s ``stream``)."""
     from asyncrl.schedules.fully_async.slots import budget_of
     from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
-    from asyncrl.schedules.loops import run_to_end
-    from asyncrl.schedules.run_ports import open_run
 
     at = cfg.async_training
 
-    def supervise(roles: Any, sync: Any, version: Any) -> StreamSupervisor:
+    def supervise(roles: Any, sync: Any, version: Callable[[], int]) -> StreamSupervisor:
         timeout = max(at.get_batch_timeout_s, at.pause_timeout_s)
         budget = budget_of(at, cfg.actor.ppo_mini_batch_size)
         return StreamSupervisor(roles, sync, roles.respawn, version, cfg.trainer.max_worker_restarts, timeout, budget)
 
-    with open_run(cfg, RolloutSide.STREAM, trainer_plan(cfg), Rollouter, supervise) as (run, algorithm):
+    return supervise
+
+
+@contextmanager
+def open_stream(cfg: Config) -> Iterator[tuple[Any, Any]]:
+    """``open_run`` for fully_async: the run (``run.stream``: its ``StreamSupervisor``, not started) and its
+    algorithm; the Rollouter's generation thread is stopped at exit, whatever happened."""
+    # imported here: the books (producer, staleness, queue, ledger) load without the engine and the run machinery,
+    # so the performance model (asyncrl.planning) starts in a fraction of the time
+    from asyncrl.roles.team import RolloutSide
+    from asyncrl.schedules.fully_async.rollouter import Rollouter
+    from asyncrl.schedules.run_ports import open_run
+
+    with open_run(cfg, RolloutSide.STREAM, trainer_plan(cfg), Rollouter, supervisor_of(cfg)) as (run, algorithm):
+        try:
+            yield run, algorithm
+        finally:
+            _stop_quietly(run.stream.rollouter)
+
+
+def run_fully_async(cfg: Config) -> dict[str, Any]:
+    import torch
+
+    from asyncrl.run.supervision import WorkerLostError
+    from asyncrl.schedules.fully_async.loop import consume
+    from asyncrl.schedules.fully_async.report import write_ledger_report
+    from asyncrl.schedules.fully_async.run_ports import StreamRunPorts
+    from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
+    from asyncrl.schedules.loops import run_to_end
+
+    with open_stream(cfg) as (run, algorithm):
         stream: StreamSupervisor = run.stream
         ports: StreamRunPorts | None = None
         try:
@@ -94,8 +116,6 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
             finished = ports.finished if ports is not None else run.start_step - 1
             run.save_before_failing(finished, None, extra_files={ROLLOUTER_STATE: stream.advanced()})
             raise
-        finally:
-            _stop_quietly(stream.rollouter)
 
 
 def _stop_quietly(rollouter: Any) -> None:
