@@ -359,9 +359,10 @@ def test_the_probe_prices_the_streaming_decoder_of_a_real_run(sync_run):
     if cost.train_threads > 1:
         assert sc.oversubscribed_parallel is not None and 0 < sc.oversubscribed_parallel <= 1
         assert sc.oversubscribed_single is not None and 0 < sc.oversubscribed_single <= 1
-        assert "sharing the cores" in sc.notes
+        assert sc.shared_train is not None and sc.shared_train > 0 and sc.shared_gen is not None and sc.shared_gen > 0
+        assert "sharing the cores" in sc.notes and "several pools" in sc.notes
     else:  # a one-thread trainer and a one-thread Rollouter do not oversubscribe two cores
-        assert sc.oversubscribed_parallel is None and sc.oversubscribed_single is None
+        assert sc.oversubscribed_parallel is None and sc.oversubscribed_single is None and sc.shared_train is None
     # a fully_async push timed on the run's roles (in this process: the run's backend)
     assert sc.stream_push_s is not None and sc.stream_push_s > 0 and "weight push" in sc.notes
     setting = Setting("fully_async", trainer=1, rollout=1, staleness_threshold=1.0, partial_rollout=True)

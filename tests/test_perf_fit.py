@@ -235,3 +235,11 @@ def test_the_measured_co_run_speeds_price_an_overlapped_trainer_and_leave_sync_a
     assert corun == pytest.approx(0.5 / 0.9 + (0.5 - 0.25 * 0.5 / 0.9))
     fair, corun = (simulate(c, Cluster.cpu(2), Setting("sync", trainer=2), steps=12).step_s for c in (base, measured))
     assert corun == pytest.approx(fair, rel=1e-12)
+    # a run of several pools (its idle OpenMP threads sleeping) updating at half its priced speed alone: the update
+    # left after the generation takes twice as long; sync, a lone worker, is priced as before
+    slept = dataclasses.replace(measured, scaling=dataclasses.replace(measured.scaling, shared_train=0.5))
+    assert simulate(slept, Cluster.cpu(2), fa, steps=12).step_s == pytest.approx(0.5 / 0.9 + (1.0 - 0.25 * 0.5 / 0.9))
+    sync = Setting("sync", trainer=2)
+    assert simulate(slept, Cluster.cpu(2), sync, steps=12).step_s == pytest.approx(
+        simulate(measured, Cluster.cpu(2), sync, steps=12).step_s, rel=1e-12
+    )

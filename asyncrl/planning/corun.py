@@ -1,28 +1,34 @@
-"""How fast a trainer and a Rollouter move when they share a CPU machine's cores and there are fewer cores than their
-threads (fully_async and one_step_off on a CPU box: the trainer on every core, the Rollouter on one more).
+"""How fast a trainer and a Rollouter move when they share a CPU machine's cores (fully_async and one_step_off on a
+CPU box: the trainer on every core, the Rollouter on one more), against the prices the planner holds for them (the
+sync run's update, the probe's decode: each alone, with OpenMP's default).
 
-Time-slicing does not share such cores fairly. A job on several threads (an update: parallel regions that end at a
-barrier) waits at every barrier for its thread that was sliced out, while a one-thread job loses only its slices: on
-the bench's 2-core machine an update on 2 threads beside a one-thread streaming decode ran at 0.16-0.29 of its speed
-alone, the decode at 0.75 (BENCHMARKS.md, issue 49, eighth session), where a fair share gives both 2/3. So the probe
-measures it: the run's update on the run's training threads and the run's streaming decode on one thread, in two
-processes, each timed alone and together (``corun_rates``); the simulated clock moves a job on several threads at the
-first rate and a one-thread job at the second whenever its shared cores are oversubscribed
-(``clock.Clock(oversubscribed=...)``).
+Two things differ in such a run. Its workers' idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=
+PASSIVE``, ``asyncrl.workers.cluster.SHARED_CORES_ENV``: a spinning pool steals the other worker's core), which
+alone makes a two-thread update slower: 205 ms against 118 ms on the bench's Intel machine (BENCHMARKS.md, issue 49,
+ninth session). And when their threads outnumber the cores, time-slicing shares them: with the default policy an
+update beside a one-thread decode ran 12x slower (its threads spin at each barrier for the one sliced out), with the
+run's policy about as fast as alone. So the probe times the run's update on its training threads and its streaming
+decode on one thread, in two processes: each alone with the default policy (``PRICED``), then each alone and both
+together with the run's (``SHARED``). ``shared``: each job's speed alone with the run's policy over its priced speed
+(applied to every run of several pools); ``oversubscribed``: its speed together over alone, both with the run's policy
+(applied by the simulated clock whenever its shared cores are oversubscribed, ``clock.Clock(oversubscribed=...)``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-PHASES = ("train", "gen", "both")  # each job alone, then together; a round of them, ``rounds`` times
+PRICED = ("train", "gen")  # each job alone, as the planner's prices were measured: a round of them, ``rounds`` times
+SHARED = ("train", "gen", "both")  # each job alone, then together, as a run of several pools runs them
 
 
 def loop_calls(fn: Callable[[int], object], seconds: float) -> list[float]:
@@ -40,15 +46,22 @@ Job = Callable[[float], list[float]]  # runs for about that many seconds; the se
 
 
 def _worker(
-    rank: int, jobs: Callable[[int], Job], threads: list[int], seconds: float, rounds: int, barrier, out: str
+    rank: int,
+    jobs: Callable[[int], Job],
+    threads: list[int],
+    seconds: float,
+    rounds: int,
+    barrier,
+    out: str,
+    phases: tuple[str, ...] = SHARED,
 ) -> None:
     torch.set_num_threads(threads[rank])
     job = jobs(rank)
     job(min(1.0, seconds))  # warm-up
-    mine = PHASES[rank]
+    mine = phases[rank]
     times: dict[str, list[float]] = {"alone": [], "together": []}
     for _ in range(rounds):
-        for phase in PHASES:
+        for phase in phases:
             barrier.wait()  # the other process blocks here while this one runs alone
             if phase == "both":
                 times["together"] += job(seconds)
@@ -58,20 +71,55 @@ def _worker(
     Path(out, f"{rank}.json").write_text(json.dumps(times))
 
 
-def corun_rates(
-    jobs: Callable[[int], Job], train_threads: int, seconds: float = 3.0, rounds: int = 2
-) -> tuple[float, float]:
-    """(the update's speed beside the decode, the decode's beside the update), each over its speed alone: medians of
-    their calls over ``rounds`` rounds of each alone for ``seconds``, then both together. ``jobs(0)`` builds the
-    update's job (run on ``train_threads``), ``jobs(1)`` the decode's (on one thread), each in its own process
-    (``jobs`` is pickled to them: a module-level function or a partial of one)."""
+@dataclass(frozen=True)
+class CorunRates:
+    """Speeds over the planner's prices (see the module docstring): the update's and the decode's alone in a run of
+    several pools, and together over alone when they oversubscribe the cores."""
+
+    shared_train: float
+    shared_gen: float
+    oversubscribed_parallel: float
+    oversubscribed_single: float
+
+
+def _spawn(
+    jobs: Callable[[int], Job], train_threads: int, seconds: float, rounds: int, phases, env: dict[str, str | None]
+) -> list:
+    """Both jobs' call seconds, ``phases`` in turn, in two processes started with ``env`` on top of this one's (None:
+    the variable unset)."""
     import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(2)
-    with tempfile.TemporaryDirectory() as d:
-        args = (jobs, [train_threads, 1], seconds, rounds, barrier, d)
-        mp.spawn(_worker, args=args, nprocs=2, join=True)
-        got = [json.loads(Path(d, f"{rank}.json").read_text()) for rank in (0, 1)]
-    rates = [statistics.median(g["alone"]) / statistics.median(g["together"]) for g in got]
-    return min(1.0, rates[0]), min(1.0, rates[1])
+    saved = {k: os.environ.get(k) for k in env}
+    for k, v in env.items():  # read by the children's OpenMP when it starts
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        ctx = mp.get_context("spawn")
+        barrier = ctx.Barrier(2)
+        with tempfile.TemporaryDirectory() as d:
+            args = (jobs, [train_threads, 1], seconds, rounds, barrier, d, phases)
+            mp.spawn(_worker, args=args, nprocs=2, join=True)
+            return [json.loads(Path(d, f"{rank}.json").read_text()) for rank in (0, 1)]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def corun_rates(jobs: Callable[[int], Job], train_threads: int, seconds: float = 3.0, rounds: int = 2) -> CorunRates:
+    """``CorunRates`` from medians of the jobs' calls: ``rounds`` rounds of each alone for ``seconds`` with OpenMP's
+    default, then rounds of each alone and both together with the run's shared-core environment. ``jobs(0)`` builds
+    the update's job (run on ``train_threads``), ``jobs(1)`` the decode's (on one thread), each in its own process
+    (``jobs`` is pickled to them: a module-level function or a partial of one)."""
+    from asyncrl.workers.cluster import SHARED_CORES_ENV
+
+    priced = _spawn(jobs, train_threads, seconds, rounds, PRICED, dict.fromkeys(SHARED_CORES_ENV))
+    shared = _spawn(jobs, train_threads, seconds, rounds, SHARED, dict(SHARED_CORES_ENV))
+    med = statistics.median
+    alone = [med(p["alone"]) / med(s["alone"]) for p, s in zip(priced, shared)]
+    together = [med(s["alone"]) / med(s["together"]) for s in shared]
+    return CorunRates(alone[0], alone[1], min(1.0, together[0]), min(1.0, together[1]))
