@@ -90,11 +90,7 @@ def _spawn(
     import torch.multiprocessing as mp
 
     saved = {k: os.environ.get(k) for k in env}
-    for k, v in env.items():  # read by the children's OpenMP when it starts
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    _set_env(env)  # read by the children's OpenMP when it starts
     try:
         ctx = mp.get_context("spawn")
         barrier = ctx.Barrier(2)
@@ -103,11 +99,16 @@ def _spawn(
             mp.spawn(_worker, args=args, nprocs=2, join=True)
             return [json.loads(Path(d, f"{rank}.json").read_text()) for rank in (0, 1)]
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_env(saved)
+
+
+def _set_env(env: dict[str, str | None]) -> None:
+    """``env`` into this process's environment (None: the variable unset)."""
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def corun_rates(jobs: Callable[[int], Job], train_threads: int, seconds: float = 3.0, rounds: int = 2) -> CorunRates:

@@ -20,7 +20,7 @@ from pathlib import Path
 PUSHES = 8
 
 
-def push_overrides(run_dir: Path, train_threads: int, out: Path) -> list[str]:
+def push_overrides(train_threads: int, out: Path) -> list[str]:
     """The sync run's config as a fully_async run of it: one Rollouter on one thread beside the trainer's threads
     (as ``asyncrl bench`` runs fully_async), partial rollout, nothing evaluated, nothing saved; into ``out``."""
     return [
@@ -49,7 +49,7 @@ def probe_push(run_dir: str | Path, train_threads: int, pushes: int = PUSHES) ->
     run = Path(run_dir)
     out: list[float] = []
     with tempfile.TemporaryDirectory() as d:
-        cfg = load_config(str(run / "config.yaml"), push_overrides(run, train_threads, Path(d) / "push"))
+        cfg = load_config(str(run / "config.yaml"), push_overrides(train_threads, Path(d) / "push"))
         with open_stream(cfg) as (r, _):
             stream = r.stream
             stream.start(None)
