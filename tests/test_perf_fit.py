@@ -243,3 +243,29 @@ def test_the_measured_co_run_speeds_price_an_overlapped_trainer_and_leave_sync_a
     assert simulate(slept, Cluster.cpu(2), sync, steps=12).step_s == pytest.approx(
         simulate(measured, Cluster.cpu(2), sync, steps=12).step_s, rel=1e-12
     )
+
+
+def _corun_job(rank: int):
+    """Both co-run jobs: a matmul in a loop (the update's on two threads, the decode's on one)."""
+    import torch
+
+    from asyncrl.planning.corun import loop_calls
+
+    a = torch.ones(128, 128)
+    return lambda seconds: loop_calls(lambda _: a @ a, seconds)
+
+
+def test_corun_prices_the_update_under_the_run_policy_and_both_jobs_together():
+    """The probe's co-run in two spawned processes: the update's speed alone under the run's OpenMP policy over its
+    priced speed, and each job's speed together over alone (at most 1). The one-thread decode's speed alone is not
+    re-priced (no OpenMP region for the policy to act on), so the rates hold no factor for it."""
+    from asyncrl.planning.corun import CorunRates, corun_rates
+
+    rates = corun_rates(_corun_job, train_threads=2, seconds=0.3, rounds=1)
+    assert rates.shared_train > 0
+    assert 0 < rates.oversubscribed_parallel <= 1 and 0 < rates.oversubscribed_single <= 1
+    assert [f.name for f in dataclasses.fields(CorunRates)] == [
+        "shared_train",
+        "oversubscribed_parallel",
+        "oversubscribed_single",
+    ]

@@ -8,10 +8,15 @@ alone makes a two-thread update slower: 205 ms against 118 ms on the bench's Int
 ninth session). And when their threads outnumber the cores, time-slicing shares them: with the default policy an
 update beside a one-thread decode ran 12x slower (its threads spin at each barrier for the one sliced out), with the
 run's policy about as fast as alone. So the probe times the run's update on its training threads and its streaming
-decode on one thread, in two processes: each alone with the default policy (``PRICED``), then each alone and both
-together with the run's (``SHARED``). ``shared``: each job's speed alone with the run's policy over its priced speed
-(applied to every run of several pools); ``oversubscribed``: its speed together over alone, both with the run's policy
-(applied by the simulated clock whenever its shared cores are oversubscribed, ``clock.Clock(oversubscribed=...)``).
+decode on one thread, in two processes: the update alone with the default policy (``PRICED``), then each alone and
+both together with the run's (``SHARED``). ``shared_train``: the update's speed alone with the run's policy over its
+priced speed (applied to every run of several pools); ``oversubscribed``: each job's speed together over alone, both
+with the run's policy (applied by the simulated clock whenever its shared cores are oversubscribed,
+``clock.Clock(oversubscribed=...)``).
+
+The decode's speed alone is not re-priced: on one thread it runs no OpenMP parallel region, so the policy has nothing
+to act on. Timing it both ways measured only the two timings' noise (0.94-1.09 over twelve probes on one machine), and
+pricing by that ratio moved fully_async's predictions by as much (BENCHMARKS.md, issue 49, tenth session).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-PRICED = ("train", "gen")  # each job alone, as the planner's prices were measured: a round of them, ``rounds`` times
+JOBS = ("train", "gen")  # the job of each of the two processes, by rank
+PRICED = ("train",)  # the update alone, as the planner's prices were measured: ``rounds`` times
 SHARED = ("train", "gen", "both")  # each job alone, then together, as a run of several pools runs them
 
 
@@ -58,7 +64,7 @@ def _worker(
     torch.set_num_threads(threads[rank])
     job = jobs(rank)
     job(min(1.0, seconds))  # warm-up
-    mine = phases[rank]
+    mine = JOBS[rank]
     times: dict[str, list[float]] = {"alone": [], "together": []}
     for _ in range(rounds):
         for phase in phases:
@@ -73,11 +79,10 @@ def _worker(
 
 @dataclass(frozen=True)
 class CorunRates:
-    """Speeds over the planner's prices (see the module docstring): the update's and the decode's alone in a run of
-    several pools, and together over alone when they oversubscribe the cores."""
+    """Speeds over the planner's prices (see the module docstring): the update's alone in a run of several pools, and
+    the update's and the decode's together over alone when they oversubscribe the cores."""
 
     shared_train: float
-    shared_gen: float
     oversubscribed_parallel: float
     oversubscribed_single: float
 
@@ -112,8 +117,8 @@ def _set_env(env: dict[str, str | None]) -> None:
 
 
 def corun_rates(jobs: Callable[[int], Job], train_threads: int, seconds: float = 3.0, rounds: int = 2) -> CorunRates:
-    """``CorunRates`` from medians of the jobs' calls: ``rounds`` rounds of each alone for ``seconds`` with OpenMP's
-    default, then rounds of each alone and both together with the run's shared-core environment. ``jobs(0)`` builds
+    """``CorunRates`` from medians of the jobs' calls: ``rounds`` rounds of the update alone for ``seconds`` with
+    OpenMP's default, then rounds of each alone and both together with the run's shared-core environment. ``jobs(0)`` builds
     the update's job (run on ``train_threads``), ``jobs(1)`` the decode's (on one thread), each in its own process
     (``jobs`` is pickled to them: a module-level function or a partial of one)."""
     from asyncrl.workers.cluster import SHARED_CORES_ENV
@@ -121,6 +126,5 @@ def corun_rates(jobs: Callable[[int], Job], train_threads: int, seconds: float =
     priced = _spawn(jobs, train_threads, seconds, rounds, PRICED, dict.fromkeys(SHARED_CORES_ENV))
     shared = _spawn(jobs, train_threads, seconds, rounds, SHARED, dict(SHARED_CORES_ENV))
     med = statistics.median
-    alone = [med(p["alone"]) / med(s["alone"]) for p, s in zip(priced, shared)]
     together = [med(s["alone"]) / med(s["together"]) for s in shared]
-    return CorunRates(alone[0], alone[1], min(1.0, together[0]), min(1.0, together[1]))
+    return CorunRates(med(priced[0]["alone"]) / med(shared[0]["alone"]), min(1.0, together[0]), min(1.0, together[1]))

@@ -223,12 +223,10 @@ class Scaling:
     stream_admit_row_s: float = 0.0
     stream_serial: float | None = None  # Amdahl's serial fraction of a streamed step (None: generation's)
     stream_admit_serial: float | None = None  # ... of taking rows in (None: a streamed step's)
-    # a run of several pools on the CPU (``corun``): its workers' idle OpenMP threads sleep, which changes their speed
-    # alone (``shared_*``: the update's and the streamed decode's, over their priced speed); fewer cores than
-    # threads: the speed of a job on several threads and of a one-thread job together, over alone (None: not probed;
-    # as priced, and a fair share of the cores)
+    # a run of several pools on the CPU (``corun``): its workers' idle OpenMP threads sleep, which changes the update's
+    # speed alone (``shared_train``, over its priced speed); fewer cores than threads: the speed of a job on several
+    # threads and of a one-thread job together, over alone (None: not probed; as priced, and a fair share of the cores)
     shared_train: float | None = None
-    shared_gen: float | None = None
     oversubscribed_parallel: float | None = None
     oversubscribed_single: float | None = None
     # a fully_async weight push beyond its park, timed on the run's own roles (``push_probe``: the calls around the
@@ -374,6 +372,8 @@ def from_dict(raw: Any, where: str) -> CostModel:
             v = _term(v, f"cost model {where}: {f.name}")
         elif f.name == "scaling":
             known = {g.name for g in fields(Scaling)}
+            if isinstance(v, dict):  # the one-thread decode's policy factor, no longer measured or applied (corun)
+                v = {k: x for k, x in v.items() if k != "shared_gen"}
             if not isinstance(v, dict) or set(v) - known:
                 raise CostModelError(f"cost model {where}: scaling has unknown keys {sorted(set(v) - known)}")
             v = Scaling(**v)

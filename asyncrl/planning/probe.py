@@ -338,15 +338,13 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
         co = corun_rates(partial(corun_job, str(run_dir), cost.prompts_per_step, cost.n), cost.train_threads)
         stream_kw.update(
             shared_train=co.shared_train,
-            shared_gen=co.shared_gen,
             oversubscribed_parallel=co.oversubscribed_parallel,
             oversubscribed_single=co.oversubscribed_single,
         )
         corun_note = (
             f"; as a run of several pools runs them (idle OpenMP threads sleeping), the update on "
-            f"{cost.train_threads} threads ran at {co.shared_train:.2f} of its priced speed and the streamed decode on "
-            f"1 at {co.shared_gen:.2f}; sharing the cores, at {co.oversubscribed_parallel:.2f} and "
-            f"{co.oversubscribed_single:.2f} of that"
+            f"{cost.train_threads} threads ran at {co.shared_train:.2f} of its priced speed; sharing the cores with the "
+            f"streamed decode on 1, at {co.oversubscribed_parallel:.2f} and {co.oversubscribed_single:.2f} of that"
         )
     push_note_ = ""
     if w.stream is not None:  # the built-in engine: a fully_async run's push on the run's roles
