@@ -118,9 +118,9 @@ def _set_env(env: dict[str, str | None]) -> None:
 
 def corun_rates(jobs: Callable[[int], Job], train_threads: int, seconds: float = 3.0, rounds: int = 2) -> CorunRates:
     """``CorunRates`` from medians of the jobs' calls: ``rounds`` rounds of the update alone for ``seconds`` with
-    OpenMP's default, then rounds of each alone and both together with the run's shared-core environment. ``jobs(0)`` builds
-    the update's job (run on ``train_threads``), ``jobs(1)`` the decode's (on one thread), each in its own process
-    (``jobs`` is pickled to them: a module-level function or a partial of one)."""
+    OpenMP's default, then rounds of each alone and both together with the run's shared-core environment.
+    ``jobs(0)`` builds the update's job (run on ``train_threads``), ``jobs(1)`` the decode's (on one thread), each in
+    its own process (``jobs`` is pickled to them: a module-level function or a partial of one)."""
     from asyncrl.workers.cluster import SHARED_CORES_ENV
 
     priced = _spawn(jobs, train_threads, seconds, rounds, PRICED, dict.fromkeys(SHARED_CORES_ENV))

@@ -343,8 +343,8 @@ def probe(cost: CostModel, run_dir: str | Path, rounds: int = 7, budget_s: float
         )
         corun_note = (
             f"; as a run of several pools runs them (idle OpenMP threads sleeping), the update on "
-            f"{cost.train_threads} threads ran at {co.shared_train:.2f} of its priced speed; sharing the cores with the "
-            f"streamed decode on 1, at {co.oversubscribed_parallel:.2f} and {co.oversubscribed_single:.2f} of that"
+            f"{cost.train_threads} threads ran at {co.shared_train:.2f} of its priced speed; sharing the cores with "
+            f"the streamed decode on 1, at {co.oversubscribed_parallel:.2f} and {co.oversubscribed_single:.2f} of that"
         )
     push_note_ = ""
     if w.stream is not None:  # the built-in engine: a fully_async run's push on the run's roles
