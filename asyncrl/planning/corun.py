@@ -90,19 +90,20 @@ class CorunRates:
 def _spawn(
     jobs: Callable[[int], Job], train_threads: int, seconds: float, rounds: int, phases, env: dict[str, str | None]
 ) -> list:
-    """Both jobs' call seconds, ``phases`` in turn, in two processes started with ``env`` on top of this one's (None:
-    the variable unset)."""
+    """The call seconds of each job ``phases`` run (by rank, ``JOBS``), ``phases`` in turn, one process a job, started
+    with ``env`` on top of this one's (None: the variable unset). The update alone (``PRICED``) starts no decode."""
     import torch.multiprocessing as mp
 
+    procs = 2 if {"gen", "both"} & set(phases) else 1  # the update is rank 0
     saved = {k: os.environ.get(k) for k in env}
     _set_env(env)  # read by the children's OpenMP when it starts
     try:
         ctx = mp.get_context("spawn")
-        barrier = ctx.Barrier(2)
+        barrier = ctx.Barrier(procs)
         with tempfile.TemporaryDirectory() as d:
             args = (jobs, [train_threads, 1], seconds, rounds, barrier, d, phases)
-            mp.spawn(_worker, args=args, nprocs=2, join=True)
-            return [json.loads(Path(d, f"{rank}.json").read_text()) for rank in (0, 1)]
+            mp.spawn(_worker, args=args, nprocs=procs, join=True)
+            return [json.loads(Path(d, f"{rank}.json").read_text()) for rank in range(procs)]
     finally:
         _set_env(saved)
 
