@@ -25,9 +25,9 @@ from asyncrl.rollout.agent.loop import AgentEngine
 from asyncrl.rollout.agent.tools import CalcTool, PythonTool, Tool, ToolCall, ToolError, call_tools, evaluate_arithmetic
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.run.step_log import agent_metrics
 from asyncrl.schedules import run_training
 from asyncrl.telemetry.metrics import read_metrics
-from asyncrl.telemetry.samples import agent_metrics
 from tests.agent_helpers import (
     EXPRESSIONS,
     ScriptedEngine,

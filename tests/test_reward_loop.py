@@ -15,13 +15,13 @@ from asyncrl.comm.groups import find_free_port
 from asyncrl.config import ConfigError, RewardConfig, load_config
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
-from asyncrl.rewards.loop import RewardLoop, build_reward_loop, merge_metrics
+from asyncrl.rewards.loop import RewardLoop, build_reward_loop
 from asyncrl.rewards.remote import RemoteReward, RewardServiceUnavailableError
 from asyncrl.rewards.reward_fn import RewardFn
 from asyncrl.rollout.decode import decode_batch
 from asyncrl.rollout.sampling import RowStreams, SamplingParams
 from asyncrl.schedules import run_training
-from asyncrl.telemetry.metrics import read_metrics
+from asyncrl.telemetry.metrics import merge_metrics, read_metrics
 from asyncrl.types import Prompt, Sample
 from tests.helpers import make_data, make_model, train_overrides
 

@@ -17,9 +17,9 @@ from asyncrl.models.loading import load_model  # noqa: E402
 from asyncrl.rollout.agent.loop import AgentEngine  # noqa: E402
 from asyncrl.rollout.sampling import SamplingParams  # noqa: E402
 from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions  # noqa: E402
+from asyncrl.run.step_log import agent_metrics  # noqa: E402
 from asyncrl.schedules import run_training  # noqa: E402
 from asyncrl.telemetry.metrics import read_metrics  # noqa: E402
-from asyncrl.telemetry.samples import agent_metrics  # noqa: E402
 from tests.agent_helpers import check_tool_turns, make_tool_model, rows, write_tool_data  # noqa: E402
 from tests.helpers import train_overrides  # noqa: E402
 

@@ -156,17 +156,3 @@ def build_scorer(cfg: RewardConfig) -> RewardFn | RewardLoop:
     the reward loop when the spec asks for one (the one call a scoring role needs)."""
     reward_fn = build_reward_fn(cfg.custom_function, binarize=cfg.binarize, overlong=OverlongShaping.of(cfg))
     return build_reward_loop(cfg, reward_fn) or reward_fn
-
-
-def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
-    """Several workers' reward metrics as one: counts summed, maxima maxed, the rest averaged."""
-    out: dict[str, float] = {}
-    for key in sorted({k for p in parts for k in p}):
-        values = [p[key] for p in parts if key in p]
-        if key.endswith(("_count", "timeouts")):
-            out[key] = float(sum(values))
-        elif key.endswith("_max") or key.endswith("_max_s"):
-            out[key] = float(max(values))
-        else:
-            out[key] = sum(values) / len(values)
-    return out

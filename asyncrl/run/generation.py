@@ -43,11 +43,11 @@ from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
 from asyncrl.errors import UserInputError
 from asyncrl.rewards.filtering import filter_groups, group_by_prompt
-from asyncrl.rewards.loop import merge_metrics
 from asyncrl.roles.clients import RolloutClient
 from asyncrl.rollout.agent.tools import tool_schemas
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.run.supervision import RolloutPool
+from asyncrl.telemetry.metrics import merge_metrics
 from asyncrl.types import Generation, PrefillStats, Prompt, Sample
 
 

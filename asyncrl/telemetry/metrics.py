@@ -26,7 +26,7 @@ from asyncrl.config.schema import LOGGERS
 from asyncrl.telemetry.backends import ConsoleBackend, PrometheusBackend, TensorBoardBackend
 from asyncrl.telemetry.jsonl import JsonlWriter, last_logged_step, read_metrics
 
-__all__ = ["ALLOWED_BACKENDS", "MetricsLogger", "last_logged_step", "machine_cpu", "read_metrics"]
+__all__ = ["ALLOWED_BACKENDS", "MetricsLogger", "last_logged_step", "machine_cpu", "merge_metrics", "read_metrics"]
 
 ALLOWED_BACKENDS: tuple[str, ...] = LOGGERS  # trainer.logger's choices
 RESERVED_KEYS = frozenset({"step", "time"})  # the jsonl record's own fields
@@ -168,3 +168,18 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Several workers' metrics of one step as one (their generation and their reward metrics): counts summed, maxima
+    maxed, the rest averaged."""
+    out: dict[str, float] = {}
+    for key in sorted({k for p in parts for k in p}):
+        values = [p[key] for p in parts if key in p]
+        if key.endswith(("_count", "timeouts")):
+            out[key] = float(sum(values))
+        elif key.endswith("_max") or key.endswith("_max_s"):
+            out[key] = float(max(values))
+        else:
+            out[key] = sum(values) / len(values)
+    return out

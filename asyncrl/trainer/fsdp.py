@@ -219,8 +219,3 @@ def _local_slice(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     if not isinstance(like, DTensor):
         return full
     return distribute_tensor(full.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
-
-
-def to_float(x: torch.Tensor) -> float:
-    """A scalar that may be a DTensor (a sharded gradient's norm) as a Python float."""
-    return float(x.full_tensor() if isinstance(x, DTensor) else x)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from asyncrl import losses
 from asyncrl.config import ActorConfig, CriticConfig
@@ -22,7 +23,6 @@ from asyncrl.data.packing import TokenCount
 from asyncrl.models.device import to_device
 from asyncrl.trainer.data_parallel import DataParallel, Lockstep
 from asyncrl.trainer.forward import batching, forward_logits, model_device
-from asyncrl.trainer.fsdp import to_float
 from asyncrl.trainer.precision import grads_to_clip
 
 MicroLoss = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
@@ -261,7 +261,8 @@ def finish_mini_batch(
         means.add(k, v / weights if weights > 0 else v)
     clip = role.optim.grad_clip if role.optim.grad_clip > 0 else float("inf")
     clipped = grads_to_clip(params, optimizer)  # fp32 masters' gradients in mixed precision
-    grad_norm = to_float(torch.nn.utils.clip_grad_norm_(clipped, clip))  # sharded: the whole gradient's norm
+    norm = torch.nn.utils.clip_grad_norm_(clipped, clip)
+    grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # sharded (FSDP2): the whole norm
     if not finite or not math.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
         return False
