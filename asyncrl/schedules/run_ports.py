@@ -125,7 +125,24 @@ def _start_weight_sync(cfg: Config, roles: Roles, version: int) -> WeightSync:
     return ws
 
 
-class RunPorts:
+class TrainPort:
+    """The train port of every schedule's real ports (``RunPorts`` and fully_async's ``StreamRunPorts``): the
+    actor's update (``Algorithm.train``), timed, with the run's books on either side of it."""
+
+    run: Run
+    algorithm: Algorithm
+    tm: StepTimer
+
+    def train(self, prepared: Prepared, step: int) -> Steps:
+        with self.tm("train"):
+            self.run.consuming(prepared.samples, step)
+            trained = self.algorithm.train(prepared, step)
+        self.run.trained(trained, len(prepared.samples), step)
+        return trained
+        yield
+
+
+class RunPorts(TrainPort):
     """The run's weight ``sync`` set (a rollout pool): the schedule generates there (else on the trainer's own
     engine). ``prepare_pool``: the thread ``start_preparing`` finishes a batch's preparation on (two_step_off).
     The data cursor a checkpoint records is the one after the last batch this step trained: batches drawn beyond it
@@ -223,14 +240,6 @@ class RunPorts:
     def prepared(self, preparing: Future[tuple[Prepared, Generated]], step: int) -> Steps:
         with self.tm("wait_prev_prepare"):
             return preparing.result()
-        yield
-
-    def train(self, prepared: Prepared, step: int) -> Steps:
-        with self.tm("train"):
-            self.run.consuming(prepared.samples, step)
-            trained = self.algorithm.train(prepared, step)
-        self.run.trained(trained, len(prepared.samples), step)
-        return trained
         yield
 
 

@@ -10,9 +10,10 @@ from typing import Any
 from asyncrl.run.step_log import StepTimer, staleness_metrics
 from asyncrl.schedules.fully_async.recovery import ROLLOUTER_STATE
 from asyncrl.schedules.fully_async.report import partial_metrics, processing_metrics
+from asyncrl.schedules.run_ports import TrainPort
 
 
-class StreamRunPorts:
+class StreamRunPorts(TrainPort):
     """``run`` (``asyncrl.run.Run``: its ``stream`` is the Rollouter's supervisor, its ``sync`` the weight sync it
     pushes with) and ``algorithm``. ``finished``: the last step that ended."""
 
@@ -42,14 +43,6 @@ class StreamRunPorts:
     def prepare(self, got: Any, step: int):
         with self.tm("prepare"):
             return self.algorithm.prepare(got.samples, step)()
-        yield
-
-    def train(self, prepared: Any, step: int):
-        with self.tm("train"):
-            self.run.consuming(prepared.samples, step)
-            trained = self.algorithm.train(prepared, step)
-        self.run.trained(trained, len(prepared.samples), step)
-        return trained
         yield
 
     def window_ended(self) -> bool:
