@@ -10,7 +10,7 @@ these two protocols only, so it runs unchanged on either backend.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T", covariant=True)
@@ -25,6 +25,10 @@ class Pending(Protocol[T]):
         ...
 
     def done(self) -> bool: ...
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (on some thread) once the call has finished, at once if it has."""
+        ...
 
 
 class Handle(Protocol):

@@ -100,23 +100,21 @@ def test_the_penalty_follows_binarize_and_spares_a_failed_sample(rewards_file):
     assert failed[0].reward_failed and failed[0].reward == 0.0 and failed[0].reward_extra == {}
 
 
-@pytest.mark.parametrize("loop", [False, True])
-def test_verl_keys_reach_every_scoring_role_through_its_spec(rewards_file, loop):
-    over = BASE + DAPO + [f"reward.custom_function={rewards_file}:one", f"reward.async_loop={str(loop).lower()}"]
+def test_verl_keys_reach_every_scoring_role_through_its_spec(rewards_file):
+    over = BASE + DAPO + [f"reward.custom_function={rewards_file}:one"]
     specs = role_specs(load_config(None, over), TrainerNeeds(), TrainerPlan())
     for reward in (specs.trainer.reward, specs.rollout.reward, specs.rollouter.reward):
         assert isinstance(reward, RewardSpec)
         assert reward.max_resp_len == 20  # reward_kwargs.max_resp_len unset: rollout.response_length
-        assert reward.custom_function.endswith(":one") and reward.async_loop is loop
+        assert reward.custom_function.endswith(":one")
     reward = pickle.loads(pickle.dumps(specs.rollout.reward))  # as a Ray actor receives it
     # what a rollout worker does with its spec (asyncrl/workers/rollout.py), and the one-call form
     reward_fn = build_reward_fn(reward.custom_function, binarize=reward.binarize)
-    for scorer in (build_reward_loop(reward, reward_fn) or reward_fn, build_scorer(reward)):
+    for scorer in (build_reward_loop(reward, reward_fn), build_scorer(reward)):
         samples = samples_of_lengths(12, 18)
         scorer.score(samples)
         assert [s.reward for s in samples] == pytest.approx([1.0, 0.5])
-        if loop:
-            scorer.close()
+        scorer.close()
 
 
 def test_max_resp_len_when_given_and_no_shaping_without_the_dapo_manager():

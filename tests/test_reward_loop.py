@@ -1,4 +1,4 @@
-"""The reward loop (``reward.async_loop``) and the HTTP reward service (``reward.remote_url``): concurrency limit,
+"""The reward loop (every role scores on it) and the HTTP reward service (``reward.remote_url``): concurrency limit,
 timeouts, failures confined to their sample, a service that stays down named in one error, rows reported by the
 engine as they finish, and 2-step runs with both. The reward service is a real HTTP server on loopback."""
 
@@ -204,7 +204,7 @@ def setup(tmp_path_factory):
 @pytest.mark.parametrize("schedule", ["sync", "one_step_off"])
 def test_runs_score_on_the_loop_and_on_the_service(setup, service, schedule):
     root, model, train, test = setup
-    for name, keys in [("loop", ["reward.async_loop=true"]), ("remote", [f"reward.remote_url={service}"])]:
+    for name, keys in [("loop", []), ("remote", [f"reward.remote_url={service}"])]:
         d = root / f"{name}_{schedule}"
         over = train_overrides(model, train, test, d, 2) + [
             "trainer.backend=in_process",

@@ -181,7 +181,7 @@ class StreamSim:
                 made = rank.made(r)
                 back.append(self._row(r, made, version, "eos" if made >= r.need else "interrupted"))
             rank.live, rank.waiting, rank.used, rank.debt, rank.carry = [], [], [], 0.0, 0.0
-            producer.finish(producer.returned(k, back), lambda _s: None)
+            producer.returned(k, back)
 
     def rollouter(self, producer: Producer, life: int):
         """The Rollouter's loop (``Rollouter._run`` over ``Producer.turn``) on the clock, each rank's engine priced
@@ -217,9 +217,8 @@ class StreamSim:
             n_fin = 0
             for k, ended in enumerate(self._advance(dt, version)):
                 if ended:
-                    finished = producer.returned(k, ended)
-                    producer.finish(finished, lambda _s: None)
-                    n_fin += sum(len(g.samples) for g in finished)
+                    producer.returned(k, ended)
+                    n_fin += sum(s.stop_reason != "interrupted" for s in ended)
             if n_fin:
                 yield from self.busy(
                     "rollout", "reward", len(self.step_ends) + 1, Compute(cost.reward(row=n_fin), 1.0, self.prices.pool)

@@ -9,13 +9,12 @@ import time
 from typing import Any
 
 from asyncrl.rewards.loop import RewardLoop
-from asyncrl.rewards.reward_fn import RewardFn
 from asyncrl.types import Generation, Prompt
 
 
 def generate_scored(
     engine: Any,
-    scorer: RewardFn | RewardLoop,
+    scorer: RewardLoop,
     timeline: Any,
     worker: str,
     prompts: list[Prompt],
@@ -24,13 +23,14 @@ def generate_scored(
     step: int,
     score: bool,
 ) -> Generation:
-    """Generate, then (``score``) fill each sample's rule reward; the seconds are this worker's wall time. With a
-    reward loop (``reward.async_loop``), an engine that reports finished rows has each scored while it decodes."""
+    """Generate, then (``score``) fill each sample's rule reward; the seconds are this worker's wall time. An engine
+    that reports finished rows has each scored on the reward loop as it ends, while the others decode; the rest are
+    scored when the call returns."""
     t0 = time.perf_counter()
-    streams = score and isinstance(scorer, RewardLoop) and getattr(engine, "reports_finished_rows", False)
+    streams = score and getattr(engine, "reports_finished_rows", False)
     with timeline.span("generate", step=step, worker=worker, version=engine.version):
         if streams:
-            samples = engine.generate(prompts, params, seed=seed, on_sample=scorer.submit)  # type: ignore[union-attr]
+            samples = engine.generate(prompts, params, seed=seed, on_sample=scorer.submit)
         else:
             samples = engine.generate(prompts, params, seed=seed)
     segments = getattr(engine, "last_segments", ())

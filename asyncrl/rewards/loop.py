@@ -24,6 +24,7 @@ import asyncio
 import inspect
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -47,6 +48,7 @@ class RewardLoop:
         self._thread.start()
         self._sem = asyncio.Semaphore(max_concurrency)
         self._lock = threading.Lock()
+        self.error: BaseException | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -55,12 +57,40 @@ class RewardLoop:
         self._in_flight = self._in_flight_max = self._timeouts = 0
 
     # ---- the rollout side's calls ----------------------------------------------------------------------------------
-    def submit(self, sample: Sample) -> None:
-        """Start scoring ``sample`` (in place); returns at once."""
+    def submit(self, sample: Sample, done: Callable[[Sample], None] | None = None) -> None:
+        """Start scoring ``sample``; returns at once. With ``done`` the score is written into the sample as it
+        arrives and ``done(sample)`` is called on the loop's thread (a row's completion: ``take_metrics`` closes the
+        books); without it ``score`` collects the batch."""
+        if done is not None:
+            asyncio.run_coroutine_threadsafe(self._score(sample, time.perf_counter(), done), self._loop)
+            return
         with self._lock:
             if id(sample) not in self._futures:
-                coro = self._score(sample, time.perf_counter())
+                coro = self._score(sample, time.perf_counter(), None)
                 self._futures[id(sample)] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def check(self) -> None:
+        """Raise what stopped the per-row path: a reward service that stayed down, or a ``done`` that failed."""
+        if self.error is not None:
+            raise self.error
+
+    def take_metrics(self) -> dict[str, float]:
+        """The per-row path's metrics since the last call (the samples scored with a ``done``)."""
+        with self._lock:
+            metrics = self.reward_fn.finish_batch()
+            self.reward_fn.last_errors = []
+            metrics.update(self._loop_metrics())
+            self._latencies, self._in_flight_max, self._timeouts = [], self._in_flight, 0
+        return metrics
+
+    def _loop_metrics(self) -> dict[str, float]:
+        lat = self._latencies or [0.0]
+        return {
+            "reward/latency_mean_s": sum(lat) / len(lat),
+            "reward/latency_max_s": max(lat),
+            "reward/in_flight_max": float(self._in_flight_max),
+            "reward/timeouts": float(self._timeouts),
+        }
 
     def score(self, samples: list[Sample]) -> dict[str, float]:
         """Score every sample of a finished generation call (those not submitted yet are submitted now), wait for
@@ -81,16 +111,8 @@ class RewardLoop:
         if down is not None:
             self._reset()
             raise down
-        lat = self._latencies or [0.0]
-        metrics.update(
-            {
-                "reward/latency_mean_s": sum(lat) / len(lat),
-                "reward/latency_max_s": max(lat),
-                "reward/in_flight_max": float(self._in_flight_max),
-                "reward/timeouts": float(self._timeouts),
-                "reward/scored_during_generation_frac": early / max(len(samples), 1),
-            }
-        )
+        metrics.update(self._loop_metrics())
+        metrics["reward/scored_during_generation_frac"] = early / max(len(samples), 1)
         self._reset()
         return metrics
 
@@ -102,8 +124,25 @@ class RewardLoop:
             self.remote.close()
 
     # ---- on the loop -------------------------------------------------------------------------------------------------
-    async def _score(self, sample: Sample, submitted: float) -> tuple[float, dict[str, float]] | BaseException:
-        """The sample's ``(reward, extra)`` or the error that failed it (never raises)."""
+    async def _score(
+        self, sample: Sample, submitted: float, done: Callable[[Sample], None] | None
+    ) -> tuple[float, dict[str, float]] | BaseException:
+        """The sample's ``(reward, extra)`` or the error that failed it (never raises); with ``done``, recorded into
+        the sample and handed on."""
+        outcome = await self._outcome(sample, submitted)
+        if done is not None:
+            try:
+                with self._lock:
+                    if isinstance(outcome, RewardServiceUnavailableError):
+                        self.error = self.error or outcome
+                        outcome = RuntimeError(str(outcome))
+                    self.reward_fn.record(sample, outcome)
+                done(sample)
+            except Exception as e:  # noqa: BLE001 - surfaced by ``check`` on the rollout side
+                self.error = self.error or e
+        return outcome
+
+    async def _outcome(self, sample: Sample, submitted: float) -> tuple[float, dict[str, float]] | BaseException:
         async with self._sem:
             self._in_flight += 1
             self._in_flight_max = max(self._in_flight_max, self._in_flight)
@@ -130,9 +169,9 @@ class RewardLoop:
         return await loop.run_in_executor(self._pool, self.reward_fn.score_one, *args)
 
 
-def build_reward_loop(cfg: RewardConfig, reward_fn: RewardFn) -> RewardLoop | None:
-    """The run's reward loop (``reward.async_loop``, a ``reward.remote_url`` or a ``reward.genrm.url``), or None: score
-    after generation.
+def build_reward_loop(cfg: RewardConfig, reward_fn: RewardFn) -> RewardLoop:
+    """The run's reward loop: ``reward_fn`` on the loop's threads, or the ``reward.remote_url`` service, or the
+    ``reward.genrm.url`` judge.
 
     Every role that scores (rollout workers, the sync trainer, the fully_async Rollouter) calls this with its spec's
     reward, once, right after ``build_reward_fn``: so it is also where ``reward_fn`` gets the reward manager's shaping
@@ -141,8 +180,6 @@ def build_reward_loop(cfg: RewardConfig, reward_fn: RewardFn) -> RewardLoop | No
     shaping = OverlongShaping.of(cfg)
     if shaping is not None:
         reward_fn.overlong = shaping
-    if not cfg.async_loop and not cfg.remote_url and not cfg.genrm.url:
-        return None
     remote: RemoteReward | GenerativeReward | None = None
     if cfg.remote_url:
         remote = RemoteReward(cfg.remote_url, cfg.timeout_s, cfg.remote_max_retries, cfg.remote_backoff_s)
@@ -151,8 +188,8 @@ def build_reward_loop(cfg: RewardConfig, reward_fn: RewardFn) -> RewardLoop | No
     return RewardLoop(reward_fn, cfg.max_concurrency, cfg.timeout_s, remote)
 
 
-def build_scorer(cfg: RewardConfig) -> RewardFn | RewardLoop:
+def build_scorer(cfg: RewardConfig) -> RewardLoop:
     """What scores a role's samples, from its reward spec alone: the reward function with the manager's shaping, on
-    the reward loop when the spec asks for one (the one call a scoring role needs)."""
+    the reward loop (the one call a scoring role needs)."""
     reward_fn = build_reward_fn(cfg.custom_function, binarize=cfg.binarize, overlong=OverlongShaping.of(cfg))
-    return build_reward_loop(cfg, reward_fn) or reward_fn
+    return build_reward_loop(cfg, reward_fn)

@@ -12,6 +12,7 @@ isolation (a worker that crashes the interpreter takes the run with it).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -29,6 +30,9 @@ class LocalPending:
 
     def done(self) -> bool:
         return self.future.done()
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        self.future.add_done_callback(lambda _f: callback())
 
 
 class LocalHandle:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 import os
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,9 @@ class RayPending:
     def done(self) -> bool:
         ready, _ = ray.wait([self.ref], timeout=0)
         return bool(ready)
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        self.ref.future().add_done_callback(lambda _f: callback())
 
 
 class RayHandle:

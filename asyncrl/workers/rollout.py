@@ -36,7 +36,7 @@ class RolloutWorker(SyncReceiverMixin):
         self.device = resolve_device(spec.engine.device, name)
         self.engine = rollout_engine(spec.engine, self.device)
         self.reward_fn = build_reward_fn(spec.reward.custom_function, binarize=spec.reward.binarize)
-        self.scorer = build_reward_loop(spec.reward, self.reward_fn) or self.reward_fn
+        self.scorer = build_reward_loop(spec.reward, self.reward_fn)
         self.timeline = get_timeline()
         self.timeline.worker = name
 

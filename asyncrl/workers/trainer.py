@@ -89,7 +89,7 @@ class TrainerWorker(ActorStateMixin, SyncSenderMixin):
         self.pad_token_id = self.tokenizer.pad_token_id
         self.engine = colocated_engine(spec.engine, self.model, self.tokenizer, spec.plan.engine_is_rollout)
         self.reward_fn = build_reward_fn(spec.reward.custom_function, binarize=spec.reward.binarize)
-        self.scorer = build_reward_loop(spec.reward, self.reward_fn) or self.reward_fn
+        self.scorer = build_reward_loop(spec.reward, self.reward_fn)
         # the reference policy: a frozen copy of the start, or for LoRA the base model (the adapter switched off)
         self.ref_model = _frozen_copy(self.model) if spec.needs.reference and self.lora is None else None
         self.ref_offload = spec.ref.fsdp_config.param_offload and self.ref_model is not None

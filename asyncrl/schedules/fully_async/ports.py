@@ -1,9 +1,11 @@
 """The Rollouter's rollout ranks as ``producer.RankPort``s: its own engine, stepped on its generation thread, and the
 pool's other ranks, which step on threads of their own (``asyncrl.workers.stream_loop``) and are reached by calls:
-a submit it does not wait for, and one long poll at a time for the rows that ended."""
+a submit it does not wait for, and one long poll at a time for the rows that ended, whose answer sets the
+Rollouter's ``wake`` event (its generation thread sleeps on it while only other ranks hold rows)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from asyncrl.calls import Handle, Pending
@@ -37,6 +39,13 @@ class LocalPort:
             self.span.idle()
         return ended
 
+    def holds_live_rows(self) -> bool:
+        """Whether the next ``advance`` decodes here (the generation thread must not sleep)."""
+        return self.engine.live_rows() > 0
+
+    def request_interrupt(self) -> None:
+        """Nothing to ask ahead: ``interrupt`` runs on the calling thread."""
+
     def interrupt(self) -> list[Sample]:
         self.span.idle()
         return self.engine.interrupt()
@@ -49,11 +58,12 @@ class RemotePort:
     """Another rollout rank (a threaded ``RolloutWorker``): ``submit`` does not wait; ``advance`` collects the answer
     of the outstanding long poll when it has come, and starts the next while the rank holds rows."""
 
-    def __init__(self, handle: Handle, params: SamplingParams, seed: int, timeout_s: float):
-        self.handle, self.params, self.seed, self.timeout_s = handle, params, seed, timeout_s
+    def __init__(self, handle: Handle, params: SamplingParams, seed: int, timeout_s: float, wake: threading.Event):
+        self.handle, self.params, self.seed, self.timeout_s, self.wake = handle, params, seed, timeout_s, wake
         self.held = 0  # rows submitted there and not handed back
         self._poll: Pending | None = None
         self._submits: list[Pending] = []
+        self._interrupt: Pending | None = None
         self.prefill = PrefillStats()
 
     def submit(self, rows: list[Sample]) -> None:
@@ -72,7 +82,12 @@ class RemotePort:
             out = self._collect(self._poll.result())
         if self._poll is None and self.held > 0:
             self._poll = self.handle.call("stream_wait", WAIT_S)
+            self._poll.on_done(self.wake.set)
         return out
+
+    def holds_live_rows(self) -> bool:
+        """Rows decode there on the rank's own thread: the generation thread may sleep until ``wake``."""
+        return False
 
     def _collect(self, got: tuple[list[Sample], PrefillStats]) -> list[Sample]:
         rows, prefill = got
@@ -81,11 +96,19 @@ class RemotePort:
         self.held -= len(rows)
         return rows
 
-    def interrupt(self) -> list[Sample]:
+    def request_interrupt(self) -> None:
+        """Ask the rank to stop now (its submits are in first); ``interrupt`` collects the answer. Every rank is
+        asked before any answer is waited for, so a pause costs the slowest rank's stop, not their sum."""
         for p in self._submits:
             p.result(timeout=self.timeout_s)
         self._submits = []
-        rows = self.handle.call("stream_interrupt", self.timeout_s).result(timeout=self.timeout_s)
+        self._interrupt = self.handle.call("stream_interrupt", self.timeout_s)
+
+    def interrupt(self) -> list[Sample]:
+        if self._interrupt is None:
+            self.request_interrupt()
+        asked, self._interrupt = self._interrupt, None
+        rows = asked.result(timeout=self.timeout_s)  # type: ignore[union-attr]
         self.held -= len(rows)
         if self._poll is not None:
             rows = self._collect(self._poll.result(timeout=self.timeout_s)) + rows

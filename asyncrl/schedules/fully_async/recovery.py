@@ -48,7 +48,8 @@ class StreamBatch:
 
 @dataclass
 class InFlightGroup:
-    """A group being generated: its rows are blank (not started), interrupted (partial) or finished."""
+    """A group being generated: its rows are blank (not started), interrupted (partial), ended and completing (in a
+    snapshot: ``completing``; they go to their completion again on restore) or finished."""
 
     group_id: str
     epoch: int
@@ -56,6 +57,7 @@ class InFlightGroup:
     start_version: int
     started_at: float  # Unix seconds (comparable across a restart on the same machine)
     samples: list[Sample]
+    completing: tuple[int, ...] = ()  # rows that ended and waited for their completion (a reward, a tool call)
 
     @property
     def finished(self) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from asyncrl import seeds
@@ -28,7 +29,8 @@ from asyncrl.rewards.filtering import keep_group
 from asyncrl.rollout.agent.tools import tool_schemas
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.schedules.fully_async.ports import LocalPort, RemotePort
-from asyncrl.schedules.fully_async.producer import POLL_S, Producer
+from asyncrl.schedules.fully_async.books import POLL_S
+from asyncrl.schedules.fully_async.producer import Producer
 from asyncrl.schedules.fully_async.queue import QueueClosed
 from asyncrl.schedules.fully_async.recovery import PackedSnapshot, RollouterSnapshot, StreamBatch, Takeover
 from asyncrl.schedules.fully_async.slots import RankPort, budget_of, queue_for, stream_concurrency
@@ -37,6 +39,9 @@ from asyncrl.workers.rollout import RolloutWorker
 from asyncrl.workers.stream_loop import BusySpan
 
 STOP_JOIN_S = 60.0  # how long ``stop`` waits for the generation thread to end (it stops at its next decode step)
+# the longest the generation thread sleeps with nothing to do: every event that gives it work sets ``wake``, so this
+# only bounds what an event missed would cost
+IDLE_WAIT_S = 1.0
 
 
 class RollouterError(RuntimeError):
@@ -77,7 +82,18 @@ class Rollouter(RolloutWorker):
         prompt_of = lambda _epoch, index: self.dataset[index]  # noqa: E731
         fg = self.spec.filter_groups  # dynamic sampling: a group without a reward spread is dropped as it finishes
         keep = functools.partial(keep_group, metric=fg.metric) if fg.enable else None
-        return Producer(self.budget, self.queue, self.sampler, prompt_of, r.n, capacities, max_groups, keep=keep)
+        return Producer(
+            self.budget,
+            self.queue,
+            self.sampler,
+            prompt_of,
+            r.n,
+            capacities,
+            max_groups,
+            keep=keep,
+            complete=self._complete,
+            max_completing=self.spec.reward.max_concurrency,
+        )
 
     def attach_ranks(self, ranks: list[Handle]) -> None:
         """Decode on these rollout workers too (``asyncrl.workers.rollout.RolloutWorker``: threaded, so a pause
@@ -86,8 +102,9 @@ class Rollouter(RolloutWorker):
             raise RollouterError("attach_ranks: only before start()")
         self.ranks = list(ranks)
         seed, timeout_s = seeds.sampling(self.spec.engine.seed), self.spec.async_training.pause_timeout_s
-        self.ports = [self.own, *(RemotePort(h, self.params, seed, timeout_s) for h in self.ranks)]
-        self.books = self._books(len(self.ports))  # before ``restore``: the books are still empty
+        self.books = self._books(len(self.ranks) + 1)  # before ``restore``: the books are still empty
+        wake = self.books.wake
+        self.ports = [self.own, *(RemotePort(h, self.params, seed, timeout_s, wake) for h in self.ranks)]
 
     # ---- the generation thread -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -100,9 +117,10 @@ class Rollouter(RolloutWorker):
     def _run(self) -> None:
         try:
             while self._park_point():
+                self.scorer.check()
                 draining = self._want_park  # no partial rollout: the live rows end before the thread parks
-                if not self.books.turn(self.ports, self._score, POLL_S, self._leave_put, place=not draining):
-                    self.books.controller.wait_for_admission(timeout=POLL_S)
+                if not self.books.turn(self.ports, POLL_S, self._leave_put, place=not draining):
+                    self.books.wake.wait(IDLE_WAIT_S)
         except QueueClosed:
             pass
         except BaseException as e:  # surfaced to the driver by the next call
@@ -120,7 +138,7 @@ class Rollouter(RolloutWorker):
                 return not self._stop
             interrupt = self._interrupt
         if interrupt:
-            self.books.interrupted(self.ports, self._score)
+            self.books.interrupted(self.ports)
         elif self.books.rows_out():
             return True  # draining
         self.books.put_finished(0.0)
@@ -136,9 +154,10 @@ class Rollouter(RolloutWorker):
         with self._cv:
             return self._want_park or self._stop
 
-    def _score(self, samples: list[Sample]) -> None:
-        with self.timeline.span("reward", worker=self.name):
-            self.scorer.score(samples)
+    def _complete(self, sample: Sample, done: Callable[[Sample], None]) -> None:
+        """A row that ended: scored on the reward loop, handed back to the books by ``done`` on the loop's thread
+        (the generation thread steps on meanwhile)."""
+        self.scorer.submit(sample, done)
 
     def _check_alive(self) -> None:
         if self._error is not None:
@@ -178,6 +197,7 @@ class Rollouter(RolloutWorker):
         t0 = time.perf_counter()
         with self._cv:
             self._want_park, self._interrupt = True, interrupt
+            self.books.wake.set()
             ok = self._cv.wait_for(lambda: self._parked, timeout_s)
         self._check_alive()
         if not ok:
@@ -195,6 +215,7 @@ class Rollouter(RolloutWorker):
         with self._cv:
             self._want_park = False
             self._cv.notify_all()
+        self.books.wake.set()
         return snap
 
     def snapshot(self) -> RollouterSnapshot:
@@ -230,6 +251,7 @@ class Rollouter(RolloutWorker):
         out = self.books.count_metrics()
         out["rollouter/idle_ratio"] = idle
         out["rollouter/busy_s"], out["perf/rollout_tokens_per_s"] = window * (1.0 - idle), tokens_per_s
+        out.update({f"rollouter/{k}": v for k, v in self.scorer.take_metrics().items()})
         prefill = PrefillStats()
         for port in self.ports:
             prefill += port.take_prefill()
@@ -244,6 +266,7 @@ class Rollouter(RolloutWorker):
         with self._cv:
             self._stop = True
             self._cv.notify_all()
+        self.books.wake.set()
         self.books.queue.close()
         if self._thread is not None:
             self._thread.join(timeout=STOP_JOIN_S)

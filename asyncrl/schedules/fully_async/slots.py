@@ -48,11 +48,16 @@ def queue_for(knobs: QueueKnobs, budget: StalenessBudget) -> MessageQueue:
 class RankPort(Protocol):
     """One rollout rank's engine as the producer's loop drives it (``asyncrl.rollout.streaming``): ``submit`` rows
     (they enter at its next step), ``advance`` (the rows that ended since the last call; an in-process engine
-    decodes one step here), ``interrupt`` (every row it holds, partial)."""
+    decodes one step here), ``request_interrupt`` then ``interrupt`` (every row it holds, partial: every rank is
+    asked before any answer is awaited)."""
 
     def submit(self, rows: list[Sample]) -> None: ...
 
     def advance(self) -> list[Sample]: ...
+
+    def holds_live_rows(self) -> bool: ...
+
+    def request_interrupt(self) -> None: ...
 
     def interrupt(self) -> list[Sample]: ...
 
