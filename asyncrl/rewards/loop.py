@@ -1,21 +1,27 @@
-"""The reward loop (``reward.async_loop``): rewards computed per sample, on a background event loop, as responses
-finish, while the engine goes on generating the others.
+"""The reward loop: every sample is scored on its own, on a background event loop, as its row ends, while the engine
+goes on generating the others. It is the only scoring path: every role that scores builds one (``build_scorer``).
 
-``submit(sample)`` is called by the engine the moment a row finishes (``RolloutEngine.generate(on_sample=...)``);
-``score(samples)`` then submits whatever was not submitted yet (an engine that hands over samples only at the end, and
-interrupted rows) and waits for all of them. Scoring runs on one asyncio loop in a daemon thread:
+Two ways in:
+
+- ``submit(sample, done)``: a row's completion (``fully_async``'s Rollouter): the score is written into the sample
+  when it arrives and ``done(sample)`` is called on the loop's thread; ``take_metrics`` closes the books per step.
+- ``submit(sample)`` as the engine ends each row (``RolloutEngine.generate(on_sample=...)``), then ``score(samples)``
+  for the whole call: it submits whatever was not submitted yet (an engine that hands over samples only at the end,
+  interrupted rows) and waits for all of them (the other schedules: a step needs its batch's last score).
+
+Scoring runs on one asyncio loop in a daemon thread:
 
 - a custom ``async def`` reward function (verl's signature) is awaited there; a plain function, the built-in
   scorers and the HTTP reward service (``asyncrl.rewards.remote``) run on a thread pool of ``max_concurrency``;
 - at most ``max_concurrency`` samples are scored at once (a semaphore), each within ``timeout_s``: a scorer that
   raises, times out (a plain function keeps running on its thread, its result ignored) or returns garbage fails
   that sample only (``reward_failed``, counted), as in ``RewardFn.score``;
-- a reward service that stays down after its retries raises ``RewardServiceUnavailableError`` from ``score``, naming
-  the URL.
+- a reward service that stays down after its retries raises ``RewardServiceUnavailableError`` from ``score`` (or from
+  ``check``, on the per-row path), naming the URL.
 
-Metrics of a batch: ``reward/latency_mean_s`` and ``reward/latency_max_s`` (from a sample's submission to its score),
-``reward/in_flight_max``, ``reward/failed_count``, ``reward/timeouts``, and ``reward/scored_during_generation_frac``
-(the share of samples already scored when the engine returned: the overlap the loop bought).
+Metrics: ``reward/latency_mean_s`` and ``reward/latency_max_s`` (from a sample's submission to its score),
+``reward/in_flight_max``, ``reward/failed_count``, ``reward/timeouts``, and for a batch
+``reward/scored_during_generation_frac`` (the share of samples already scored when the engine returned).
 """
 
 from __future__ import annotations

@@ -11,7 +11,11 @@ batches and one turn's tool calls run concurrently). Loops are registered by nam
 
 ``AgentEngine`` wraps a rollout engine with the loops and has the engine's own interface (``generate``, ``resume``,
 weights, pause), so every schedule, the Rollouter's partial rollout included, runs multi-turn rollouts without a
-loop of its own. Token in, token out: the model's tokens are kept exactly as generated, a tool's output is appended as
+loop of its own. Streaming (``fully_async``), a row is a small state machine: its turn ends (``step`` hands it back
+and its slot is free) -> ``next_turn`` runs its tool calls on the Rollouter's agent pool, each under its deadline,
+while the engine decodes the others -> the tool's tokens appended, the row goes back into an engine's queue for its
+next turn; a row whose conversation ended goes to its reward. A loop is asked one row at a time there
+(``next_turns([sample], [text])``), so a loop written for batches runs unchanged. Token in, token out: the model's tokens are kept exactly as generated, a tool's output is appended as
 the chat template's tokens with response mask 0, log-prob 0 and the weight version in force, and the next turn
 continues from the ids (never from re-tokenized text). A sample interrupted by a weight sync is "interrupted" like
 any other and ``resume`` continues it mid-conversation.
@@ -20,6 +24,7 @@ any other and ``resume`` continues it mid-conversation.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,7 +118,7 @@ def check_agent_loop(name: str) -> None:
         )
 
 
-_OWN = frozenset({"engine", "multi_turn", "default_agent_loop", "_loops", "_tools", "last_prefill", "_stream_args"})
+_OWN = frozenset({"engine", "multi_turn", "default_agent_loop", "_loops", "_tools", "last_prefill", "_lock"})
 
 
 class AgentEngine:
@@ -130,6 +135,7 @@ class AgentEngine:
         self.default_agent_loop = default_agent_loop
         self._loops: dict[str, AgentLoop] = {}
         self._tools: dict[str, Tool] | None = None
+        self._lock = threading.Lock()  # loops and tools are built once, whichever thread asks first
         self.last_prefill = PrefillStats()
 
     def __getattr__(self, name: str) -> Any:  # only for what this class does not define
@@ -156,6 +162,13 @@ class AgentEngine:
     # ---- which loop ------------------------------------------------------------------------------------------------
     def loop_for(self, prompt: Prompt) -> AgentLoop:
         name = prompt.agent_name or self.default_agent_loop
+        loop = self._loops.get(name)
+        if loop is not None:
+            return loop
+        with self._lock:
+            return self._build_loop(name, prompt)
+
+    def _build_loop(self, name: str, prompt: Prompt) -> AgentLoop:
         loop = self._loops.get(name)
         if loop is None:
             if name not in AGENT_LOOPS:
@@ -217,39 +230,44 @@ class AgentEngine:
 
     # ---- streaming (``asyncrl.rollout.streaming``; fully_async's Rollouter) ------------------------------------------
     def submit(self, rows: list[Sample], params: Any, seed: int | None = None) -> None:
-        """As the engine's: the rows enter at its next step; a row whose turn ends with a tool call goes on."""
+        """As the engine's: the rows (blank, partial, or at the start of a turn after a tool's output) enter at its
+        next step."""
         for s in rows:
             self.loop_for(s.prompt)  # an unknown agent_name fails here, not mid-stream
-        self._stream_args = (params, seed)
         self.engine.submit(rows, params, seed)
 
     def step(self) -> list[Sample]:
-        """One engine step; a row whose turn ended and whose loop goes on (a tool call) gets the tool's output
-        appended and is submitted again at once (its next turn enters at the next step); the rows whose whole
-        conversation ended are returned."""
-        ended = self.engine.step()
-        if not ended:
-            return ended
-        params, seed = self._stream_args
-        going = set(self._decide(ended, [i for i, s in enumerate(ended) if s.stop_reason == "eos"], params))
-        if going:
-            self.engine.submit([ended[i] for i in sorted(going)], params, seed)
-        done = [s for i, s in enumerate(ended) if i not in going]
-        for s in done:
-            if s.response_mask is not None:
-                s.response_text = conversation_text(self.engine.tokenizer, s)
-        return done
+        """One engine step; returns the rows whose turn ended. What follows a turn (a tool call and the next turn,
+        or the end of the conversation) is ``next_turn``'s, which the Rollouter runs off the decode: a row waiting
+        for its tool holds no slot."""
+        return self.engine.step()
 
     def interrupt(self) -> list[Sample]:
         """Every row the engine holds, partial (mid-turn, or at the start of a turn with a tool's output appended)."""
         return self.engine.interrupt()
 
     def drain(self) -> list[Sample]:
-        """Steps until every conversation held has ended."""
+        """Steps until no row decodes; returns the rows whose turn ended."""
         out: list[Sample] = []
         while self.engine.live_rows():
             out += self.step()
         return out
+
+    def multi_turn_row(self, sample: Sample) -> bool:
+        """Whether a row that ended goes through ``next_turn`` (its loop may go on, or its text is a conversation's)."""
+        return not self._single_turn(sample)
+
+    def next_turn(self, sample: Sample, params: Any) -> Sample:
+        """What follows one row's ended turn (blocking: the tool calls run here, each under its deadline): the row
+        "interrupted" with the tool's output appended, to decode its next turn, or the row ended with its
+        conversation's text. Thread-safe: rows' turns run at once on a pool."""
+        out = [sample]
+        if self._decide(out, [0] if sample.stop_reason == "eos" else [], params):
+            return out[0]
+        s = out[0]
+        if s.response_mask is not None:
+            s.response_text = conversation_text(self.engine.tokenizer, s)
+        return s
 
     def _converse(
         self,

@@ -59,16 +59,16 @@ class Producer(Books):
         ports: Sequence[RankPort],
         put_timeout_s: float = 0.0,
         stop: Callable[[], bool] = lambda: True,
-        place: bool = True,
+        admit: bool = True,
     ) -> bool:
-        """One step of the loop: place rows on the ranks (unless ``place`` is False: a drain), advance every rank,
+        """One step of the loop: place rows on the ranks (new groups only with ``admit``; a drain places only the
+        rows of groups in flight: an agent's next turn), advance every rank,
         hand the rows that ended to their completion, queue the groups whose last row completed. Returns whether to
         turn again at once (something moved, or a rank decodes on the calling thread); False: the caller may sleep
         on ``wake``, which a completion, a remote rank's answer or the driver sets."""
         self.wake.clear()
-        if place:
-            for rank, rows in self.place():
-                ports[rank].submit(rows)
+        for rank, rows in self.place(admit):
+            ports[rank].submit(rows)
         moved = False
         for rank, port in enumerate(ports):
             ended = port.advance()
@@ -86,8 +86,9 @@ class Producer(Books):
         """Rows that ended and wait for their completion (a reward, a tool call)."""
         return sum(self._pending.values())
 
-    def place(self) -> list[tuple[int, list[Sample]]]:
-        """Rows to submit, by rank: first the unfinished rows of groups on no engine (start order), then new groups
+    def place(self, admit: bool = True) -> list[tuple[int, list[Sample]]]:
+        """Rows to submit, by rank: first the unfinished rows of groups on no engine (start order), then (``admit``)
+        new groups
         while the controller admits them, fewer than ``max_groups`` are in flight, fewer than ``max_completing`` rows
         wait for their completion, and a rank has a free slot. A group's rows go to one rank (they share its prefill),
         the least loaded one with a free slot; rows beyond its free slots wait in its engine's queue."""
@@ -96,7 +97,7 @@ class Producer(Books):
             for gid in sorted(self._unplaced, key=self._unplaced.__getitem__):
                 if not self._put_on_rank(self.inflight[gid], out):
                     return list(out.items())
-            while len(self.inflight) < self.max_groups and self._room() is not None:
+            while admit and len(self.inflight) < self.max_groups and self._room() is not None:
                 if self.max_completing is not None and self.rows_completing() >= self.max_completing:
                     break
                 if not self.controller.can_start():

@@ -18,6 +18,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asyncrl import seeds
@@ -26,10 +27,11 @@ from asyncrl.config.specs import RollouterSpec
 from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.data.sampler import EpochSampler
 from asyncrl.rewards.filtering import keep_group
+from asyncrl.rollout.agent.loop import AgentEngine
 from asyncrl.rollout.agent.tools import tool_schemas
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.schedules.fully_async.ports import LocalPort, RemotePort
 from asyncrl.schedules.fully_async.books import POLL_S
+from asyncrl.schedules.fully_async.ports import LocalPort, RemotePort
 from asyncrl.schedules.fully_async.producer import Producer
 from asyncrl.schedules.fully_async.queue import QueueClosed
 from asyncrl.schedules.fully_async.recovery import PackedSnapshot, RollouterSnapshot, StreamBatch, Takeover
@@ -70,6 +72,10 @@ class Rollouter(RolloutWorker):
         self._thread: threading.Thread | None = None
         self._window_start = time.perf_counter()
         self.ranks: list[Handle] = []  # the other rollout ranks this Rollouter streams to (``attach_ranks``)
+        # an agent's turns (tool calls) run on a pool, off the decode: [turns running, the first error]
+        self.agent = self.engine if isinstance(self.engine, AgentEngine) else None
+        self._turn_pool = ThreadPoolExecutor(r.multi_turn.max_concurrent_turns, thread_name_prefix="agent-turn")
+        self._turns: list[Any] = [0, None]
         seed = seeds.sampling(spec.engine.seed)  # each row keys its own noise: as sync's rows
         self.own = LocalPort(self.engine, self.params, seed, BusySpan(self.timeline, self.name))
         self.ports: list[RankPort] = [self.own]
@@ -117,9 +123,9 @@ class Rollouter(RolloutWorker):
     def _run(self) -> None:
         try:
             while self._park_point():
-                self.scorer.check()
+                self._check_turns()
                 draining = self._want_park  # no partial rollout: the live rows end before the thread parks
-                if not self.books.turn(self.ports, POLL_S, self._leave_put, place=not draining):
+                if not self.books.turn(self.ports, POLL_S, self._leave_put, admit=not draining):
                     self.books.wake.wait(IDLE_WAIT_S)
         except QueueClosed:
             pass
@@ -139,8 +145,8 @@ class Rollouter(RolloutWorker):
             interrupt = self._interrupt
         if interrupt:
             self.books.interrupted(self.ports)
-        elif self.books.rows_out():
-            return True  # draining
+        elif self.books.rows_out() or self._turns[0]:
+            return True  # draining: the live rows, and the conversations whose tool call runs, go on to their end
         self.books.put_finished(0.0)
         with self._cv:
             self._parked = True
@@ -155,9 +161,34 @@ class Rollouter(RolloutWorker):
             return self._want_park or self._stop
 
     def _complete(self, sample: Sample, done: Callable[[Sample], None]) -> None:
-        """A row that ended: scored on the reward loop, handed back to the books by ``done`` on the loop's thread
-        (the generation thread steps on meanwhile)."""
-        self.scorer.submit(sample, done)
+        """A row that ended, off the decode: an agent's turn that may go on runs on the agent pool (``_turn``: its
+        tool calls, then back to the books to decode its next turn, its slot free meanwhile); a row whose rollout
+        ended is scored on the reward loop. ``done`` hands it back to the books; the generation thread steps on."""
+        if self.agent is not None and self.agent.multi_turn_row(sample):
+            with self._cv:
+                self._turns[0] += 1
+            self._turn_pool.submit(self._turn, sample, done)
+        else:
+            self.scorer.submit(sample, done)
+
+    def _turn(self, sample: Sample, done: Callable[[Sample], None]) -> None:
+        try:
+            row = self.agent.next_turn(sample, self.params)  # type: ignore[union-attr]
+            if row.stop_reason == "interrupted":
+                done(row)  # its next turn: placed again at the generation thread's next turn
+            else:
+                self.scorer.submit(row, done)
+        except BaseException as e:  # surfaced by the generation thread (``_check_turns``)
+            self._turns[1] = self._turns[1] or e
+        finally:
+            with self._cv:
+                self._turns[0] -= 1
+            self.books.wake.set()
+
+    def _check_turns(self) -> None:
+        self.scorer.check()
+        if self._turns[1] is not None:
+            raise RollouterError(f"an agent turn failed: {self._turns[1]!r}") from self._turns[1]
 
     def _check_alive(self) -> None:
         if self._error is not None:
@@ -251,7 +282,8 @@ class Rollouter(RolloutWorker):
         out = self.books.count_metrics()
         out["rollouter/idle_ratio"] = idle
         out["rollouter/busy_s"], out["perf/rollout_tokens_per_s"] = window * (1.0 - idle), tokens_per_s
-        out.update({f"rollouter/{k}": v for k, v in self.scorer.take_metrics().items()})
+        scored = self.scorer.take_metrics()  # its failures are counted from the step's samples (reward/failed_count)
+        out.update({k: v for k, v in scored.items() if k != "reward/failed_count"})
         prefill = PrefillStats()
         for port in self.ports:
             prefill += port.take_prefill()
