@@ -350,3 +350,42 @@ def test_a_decode_splits_whole_groups_over_the_ranks():
             )
         assert shares[0], "the first share is never empty"
     assert [len(s) for s in split_by_group(rows, 2)] == [8, 10] or [len(s) for s in split_by_group(rows, 2)] == [10, 8]
+
+
+def test_an_engine_that_decodes_with_stale_weights_fails_the_token_version_check(setup, tmp_path, monkeypatch):
+    """The staleness bound is asserted from the versions the engine recorded per token, not from the books: an engine
+    that goes on decoding with the weights before a sync (it stamps the version it really used) fails the step that
+    trains such a row, naming it."""
+    from asyncrl.rollout.engine import RolloutEngine
+    from asyncrl.run.step_log import TokenVersionError
+
+    real = RolloutEngine._continued
+
+    def stale(self, row, reason):
+        sample = real(self, row, reason)
+        fresh = len(row.tokens)
+        if fresh and self.version > 0:  # these tokens came from the weights before the last sync
+            sample.versions[-fresh:] = [self.version - 1] * fresh
+        return sample
+
+    monkeypatch.setattr(RolloutEngine, "_continued", stale)
+    root, model, train, test = setup
+    over = train_overrides(model, train, test, tmp_path / "stale", 4) + FULLY_ASYNC
+    over += ["trainer.backend=in_process", "trainer.val_before_train=false", "trainer.test_freq=0"]
+    with pytest.raises(TokenVersionError, match="before its start version"):
+        run_training(load_config(None, over))
+
+
+def test_token_versions_bound_the_staleness_whatever_the_books_say():
+    from asyncrl.run.step_log import TokenVersionError, staleness_metrics
+    from asyncrl.types import Prompt, Sample
+
+    def row(start: int, versions: list[int]) -> Sample:
+        return Sample(Prompt(0, [1], "t", ""), [5] * len(versions), [0.0] * len(versions), versions, "eos", start)
+
+    ok = staleness_metrics([row(1, [1, 2, 2]), row(2, [2])], trainer_version=3, bound=2)
+    assert ok == {"staleness/mean": 1.5, "staleness/max": 2.0, "staleness/token_max": 2.0}
+    with pytest.raises(TokenVersionError, match="version 0, before its start version 1"):
+        staleness_metrics([row(1, [1, 0])], trainer_version=1)
+    with pytest.raises(TokenVersionError, match="staleness 3 > the bound 2"):
+        staleness_metrics([row(0, [0, 1])], trainer_version=3, bound=2)

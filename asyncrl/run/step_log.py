@@ -22,11 +22,36 @@ from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Sample
 
 
-def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, float]:
+class TokenVersionError(RuntimeError):
+    """A token's recorded version contradicts the books: older than its sample's start version (an engine decoded
+    with weights older than those its row was admitted at), or past the staleness bound. Names the sample."""
+
+
+def staleness_metrics(samples: list[Sample], trainer_version: int, bound: int | None = None) -> dict[str, float]:
     """Staleness of each sample = the trainer's version at the update that consumes it minus the version its
-    generation started with, computed from what the engine recorded (never assumed from the schedule)."""
-    st = [trainer_version - s.start_version for s in samples]
-    return {"staleness/mean": sum(st) / len(st), "staleness/max": float(max(st))}
+    generation started with; checked against the versions the engine recorded per token: none older than the start
+    (``min(versions) >= start_version``) and, with ``bound``, ``trainer_version - min(versions) <= bound``. A bug in
+    an engine's weights or versions raises ``TokenVersionError`` here, whatever the schedule's books say."""
+    st, oldest = [], trainer_version
+    for s in samples:
+        first = min(s.versions, default=s.start_version)
+        if first < s.start_version:
+            raise TokenVersionError(
+                f"sample {s.uid} row {s.row}: a token decoded at version {first}, before its start version "
+                f"{s.start_version} (the engine decoded with weights older than the row was admitted at)"
+            )
+        if bound is not None and trainer_version - first > bound:
+            raise TokenVersionError(
+                f"sample {s.uid} row {s.row}: a token decoded at version {first} trained at version {trainer_version}: "
+                f"staleness {trainer_version - first} > the bound {bound}"
+            )
+        st.append(trainer_version - s.start_version)
+        oldest = min(oldest, first)
+    return {
+        "staleness/mean": sum(st) / len(st),
+        "staleness/max": float(max(st)),
+        "staleness/token_max": float(trainer_version - oldest),
+    }
 
 
 def sample_metrics(samples: list[Sample], batch: TrainBatch) -> dict[str, float]:

@@ -15,8 +15,9 @@ loop of its own. Streaming (``fully_async``), a row is a small state machine: it
 and its slot is free) -> ``next_turn`` runs its tool calls on the Rollouter's agent pool, each under its deadline,
 while the engine decodes the others -> the tool's tokens appended, the row goes back into an engine's queue for its
 next turn; a row whose conversation ended goes to its reward. A loop is asked one row at a time there
-(``next_turns([sample], [text])``), so a loop written for batches runs unchanged. Token in, token out: the model's tokens are kept exactly as generated, a tool's output is appended as
-the chat template's tokens with response mask 0, log-prob 0 and the weight version in force, and the next turn
+(``next_turns([sample], [text])``), so a loop written for batches runs unchanged. Token in, token out: the model's
+tokens are kept exactly as generated, a tool's output is appended as the chat template's tokens with response mask
+0, log-prob 0 and the weight version in force, and the next turn
 continues from the ids (never from re-tokenized text). A sample interrupted by a weight sync is "interrupted" like
 any other and ``resume`` continues it mid-conversation.
 """

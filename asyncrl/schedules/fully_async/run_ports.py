@@ -10,6 +10,7 @@ from typing import Any
 from asyncrl.run.step_log import StepTimer, staleness_metrics
 from asyncrl.schedules.fully_async.recovery import ROLLOUTER_STATE
 from asyncrl.schedules.fully_async.report import partial_metrics, processing_metrics
+from asyncrl.schedules.fully_async.slots import budget_of
 from asyncrl.schedules.run_ports import TrainPort
 
 
@@ -21,6 +22,7 @@ class StreamRunPorts(TrainPort):
         self.run, self.algorithm, self.stream, self.sync = run, algorithm, run.stream, run.sync
         self.cfg = run.cfg
         self.groups_per_step = self.cfg.async_training.require_batches * self.cfg.actor.ppo_mini_batch_size
+        self.max_staleness = budget_of(self.cfg.async_training, self.cfg.actor.ppo_mini_batch_size).max_staleness
         self.finished = run.start_step - 1
         self.tm = StepTimer(0)
         self.open = ExitStack()  # the step's own span: from take to the end of its push
@@ -62,7 +64,9 @@ class StreamRunPorts(TrainPort):
     def end_step(self, step: int, got: Any, prepared: Any, trained: Any):
         tm = self.tm
         self.open.close()
-        staleness = staleness_metrics(got.samples, self.trained_at)
+        at = self.cfg.async_training
+        bound = self.max_staleness if at.staleness_rule == "exact" else None
+        staleness = staleness_metrics(got.samples, self.trained_at, bound)
         if max(got.staleness) != staleness["staleness/max"]:  # two accounts of the same fact
             raise RuntimeError(f"step {step}: controller staleness {got.staleness} != recorded {staleness}")
         ro = self.stream.metrics()
