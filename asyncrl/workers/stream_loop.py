@@ -52,6 +52,7 @@ class StreamLoop:
         self._cv = threading.Condition()
         self._out: list[Sample] = []  # rows that ended, not yet taken
         self._want_interrupt = False
+        self._released = False  # an interrupt came: the next ``wait`` returns at once
         self._interrupted: list[Sample] | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -66,9 +67,16 @@ class StreamLoop:
             self._cv.notify_all()
 
     def wait(self, timeout_s: float) -> tuple[list[Sample], PrefillStats]:
-        """The rows that ended since the last call, waiting up to ``timeout_s`` for one; the prefill counts."""
+        """The rows that ended since the last call, waiting up to ``timeout_s`` for one; the prefill counts. The
+        first wait after an interrupt returns at once: a poll sent before the interrupt may arrive after it, and the
+        pause that interrupted collects its answer."""
+
+        def ready() -> bool:
+            return bool(self._out) or self._error is not None or self._want_interrupt or self._released
+
         with self._cv:
-            self._cv.wait_for(lambda: self._out or self._error is not None or self._want_interrupt, timeout_s)
+            self._cv.wait_for(ready, timeout_s)
+            self._released = False
             out, self._out = self._out, []
         self._check()
         return out, self.engine.take_prefill()
@@ -76,6 +84,8 @@ class StreamLoop:
     def interrupt(self, timeout_s: float) -> list[Sample]:
         """Every row not yet taken: the ended ones, then the live ones as partial "interrupted" rows."""
         with self._cv:
+            self._released = True
+            self._cv.notify_all()
             if self._thread is None or not self._thread.is_alive():
                 back = self._out + (self.engine.interrupt() if self.engine.live_rows() else [])
                 self._out = []
