@@ -53,6 +53,7 @@ class StreamLoop:
         self._out: list[Sample] = []  # rows that ended, not yet taken
         self._want_interrupt = False
         self._released = False  # an interrupt came: the next ``wait`` returns at once
+        self._interrupting = threading.Lock()
         self._interrupted: list[Sample] | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -82,7 +83,12 @@ class StreamLoop:
         return out, self.engine.take_prefill()
 
     def interrupt(self, timeout_s: float) -> list[Sample]:
-        """Every row not yet taken: the ended ones, then the live ones as partial "interrupted" rows."""
+        """Every row not yet taken: the ended ones, then the live ones as partial "interrupted" rows. Interrupts
+        that arrive together (a pause's early stop and its own) run one after the other."""
+        with self._interrupting:
+            return self._interrupt(timeout_s)
+
+    def _interrupt(self, timeout_s: float) -> list[Sample]:
         with self._cv:
             self._released = True
             self._cv.notify_all()

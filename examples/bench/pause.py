@@ -2,8 +2,9 @@
 
 One ``fully_async`` Rollouter (in-process, the real engines, the demo's tiny model and task) drives ``--ranks`` rollout
 ranks (itself and ``ranks - 1`` ``RolloutWorker``s, each decoding on its own thread with one torch thread), as the
-driver does: take a trainer step's groups, pause with partial rollout (``Rollouter.pause(interrupt=True)``: every
-rank interrupted), push the same weights as a new version to every rank, resume. Per rank count:
+driver does: take a trainer step's groups, wait ``--train-s`` (the update; the ranks decode meanwhile), pause with
+partial rollout (``Rollouter.pause(interrupt=True)``: every rank interrupted), push the same weights as a new version
+to every rank, resume. Per rank count:
 
 - ``pause_s``: the median seconds ``pause`` took (from the request to the thread parked, every rank's rows back);
 - ``gen_cpu_per_decode``: the Rollouter's generation thread's CPU seconds over the seconds its own engine decoded
@@ -49,7 +50,7 @@ def thread_cpu_s(thread: threading.Thread) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[arg-type]
 
 
-def measure(ranks: int, syncs: int, idle_s: float, out_dir: str) -> dict[str, float]:
+def measure(ranks: int, syncs: int, idle_s: float, train_s: float, out_dir: str) -> dict[str, float]:
     cfg = load_config(None, [*BASE, f"rollout.num_workers={ranks}", f"trainer.default_local_dir={out_dir}"])
     specs = specs_for(cfg)
     ro = Rollouter(specs.rollouter, num_threads=1)
@@ -69,6 +70,7 @@ def measure(ranks: int, syncs: int, idle_s: float, out_dir: str) -> dict[str, fl
             for engine in [ro.engine, *(w.engine for w in others)]:
                 engine.update_weights(weights, version=version + 1)
             ro.resume_generation(version + 1)
+            time.sleep(train_s)  # the trainer's update: the ranks decode meanwhile, so each pause stops live decodes
         gen_cpu, decode = thread_cpu_s(ro._thread) - cpu0, ro.take_metrics()["rollouter/busy_s"]  # noqa: SLF001
         time.sleep(idle_s / 2)  # admission closes as the budget fills; the ranks finish their rows
         p0, t0 = time.process_time(), time.perf_counter()
@@ -92,13 +94,14 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--syncs", type=int, default=12)
     ap.add_argument("--idle-s", type=float, default=2.0)
+    ap.add_argument("--train-s", type=float, default=0.1, help="seconds between a resume and the next batch")
     ap.add_argument("--repeats", type=int, default=2, help="rounds over --ranks, interleaved")
     ap.add_argument("--out", default="runs/bench_pause")
     args = ap.parse_args()
     rows = []
     for k in range(args.repeats):
         for r in args.ranks:
-            row = measure(r, args.syncs, args.idle_s, f"{args.out}/r{r}_{k}")
+            row = measure(r, args.syncs, args.idle_s, args.train_s, f"{args.out}/r{r}_{k}")
             rows.append(row)
             print(json.dumps(row), flush=True)
     base = statistics.median(x["pause_s"] for x in rows if x["ranks"] == args.ranks[0])

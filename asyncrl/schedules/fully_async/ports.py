@@ -43,6 +43,14 @@ class LocalPort:
         """Whether the next ``advance`` decodes here (the generation thread must not sleep)."""
         return self.engine.live_rows() > 0
 
+    def stop_soon(self) -> None:
+        """From the driver's thread as a pause begins: the rank stops decoding now, not when the generation thread
+        reaches its park point (its own engine's step then runs on the cores the ranks leave). Rows submitted after
+        it are taken by ``request_interrupt``; ``interrupt`` collects both answers."""
+        with self._lock:
+            if self._early is None and self.held > 0:
+                self._early = self.handle.call("stream_interrupt", self.timeout_s)
+
     def request_interrupt(self) -> None:
         """Nothing to ask ahead: ``interrupt`` runs on the calling thread."""
 
@@ -64,6 +72,8 @@ class RemotePort:
         self._poll: Pending | None = None
         self._submits: list[Pending] = []
         self._interrupt: Pending | None = None
+        self._early: Pending | None = None  # an interrupt sent from the driver's thread as a pause began
+        self._lock = threading.Lock()
         self.prefill = PrefillStats()
 
     def submit(self, rows: list[Sample]) -> None:
@@ -96,6 +106,14 @@ class RemotePort:
         self.held -= len(rows)
         return rows
 
+    def stop_soon(self) -> None:
+        """From the driver's thread as a pause begins: the rank stops decoding now, not when the generation thread
+        reaches its park point (its own engine's step then runs on the cores the ranks leave). Rows submitted after
+        it are taken by ``request_interrupt``; ``interrupt`` collects both answers."""
+        with self._lock:
+            if self._early is None and self.held > 0:
+                self._early = self.handle.call("stream_interrupt", self.timeout_s)
+
     def request_interrupt(self) -> None:
         """Ask the rank to stop now (its submits are in first); ``interrupt`` collects the answer. Every rank is
         asked before any answer is waited for, so a pause costs the slowest rank's stop, not their sum."""
@@ -108,7 +126,10 @@ class RemotePort:
         if self._interrupt is None:
             self.request_interrupt()
         asked, self._interrupt = self._interrupt, None
-        rows = asked.result(timeout=self.timeout_s)  # type: ignore[union-attr]
+        with self._lock:
+            early, self._early = self._early, None
+        rows = early.result(timeout=self.timeout_s) if early is not None else []
+        rows += asked.result(timeout=self.timeout_s)  # type: ignore[union-attr]
         self.held -= len(rows)
         if self._poll is not None:
             rows = self._collect(self._poll.result(timeout=self.timeout_s)) + rows

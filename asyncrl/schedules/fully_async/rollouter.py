@@ -229,6 +229,10 @@ class Rollouter(RolloutWorker):
         with self._cv:
             self._want_park, self._interrupt = True, interrupt
             self.books.wake.set()
+        if interrupt:
+            for port in self.ports[1:]:  # the other ranks stop now, not when the generation thread gets there
+                port.stop_soon()  # type: ignore[attr-defined]
+        with self._cv:
             ok = self._cv.wait_for(lambda: self._parked, timeout_s)
         self._check_alive()
         if not ok:
