@@ -8,6 +8,11 @@ built-in tool, d a ``calc`` that sleeps d ms first (``bench_tools``). A setting'
 over the same mode's delay-0 run of this invocation) and what the run measured of the latency (``reward_latency_s``,
 from a sample's submission to its score; ``tool_call_rate``, the share of samples that called the tool, without which
 a tool's delay costs nothing). ``ratio_to_sync`` stays within a setting: against sync at the same delay.
+
+What a reward delay measures is the whole path a run takes to a remote reward: its client scores at most
+``reward.max_concurrency`` samples at once (8 by default), so d ms cap a run at 8 samples per d ms whatever the
+schedule; add ``reward.max_concurrency=64`` to the bench's overrides to see the latency without that cap.
+``reward_latency_s`` comes from the reward loop's step metrics, which fully_async's Rollouter does not log ("-").
 """
 
 from __future__ import annotations
