@@ -289,7 +289,7 @@ def run_bench(
     settings (``bench_knobs``, ascending from 0): every mode runs once under each."""
     out_dir = Path(out)
     if latencies and (predict or any(m in PPO_MODES for m in modes)):
-        raise ConfigError("bench: --reward-delay-ms and --tool-delay-ms take schedules, without --predict")
+        raise ConfigError(f"bench: latency knobs take schedules, not ppo modes or --predict (got {modes}, {predict})")
     if modes and all(m in PPO_MODES for m in modes):  # PPO placements are measured against each other
         out_dir.mkdir(parents=True, exist_ok=True)
         wl = prepare_workload(workload, Path(work_dir), sft_seconds)
