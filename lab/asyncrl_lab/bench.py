@@ -26,8 +26,14 @@ Figures per schedule (all ratios computed from runs in this one invocation, beca
 Workloads (``bench_common.prepare_workload``): ``demo`` is the demo's RL work (32 prompts x 8), ``short`` the same task
 at half the batch (short answers: update-heavy on a CPU);
 ``long`` is chain_sum with 2-24 terms answered step by step, a generation-heavy workload with a long tail of response
-lengths; ``tail`` answers each prompt either step by step or at once, so lengths vary 10x within a group.
-``--modes ppo_colocated,ppo_split`` measures PPO's two placements against each other instead (``bench_ppo``).
+lengths; ``tail`` answers each prompt either step by step or at once, so lengths vary 10x within a group; ``tool``
+hands sums to the ``calc`` tool through the tool agent. ``--modes ppo_colocated,ppo_split`` measures PPO's two
+placements against each other instead (``bench_ppo``).
+
+Latency knobs (``bench_knobs``): ``--reward-delay-ms 0,20,200`` runs every mode once per delay, the reward served by an
+HTTP service on loopback that answers after d ms (0: in process); ``--tool-delay-ms 0,200`` (``--workload tool``) the
+same with a ``calc`` that answers after d ms. Rows ``fully_async@reward20ms``; ``ratio_to_instant``: samples/s over
+the same mode's delay-0 run. What a slow reward or tool costs each schedule, and how much of it the overlap hides.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from asyncrl_lab.bench_common import (
     trainer_idle_fraction,
     write_results,
 )
+from asyncrl_lab.bench_knobs import Latency, knob_columns, run_latencies
 from asyncrl_lab.bench_ppo import PPO_MODES, run_ppo_bench
 
 SCHEDULES = ("sync", "one_step_off", "two_step_off", "fully_async")
@@ -130,8 +137,11 @@ def schedule_overrides(mode: str, total_cpus: int) -> list[str]:
     return over
 
 
-def schedule_config(schedule: str, wl: Workload, out: Path, steps: int, total_cpus: int, extra: list[str]):
-    run_dir = out / f"{wl.name}_{schedule}"
+def schedule_config(
+    schedule: str, wl: Workload, out: Path, steps: int, total_cpus: int, extra: list[str], tag: str = ""
+):
+    """``tag``: a latency setting's (``@reward20ms``), in the run directory's name."""
+    run_dir = out / f"{wl.name}_{schedule}{tag}"
     over = [
         *wl.data_overrides(),
         *run_overrides(run_dir, steps),
@@ -142,8 +152,10 @@ def schedule_config(schedule: str, wl: Workload, out: Path, steps: int, total_cp
     return load_config(BASE_CONFIG, over)
 
 
-def run_schedule(schedule: str, wl: Workload, out: Path, steps: int, total_cpus: int, extra: list[str]) -> Path:
-    cfg = schedule_config(schedule, wl, out, steps, total_cpus, extra)
+def run_schedule(
+    schedule: str, wl: Workload, out: Path, steps: int, total_cpus: int, extra: list[str], tag: str = ""
+) -> Path:
+    cfg = schedule_config(schedule, wl, out, steps, total_cpus, extra, tag)
     run_one(cfg)
     run_dir = Path(cfg.trainer.default_local_dir)
     # the machine's load as the run ends (1-minute mean): a figure taken beside another job is not a figure
@@ -268,12 +280,16 @@ def run_bench(
     sft_seconds: float | None,
     extra: list[str],
     predict: str | None = None,
+    latencies: list[Latency] | None = None,
 ) -> list[dict[str, Any]]:
     """``modes``: schedules (GRPO on each, against sync) or PPO placements (against each other), not both.
     ``predict``: a cost.json (``asyncrl profile``), every run predicted before the first starts; or "auto": the sync
     run (first) is profiled with ``--probe`` and the others are predicted from it before they start. The table gains
-    the predicted samples/s, the error of each, and the predicted ratio to sync."""
+    the predicted samples/s, the error of each, and the predicted ratio to sync. ``latencies``: one latency knob's
+    settings (``bench_knobs``, ascending from 0): every mode runs once under each."""
     out_dir = Path(out)
+    if latencies and (predict or any(m in PPO_MODES for m in modes)):
+        raise ConfigError(f"bench: latency knobs take schedules, not ppo modes or --predict (got {modes}, {predict})")
     if modes and all(m in PPO_MODES for m in modes):  # PPO placements are measured against each other
         out_dir.mkdir(parents=True, exist_ok=True)
         wl = prepare_workload(workload, Path(work_dir), sft_seconds)
@@ -289,20 +305,45 @@ def run_bench(
         schedule_overrides(s, total_cpus)  # unknown schedules fail before any work starts
     out_dir.mkdir(parents=True, exist_ok=True)
     wl = prepare_workload(workload, Path(work_dir), sft_seconds)
+    if not latencies:
+        results, columns = run_modes(schedules, ref, wl, out_dir, steps, total_cpus, extra, predict)
+    else:
+        results = run_latencies(
+            latencies,
+            lambda over, tag: run_modes(schedules, ref, wl, out_dir, steps, total_cpus, [*extra, *over], None, tag)[0],
+        )
+        columns = [COLUMNS[0], *knob_columns(latencies[0].kind), *COLUMNS[1:]]
+    write_results(results, out_dir, "bench", columns)
+    return results
+
+
+def run_modes(
+    schedules: list[str],
+    ref: str,
+    wl: Workload,
+    out_dir: Path,
+    steps: int,
+    total_cpus: int,
+    extra: list[str],
+    predict: str | None,
+    tag: str = "",
+) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """Every schedule once, in order (``ref``, the sync mode, among them), with ``extra``; the rows (named
+    schedule + ``tag``) with their ratios to ``ref``'s, and the table's columns."""
     results: list[dict[str, Any]] = []
     runs: dict[str, Path] = {}
     preds = None
     if predict and predict != "auto":
         preds = predict_schedules(predict, schedules, wl, out_dir, steps, total_cpus, extra, ref)
     for schedule in schedules:
-        runs[schedule] = run_schedule(schedule, wl, out_dir, steps, total_cpus, extra)
+        runs[schedule] = run_schedule(schedule, wl, out_dir, steps, total_cpus, extra, tag)
         if predict == "auto" and schedule == ref:  # profile this sync run, then predict the rest before they run
             preds = predict_schedules(
                 profile_sync(runs[ref], out_dir), schedules, wl, out_dir, steps, total_cpus, extra, ref
             )
-    sync_ref = summarize(ref, workload, runs[ref], None)
+    sync_ref = summarize(ref, wl.name, runs[ref], None)
     for schedule in schedules:
-        res = sync_ref if schedule == ref else summarize(schedule, workload, runs[schedule], sync_ref)
+        res = sync_ref if schedule == ref else summarize(schedule, wl.name, runs[schedule], sync_ref)
         results.append(res)
     if UNSHARED in runs:
         base = results[0]["samples_per_s"]
@@ -316,8 +357,9 @@ def run_bench(
             res["predicted_ratio"] = p["ratio_to_sync"]
             res["prediction_error"] = (p["samples_per_s"] - res["samples_per_s"]) / res["samples_per_s"]
         columns = [*COLUMNS[:4], *PREDICTION_COLUMNS, *COLUMNS[4:]]
-    write_results(results, out_dir, "bench", columns)
-    return results
+    for schedule, res in zip(schedules, results):
+        res["schedule"], res["run_dir"] = schedule + tag, str(runs[schedule])
+    return results, columns
 
 
 PREDICTION_COLUMNS = [

@@ -7,6 +7,10 @@ subparsers and imports nothing of the lab by name.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from asyncrl_lab.bench_knobs import Latency
 
 
 def cmd_bench(a: argparse.Namespace) -> None:
@@ -29,7 +33,16 @@ def cmd_bench(a: argparse.Namespace) -> None:
     from asyncrl_lab.bench import run_bench
 
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-    run_bench(modes, a.workload, a.out, a.steps, a.work_dir, a.cpus, a.sft_seconds, a.overrides, a.predict)
+    latencies = bench_latencies(a)
+    run_bench(modes, a.workload, a.out, a.steps, a.work_dir, a.cpus, a.sft_seconds, a.overrides, a.predict, latencies)
+
+
+def bench_latencies(a: argparse.Namespace) -> list[Latency]:
+    """The latency settings ``--reward-delay-ms`` / ``--tool-delay-ms`` ask for (``[]``: neither given)."""
+    from asyncrl_lab.bench_knobs import latency_settings, parse_delays
+
+    reward = parse_delays(a.reward_delay_ms, "--reward-delay-ms")
+    return latency_settings(reward, parse_delays(a.tool_delay_ms, "--tool-delay-ms"), a.workload)
 
 
 def cmd_demo(a: argparse.Namespace) -> None:
@@ -73,7 +86,20 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         help="with --distill: comma-separated trainer.schedule values (default sync,one_step_off,two_step_off; "
         "sync is always run)",
     )
-    s.add_argument("--workload", default="demo", choices=["demo", "short", "long", "tail", "real"])
+    s.add_argument("--workload", default="demo", choices=["demo", "short", "long", "tail", "tool", "real"])
+    s.add_argument(
+        "--reward-delay-ms",
+        default=None,
+        help="comma-separated delays, e.g. 0,20,200: every mode runs once per delay d, the reward served by an HTTP "
+        "service on loopback answering after d ms (0, always run: the in-process reward); rows mode@reward<d>ms "
+        "with ratio_to_instant",
+    )
+    s.add_argument(
+        "--tool-delay-ms",
+        default=None,
+        help="with --workload tool: comma-separated delays, e.g. 0,200: every mode runs once per delay d with a calc "
+        "tool answering after d ms (0, always run: the built-in calc); rows mode@tool<d>ms with ratio_to_instant",
+    )
     s.add_argument("--steps", type=int, default=20, help="training steps per run (the first is left out of rates)")
     s.add_argument("--out", default="runs/bench")
     s.add_argument("--work-dir", default="runs/bench_work", help="cached data + SFT models per workload")
