@@ -45,7 +45,7 @@ def test_dotted_overrides_apply_with_types():
         ("actor.loss_agg_mode=mean", "config key actor.loss_agg_mode must be one of token-mean"),
         ("actor.kl_loss_type=k9", "config key actor.kl_loss_type must be one of"),
         ("actor.ppo_mini_batch_size=5", "config key actor.ppo_mini_batch_size must be a divisor of"),
-        ("trainer.logger=[wandb]", "config key trainer.logger must be one of console"),
+        ("trainer.logger=[neptune]", "config key trainer.logger must be one of console"),
         ("trainer.resume_mode=/no/such/dir", "config key trainer.resume_mode must be auto, disable"),
         ("algorithm.rollout_correction.rollout_is=tok", "algorithm.rollout_correction.rollout_is must be one of"),
         ("rollout.n", "expected key=value"),

@@ -92,8 +92,8 @@ def test_last_logged_step_is_none_without_a_file_or_records(tmp_path: Path) -> N
 
 
 def test_unknown_backend_error_lists_the_allowed_ones(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"wandb.*console.*jsonl.*tensorboard.*prometheus"):
-        MetricsLogger(tmp_path, ["jsonl", "wandb"])
+    with pytest.raises(ValueError, match=r"neptune.*console.*jsonl.*tensorboard.*prometheus.*wandb.*mlflow"):
+        MetricsLogger(tmp_path, ["jsonl", "neptune"])
 
 
 def test_non_numeric_value_raises_naming_the_key(tmp_path: Path) -> None:

@@ -10,11 +10,12 @@ module holds the run's own sections and the tree.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config.errors import check
+from asyncrl.config.errors import ConfigError, check
 from asyncrl.config.rollout import (
     DTYPES,
     AgentConfig,
@@ -50,7 +51,12 @@ from asyncrl.config.training import (
 MISSING = "???"  # OmegaConf's marker of a required value (the tree imports without omegaconf: a GPU box may lack it)
 SCHEDULES = ("sync", "one_step_off", "two_step_off", "fully_async")
 BACKENDS = ("ray", "in_process")
-LOGGERS = ("console", "jsonl", "tensorboard", "prometheus")
+LOGGERS = ("console", "jsonl", "tensorboard", "prometheus", "wandb", "mlflow")
+# the loggers that need a package asyncrl does not install by itself: logger -> (module, what to install)
+TRACKER_PACKAGES = {
+    "wandb": ("wandb", "pip install wandb"),
+    "mlflow": ("mlflow", "pip install mlflow (or the smaller mlflow-skinny)"),
+}
 STRATEGIES = ("ddp", "fsdp2")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -111,8 +117,11 @@ class TrainerConfig(Checked):
     resume_mode: str = "auto"  # auto | disable | a checkpoint directory
     max_checkpoints_to_keep: int = 2  # older checkpoints are deleted
     seed: int = 1  # data order, initialisation and every generation seed derive from it
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # + prometheus
+    # any of console, jsonl, tensorboard, prometheus, wandb, mlflow (the last two need their package installed)
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     prometheus_port: int | None = None  # /metrics port with logger prometheus (null or 0: a free port)
+    project_name: str = "asyncrl"  # with logger wandb / mlflow: the W&B project, the MLflow experiment (verl's key)
+    experiment_name: str | None = None  # the W&B / MLflow run's name (verl's key); null = the run directory's name
     cpus_per_worker: float = 2.0  # CPUs of each trainer worker (rank); torch threads = this, rounded down
     num_workers: int = 1  # data-parallel ranks, each a share of the batch (left at 1: nnodes x n_gpus_per_node)
     nnodes: int = 1  # nodes the trainer's ranks spread over, num_workers / nnodes on each (verl's trainer.nnodes)
@@ -133,6 +142,8 @@ class TrainerConfig(Checked):
         "backend": one_of(BACKENDS),
         "total_training_steps": POSITIVE_INT,
         "max_checkpoints_to_keep": POSITIVE_INT,
+        "project_name": rule(bool, "a non-empty name"),
+        "experiment_name": or_null(rule(bool, "a non-empty name")),
         "resume_mode": rule(
             lambda v: v in ("auto", "disable") or Path(v).is_dir(), "auto, disable, or an existing checkpoint directory"
         ),
@@ -153,6 +164,22 @@ class TrainerConfig(Checked):
         super().check(key)
         for b in self.logger:
             check(b in LOGGERS, f"{key}.logger", b, "one of " + ", ".join(LOGGERS))
+            missing = missing_tracker_package(b)
+            if missing:
+                raise ConfigError(f"config key {key}.logger lists {b}, but {missing}")
+
+
+def missing_tracker_package(logger: str) -> str | None:
+    """Why ``logger`` cannot run here (its package is not installed, and what to install), or None. Checked when the
+    config loads, so a run that lists ``wandb`` without it fails before any worker starts, not at its first step."""
+    if logger not in TRACKER_PACKAGES:
+        return None
+    module, install = TRACKER_PACKAGES[logger]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: a module in sys.modules without a spec (or set to None)
+        found = False
+    return None if found else f"the {module} package is not installed: {install}, or pip install 'asyncrl[{logger}]'"
 
 
 @dataclass

@@ -4,6 +4,8 @@ the run's metrics log (``metrics.jsonl`` and the configured backends) with the w
 
 from __future__ import annotations
 
+import shlex
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,13 +14,14 @@ from typing import Any
 import torch
 
 from asyncrl import losses
-from asyncrl.config import Config
+from asyncrl.config import Config, to_dict
 from asyncrl.config.specs import RewardSpec
 from asyncrl.data.collate import TrainBatch, group_ids, rewards_of
 from asyncrl.rewards.overlong import OverlongShaping, overlong_metrics
 from asyncrl.telemetry import trace
 from asyncrl.telemetry.metrics import MetricsLogger, machine_cpu
 from asyncrl.telemetry.timeline import get_timeline
+from asyncrl.telemetry.trackers import RunInfo
 from asyncrl.types import Sample
 
 
@@ -111,12 +114,26 @@ class StepTimer:
 
 
 class StepLog:
-    """The run's metrics log, opened on ``run_dir``, and how one step's metrics are made."""
+    """The run's metrics log, opened on ``run_dir``, and how one step's metrics are made. ``placement`` (where the
+    roles run) and the command line go to the experiment trackers with the config; ``resumed``: the run goes on
+    from a checkpoint, so they continue the tracker runs they logged before."""
 
-    def __init__(self, cfg: Config, run_dir: Path, tokenizer: Any):
+    def __init__(
+        self, cfg: Config, run_dir: Path, tokenizer: Any, placement: dict[str, Any] | None = None, resumed: bool = False
+    ):
         t = cfg.trainer
         self.cfg, self.dir, self.tokenizer = cfg, run_dir, tokenizer
-        self.logger = MetricsLogger(run_dir, t.logger, run_name=run_dir.name, prometheus_port=t.prometheus_port)
+        run = RunInfo(
+            project=t.project_name,
+            name=t.experiment_name or run_dir.name,
+            config=to_dict(cfg),
+            command=shlex.join(sys.argv),
+            placement=placement or {},
+            resumed=resumed,
+        )
+        self.logger = MetricsLogger(
+            run_dir, t.logger, run_name=run_dir.name, prometheus_port=t.prometheus_port, run=run
+        )
         self.logger.set_total(t.total_training_steps)
         shaping = OverlongShaping.of(RewardSpec.of(cfg))
         self.overlong_logged = shaping is not None and shaping.log  # overlong_buffer_cfg.log: its two step metrics
@@ -150,5 +167,5 @@ class StepLog:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.logger.log(step, metrics)
 
-    def close(self) -> None:
-        self.logger.close()
+    def close(self, failed: bool = False) -> None:
+        self.logger.close(failed)

@@ -68,7 +68,7 @@ def open_run(
     checkpoint; where the schedule has a rollout side, the weight sync (the rollout side brought to the trainer's
     weights) and who replaces its dead workers (the pool's supervisor on Ray; ``stream`` builds fully_async's); the
     metrics log; the held-out accuracy before training. The ``Run`` is built whole from these. Everything started
-    here is stopped at exit."""
+    here is stopped at exit, the metrics log too (its trackers' runs marked failed when the run raised)."""
     check_model_dir(cfg.model.path)  # before any worker starts: the workers load the weights
     check_agent_loop(cfg.rollout.agent.default_agent_loop)
     directory = RunDir(cfg)
@@ -108,10 +108,17 @@ def open_run(
             "workers": [asdict(w) for w in roles.locations(cfg.trainer.role_start_timeout_s)],
             "rendezvous": rendezvous,
         }
-        log = StepLog(cfg, directory.path, tokenizer)
-        run = Run(cfg, directory, prompts, progress, log, roles, reward_fn, tokenizer, sync, pool, supervisor)
-        run.evaluate_before_training()
-        yield run, algorithm
+        resumed = directory.resumed_from is not None
+        log = StepLog(cfg, directory.path, tokenizer, directory.summary["placement"], resumed)
+        try:
+            run = Run(cfg, directory, prompts, progress, log, roles, reward_fn, tokenizer, sync, pool, supervisor)
+            run.evaluate_before_training()
+            yield run, algorithm
+        except BaseException:
+            log.close(failed=True)  # the trackers' runs marked failed; a resume continues them
+            raise
+        finally:
+            log.close()
 
 
 def _start_weight_sync(cfg: Config, roles: Roles, version: int) -> WeightSync:

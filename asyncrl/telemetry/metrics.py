@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config.schema import LOGGERS
+from asyncrl.config.schema import LOGGERS, TrainerConfig
 from asyncrl.telemetry.backends import ConsoleBackend, PrometheusBackend, TensorBoardBackend
 from asyncrl.telemetry.jsonl import JsonlWriter, last_logged_step, read_metrics
+from asyncrl.telemetry.trackers import MlflowBackend, RunInfo, WandbBackend
 
 __all__ = ["ALLOWED_BACKENDS", "MetricsLogger", "last_logged_step", "machine_cpu", "merge_metrics", "read_metrics"]
 
@@ -77,13 +78,15 @@ def validate_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 class MetricsLogger:
-    """Logs per-step scalars to any of ``console``, ``jsonl``, ``tensorboard``, ``prometheus``.
+    """Logs per-step scalars to any of ``console``, ``jsonl``, ``tensorboard``, ``prometheus``, ``wandb``, ``mlflow``.
 
     Files go under ``out_dir``: ``metrics.jsonl`` (one durable line per step, non-finite values as ``null``) and
     ``tensorboard/``. Prometheus serves gauges on ``127.0.0.1:<prometheus_port>``; ``0`` or None picks a free port,
-    available afterwards as :attr:`prometheus_port`. ``console=False`` silences the console backend even when it is
-    listed, so Ray workers or tests can share a config with the driver without printing. Thread-safe: one lock
-    serialises ``log`` calls, so lines never interleave.
+    available afterwards as :attr:`prometheus_port`. W&B and MLflow (``asyncrl.telemetry.trackers``) record ``run``
+    (names, config, command line, placement; default: named after ``out_dir``) at the start and continue their run
+    when ``run.resumed``. ``console=False`` silences the console backend even when it is listed, so Ray workers or
+    tests can share a config with the driver without printing. Thread-safe: one lock serialises ``log`` calls, so
+    lines never interleave.
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class MetricsLogger:
         run_name: str = "",
         prometheus_port: int | None = None,
         console: bool = True,
+        run: RunInfo | None = None,
     ) -> None:
         unknown = [b for b in backends if b not in ALLOWED_BACKENDS]
         if unknown:
@@ -107,6 +111,8 @@ class MetricsLogger:
         self._tensorboard: TensorBoardBackend | None = None
         self._prometheus: PrometheusBackend | None = None
         self._console: ConsoleBackend | None = None
+        self.trackers: dict[str, WandbBackend | MlflowBackend] = {}
+        run = run or RunInfo(project=TrainerConfig.project_name, name=run_name or self.out_dir.name)
         try:
             if "jsonl" in self.backends:
                 self._jsonl = JsonlWriter(self.out_dir / METRICS_FILE)
@@ -117,6 +123,10 @@ class MetricsLogger:
                 self.prometheus_port = self._prometheus.port
             if "console" in self.backends and console:
                 self._console = ConsoleBackend(run_name)
+            if "wandb" in self.backends:
+                self.trackers["wandb"] = WandbBackend(self.out_dir, run)
+            if "mlflow" in self.backends:
+                self.trackers["mlflow"] = MlflowBackend(self.out_dir, run)
         except BaseException:
             self.close()  # do not leak a bound port or open files when a later backend fails
             raise
@@ -153,21 +163,27 @@ class MetricsLogger:
                 self._prometheus.log(step, clean)
             if self._console is not None:
                 self._console.log(step, clean)
+            for tracker in self.trackers.values():
+                tracker.log(step, clean, walltime_s)
 
-    def close(self) -> None:
-        """Flush and release everything (files, the Prometheus port, the progress bar). Safe to call twice."""
+    def close(self, failed: bool = False) -> None:
+        """Flush and release everything (files, the Prometheus port, the progress bar, the trackers' runs, marked
+        failed when ``failed``: the run stopped on an error). Safe to call twice."""
         with self._lock:
             self._closed = True
             for backend in (self._console, self._prometheus, self._tensorboard, self._jsonl):
                 if backend is not None:
                     backend.close()
             self._console = self._prometheus = self._tensorboard = self._jsonl = None
+            trackers, self.trackers = self.trackers, {}
+            for tracker in trackers.values():
+                tracker.close(failed)
 
     def __enter__(self) -> MetricsLogger:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(failed=exc_type is not None)
 
 
 def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
