@@ -102,6 +102,50 @@ def test_a_plain_function_on_the_loop_scores_as_reward_fn_does(rewards_file):
     assert [s.reward for s in a] == [s.reward for s in b] == [3.0, 5.0]
 
 
+def test_a_row_scored_on_its_own_comes_back_on_its_callback_and_failures_stay_its_own(rewards_file):
+    """The per-row path (fully_async's completions): each sample's score is written into it and ``done`` is called
+    on the loop's thread; a slow or failing reward fails its row only; ``take_metrics`` closes the books."""
+    loop = RewardLoop(RewardFn(f"{rewards_file}:slow_or_bad"), max_concurrency=4, timeout_s=0.3)
+    samples = _samples(["ok", "slow", "bad", "ok"])
+    back: list[Sample] = []
+    arrived = threading.Event()
+
+    def done(s: Sample) -> None:
+        back.append(s)
+        if len(back) == len(samples):
+            arrived.set()
+
+    for s in samples:
+        loop.submit(s, done)
+    assert arrived.wait(10)
+    loop.check()  # nothing stopped the path
+    metrics = loop.take_metrics()
+    loop.close()
+    assert {id(s) for s in back} == {id(s) for s in samples}
+    assert back[-1].response_text == "slow"  # the slow one last: the others did not wait for it
+    assert [s.reward_failed for s in samples] == [False, True, True, False]
+    assert metrics["reward/failed_count"] == 2 and metrics["reward/timeouts"] == 1
+
+
+def test_a_callback_that_fails_is_raised_on_the_rollout_side(rewards_file):
+    loop = RewardLoop(RewardFn(f"{rewards_file}:plain"), max_concurrency=2, timeout_s=5)
+    failed = threading.Event()
+
+    def done(_s: Sample) -> None:
+        failed.set()
+        raise RuntimeError("the books refused the row")
+
+    loop.submit(_samples(["abc"])[0], done)
+    assert failed.wait(10)
+    for _ in range(100):
+        if loop.error is not None:
+            break
+        threading.Event().wait(0.01)
+    with pytest.raises(RuntimeError, match="the books refused the row"):
+        loop.check()
+    loop.close()
+
+
 class _Service(BaseHTTPRequestHandler):
     """Scores chain_sum answers; ``fail_first`` 503s before answering; a solution "reject" gets a 400."""
 

@@ -216,7 +216,7 @@ class GenRMConfig(Checked):
 class RewardConfig(Checked):
     custom_function: str | None = None  # "path/to/file.py:fn" with verl's signature; null = built-in registry
     binarize: bool = False  # reward 1.0 only for a full score (reasoning-gym scorers give partial credit), else 0.0
-    max_concurrency: int = 128  # samples scored at once (each as its row ends); more rows waiting hold admission
+    max_concurrency: int = 256  # samples scored at once (each as its row ends); more rows waiting hold admission
     timeout_s: float = 60.0  # per sample; a slower reward fails that sample
     remote_url: str | None = None  # a reward service (POST verl's fields as JSON, reply a score); implies the loop
     remote_max_retries: int = 3  # also the generative reward model's
