@@ -43,14 +43,6 @@ class LocalPort:
         """Whether the next ``advance`` decodes here (the generation thread must not sleep)."""
         return self.engine.live_rows() > 0
 
-    def stop_soon(self) -> None:
-        """From the driver's thread as a pause begins: the rank stops decoding now, not when the generation thread
-        reaches its park point (its own engine's step then runs on the cores the ranks leave). Rows submitted after
-        it are taken by ``request_interrupt``; ``interrupt`` collects both answers."""
-        with self._lock:
-            if self._early is None and self.held > 0:
-                self._early = self.handle.call("stream_interrupt", self.timeout_s)
-
     def request_interrupt(self) -> None:
         """Nothing to ask ahead: ``interrupt`` runs on the calling thread."""
 

@@ -231,7 +231,7 @@ class Rollouter(RolloutWorker):
             self.books.wake.set()
         if interrupt:
             for port in self.ports[1:]:  # the other ranks stop now, not when the generation thread gets there
-                port.stop_soon()  # type: ignore[attr-defined]
+                port.stop_soon()  # type: ignore[attr-defined] - a RemotePort
         with self._cv:
             ok = self._cv.wait_for(lambda: self._parked, timeout_s)
         self._check_alive()
