@@ -82,6 +82,10 @@ class Producer(Books):
         """Rows on the engines (submitted, not yet returned)."""
         return sum(self.load)
 
+    def rows_waiting(self) -> bool:
+        """Whether rows of groups in flight wait to be placed (interrupted, or an agent's next turn)."""
+        return bool(self._unplaced)
+
     def rows_completing(self) -> int:
         """Rows that ended and wait for their completion (a reward, a tool call)."""
         return sum(self._pending.values())

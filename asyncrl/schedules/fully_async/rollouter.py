@@ -145,7 +145,7 @@ class Rollouter(RolloutWorker):
             interrupt = self._interrupt
         if interrupt:
             self.books.interrupted(self.ports)
-        elif self.books.rows_out() or self._turns[0] or self.books._unplaced:
+        elif self.books.rows_out() or self._turns[0] or self.books.rows_waiting():
             return True  # draining: the live rows, and the conversations whose tool call runs, go on to their end
         self.books.put_finished(0.0)
         with self._cv:
