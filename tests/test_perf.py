@@ -344,7 +344,9 @@ def test_profile_and_plan_on_a_real_run(sync_run, tmp_path):
     res = _cli("profile", str(sync_run), cwd=Path.cwd())
     assert res.returncode == 0, res.stderr
     assert "decode s/call" in res.stdout and "fit error" in res.stdout
-    res = _cli("plan", "--cost", str(sync_run / "cost.json"), "--cpus", "2", "--steps", "8", cwd=Path.cwd())
+    # every setting listed (--top past the 35 searched): where sync ranks hangs on the fitted prices, i.e. on the CPU
+    args = ("--cpus", "2", "--steps", "8", "--top", "100")
+    res = _cli("plan", "--cost", str(sync_run / "cost.json"), *args, cwd=Path.cwd())
     assert res.returncode == 0, res.stderr
     assert "trainer.schedule=sync" in res.stdout
 
