@@ -88,7 +88,7 @@ class Producer(Books):
 
     def rows_completing(self) -> int:
         """Rows that ended and wait for their completion (a reward, a tool call)."""
-        return sum(self._pending.values())
+        return len(self.completing)
 
     def place(self, admit: bool = True) -> list[tuple[int, list[Sample]]]:
         """Rows to submit, by rank: first the unfinished rows of groups on no engine (start order), then (``admit``)
