@@ -59,6 +59,7 @@ class RunDir:
         self.resumed_from: Path | None = None  # the checkpoint this run resumed from
         self.wall_offset_s = 0.0  # wall seconds spent before the last resume
         self.t0 = time.time()
+        get_timeline().drain()  # spans a run in this process left when it raised before write_end are not this run's
         (self.path / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
     def wall_s(self) -> float:
