@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import SCHEDULES, load_config
+from asyncrl.config.errors import ConfigError
 from asyncrl.config.schema import MultiTurnConfig
 from asyncrl.data.collate import collate
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.models.loading import load_model
 from asyncrl.rollout.agent.format import TurnEncoder, parse_hermes_tool_calls, truncate
-from asyncrl.rollout.agent.loop import AgentEngine
+from asyncrl.rollout.agent.loop import AgentEngine, check_agent_loop
 from asyncrl.rollout.agent.tools import CalcTool, PythonTool, Tool, ToolCall, ToolError, call_tools, evaluate_arithmetic
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
@@ -298,6 +299,39 @@ def test_limits_turns_budget_and_per_row_agent(untrained_model):
     assert all(s.turns == 1 and s.response_mask is None for s in out) and agent_metrics(out) == {}
     with pytest.raises(ValueError, match="agent_name 'nope' is not a registered agent loop"):
         engine.generate(prompts_of(tok, agent_name="nope"), GREEDY, seed=0)
+
+
+LOOP_FILE = """
+from asyncrl.rollout.agent.loop import AgentLoop, Continuation
+
+class OneFixedToolTurn(AgentLoop):
+    def next_turns(self, samples, turn_texts):
+        return [Continuation([TOKEN], tool_calls=1) if s.turns == 1 else None for s in samples]
+
+class NotALoop:
+    pass
+"""
+
+
+def test_a_loop_of_ones_own_is_named_by_its_file_and_class(untrained_model, tmp_path):
+    """``rollout.agent.default_agent_loop`` (or a row's ``agent_name``) may name ``path/to/file.py:ClassName``: the
+    class is imported where the engine runs, so it needs no registration there (a Ray worker's included)."""
+    engine, tok = scripted_engine(untrained_model)
+    token = tok.convert_tokens_to_ids(tok.tokenize("1"))[0]
+    path = tmp_path / "my_loop.py"
+    path.write_text(LOOP_FILE.replace("TOKEN", str(token)))
+    out = engine.generate(prompts_of(tok, agent_name=f"{path}:OneFixedToolTurn"), GREEDY, seed=0)
+    for s in out:  # the first turn ended, the loop's one token went in as the tool's (mask 0), a second turn decoded
+        assert s.turns == 2 and s.tool_calls == 1
+        k = s.response_mask.index(0)
+        assert s.response_ids[k] == token and s.response_mask[k + 1 :] == [1] * (len(s.response_ids) - k - 1)
+    check_agent_loop(f"{path}:OneFixedToolTurn")
+    with pytest.raises(ConfigError, match=r"default_agent_loop: agent loop .*NotALoop' is not a subclass of"):
+        check_agent_loop(f"{path}:NotALoop")
+    with pytest.raises(ConfigError, match=r"default_agent_loop: agent loop .*has no class 'Nope'"):
+        check_agent_loop(f"{path}:Nope")
+    with pytest.raises(ConfigError, match=r"default_agent_loop: 'nope' is not a registered agent loop"):
+        check_agent_loop("nope")
 
 
 def test_a_conversation_paused_at_a_weight_sync_resumes_mid_conversation(untrained_model):

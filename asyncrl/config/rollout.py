@@ -43,7 +43,7 @@ class AgentConfig(Checked):
     """``rollout.agent``: which agent loop rolls out a row whose ``agent_name`` column is empty or absent (checked
     against the registered loops when a run starts: ``asyncrl.rollout.agent.loop.check_agent_loop``)."""
 
-    default_agent_loop: str = "single_turn_agent"  # single_turn_agent | tool_agent (asyncrl.rollout.agent.loop)
+    default_agent_loop: str = "single_turn_agent"  # single_turn_agent | tool_agent | path/to/file.py:ClassName
 
 
 @dataclass

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from asyncrl.config.errors import ConfigError
+from asyncrl.rewards.custom import load_named
 from asyncrl.rollout.agent.format import TurnEncoder, parse_hermes_tool_calls, truncate
 from asyncrl.rollout.agent.tools import Tool, build_tools, call_tools
 from asyncrl.types import PrefillStats, Prompt, Sample
@@ -110,13 +111,29 @@ class ToolAgent(AgentLoop):
         return out
 
 
-def check_agent_loop(name: str) -> None:
-    """``rollout.agent.default_agent_loop`` names a registered loop (a run checks it before any worker starts)."""
-    if name not in AGENT_LOOPS:
-        raise ConfigError(
-            f"config key rollout.agent.default_agent_loop must be one of {', '.join(sorted(AGENT_LOOPS))} "
-            f"(got {name!r}); a loop of your own registers with @register_agent_loop"
+def agent_loop_class(name: str) -> type[AgentLoop]:
+    """A registered loop's class, or an ``AgentLoop`` subclass of the user's named ``"path/to/file.py:ClassName"``
+    or ``"package.module:ClassName"`` (as a custom reward function is): imported where the engine runs, so a loop of
+    one's own reaches Ray workers without registering there. ``ValueError`` names what is wrong."""
+    if name in AGENT_LOOPS:
+        return AGENT_LOOPS[name]
+    if ":" not in name:
+        raise ValueError(
+            f"{name!r} is not a registered agent loop (registered: {', '.join(sorted(AGENT_LOOPS))}; "
+            "or 'path/to/file.py:ClassName' for an AgentLoop subclass)"
         )
+    cls = load_named(name, "agent loop", kind="class")
+    if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
+        raise ValueError(f"agent loop {name!r} is not a subclass of asyncrl.rollout.agent.loop.AgentLoop")
+    return cls
+
+
+def check_agent_loop(name: str) -> None:
+    """``rollout.agent.default_agent_loop`` names a loop (a run checks it before any worker starts)."""
+    try:
+        agent_loop_class(name)
+    except ValueError as e:
+        raise ConfigError(f"config key rollout.agent.default_agent_loop: {e}") from None
 
 
 _OWN = frozenset({"engine", "multi_turn", "default_agent_loop", "_loops", "_tools", "last_prefill", "_lock"})
@@ -172,14 +189,13 @@ class AgentEngine:
     def _build_loop(self, name: str, prompt: Prompt) -> AgentLoop:
         loop = self._loops.get(name)
         if loop is None:
-            if name not in AGENT_LOOPS:
-                raise ValueError(
-                    f"prompt index {prompt.index}: agent_name {name!r} is not a registered agent loop "
-                    f"(registered: {sorted(AGENT_LOOPS)})"
-                )
+            try:
+                cls = agent_loop_class(name)
+            except ValueError as e:
+                raise ValueError(f"prompt index {prompt.index}: agent_name {e}") from None
             if self._tools is None:
                 self._tools = build_tools(list(self.multi_turn.tools))
-            loop = self._loops[name] = AGENT_LOOPS[name](
+            loop = self._loops[name] = cls(
                 AgentContext(self.engine.tokenizer, self.multi_turn, self._tools)
             )
         return loop
@@ -302,11 +318,11 @@ class AgentEngine:
             if out[i].response_mask is None and not self._single_turn(out[i]):
                 out[i].response_mask = [1] * len(out[i].response_ids)  # marks a multi-turn sample (agent_metrics)
             if limit is None or out[i].turns < limit:
-                by_loop.setdefault(self.loop_for(out[i].prompt).name, []).append(i)
+                by_loop.setdefault(out[i].prompt.agent_name or self.default_agent_loop, []).append(i)
         going: list[int] = []
-        for name, idx in by_loop.items():
+        for idx in by_loop.values():
             texts = [self._last_turn_text(out[i]) for i in idx]
-            for i, c in zip(idx, self._loops[name].next_turns([out[i] for i in idx], texts)):
+            for i, c in zip(idx, self.loop_for(out[idx[0]].prompt).next_turns([out[i] for i in idx], texts)):
                 if c is None:
                     continue
                 s = out[i]
