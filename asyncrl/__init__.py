@@ -1,1 +1,97 @@
+"""asyncrl: RL post-training of language models where generation and training run at once.
+
+The public surface (docs/api.md), imported on first use so that ``import asyncrl`` stays light:
+
+- ``load_config(path_or_dict, overrides)`` -> ``Config``; ``train(config, reward=..., train_data=..., val_data=...)``
+  -> ``TrainResult`` (``asyncrl.api``);
+- the building blocks of a training loop of one's own (``examples/minimal_grpo.py``): ``load_model``,
+  ``load_rows``, ``PromptDataset``, ``RolloutEngine``, ``SamplingParams``, ``Sample``, ``RewardFn``, ``collate``,
+  ``group_ids``, ``rewards_of``, ``forward_logits``, ``losses``, ``evaluate_prompts``, ``load_sft_config``,
+  ``run_sft``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_PUBLIC = {
+    "load_config": "asyncrl.api",
+    "train": "asyncrl.api",
+    "TrainResult": "asyncrl.api",
+    "Config": "asyncrl.config.schema",
+    "load_model": "asyncrl.models.loading",
+    "PromptDataset": "asyncrl.data.dataset",
+    "load_rows": "asyncrl.data.rows",
+    "RolloutEngine": "asyncrl.rollout.engine",
+    "SamplingParams": "asyncrl.types",
+    "Sample": "asyncrl.types",
+    "Prompt": "asyncrl.types",
+    "RewardFn": "asyncrl.rewards",
+    "collate": "asyncrl.data.collate",
+    "group_ids": "asyncrl.data.collate",
+    "rewards_of": "asyncrl.data.collate",
+    "forward_logits": "asyncrl.trainer.forward",
+    "evaluate_prompts": "asyncrl.run.evaluation",
+    "load_sft_config": "asyncrl.finetune.sft",
+    "run_sft": "asyncrl.finetune.sft",
+}
+_MODULES = {"losses": "asyncrl.losses"}
+
+__all__ = [
+    "__version__",
+    "load_config",
+    "train",
+    "TrainResult",
+    "Config",
+    "load_model",
+    "PromptDataset",
+    "load_rows",
+    "RolloutEngine",
+    "SamplingParams",
+    "Sample",
+    "Prompt",
+    "RewardFn",
+    "collate",
+    "group_ids",
+    "rewards_of",
+    "forward_logits",
+    "evaluate_prompts",
+    "load_sft_config",
+    "run_sft",
+    "losses",
+]
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    elif name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    else:
+        raise AttributeError(f"module 'asyncrl' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:
+    from asyncrl import losses
+    from asyncrl.api import TrainResult, load_config, train
+    from asyncrl.config.schema import Config
+    from asyncrl.data.collate import collate, group_ids, rewards_of
+    from asyncrl.data.dataset import PromptDataset
+    from asyncrl.data.rows import load_rows
+    from asyncrl.finetune.sft import load_sft_config, run_sft
+    from asyncrl.models.loading import load_model
+    from asyncrl.rewards import RewardFn
+    from asyncrl.rollout.engine import RolloutEngine
+    from asyncrl.run.evaluation import evaluate_prompts
+    from asyncrl.trainer.forward import forward_logits
+    from asyncrl.types import Prompt, Sample, SamplingParams

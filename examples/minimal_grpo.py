@@ -21,16 +21,22 @@ from pathlib import Path
 
 import torch
 
-from asyncrl import losses
-from asyncrl.data.collate import collate, group_ids, rewards_of
-from asyncrl.data.dataset import PromptDataset
-from asyncrl.finetune.sft import load_sft_config, run_sft
-from asyncrl.models.loading import load_model
-from asyncrl.rewards import RewardFn
-from asyncrl.rollout.engine import RolloutEngine
-from asyncrl.run.evaluation import evaluate_prompts
-from asyncrl.trainer.forward import forward_logits
-from asyncrl.types import Sample, SamplingParams
+from asyncrl import (
+    PromptDataset,
+    RewardFn,
+    RolloutEngine,
+    Sample,
+    SamplingParams,
+    collate,
+    evaluate_prompts,
+    forward_logits,
+    group_ids,
+    load_model,
+    load_sft_config,
+    losses,
+    rewards_of,
+    run_sft,
+)
 
 N, TEMPERATURE, RESPONSE_LENGTH = 8, 1.0, 16  # responses per prompt (a group), sampling, response tokens at most
 LR, MINI_BATCHES, CLIP = 1e-4, 2, 0.2  # Adam's lr, optimizer steps per batch, PPO's ratio clip (both sides)

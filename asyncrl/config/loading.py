@@ -7,6 +7,7 @@ and consistency checks follow in ``asyncrl.config.checks``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +38,13 @@ def _renamed_key(layer: Any, where: str) -> None:
 
 
 def load_config(
-    path: str | Path | None = None,
+    path: str | Path | Mapping[str, Any] | None = None,
     overrides: list[str] | None = None,
     schema: type = Config,
     validate_fn: Any = None,
 ) -> Any:
-    """Merge a YAML file and ``key=value`` overrides onto the dataclass defaults and validate.
+    """Merge a YAML file (or a nested dict of the same keys) and ``key=value`` overrides onto the dataclass defaults
+    and validate.
 
     Raises ``ConfigError`` naming the key for an unknown key, a wrong type, a missing value or an out-of-range value.
     """
@@ -50,7 +52,12 @@ def load_config(
     from omegaconf.errors import OmegaConfBaseException
 
     layers = []
-    if path is not None:
+    if isinstance(path, Mapping):
+        try:
+            layers.append(("config dict", OmegaConf.create(dict(path))))
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"config dict: {str(e).splitlines()[0]}") from None
+    elif path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {p}: no such file")
