@@ -2,7 +2,7 @@
 
 - a rollout worker killed (SIGKILL) at a random moment is replaced and the run completes with every step once, every
   prompt's samples trained once, and the schedule's staleness bound; the same for the fully_async Rollouter, with
-  the prompt ledger as the evidence;
+  the prompt ledger as the evidence, and again with rewards and an agent's tool calls in flight at the kill;
 - past ``trainer.max_worker_restarts`` the run stops with one error naming the worker, after a checkpoint, and
   ``resume_mode=auto`` completes it;
 - the trainer killed: the run stops with one error (no hang) and resumes;
@@ -159,6 +159,93 @@ def test_the_fully_async_rollouter_killed_at_a_random_moment_is_replaced(setup, 
     assert killed, "the killer found no Rollouter"
     summary = check_stream_complete(run_dir, 30)
     assert len(summary["worker_restarts"]) == 1 and "rollouter" in summary["worker_restarts"][0]
+
+
+SLOW_PARTS = """
+import os, time, uuid
+from asyncrl.rollout.agent.loop import AgentLoop, Continuation
+
+def _mark(kind, phase, key):
+    with open({log!r}, "a") as f:  # one short line a write: whole lines, whatever the threads
+        f.write(f"{{os.getpid()}} {{kind}} {{phase}} {{key}}\\n")
+
+def slow_reward(data_source, solution_str, ground_truth, extra_info=None):
+    key = uuid.uuid4().hex
+    _mark("reward", "start", key)
+    time.sleep(0.15)
+    _mark("reward", "end", key)
+    return len(solution_str) / 1000
+
+class SlowToolLoop(AgentLoop):
+    \"\"\"Every first turn that ends calls a 'tool' that answers after 0.3 s; the second turn ends the rollout.\"\"\"
+
+    def next_turns(self, samples, turn_texts):
+        out = []
+        for s in samples:
+            if s.turns > 1:
+                out.append(None)
+                continue
+            key = uuid.uuid4().hex
+            _mark("tool", "start", key)
+            time.sleep(0.3)
+            _mark("tool", "end", key)
+            out.append(Continuation(self.ctx.tokenizer.encode(" 1", add_special_tokens=False), tool_calls=1))
+        return out
+"""
+
+
+def open_calls(log: Path, pid: int) -> dict[str, int]:
+    """Calls (reward, tool) that process ``pid`` started and never ended, by kind."""
+    started: dict[str, str] = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        p, kind, phase, key = line.split()
+        if int(p) == pid:
+            if phase == "start":
+                started[key] = kind
+            else:
+                started.pop(key, None)
+    out = {"reward": 0, "tool": 0}
+    for kind in started.values():
+        out[kind] += 1
+    return out
+
+
+def test_the_rollouter_killed_with_rewards_and_tool_calls_in_flight_loses_no_prompt(setup, tmp_path):
+    """Rows complete off the decode (a reward scored on the reward loop, an agent's tool call on the agent pool): the
+    Rollouter is killed while both are running; its replacement sends the rows its snapshot marked as completing to
+    their completion again, and the ledger at the end shows every prompt trained once."""
+    root, model, train, test = setup
+    run_dir = root / "rollouter_completing"
+    log = tmp_path / "calls.log"
+    parts = tmp_path / "slow_parts.py"
+    parts.write_text(SLOW_PARTS.format(log=str(log)))
+    over = stream_overrides(model, train, test, run_dir, 30) + ["rollout.response_length=16"]
+    over += [f"reward.custom_function={parts}:slow_reward", f"rollout.agent.default_agent_loop={parts}:SlowToolLoop"]
+    killed: list[int] = []
+
+    def kill_mid_calls() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not killed:
+            m = run_dir / "metrics.jsonl"
+            pids = pids_of("ray::Rollouter")
+            if pids and m.exists() and any(r["step"] >= 3 for r in read_metrics(m)):
+                if all(open_calls(log, pids[0]).values()):  # a reward and a tool call both running
+                    os.kill(pids[0], signal.SIGKILL)
+                    killed.append(pids[0])
+                    return
+            time.sleep(0.01)
+
+    t = threading.Thread(target=kill_mid_calls, daemon=True)
+    t.start()
+    summary = run_training(load_config(None, over))
+    t.join(timeout=5)
+    assert killed, "no moment with a reward and a tool call both in flight in the Rollouter"
+    found = open_calls(log, killed[0])  # the process is dead: what it started and never ended was in flight
+    assert found["reward"] >= 1 and found["tool"] >= 1, found
+    check_stream_complete(run_dir, 30)
+    assert len(summary["worker_restarts"]) == 1 and "rollouter" in summary["worker_restarts"][0]
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    assert sum(m.get("agent/tool_calls_mean", 0) for m in metrics) > 0  # the tool's turns were trained on
 
 
 def test_a_rollouter_lost_past_max_worker_restarts_is_checkpointed_and_the_resume_loses_no_prompt(setup):
