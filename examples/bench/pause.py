@@ -9,6 +9,8 @@ to every rank, resume. Per rank count:
 - ``pause_s``: the median seconds ``pause`` took (from the request to the thread parked, every rank's rows back);
 - ``gen_cpu_per_decode``: the Rollouter's generation thread's CPU seconds over the seconds its own engine decoded
   (a loop that spins while only the other ranks hold rows burns CPU beyond its own decode: well above 1);
+- ``step_s``: the median seconds one engine's decode step took, over every rank (a pause waits for the step each
+  rank is in, so ``pause_s / step_s`` is the pause in decode steps);
 - ``idle_cpu_frac``: the process's CPU seconds over ``--idle-s`` seconds of waiting with nothing to do (admission
   closed by the staleness budget, every row decoded, nothing consumed), as a share of one core.
 
@@ -50,6 +52,21 @@ def thread_cpu_s(thread: threading.Thread) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[arg-type]
 
 
+def timed_steps(engine, out: list[float]) -> None:
+    """Record how long each of ``engine``'s decode steps takes (the built-in engine under the agent wrapper)."""
+    inner = getattr(engine, "engine", engine)
+    step = inner.step
+
+    def timed():
+        t0 = time.perf_counter()
+        try:
+            return step()
+        finally:
+            out.append(time.perf_counter() - t0)
+
+    inner.step = timed
+
+
 def measure(ranks: int, syncs: int, idle_s: float, train_s: float, out_dir: str) -> dict[str, float]:
     cfg = load_config(None, [*BASE, f"rollout.num_workers={ranks}", f"trainer.default_local_dir={out_dir}"])
     specs = specs_for(cfg)
@@ -58,6 +75,9 @@ def measure(ranks: int, syncs: int, idle_s: float, train_s: float, out_dir: str)
     handles = [LocalHandle(w, w.name, concurrency=4) for w in others]
     if handles:
         ro.attach_ranks(handles)
+    steps: list[float] = []
+    for engine in [ro.engine, *(w.engine for w in others)]:
+        timed_steps(engine, steps)
     weights = ro.engine.state_dict_for_sync()
     groups = cfg.async_training.require_batches * cfg.actor.ppo_mini_batch_size
     ro.start()
@@ -84,6 +104,7 @@ def measure(ranks: int, syncs: int, idle_s: float, train_s: float, out_dir: str)
         "ranks": ranks,
         "pause_s": statistics.median(pauses[1:]),
         "pause_max_s": max(pauses[1:]),
+        "step_s": statistics.median(steps),
         "gen_cpu_per_decode": gen_cpu / max(decode, 1e-9),
         "idle_cpu_frac": idle,
     }
@@ -110,6 +131,7 @@ def main() -> None:
         print(
             f"ranks {r}: pause median {statistics.median(x['pause_s'] for x in mine) * 1e3:.1f} ms "
             f"({statistics.median(x['pause_s'] for x in mine) / base:.2f}x of {args.ranks[0]} rank), "
+            f"decode step median {statistics.median(x['step_s'] for x in mine) * 1e3:.1f} ms, "
             f"idle CPU {max(x['idle_cpu_frac'] for x in mine):.3f} of a core at most"
         )
 
