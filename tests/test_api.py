@@ -69,7 +69,8 @@ def test_a_batch_reward_gets_each_sample_as_a_dict(setup):
     cfg = config_for(root, model, "batch", "trainer.backend=in_process")
 
     def batch_reward(samples):
-        assert set(samples[0]) == {"data_source", "solution_str", "ground_truth", "extra_info"}  # else reward 0 (failed)
+        # a failed assert fails the sample: reward 0, neither 0.5 nor 0.25
+        assert set(samples[0]) == {"data_source", "solution_str", "ground_truth", "extra_info"}
         return [0.5 if s["ground_truth"] in s["solution_str"] else 0.25 for s in samples]
 
     result = asyncrl.train(cfg, reward=batch_reward, train_data=list(train))
