@@ -195,9 +195,7 @@ class AgentEngine:
                 raise ValueError(f"prompt index {prompt.index}: agent_name {e}") from None
             if self._tools is None:
                 self._tools = build_tools(list(self.multi_turn.tools))
-            loop = self._loops[name] = cls(
-                AgentContext(self.engine.tokenizer, self.multi_turn, self._tools)
-            )
+            loop = self._loops[name] = cls(AgentContext(self.engine.tokenizer, self.multi_turn, self._tools))
         return loop
 
     def _single_turn(self, sample: Sample) -> bool:
