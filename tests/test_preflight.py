@@ -1,7 +1,7 @@
-"""``asyncrl preflight`` on this machine's CPU path: real roles (in-process, and Ray actors on a local cluster), the real
-weight sync, decode and update, and faults that must each fail their own line and the exit status: an engine whose
-weights differ from the trainer's after a sync, a trainer rank that does not take part in its group, a memory plan
-that cannot fit."""
+"""``asyncrl preflight`` on this machine's CPU path: real roles (in-process, and Ray actors on a local cluster), the
+real weight sync, decode and update, and faults that must each fail their own line and the exit status: an engine
+whose weights differ from the trainer's after a sync, a trainer rank that does not take part in its group, a memory
+plan that cannot fit."""
 
 from __future__ import annotations
 

@@ -77,7 +77,9 @@ def memory_plan(cfg: Config) -> tuple[Check, MemoryPlan | None]:
     try:
         check_plan(plan, gpu_roles(cfg) or ("trainer", "rollout"))
     except MemoryPlanError as e:
-        return Check("memory plan", False, f"does not fit: {one_line(e)} [{figures} {where}]"), plan
+        return Check(
+            "memory plan", False, f"does not fit: {one_line(e).removeprefix('memory plan: ')} [{figures} {where}]"
+        ), plan
     return Check("memory plan", True, f"fits: {figures} {where}"), plan
 
 
@@ -151,7 +153,7 @@ def weight_sync(cfg: Config, roles: Roles, _corrupt_bucket: int | None = None) -
         Check(
             "weight sync",
             True,
-            f"{len(receivers)} engine(s) over {backend}, {plan.bytes / MB:.1f} MB in {plan.buckets} buckets: set-up "
+            f"{len(receivers)} engine(s) over {backend}, {plan.bytes / MB:.1f} MB in {plan.buckets} bucket(s): set-up "
             f"{t1 - t0:.2f} s, push {t2 - t1:.2f} s ({_rate(plan.bytes, stats.seconds)} on the wire, "
             f"{stats.apply_seconds:.2f} s applying); {verified}",
         )
@@ -235,15 +237,15 @@ def decode(cfg: Config, roles: Roles, prompt: Prompt) -> list[Check]:
 
 
 # ---- one micro-batch -------------------------------------------------------------------------------------------------
-def planned_samples(cfg: Config, vocab: int, seed: int) -> list[Sample]:
+def planned_samples(cfg: Config, vocab: int, seed: int, ranks: int = 1) -> list[Sample]:
     """Samples of full length (``data.max_prompt_length`` + ``rollout.response_length`` tokens each, no prompt
-    shared) that fill one micro-batch of the plan's token budget, in groups of two whose rewards differ (so every
-    row has an advantage and takes part in the update)."""
+    shared) that fill one micro-batch of the plan's token budget on each of ``ranks`` data-parallel ranks, in groups
+    of two whose rewards differ (so every row has an advantage and takes part in the update)."""
     import torch
 
     p_len, r_len = cfg.data.max_prompt_length, cfg.rollout.response_length
     rows = micro_batch_tokens(cfg) // (p_len + r_len)  # the plan's budget (ppo_micro_batch_size rows without packing)
-    rows = max(2, rows - rows % 2)
+    rows = max(2, rows - rows % 2) * ranks
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (rows, p_len + r_len), generator=g).tolist()
     out = []
@@ -259,7 +261,8 @@ def micro_batch(cfg: Config, algorithm: Algorithm, plan: MemoryPlan | None, voca
     step), with the trainer's peak memory against the plan: on a GPU the tensors' peak (what the plan counts, less
     its CUDA runtime term) must not exceed the plan; on a CPU the process's peak resident memory is shown beside it
     (it also holds the interpreter and its libraries, which the plan does not count)."""
-    samples = planned_samples(cfg, vocab, cfg.trainer.seed)
+    ranks = len(algorithm.roles.trainer.ranks)
+    samples = planned_samples(cfg, vocab, cfg.trainer.seed, ranks)
     tokens = sum(s.num_tokens for s in samples)
     t0 = time.perf_counter()
     try:
@@ -270,7 +273,7 @@ def micro_batch(cfg: Config, algorithm: Algorithm, plan: MemoryPlan | None, voca
     seconds = time.perf_counter() - t0
     m = trained.metrics
     planned = plan.trainer.total if plan is not None else None
-    head = f"{len(samples)} rows x {samples[0].num_tokens} = {tokens} tokens in {seconds:.2f} s"
+    head = f"{len(samples)} rows x {samples[0].num_tokens} = {tokens} tokens over {ranks} rank(s) in {seconds:.2f} s"
     bad = [k for k, v in m.items() if isinstance(v, float) and not math.isfinite(v) and not k.startswith("rollout")]
     if m.get("actor/nonfinite_skipped_steps", 0.0) > 0 or bad:
         return Check("trainer micro-batch", False, f"{head}: a loss or gradient is not finite ({', '.join(bad)})")
