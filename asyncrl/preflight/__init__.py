@@ -82,8 +82,7 @@ def run_preflight(cfg: Config, emit: Callable[[str], None] = print, _corrupt_buc
             emit(f"      (roles started in {time.perf_counter() - started:.1f} s)")
             group = checks.trainer_group(roles, cfg.weight_sync.timeout_s)
             add(group)
-            sync_lines, _ = checks.weight_sync(cfg, roles, _corrupt_bucket)
-            add(*sync_lines)
+            add(*checks.weight_sync(cfg, roles, _corrupt_bucket))
             add(*checks.decode(cfg, roles, prompt))
             if group.ok:
                 algorithm = cls(cfg, tokenizer, roles, resources)

@@ -130,13 +130,12 @@ def trainer_group(roles: Roles, timeout_s: float) -> Check:
     return Check("trainer group", True, detail)
 
 
-def weight_sync(cfg: Config, roles: Roles, _corrupt_bucket: int | None = None) -> tuple[list[Check], bool]:
+def weight_sync(cfg: Config, roles: Roles, _corrupt_bucket: int | None = None) -> list[Check]:
     """The run's sync group set up and one push of the trainer's weights into every engine, timed; then each engine's
-    weights fingerprinted against the trainer's. Returns the lines and whether the engines hold the trainer's weights
-    (a decode on them means something). ``_corrupt_bucket``: ``WeightSync.push``'s test hook."""
+    weights fingerprinted against the trainer's. ``_corrupt_bucket``: ``WeightSync.push``'s test hook."""
     receivers = roles.receivers
     if not receivers:
-        return [Check("weight sync", True, "none: the trainer's own engine generates from the weights it trains")], True
+        return [Check("weight sync", True, "none: the trainer's own engine generates from the weights it trains")]
     ready = cfg.trainer.role_start_timeout_s
     try:
         backend = transport_of([h.location(ready) for h in [roles.trainer.handle, *receivers]])
@@ -147,7 +146,7 @@ def weight_sync(cfg: Config, roles: Roles, _corrupt_bucket: int | None = None) -
         stats = ws.push(0, _corrupt_bucket)
         t2 = time.perf_counter()
     except Exception as e:  # noqa: BLE001 - the sync's error names the rank and the parameter
-        return [Check("weight sync", False, one_line(e))], False
+        return [Check("weight sync", False, one_line(e))]
     verified = "every bucket's CRC checked" if cfg.weight_sync.verify else "weight_sync.verify off: no CRC"
     lines = [
         Check(
@@ -158,8 +157,7 @@ def weight_sync(cfg: Config, roles: Roles, _corrupt_bucket: int | None = None) -
             f"{stats.apply_seconds:.2f} s applying); {verified}",
         )
     ]
-    fingerprints = fingerprint_lines(cfg, roles)
-    return lines + fingerprints, all(c.ok for c in fingerprints)
+    return lines + fingerprint_lines(cfg, roles)
 
 
 def fingerprint_lines(cfg: Config, roles: Roles) -> list[Check]:
