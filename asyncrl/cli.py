@@ -1,5 +1,5 @@
-"""``asyncrl <command>``: data | init-model | sft | train | distill | eval | export | report | bench | profile | plan
-| serve-teacher | demo.
+"""``asyncrl <command>``: data | init-model | sft | train | distill | preflight | eval | export | report | bench
+| profile | plan | serve-teacher | demo.
 
 Every command that takes a config accepts dotted ``key=value`` overrides after its flags, e.g.
 ``asyncrl train --config configs/quickstart.yaml rollout.n=8 trainer.total_training_steps=20``.
@@ -78,6 +78,14 @@ def cmd_distill(a: argparse.Namespace) -> None:
 
     cfg = load_config(a.config, ["algorithm.name=distill", *a.overrides])
     print(json.dumps(run_training(cfg)))
+
+
+def cmd_preflight(a: argparse.Namespace) -> None:
+    from asyncrl.config import load_config
+    from asyncrl.preflight import passed, run_preflight
+
+    if not passed(run_preflight(load_config(a.config, a.overrides))):
+        sys.exit(1)
 
 
 def cmd_eval(a: argparse.Namespace) -> None:
@@ -200,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("sft", cmd_sft, "supervised warm start (question -> answer)"),
         ("train", cmd_train, "RL training: algorithm.name on the schedule trainer.schedule"),
         ("distill", cmd_distill, "on-policy distillation from a teacher server (algorithm.name=distill)"),
+        ("preflight", cmd_preflight, "check a run's cluster in minutes: placement, memory, groups, sync, decode, step"),
     ):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--config", required=name != "sft")

@@ -77,7 +77,7 @@ class LeaderHandle:
     trainer with no full copy gathers them with every rank taking part (``asyncrl.trainer.gathered``); the result
     is rank 0's, once every rank has returned. Every other call goes to rank 0 alone."""
 
-    GATHERING = frozenset({"send_weights", "generate", "export_model", "state_dict"})
+    GATHERING = frozenset({"send_weights", "generate", "export_model", "state_dict", "weights_fingerprint"})
 
     def __init__(self, ranks: list[Handle]):
         self.ranks = ranks

@@ -22,6 +22,12 @@ from asyncrl.roles.team import RolloutSide
 from asyncrl.schedules.run_ports import RunPorts, drive, open_run
 
 
+def rollout_side() -> tuple[RolloutSide, type | None]:
+    """Where this schedule generates, and its producer's worker class (none): what its run starts its roles
+    with (``asyncrl preflight`` starts the same)."""
+    return RolloutSide.ACTOR, None
+
+
 def trainer_plan(cfg: Config) -> TrainerPlan:
     """The trainer's own engine generates every batch, with the weights it trains: one update per version."""
     return TrainerPlan(old_policy=default_old_policy(cfg), engine_is_rollout=True)
@@ -29,5 +35,5 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
 
 def run_sync(cfg: Config) -> dict[str, Any]:
     """The loop is ``loops.sync``, on the real roles."""
-    with open_run(cfg, RolloutSide.ACTOR, trainer_plan(cfg)) as (run, algorithm):
+    with open_run(cfg, rollout_side()[0], trainer_plan(cfg)) as (run, algorithm):
         return drive(RunPorts(run, algorithm), "sync")

@@ -29,6 +29,12 @@ from asyncrl.roles.team import RolloutSide
 from asyncrl.schedules.run_ports import RunPorts, drive, open_run
 
 
+def rollout_side() -> tuple[RolloutSide, type | None]:
+    """Where this schedule generates, and its producer's worker class (none): what its run starts its roles
+    with (``asyncrl preflight`` starts the same)."""
+    return RolloutSide.POOL, None
+
+
 def trainer_plan(cfg: Config) -> TrainerPlan:
     """The rollout pool generates; the trainer only evaluates with its engine: one update per version."""
     return TrainerPlan(old_policy=default_old_policy(cfg))
@@ -37,7 +43,7 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
 def run_two_step_off(cfg: Config) -> dict[str, Any]:
     """The loop is ``loops.two_step_off``, on the real roles; preparation finishes on a thread of its own."""
     with (
-        open_run(cfg, RolloutSide.POOL, trainer_plan(cfg)) as (run, algorithm),
+        open_run(cfg, rollout_side()[0], trainer_plan(cfg)) as (run, algorithm),
         ThreadPoolExecutor(1, "prepare") as pool,
     ):
         ports = RunPorts(run, algorithm, prepare_pool=pool)

@@ -18,6 +18,7 @@ from asyncrl.comm.groups import find_free_port
 from asyncrl.models.fp8 import quantize_for_sync, sync_layout
 from asyncrl.models.lora import is_lora, require_adapter, synced_tensors
 from asyncrl.weights.errors import WeightSyncError
+from asyncrl.weights.fingerprint import WeightsFingerprint, fingerprint_of
 from asyncrl.weights.group import WeightSyncGroup
 from asyncrl.weights.handshake import PlanSummary
 from asyncrl.weights.stats import SyncStats
@@ -105,6 +106,19 @@ class SyncSenderMixin(_WeightSyncMixin):
             return quantize_for_sync(tensors)
         return tensors
 
+    def weights_fingerprint(self, dtypes: dict[str, str] | None = None) -> WeightsFingerprint:
+        """The crc32 of every tensor a sync sends, each cast to ``dtypes[name]`` (a receiver's) first (``asyncrl
+        preflight``). Sharded with no full copy: gathered one parameter at a time, every other rank in
+        ``follow_gather``."""
+        gather = self.weight_sync_gather()
+        if gather is None:
+            return fingerprint_of(self.weight_sync_tensors().items(), dtypes)
+        session, dtype = gather
+        try:
+            return fingerprint_of(session.tensors(dtype).items(), dtypes)
+        finally:
+            session.stop()
+
     def weight_sync_endpoint(self, host: str) -> tuple[str, int]:
         """(host, port) for the group's store: a free port on ``host``, the trainer's own node address (the driver
         asks the backend where this worker runs)."""
@@ -147,6 +161,10 @@ class SyncReceiverMixin(_WeightSyncMixin):
     def weight_sync_tensors(self) -> dict[str, torch.Tensor]:
         """What the handshake checks the trainer's plan against."""
         return self.engine.state_dict_for_sync()
+
+    def weights_fingerprint(self) -> WeightsFingerprint:
+        """The crc32 of every tensor a sync covers, as the engine holds it now (``asyncrl preflight``)."""
+        return fingerprint_of(self.engine.state_dict_for_sync().items())
 
     def receive_weights(
         self, verify: bool = False, version: int | None = None, timeout_s: float | None = None

@@ -25,6 +25,7 @@ import torch
 from asyncrl import seeds
 from asyncrl.checkpoint import fingerprint
 from asyncrl.comm.groups import find_free_port
+from asyncrl.comm.probe import CollectiveProbe, probe_group
 from asyncrl.config.specs import TrainerSpec
 from asyncrl.data.collate import Objective, TrainBatch
 from asyncrl.models.device import resolve_device
@@ -181,6 +182,14 @@ class TrainerWorker(ActorStateMixin, SyncSenderMixin):
     def weight_sync_gather(self) -> tuple[gathered.Gather, torch.dtype] | None:
         return (gathered.Gather(self.dp, self.model), self.compute_dtype) if self.gathers else None
 
+    def probe_data_parallel(self, nbytes: int, timeout_s: float) -> CollectiveProbe | None:
+        """An all-reduce and a broadcast of ``nbytes`` on the data-parallel group, every rank at once (``asyncrl
+        preflight``); None for a lone rank, which has no group."""
+        if self.dp is None:
+            return None
+        dp = self.dp
+        return probe_group(dp.pg, self.rank, self.world_size, dp.backend, dp.device, nbytes, timeout_s)
+
     # ---- rollout -------------------------------------------------------------------------------------------------
     def generate(
         self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int = -1, score: bool = True
@@ -248,6 +257,8 @@ class TrainerWorker(ActorStateMixin, SyncSenderMixin):
         self._count_update()
         # the process's peak resident memory so far (Linux reports KiB): in-process runs count the driver's too
         timings["perf/trainer_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        if self.device.type == "cuda":  # the tensors' peak on this rank's GPU, what the memory plan counts
+            timings["perf/trainer_peak_cuda_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         timings["perf/trainer_threads"] = float(torch.get_num_threads())  # float sums depend on it (asyncrl replay)
         fp = self._fingerprint() if self.spec.record_consumed else None
         return UpdateResult({**res.metrics, **timings}, self.version, fp)

@@ -48,6 +48,17 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
     return TrainerPlan(old_policy=old, updates_per_version=at.trigger_parameter_sync_step)
 
 
+def rollout_side() -> tuple[Any, type]:
+    """Where this schedule generates (``RolloutSide.STREAM``) and its producer's worker class (the ``Rollouter``): what
+    ``open_stream`` starts its roles with (``asyncrl preflight`` starts the same)."""
+    # imported here: the books (producer, staleness, queue, ledger) load without the engine and the run machinery,
+    # so the performance model (asyncrl.planning) starts in a fraction of the time
+    from asyncrl.roles.team import RolloutSide
+    from asyncrl.schedules.fully_async.rollouter import Rollouter
+
+    return RolloutSide.STREAM, Rollouter
+
+
 def supervisor_of(cfg: Config) -> Callable[[Any, Any, Callable[[], int]], Any]:
     """How the run's ``StreamSupervisor`` is built from its roles, its weight sync and the trainer's version
     (``open_run``'s ``stream``)."""
@@ -68,13 +79,10 @@ def supervisor_of(cfg: Config) -> Callable[[Any, Any, Callable[[], int]], Any]:
 def open_stream(cfg: Config) -> Iterator[tuple[Any, Any]]:
     """``open_run`` for fully_async: the run (``run.stream``: its ``StreamSupervisor``, not started) and its
     algorithm; the Rollouter's generation thread is stopped at exit, whatever happened."""
-    # imported here: the books (producer, staleness, queue, ledger) load without the engine and the run machinery,
-    # so the performance model (asyncrl.planning) starts in a fraction of the time
-    from asyncrl.roles.team import RolloutSide
-    from asyncrl.schedules.fully_async.rollouter import Rollouter
-    from asyncrl.schedules.run_ports import open_run
+    from asyncrl.schedules.run_ports import open_run  # imported here, as in ``rollout_side``
 
-    with open_run(cfg, RolloutSide.STREAM, trainer_plan(cfg), Rollouter, supervisor_of(cfg)) as (run, algorithm):
+    side, rollouter = rollout_side()
+    with open_run(cfg, side, trainer_plan(cfg), rollouter, supervisor_of(cfg)) as (run, algorithm):
         try:
             yield run, algorithm
         finally:

@@ -1,0 +1,105 @@
+"""``asyncrl preflight``: the run's command line, checked part by part on the cluster it will use, in minutes and
+before any long load, instead of at step 1 after loading the model.
+
+In order, one line each (PASS or FAIL, with the reason and the figures):
+
+    memory plan          the sizing plan from the model's config.json against the device (before any worker starts;
+                         a plan that cannot fit stops here, so nothing is loaded)
+    placement <worker>   every role as ``start_roles`` placed it: its node, device, GPUs (the run's own start-up)
+    trainer group        an all-reduce and a broadcast on the trainer's data-parallel group, with their bandwidth
+    weight sync          the run's sync group set up and one push of the real weights into every engine, in seconds
+    fingerprint <engine> each engine's weights after that push against the trainer's, tensor by tensor
+    decode <engine>      one short decode on every engine, with the run's sampling
+    trainer micro-batch  the algorithm's preparation and one update at the plan's token budget, peak memory vs plan
+
+The exit status is 0 only when every line passes. Worker logs go to ``trainer.default_local_dir``/preflight/logs, so
+the run's own directory (its checkpoints, its metrics) is left untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from asyncrl.config import Config
+from asyncrl.errors import one_line
+from asyncrl.preflight.checks import Check, failures, skipped
+
+PREFLIGHT_DIR = "preflight"
+
+
+def preflight_config(cfg: Config) -> Config:
+    """``cfg`` with its worker logs under ``trainer.default_local_dir``/preflight."""
+    out = copy.deepcopy(cfg)
+    out.trainer.default_local_dir = str(Path(cfg.trainer.default_local_dir) / PREFLIGHT_DIR)
+    return out
+
+
+def run_preflight(cfg: Config, emit: Callable[[str], None] = print, _corrupt_bucket: int | None = None) -> list[Check]:
+    """Check ``cfg``'s run (the module docstring's lines, each handed to ``emit`` as it is decided) and return the
+    lines. A config the algorithm refuses raises its ``ConfigError`` as ``asyncrl train`` would. ``_corrupt_bucket``:
+    the weight sync's test hook (a byte of that bucket flipped after its checksum is taken)."""
+    from asyncrl.algorithms import algorithm_class, check_config
+    from asyncrl.config.specs import role_specs
+    from asyncrl.models.loading import check_model_dir
+    from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
+    from asyncrl.preflight import checks
+    from asyncrl.schedules import schedule_module
+    from asyncrl.workers.start import start_roles
+
+    t0 = time.perf_counter()
+    check_config(cfg)
+    cfg = preflight_config(cfg)
+    lines: list[Check] = []
+
+    def add(*new: Check) -> None:
+        for c in new:
+            lines.append(c)
+            emit(c.line())
+
+    mem, plan = checks.memory_plan(cfg)
+    add(mem)
+    if not mem.ok:
+        add(skipped("roles", "the memory plan does not fit (nothing was loaded)"))
+        return _end(lines, t0, emit)
+    module = schedule_module(cfg)
+    side, producer = module.rollout_side()
+    cls = algorithm_class(cfg)
+    specs = role_specs(cfg, cls.trainer_needs(cfg), module.trainer_plan(cfg))
+    check_model_dir(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path)
+    prompt = checks.first_prompt(cfg, tokenizer)
+    started = time.perf_counter()
+    try:
+        with (
+            cls.resources(cfg, tokenizer, cfg.trainer.default_local_dir) as resources,
+            start_roles(cfg, side, specs, cls.roles_needed(cfg), producer) as roles,
+        ):
+            ready = cfg.trainer.role_start_timeout_s
+            add(*checks.placement(roles, ready))
+            emit(f"      (roles started in {time.perf_counter() - started:.1f} s)")
+            group = checks.trainer_group(roles, cfg.weight_sync.timeout_s)
+            add(group)
+            add(*checks.weight_sync(cfg, roles, _corrupt_bucket))
+            add(*checks.decode(cfg, roles, prompt))
+            if group.ok:
+                algorithm = cls(cfg, tokenizer, roles, resources)
+                add(checks.micro_batch(cfg, algorithm, plan, len(tokenizer)))
+            else:
+                add(skipped("trainer micro-batch", "the trainer group failed (an update needs every rank)"))
+    except Exception as e:  # noqa: BLE001 - a role that cannot start (placement, a model, a rendezvous) is a finding
+        add(Check("roles", False, f"did not start: {one_line(e)}"))
+    return _end(lines, t0, emit)
+
+
+def _end(lines: list[Check], t0: float, emit: Callable[[str], None]) -> list[Check]:
+    bad = failures(lines)
+    verdict = "all passed" if not bad else f"{len(bad)} failed ({', '.join(c.part for c in bad)})"
+    emit(f"preflight: {len(lines) - len(bad)} of {len(lines)} passed, {verdict}, in {time.perf_counter() - t0:.1f} s")
+    return lines
+
+
+def passed(lines: list[Check]) -> bool:
+    return bool(lines) and not failures(lines)
