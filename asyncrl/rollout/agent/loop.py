@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from asyncrl.config.errors import ConfigError
-from asyncrl.rewards.custom import load_named
+from asyncrl.named import load_named
 from asyncrl.rollout.agent.format import TurnEncoder, parse_hermes_tool_calls, truncate
 from asyncrl.rollout.agent.tools import Tool, build_tools, call_tools
 from asyncrl.types import PrefillStats, Prompt, Sample
