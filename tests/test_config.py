@@ -178,7 +178,7 @@ def test_a_replaced_key_in_a_yaml_file_names_the_file(tmp_path):
         (["ref.fsdp_config.param_offload=true"], "config section ref: set, but algorithm.name=grpo with actor.use_kl"),
         (["actor.fsdp_config.fsdp_size=2"], "actor.fsdp_config.fsdp_size must be -1 or trainer.num_workers (1)"),
         (["actor.ulysses_sequence_parallel_size=2"], "must be 1 (Ulysses sequence parallelism is not built)"),
-        (["rollout.tensor_model_parallel_size=2"], "must be 1 (one GPU per rollout worker; tensor-parallel"),
+        (["rollout.tensor_model_parallel_size=2"], "must be 1 with the builtin engine (vllm: any)"),
         (["rollout.dtype=int8"], "config key rollout.dtype must be"),
         (["rollout.top_k=-2"], "config key rollout.top_k must be >= -1 (0 or -1 = off)"),
         (["algorithm.name=dpo", "rollout.n=1"], "config key rollout.n must be >= 2 when algorithm.name=dpo"),

@@ -120,6 +120,24 @@ def test_verl_node_and_gpu_keys_size_the_trainer_and_the_rollout_pool():
     assert p.total_gpus == 4.0
 
 
+def test_a_tensor_parallel_engine_reserves_its_gpus_on_one_node():
+    """verl's keys with rollout.tensor_model_parallel_size=2: 2 nodes x 4 rollout GPUs are 4 engines, each asking
+    Ray for 2 GPUs of one node."""
+    tp = ["rollout.engine=vllm", "rollout.tensor_model_parallel_size=2"]
+    tp += ["rollout.nnodes=2", "rollout.n_gpus_per_node=4"]
+    cfg, p = _resolve_grpo("trainer.n_gpus_per_node=1", *tp, nodes=_gpu_nodes(1, 4, 4))
+    assert cfg.rollout.num_workers == 4 and p.rollout == Pool(cpus=2.0, gpus=4.0, nodes=2, ranks=4)
+    assert [(p.slot(f"rollout:{i}").node, p.slot(f"rollout:{i}").gpus) for i in range(4)] == [
+        (0, 2.0), (0, 2.0), (1, 2.0), (1, 2.0)
+    ]  # fmt: skip
+    from asyncrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"rollout.tensor_model_parallel_size must be a divisor of rollout.n_gpus"):
+        load_config(None, GRPO + [*tp[:2], "rollout.n_gpus_per_node=3"])
+    with pytest.raises(ConfigError, match=r"rollout.tensor_model_parallel_size must be 1 with the builtin engine"):
+        load_config(None, GRPO + ["rollout.tensor_model_parallel_size=2"])
+
+
 def test_cpu_ranks_spread_over_nodes_and_colocated_roles_split_a_gpu():
     cfg, p = _resolve_grpo("trainer.nnodes=2", "trainer.num_workers=4", nodes=_gpu_nodes(0, 0, cpus=8))
     assert p.pools["trainer"] == Pool(cpus=4.0, nodes=2, ranks=4)

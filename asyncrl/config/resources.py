@@ -1,7 +1,8 @@
 """The resource keys in verl's terms: nodes and GPUs per node for the trainer and for the rollout pool.
 
 ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` is the trainer's data-parallel world, one rank per GPU;
-``rollout.nnodes`` x ``rollout.n_gpus_per_node`` the rollout pool's workers, one per GPU. ``num_workers`` left at 1
+``rollout.nnodes`` x ``rollout.n_gpus_per_node`` / ``rollout.tensor_model_parallel_size`` the rollout pool's workers
+(engines), each on TP GPUs of one node. ``num_workers`` left at 1
 becomes that product, so a config written for verl's recipes needs no other key; set to anything else it must agree.
 Without GPUs, ``nnodes`` spreads ``num_workers`` CPU ranks evenly over that many nodes. Where the pools land, and
 whether the cluster holds them, is decided when the run starts (``asyncrl.roles.placement``).
@@ -20,11 +21,13 @@ def resolve_ranks(cfg: Any) -> None:
     for key in ("trainer", "rollout"):
         section = getattr(cfg, key)
         nodes, gpus = section.nnodes, section.n_gpus_per_node
+        tp = section.tensor_model_parallel_size if key == "rollout" else 1
         if gpus > 0:
-            want = nodes * gpus
+            want = nodes * gpus // tp
             if section.num_workers == 1:
                 section.num_workers = want
-            allowed = f"{want} ({key}.nnodes x {key}.n_gpus_per_node: one rank per GPU), or left out"
+            per = "one rank per GPU" if tp == 1 else f"one engine per {tp} GPUs"
+            allowed = f"{want} ({key}.nnodes x {key}.n_gpus_per_node: {per}), or left out"
             check(section.num_workers == want, f"{key}.num_workers", section.num_workers, allowed)
         elif nodes > 1:
             if section.num_workers == 1:

@@ -138,15 +138,15 @@ class RolloutConfig(Checked):
     # cache; null = 0.8 on a GPU of its own, 0.4 on one it shares with the trainer (sync); on the CPU: the KV
     # cache's share of the machine's RAM (null = 0.05)
     gpu_memory_utilization: float | None = None
-    tensor_model_parallel_size: int = 1  # vllm: GPUs per engine; one GPU per rollout worker is built: 1 only
+    tensor_model_parallel_size: int = 1  # vllm: devices per engine (its tensor-parallel workers); builtin: 1
     enable_chunked_prefill: bool = True  # vllm on GPUs: long prefills split across steps (ignored on the CPU)
     # vllm: tokens scheduled per engine step; null = max_num_seqs x max_model_len on CPU (vLLM 0.32 there must not
     # split the prefill of a seeded request), vLLM's own default on a GPU
     max_num_batched_tokens: int | None = None
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)  # held-out evaluation's sampling
-    num_workers: int = 1  # rollout workers in the rollout pool (1 with GPUs: nnodes x n_gpus_per_node)
+    num_workers: int = 1  # rollout workers (engines) in the pool (with GPUs: nnodes x n_gpus_per_node / TP)
     nnodes: int = 1  # nodes the rollout workers spread over, num_workers / nnodes on each (verl's rollout.nnodes)
-    n_gpus_per_node: int = 0  # GPUs per rollout node, one per worker (verl's rollout.n_gpus_per_node); 0: CPU
+    n_gpus_per_node: int = 0  # GPUs per rollout node, TP per worker (verl's rollout.n_gpus_per_node); 0: CPU
     cpus_per_worker: float = 1.0  # CPUs per rollout worker; its torch threads = this, rounded down
     generate_timeout_s: float = 1800.0  # a rollout worker's generate call past this is hung: replaced (Ray, a pool)
 
@@ -163,9 +163,7 @@ class RolloutConfig(Checked):
         "max_model_len": or_null(at_least(2)),
         "dtype": or_null(one_of(DTYPES)),
         "gpu_memory_utilization": or_null(rule(lambda v: 0 < v < 1, "in (0, 1)")),
-        "tensor_model_parallel_size": rule(
-            lambda v: v == 1, "1 (one GPU per rollout worker; tensor-parallel engines are not built)"
-        ),
+        "tensor_model_parallel_size": POSITIVE_INT,
         "max_num_batched_tokens": or_null(POSITIVE_INT),
         "num_workers": POSITIVE_INT,
         "nnodes": POSITIVE_INT,
@@ -181,6 +179,16 @@ class RolloutConfig(Checked):
 
     def check(self, key: str) -> None:
         super().check(key)
+        tp = self.tensor_model_parallel_size
+        if tp > 1:
+            check(
+                self.engine == "vllm", f"{key}.tensor_model_parallel_size", tp, "1 with the builtin engine (vllm: any)"
+            )
+            if self.n_gpus_per_node:
+                allowed = (
+                    f"a divisor of {key}.n_gpus_per_node ({self.n_gpus_per_node}): an engine's devices on one node"
+                )
+                check(self.n_gpus_per_node % tp == 0, f"{key}.tensor_model_parallel_size", tp, allowed)
         if self.agent.default_agent_loop == "tool_agent":
             mt = self.multi_turn
             check(bool(mt.tools), f"{key}.multi_turn.tools", mt.tools, "a non-empty list with the tool agent")

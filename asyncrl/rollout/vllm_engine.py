@@ -1,6 +1,8 @@
 """VllmEngine: vLLM as the rollout engine, with the built-in engine's interface (generate / resume / pause / update).
 
-vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the rollout worker is already its own process), driven
+vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the rollout worker is already its own process; with
+``rollout.tensor_model_parallel_size`` N > 1 its N workers are processes of vLLM's "mp" executor, each holding a shard
+and loading its shard of every sync from the whole tensors, gathered in this process's RAM), driven
 request by request through ``LLMEngine.add_request`` / ``step`` so that a pause takes effect at the next decode step:
 the unfinished requests are aborted and come back "interrupted" with every token and log-prob produced so far, and
 ``resume`` continues them from ``prompt + response`` with the remaining budget (the partial rollout of fully_async).
@@ -313,7 +315,11 @@ class VllmEngine(VllmStreaming, GatedEngine):
                     self.adapters.activate(self._engine, adapter, version)
                 else:
                     pulled = Pulled(checked, self._canonical, applying)
-                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pulled)})
+                    # tensor-parallel workers are processes of their own: they get the checked tensors whole, through
+                    # host memory, each loading its shard (the whole sync is gathered in this process's RAM first)
+                    tp = self.options.tensor_parallel_size > 1
+                    weights = [(name, t.cpu()) for name, t in pulled] if tp else pulled
+                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
                     pulled.raise_if_failed()
                     self.llm.apply_model(refresh_tied_cpu_layers)
                 reset = self.llm.reset_prefix_cache()
@@ -337,6 +343,9 @@ def _start_llm(vllm: Any, model_path: str, options: VllmOptions, dtype: str, lor
     """``vllm.LLM`` on ``model_path`` in ``dtype`` (``engine_dtype``), with the device's defaults resolved
     (``vllm_options``), or one VllmEngineError naming the path and vLLM's own reason."""
     on_gpu = torch.cuda.is_available()
+    tp = options.tensor_parallel_size
+    if tp > 1:  # workers in processes of their own (vLLM's "mp" executor); apply_model sends them a function
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     # vLLM's CPU worker drops the process to 1 torch thread "for serving" and replaces torch.set_num_threads with
     # a no-op; this process (a rollout worker, or the trainer when colocated) owns its thread count: restore both
     threads, set_threads = torch.get_num_threads(), torch.set_num_threads
@@ -353,6 +362,8 @@ def _start_llm(vllm: Any, model_path: str, options: VllmOptions, dtype: str, lor
                 enable_prefix_caching=options.enable_prefix_caching,
                 logprobs_mode="processed_logprobs",
                 hf_overrides=options.hf_overrides or None,
+                tensor_parallel_size=tp,
+                **({"distributed_executor_backend": "mp"} if tp > 1 else {}),
                 **memory_options(options, on_gpu),
                 # LoRA: room for the adapter being replaced and its successor while a sync swaps them
                 **({"enable_lora": True, "max_lora_rank": max_lora_rank(lora.rank), "max_loras": 2} if lora else {}),

@@ -49,6 +49,7 @@ class VllmOptions:
     seed: int = 0
     hf_overrides: dict[str, Any] = field(default_factory=dict)  # model.override_config (RoPE scaling, ...)
     quantization: str | None = None  # rollout.quantization: "fp8" syncs arrive quantized and are dequantized
+    tensor_parallel_size: int = 1  # rollout.tensor_model_parallel_size: the engine's worker processes, a shard each
 
     @classmethod
     def from_spec(cls, spec: Any, colocated: bool = False) -> VllmOptions:
@@ -69,6 +70,7 @@ class VllmOptions:
             seed=spec.seed,
             hf_overrides=hf_overrides_for(m.path, m.override_config),
             quantization=r.quantization,
+            tensor_parallel_size=r.tensor_model_parallel_size,
         )
 
 
@@ -97,8 +99,9 @@ def memory_options(options: VllmOptions, on_gpu: bool) -> dict[str, Any]:
             "enable_chunked_prefill": options.enable_chunked_prefill,
         }
         return {**out, "max_num_batched_tokens": batched} if batched is not None else out
-    return {
-        "kv_cache_memory_bytes": _kv_cache_bytes(options.gpu_memory_utilization or CPU_KV_SHARE),
+    return {  # vLLM sizes the KV cache per worker: a tensor-parallel engine's workers share the machine's share
+        "kv_cache_memory_bytes": _kv_cache_bytes(options.gpu_memory_utilization or CPU_KV_SHARE)
+        // options.tensor_parallel_size,
         "max_num_batched_tokens": batched or options.max_num_seqs * options.max_model_len,
     }
 

@@ -263,11 +263,12 @@ def trainer_memory(cfg: Config, s: ModelShape, ranks: int, engine: int = 0) -> T
 
 def rollout_memory(cfg: Config, s: ModelShape, device_bytes: int | None, shared: bool = False) -> RolloutMemory:
     """A rollout engine's GPU (``shared``: beside the trainer, sync). vLLM takes ``gpu_memory_utilization`` of the
-    device for weights, activations, graphs and KV cache (its KV cache is what remains); the built-in engine
-    allocates its KV for ``max_batch_size`` rows."""
+    device for weights, activations, graphs and KV cache (its KV cache is what remains), each of its
+    ``tensor_model_parallel_size`` GPUs a shard of the weights; the built-in engine allocates its KV for
+    ``max_batch_size`` rows."""
     r, b = cfg.rollout, rollout_dtype_bytes(cfg)
     m = RolloutMemory(engine=r.engine)
-    m.weights = s.params * b
+    m.weights = s.params * b // r.tensor_model_parallel_size
     m.receiver = 0 if shared else _bucket_bytes(cfg, s)
     m.runtime = 0 if shared else RUNTIME_BYTES
     if r.engine == "vllm":
@@ -291,7 +292,7 @@ def plan_memory(
     trainer_ranks: int | None = None,
 ) -> MemoryPlan:
     """Each role's bytes per GPU for ``cfg`` on ``trainer_ranks`` trainer GPUs (default ``trainer.num_workers``);
-    the rollout pool (any schedule but sync) has one worker per GPU, each holding the whole model."""
+    the rollout pool (any schedule but sync) has one engine per ``rollout.tensor_model_parallel_size`` GPUs."""
     ranks = trainer_ranks or cfg.trainer.num_workers
     kv = s.kv_bytes_per_token(rollout_dtype_bytes(cfg))
     if cfg.trainer.schedule == "sync":

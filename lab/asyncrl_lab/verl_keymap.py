@@ -81,7 +81,7 @@ VERL_NAMES: dict[str, str] = {
     "rollout.val_kwargs.do_sample": f"{_ARR}.rollout.val_kwargs.do_sample",
     "rollout.val_kwargs.n": f"{_ARR}.rollout.val_kwargs.n",
     "rollout.dtype": f"{_ARR}.rollout.dtype",
-    "rollout.tensor_model_parallel_size": f"{_ARR}.rollout.tensor_model_parallel_size (1 only here)",
+    "rollout.tensor_model_parallel_size": f"{_ARR}.rollout.tensor_model_parallel_size (vllm; builtin: 1)",
     "rollout.enable_chunked_prefill": f"{_ARR}.rollout.enable_chunked_prefill",
     "rollout.num_workers": "rollout.nnodes x rollout.n_gpus_per_node (so when left at 1)",
     "rollout.nnodes": "rollout.nnodes (verl's fully_async and one_step_off recipes)",
