@@ -8,7 +8,7 @@ status 2, without a traceback: the message already names what is wrong and where
 a failure of the machinery and keeps its traceback.
 
 Each such class keeps its older base as well (``class ConfigError(UserInputError, ValueError)``), so code that
-catches ``ValueError`` or ``RuntimeError`` behaves as before.
+catches ``ValueError`` or ``RuntimeError`` catches these too.
 
 This module imports no asyncrl module when it loads (every error module imports it) and nothing from Ray (an
 in-process run never loads Ray): a Ray error is recognised by the attributes Ray gives it.

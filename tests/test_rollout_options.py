@@ -60,3 +60,28 @@ def test_the_sync_schedules_builtin_engine_refuses_a_rollout_dtype_it_cannot_dec
     with pytest.raises(ConfigError, match="rollout.dtype=bfloat16: the sync schedule's built-in engine"):
         load_config(None, [*base, "rollout.dtype=bfloat16"])
     load_config(None, [*base, "rollout.dtype=bfloat16", "trainer.schedule=one_step_off"])  # its own copy there
+
+
+def test_a_tensor_parallel_engine_splits_the_cpu_kv_share_and_checks_what_each_worker_received():
+    """On the CPU the KV share of the machine is the engine's, split over its workers (vLLM sizes it per worker).
+    After a sync each worker's crc32 of what it received must be the sender's: a differing or missing tensor names
+    the worker."""
+    import torch
+
+    from asyncrl.checkpoint import fingerprint
+    from asyncrl.rollout.vllm_model import check_shard_fingerprints
+
+    one, two = (memory_options(VllmOptions(tensor_parallel_size=tp), on_gpu=False) for tp in (1, 2))
+    assert two["kv_cache_memory_bytes"] == one["kv_cache_memory_bytes"] // 2
+    weights = {"a": torch.arange(6.0), "b": torch.ones(2, 3)}
+    sent = fingerprint(weights)
+    check_shard_fingerprints(sent, [dict(sent), dict(sent)], "sync")  # as sent: no error
+    flipped = fingerprint(
+        {**weights, "b": torch.ones(2, 3).index_put_((torch.tensor(0), torch.tensor(1)), torch.tensor(2.0))}
+    )
+    with pytest.raises(
+        ValueError, match=r"sync: tensor-parallel worker 1 received 1 tensor\(s\) other than sent .*: b\)"
+    ):
+        check_shard_fingerprints(sent, [dict(sent), flipped], "sync")
+    with pytest.raises(ValueError, match=r"worker 0 received 1 tensor\(s\) .*missing: a\)"):
+        check_shard_fingerprints(sent, [{"b": sent["b"]}], "sync")

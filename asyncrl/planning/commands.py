@@ -118,7 +118,7 @@ def _memory_plan(a: argparse.Namespace, shown: list | None) -> None:
 
     def plan_checks(cfg) -> None:
         """Each section's own keys, and the ranks from the GPU keys. Not the cross-key checks of a run (those
-        refuse what today's trainer cannot run; the plan is of the trainer issue 50 builds), and no dataset."""
+        refuse what this machine's trainer cannot run; the plan is of the GPU trainer), and no dataset."""
         if not cfg.data.train_files:
             cfg.data.train_files = ["(not read by asyncrl plan)"]
         cfg.check_sections()

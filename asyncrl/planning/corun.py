@@ -4,8 +4,7 @@ sync run's update, the probe's decode: each alone, with OpenMP's default).
 
 Two things differ in such a run. Its workers' idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=
 PASSIVE``, ``asyncrl.workers.cluster.SHARED_CORES_ENV``: a spinning pool steals the other worker's core), which
-alone makes a two-thread update slower: 205 ms against 118 ms on the bench's Intel machine (BENCHMARKS.md, issue 49,
-ninth session). And when their threads outnumber the cores, time-slicing shares them: with the default policy an
+alone makes a two-thread update slower: 205 ms against 118 ms on the bench's Intel machine (BENCHMARKS.md). And when their threads outnumber the cores, time-slicing shares them: with the default policy an
 update beside a one-thread decode ran 12x slower (its threads spin at each barrier for the one sliced out), with the
 run's policy about as fast as alone. So the probe times the run's update on its training threads and its streaming
 decode on one thread, in two processes: the update alone with the default policy (``PRICED``), then each alone and
@@ -16,7 +15,7 @@ with the run's policy (applied by the simulated clock whenever its shared cores 
 
 The decode's speed alone is not re-priced: on one thread it runs no OpenMP parallel region, so the policy has nothing
 to act on. Timing it both ways measured only the two timings' noise (0.94-1.09 over twelve probes on one machine), and
-pricing by that ratio moved fully_async's predictions by as much (BENCHMARKS.md, issue 49, tenth session).
+pricing by that ratio moved fully_async's predictions by as much (BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ at most ``max_batch_size`` rows prefills each distinct prefix once, then runs on
 step costs a fixed part plus a part per row of the live batch, and the live batch drops its finished rows whenever
 at most half of it is still running. vLLM: one call takes every row, schedules at most ``max_num_seqs`` at a time
 and replaces a finished row by the next waiting one at the next step (continuous batching); every request is
-prefilled (its prefix cache shares nothing between requests scheduled together: BENCHMARKS.md, issue 18). A run
+prefilled (its prefix cache shares nothing between requests scheduled together: BENCHMARKS.md). A run
 whose prompts are all alike in length cannot tell prefill from the call's fixed cost: without a probe a prefilled
 token is priced as a decoded position; ``--probe`` measures it. ``decode_segments`` reproduces either rule from row
 lengths alone, so the simulator can price a decode of any rows.
@@ -372,7 +372,7 @@ def from_dict(raw: Any, where: str) -> CostModel:
             v = _term(v, f"cost model {where}: {f.name}")
         elif f.name == "scaling":
             known = {g.name for g in fields(Scaling)}
-            if isinstance(v, dict):  # the one-thread decode's policy factor, no longer measured or applied (corun)
+            if isinstance(v, dict):  # a cost file's one-thread decode policy factor: not a price (corun), dropped
                 v = {k: x for k, x in v.items() if k != "shared_gen"}
             if not isinstance(v, dict) or set(v) - known:
                 raise CostModelError(f"cost model {where}: scaling has unknown keys {sorted(set(v) - known)}")

@@ -107,7 +107,7 @@ def stream_prices(steps: list[TimedStep]) -> StreamPrices | None:
 
     Taken as measured: the probe's process holds the engine alone, as the Rollouter's does. They are not moved by the
     sync run's own batch steps (``process_ratio``), which ran in the trainer's process beside its optimizer state
-    (BENCHMARKS.md, issue 49, sixth session: moved by that ratio, 0.91-1.23, the predictions of eight bracketed
+    (BENCHMARKS.md: moved by that ratio, 0.91-1.23, the predictions of eight bracketed
     invocations were off by -14..+17% of the measured ratio to sync; as measured, by -5..+9%)."""
     if all(s.rows == 0 for s in steps) or all(s.rows > 0 for s in steps):
         return None

@@ -27,7 +27,7 @@ def builtin_engine(
 
 
 def with_agent_loops(spec: EngineSpec, engine):
-    """``engine`` behind the agent loops (``asyncrl.rollout.agent``): single-turn rows decode as before, a row whose
+    """``engine`` behind the agent loops (``asyncrl.rollout.agent``): single-turn rows decode as the engine alone would, a row whose
     agent (``agent_name``, else ``rollout.agent.default_agent_loop``) is the tool agent runs several turns."""
     return AgentEngine(engine, spec.rollout.multi_turn, spec.rollout.agent.default_agent_loop)
 

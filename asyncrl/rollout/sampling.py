@@ -3,7 +3,7 @@ row's cumulative distribution at its own uniform (``RowStreams``: a row's noise 
 
 Both decoders sample with ``sample_rows``: on the logits' device (a GPU model's logits never cross to the host; the
 rows' float64 draws, made on the CPU from their keys, go to the device, and one token and log-prob per row come back).
-On the CPU that is the same computation as before, bit for bit.
+On the CPU the draws and the arithmetic are the host's, bit for bit.
 
 The log-probability recorded for each sampled token is ``log_softmax(logits / temperature)`` over the FULL vocabulary,
 taken BEFORE top-k/top-p truncation. That is the quantity the trainer can recompute from its own forward pass (it knows

@@ -139,7 +139,7 @@ class SlotCache(DynamicCache):
 
     def write_prefill(self, slots_R: torch.Tensor, prefilled: DynamicCache, index_R: torch.Tensor) -> None:
         """Copy row ``index_R[r]`` of a left-padded prefill cache (all its W columns) into slot ``slots_R[r]``'s
-        columns ``[p - W, p)``: right-aligned at ``p`` like every live slot (pad columns masked out as before)."""
+        columns ``[p - W, p)``: right-aligned at ``p`` like every live slot (its pad columns masked out)."""
         p = self.p
         for layer, src in zip(self.slot_layers, prefilled.layers):
             assert layer.keys_buf is not None and layer.values_buf is not None

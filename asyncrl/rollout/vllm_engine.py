@@ -34,6 +34,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl import seeds
+from asyncrl.checkpoint import fingerprint
 from asyncrl.errors import UserInputError
 from asyncrl.models.fp8 import quantize_for_sync, sync_layout
 from asyncrl.models.loading import eos_token_ids
@@ -43,7 +44,13 @@ from asyncrl.rollout.engine import check_prompts, extend_sample, resumable, row_
 from asyncrl.rollout.gate import EngineGate, GatedEngine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
-from asyncrl.rollout.vllm_model import eos_of, expected_params, refresh_tied_cpu_layers
+from asyncrl.rollout.vllm_model import (
+    check_shard_fingerprints,
+    eos_of,
+    expected_params,
+    refresh_tied_cpu_layers,
+    reload_and_fingerprint,
+)
 from asyncrl.rollout.vllm_options import VllmOptions, eager, engine_dtype, memory_options
 from asyncrl.rollout.vllm_stream import VllmStreaming, budget_left, read_output
 from asyncrl.types import PrefillStats, Prompt, Sample
@@ -316,10 +323,19 @@ class VllmEngine(VllmStreaming, GatedEngine):
                 else:
                     pulled = Pulled(checked, self._canonical, applying)
                     # tensor-parallel workers are processes of their own: they get the checked tensors whole, through
-                    # host memory, each loading its shard (the whole sync is gathered in this process's RAM first)
-                    tp = self.options.tensor_parallel_size > 1
-                    weights = [(name, t.cpu()) for name, t in pulled] if tp else pulled
-                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+                    # host memory (the whole sync gathered in this process's RAM first), each fingerprinting what it
+                    # received and loading its shard; a worker that got other bytes fails the sync, naming it
+                    if self.options.tensor_parallel_size > 1:
+                        weights = [(name, t.cpu()) for name, t in pulled]
+                        pulled.raise_if_failed()
+                        sent = {k: v for name, t in weights for k, v in fingerprint({name: t}).items()}
+                        received = self.llm.collective_rpc(reload_and_fingerprint, args=(weights,))
+                        try:
+                            check_shard_fingerprints(sent, received, where)
+                        except ValueError as e:
+                            raise VllmEngineError(str(e)) from None
+                    else:
+                        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pulled)})
                     pulled.raise_if_failed()
                     self.llm.apply_model(refresh_tied_cpu_layers)
                 reset = self.llm.reset_prefix_cache()

@@ -1,11 +1,15 @@
 """What the vLLM engine knows of a model directory without loading it in transformers: the parameters a sync must
-carry (meta tensors), its eos ids, and the CPU re-pack of tied vocabulary layers after a reload."""
+carry (meta tensors), its eos ids, the CPU re-pack of tied vocabulary layers after a reload, and what a
+tensor-parallel worker runs of a sync (``reload_and_fingerprint``, checked by ``check_shard_fingerprints``)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from asyncrl.checkpoint import fingerprint
 from asyncrl.models.loading import ModelLoadError, eos_token_ids_of
 
 
@@ -50,3 +54,25 @@ def eos_of(model_path: str, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     if not ids:
         raise ModelLoadError(f"model.path {model_path}: no eos token (generation could never stop)")
     return ids
+
+
+def reload_and_fingerprint(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> dict[str, int]:
+    """Run in each tensor-parallel worker of a vLLM engine (``collective_rpc``): the crc32 of every tensor as it
+    arrived there, then vLLM's in-place reload, which loads this worker's shard of each."""
+    crc: dict[str, int] = {}
+    for name, t in weights:
+        crc.update(fingerprint({name: t}))
+    worker.reload_weights(weights_iterator=iter(weights))
+    return crc
+
+
+def check_shard_fingerprints(sent: dict[str, int], received: list[dict[str, int]], where: str) -> None:
+    """Every tensor-parallel worker received every tensor of the sync as sent; else ``ValueError`` naming the worker
+    and the first tensors that differ or are missing."""
+    for rank, got in enumerate(received):
+        bad = sorted(n for n in sent.keys() | got.keys() if sent.get(n) != got.get(n))
+        if bad:
+            raise ValueError(
+                f"{where}: tensor-parallel worker {rank} received {len(bad)} tensor(s) other than sent "
+                f"(crc32 differs or missing: {', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
+            )

@@ -161,7 +161,7 @@ class DynamicSamplingError(UserInputError, RuntimeError):
 
 class BatchFiller:
     """Fills a step's batch with groups that have a spread (``algorithm.filter_groups``); with it off, a step's
-    batch is its one generation batch, as before."""
+    batch is its one generation batch."""
 
     def __init__(self, cfg: Config):
         fg = cfg.algorithm.filter_groups

@@ -1,6 +1,6 @@
 """The memory plan: the bytes one GPU of each role holds at its peak, from the config and the model's shape alone.
 
-It describes the trainer as issue 50 leaves it (FSDP2 with fp32 shards as the masters and bf16 compute through
+It describes the GPU trainer (FSDP2 with fp32 shards as the masters and bf16 compute through
 torch's ``MixedPrecisionPolicy``; the reference and proximal models sharded or offloaded; no unsharded serving copy
 outside ``sync``; micro-batches by token budget and attention memory linear in the tokens; the weight receiver
 applying each bucket as it arrives), and is checked against the tensor bytes measured on today's code

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from asyncrl.teacher.protocol import RequestError, error_body
 
-logger = logging.getLogger("asyncrl.teacher.server")  # one logger for the whole teacher server, as before the split
+logger = logging.getLogger("asyncrl.teacher.server")  # one logger for the whole teacher server
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a 100k-token batch is ~1 MB of JSON; anything near this is a mistake
 IDLE_CONNECTION_TIMEOUT_S = 120.0  # a keep-alive connection silent this long is closed

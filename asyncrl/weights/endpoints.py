@@ -177,7 +177,7 @@ class SyncReceiverMixin(_WeightSyncMixin):
         model and its version untouched. One that fails later (a later bucket's checksum, a transport failure) has
         applied the buckets before it: there is no rollback (it would need the second copy), the engine keeps its old
         version number and refuses to generate (PartialWeightsError) until the next complete sync, and the error says
-        so. The group stays usable after a checksum or header mismatch, as before.
+        so. The group stays usable after a checksum or header mismatch.
         """
         incoming = self._group(version).receive_stream(verify, timeout_s, expected_version=version)
         try:

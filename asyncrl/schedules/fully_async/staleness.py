@@ -48,10 +48,10 @@ the generation thread stops waiting for room while the trainer waits (``Producer
 Across a kill and resume the argument is unchanged: queued groups come back with their start versions, and in-flight
 groups are abandoned (never consumed, like drops) and their prompts re-issued as new groups at the resumed version.
 
-Why at consumption and not at admission: holding admission back while an old group generates (the rule this module
-had until 2026-11-27) also bounds staleness, but on a long tail it kept the exact Rollouter at 0.6 of its slots where
-the budget alone fills 0.87 (BENCHMARKS.md, issue 49); the trainer, which waits for data most of every step on such
-work anyway, now waits for a due group instead.
+Why at consumption and not at admission: holding admission back while an old group generates also bounds
+staleness, but on a long tail it keeps the exact Rollouter at 0.6 of its slots where the budget alone fills 0.87
+(BENCHMARKS.md, "fully_async streams per row"); the trainer, which waits for data most of every step on such work
+anyway, waits for a due group instead.
 """
 
 from __future__ import annotations
