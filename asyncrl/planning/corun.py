@@ -3,15 +3,15 @@ CPU box: the trainer on every core, the Rollouter on one more), against the pric
 sync run's update, the probe's decode: each alone, with OpenMP's default).
 
 Two things differ in such a run. Its workers' idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=
-PASSIVE``, ``asyncrl.workers.cluster.SHARED_CORES_ENV``: a spinning pool steals the other worker's core), which
-alone makes a two-thread update slower: 205 ms against 118 ms on the bench's Intel machine (BENCHMARKS.md). And when their threads outnumber the cores, time-slicing shares them: with the default policy an
-update beside a one-thread decode ran 12x slower (its threads spin at each barrier for the one sliced out), with the
-run's policy about as fast as alone. So the probe times the run's update on its training threads and its streaming
-decode on one thread, in two processes: the update alone with the default policy (``PRICED``), then each alone and
-both together with the run's (``SHARED``). ``shared_train``: the update's speed alone with the run's policy over its
-priced speed (applied to every run of several pools); ``oversubscribed``: each job's speed together over alone, both
-with the run's policy (applied by the simulated clock whenever its shared cores are oversubscribed,
-``clock.Clock(oversubscribed=...)``).
+PASSIVE``, ``asyncrl.workers.cluster.SHARED_CORES_ENV``: a spinning pool steals the other worker's core), which alone
+makes a two-thread update slower: 205 ms against 118 ms on the bench's Intel machine (BENCHMARKS.md). And when their
+threads outnumber the cores, time-slicing shares them: with the default policy an update beside a one-thread decode ran
+12x slower (its threads spin at each barrier for the one sliced out), with the run's policy about as fast as alone. So
+the probe times the run's update on its training threads and its streaming decode on one thread, in two processes: the
+update alone with the default policy (``PRICED``), then each alone and both together with the run's (``SHARED``).
+``shared_train``: the update's speed alone with the run's policy over its priced speed (applied to every run of several
+pools); ``oversubscribed``: each job's speed together over alone, both with the run's policy (applied by the simulated
+clock whenever its shared cores are oversubscribed, ``clock.Clock(oversubscribed=...)``).
 
 The decode's speed alone is not re-priced: on one thread it runs no OpenMP parallel region, so the policy has nothing
 to act on. Timing it both ways measured only the two timings' noise (0.94-1.09 over twelve probes on one machine), and

@@ -1,14 +1,13 @@
 """A fully_async weight push, timed on the run's own roles: what the sync run cannot show (it pushes no weights).
 
-A push parks the Rollouter, sends the trainer's weights, loads them into the Rollouter's engine, and lets it go on
-with its snapshot handed back (``StreamSupervisor.push``). Timed apart, the transfer and the load are a fraction of
-it: in a run on two cores the calls around them cost about 10 ms a push, and the transfer inside the run is slower
-than between two idle processes (BENCHMARKS.md, where a weight push's time goes). So the probe starts the run's model as a
+A push parks the Rollouter, sends the trainer's weights, loads them into the Rollouter's engine, and lets it go on with
+its snapshot handed back (``StreamSupervisor.push``). Timed apart, the transfer and the load are a fraction of it: in a
+run on two cores the calls around them cost about 10 ms a push, and the transfer inside the run is slower than between
+two idle processes (BENCHMARKS.md, where a weight push's time goes). So the probe starts the run's model as a
 fully_async run would (trainer and Rollouter on the run's backend, one Rollouter on one thread beside the trainer's
-threads), lets the Rollouter stream the run's prompts, and, like the trainer's loop less its update, takes a batch
-and pushes, ``PUSHES`` times. Each push's seconds beyond its park (which the simulated Rollouter reaches by itself)
-price the simulated push.
-"""
+threads), lets the Rollouter stream the run's prompts, and, like the trainer's loop less its update, takes a batch and
+pushes, ``PUSHES`` times. Each push's seconds beyond its park (which the simulated Rollouter reaches by itself) price
+the simulated push."""
 
 from __future__ import annotations
 

@@ -27,8 +27,8 @@ def builtin_engine(
 
 
 def with_agent_loops(spec: EngineSpec, engine):
-    """``engine`` behind the agent loops (``asyncrl.rollout.agent``): single-turn rows decode as the engine alone would, a row whose
-    agent (``agent_name``, else ``rollout.agent.default_agent_loop``) is the tool agent runs several turns."""
+    """``engine`` behind the agent loops (``asyncrl.rollout.agent``): single-turn rows decode as the engine alone
+    would, a row whose agent (``agent_name``, else ``rollout.agent.default_agent_loop``) goes on runs several turns."""
     return AgentEngine(engine, spec.rollout.multi_turn, spec.rollout.agent.default_agent_loop)
 
 
