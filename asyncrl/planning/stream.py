@@ -4,13 +4,15 @@ partial-rollout pause) decides what each rank decodes; each rank's streaming eng
 plus a part per row it runs, at the batch decode's prices: vLLM's live rows, the built-in engine's slots in use, kept
 as that engine keeps them) and per admission (the new rows' prefill, a blank group's shared; never the batch
 decoder's per-call cost), and the clock jumps from one row's end to the next: a row that ends frees its slot at that
-step and the producer places the next group at once, as the real engines do. The driver's loop is
+step and the producer places the next group at once, as the real engines do. A row that ends goes to the reward
+loop, priced on the pool's cores beside the decode; its group completes when it is scored. The driver's loop is
 ``schedules.fully_async``'s. ``StreamSim`` is the part of ``simulate.Sim`` that runs it."""
 
 from __future__ import annotations
 
 import copy
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from asyncrl.data.sampler import EpochSampler
@@ -94,9 +96,37 @@ class StreamSim:
             cost.stream_rows, cost.n, self.prices.replicas, st.max_inflight_groups
         )
         self.ranks = [SimRank(c) for c in capacities]
+        self.scoring: list[tuple[Sample, Callable[[Sample], None]]] = []
         return Producer(
-            budget, queue, sampler, _sim_prompt, cost.n, capacities, max_groups, clock=lambda: self.clock.now
+            budget,
+            queue,
+            sampler,
+            _sim_prompt,
+            cost.n,
+            capacities,
+            max_groups,
+            clock=lambda: self.clock.now,
+            complete=lambda sample, done: self.scoring.append((sample, done)),
         )
+
+    def _score(self, producer: Producer, life: int) -> None:
+        if self.scoring:
+            batch, self.scoring = self.scoring, []
+            self.clock.spawn(self._scorer(producer, batch, life, len(self.step_ends) + 1))
+
+    def _scorer(self, producer: Producer, batch: list[tuple[Sample, Callable[[Sample], None]]], life: int, step: int):
+        """The reward loop scoring the rows that ended at one decode step, on the pool's cores beside the decode
+        (``Producer.complete``); their groups complete when it is done. Rows of a Rollouter that died meanwhile are
+        the replacement's to score."""
+        reward = Compute(self.cost.reward(row=len(batch)), 1.0, self.prices.pool)
+        yield from self.busy("rollout", "reward", step, reward)
+        if self.state["life"] != life:
+            return
+        for sample, done in batch:
+            done(sample)
+        if producer.put_finished(0.0):
+            self.clock.fire(self.queued)
+        self.clock.fire(self.admission)
 
     def _step_s(self, rank: SimRank) -> float:
         """Seconds of one decode step of ``rank``: vLLM's runs its live rows, the built-in engine's every slot in use
@@ -186,7 +216,7 @@ class StreamSim:
     def rollouter(self, producer: Producer, life: int):
         """The Rollouter's loop (``Rollouter._run`` over ``Producer.turn``) on the clock, each rank's engine priced
         per step between row ends; it ends when a fault replaced it (``life``)."""
-        cost, s = self.cost, self.state
+        s = self.state
         while not s["stop"] and s["life"] == life:
             if s["park"]:
                 if s["interrupt"]:
@@ -202,6 +232,7 @@ class StreamSim:
                 for k, rows in producer.place():
                     self._submit(self.ranks[k], rows)
             if not producer.rows_out():
+                self._score(producer, life)  # rows a restore handed to their completion again
                 if producer.put_finished(0.0):
                     self.clock.fire(self.queued)
                     continue
@@ -214,18 +245,11 @@ class StreamSim:
             if s["life"] != life:  # died during the decode: its work is lost
                 return
             self.spans.append(Span("rollout", "generate", t0, self.clock.now, len(self.step_ends) + 1))
-            n_fin = 0
             for k, ended in enumerate(self._advance(dt, version)):
                 if ended:
                     producer.returned(k, ended)
-                    n_fin += sum(s.stop_reason != "interrupted" for s in ended)
-            if n_fin:
-                yield from self.busy(
-                    "rollout", "reward", len(self.step_ends) + 1, Compute(cost.reward(row=n_fin), 1.0, self.prices.pool)
-                )
-                if s["life"] != life:
-                    return
-            if producer.put_finished(0.0) or n_fin:  # a finished group may be the one the trainer waits for
+            self._score(producer, life)  # the rows that ended go to the reward loop; the decode goes on
+            if producer.put_finished(0.0):  # a finished group may be the one the trainer waits for
                 self.clock.fire(self.queued)
 
     def fully_async(self):
