@@ -234,6 +234,20 @@ def test_overlap_on_separate_devices_reaches_the_slower_phase(schedule, gen, tra
     assert max(p.staleness) <= (2 if schedule == "two_step_off" else 1)
 
 
+def test_the_simulated_rollouter_scores_rows_beside_its_decode():
+    """fully_async's rewards run on the reward loop, not the generation thread: in the simulated Rollouter a row's
+    reward (here 0.2 s a row, on a device of its own) overlaps the decode of the rows after it, so some "reward" span
+    runs while a "generate" span does, and a step is shorter than decode + reward in series."""
+    cost = fixed_cost(0.1, 0.5, reward=Term(("row",), (0.2,)))
+    setting = Setting("fully_async", trainer=1, rollout=1, staleness_threshold=1.0)
+    p = simulate(cost, Cluster.gpus(2), setting, steps=12)
+    gen = [(x.start, x.end) for x in p.spans if x.name == "generate"]
+    rew = [(x.start, x.end) for x in p.spans if x.name == "reward"]
+    assert rew and any(a < d and c < b for a, b in gen for c, d in rew if b > a and d > c)
+    serial = 10 * 0.1 + 32 * 0.2  # a step's decode and its rows' rewards one after the other
+    assert median_step(p) < serial
+
+
 def test_shared_cores_take_the_overlap_back():
     """On 2 shared cores a 2-thread trainer beside a 1-thread rollout is time-sliced: with perfect thread scaling
     the work is the same and one_step_off cannot beat sync."""
