@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from asyncrl.config.schema import SCHEDULES
 from asyncrl.planning.cost import CostModel
 from asyncrl.planning.simulate import Cluster, Prediction, Setting, simulate
 
@@ -105,7 +106,7 @@ class Plan:
 def make_plan(
     cost: CostModel,
     cluster: Cluster,
-    schedules: tuple[str, ...] = ("sync", "one_step_off", "two_step_off", "fully_async"),
+    schedules: tuple[str, ...] = SCHEDULES,
     steps: int = 30,
     search_steps: int = 6,
     refine: int = 6,

@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 
 from asyncrl.planning.cost import CostModel, Segment, update_positions
 
-SCHEDULES = ("sync", "one_step_off", "two_step_off", "fully_async")
-
 
 @dataclass(frozen=True)
 class Cluster:

@@ -25,10 +25,11 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 
+from asyncrl.config.schema import SCHEDULES
 from asyncrl.planning.clock import Clock, Compute
 from asyncrl.planning.cost import CostModel, update_positions
 from asyncrl.planning.decode import Row, decode
-from asyncrl.planning.setting import SCHEDULES, Cluster, Prediction, Prices, Setting, Span, Work
+from asyncrl.planning.setting import Cluster, Prediction, Prices, Setting, Span, Work
 from asyncrl.planning.sim_ports import SimPorts
 from asyncrl.planning.stream import StreamSim
 from asyncrl.schedules.fully_async.slots import budget_of

@@ -43,7 +43,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config import ConfigError, load_config
+from asyncrl.config import SCHEDULES, ConfigError, load_config
 from asyncrl.telemetry.timeline import read_chrome_trace
 from asyncrl_lab.bench_common import (
     RATE_COLUMNS,
@@ -62,7 +62,6 @@ from asyncrl_lab.bench_common import (
 from asyncrl_lab.bench_knobs import Latency, knob_columns, run_latencies
 from asyncrl_lab.bench_ppo import PPO_MODES, run_ppo_bench
 
-SCHEDULES = ("sync", "one_step_off", "two_step_off", "fully_async")
 # today's sync before prefix sharing and packing: every other row is also measured against it
 UNSHARED = "sync_unshared"
 UNSHARED_OVERRIDES = [

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config import SCHEDULES as ALL_SCHEDULES
 from asyncrl.config import ConfigError, load_config
 from asyncrl.telemetry.timeline import read_chrome_trace
 from asyncrl_lab.bench_common import (
@@ -34,7 +35,7 @@ from asyncrl_lab.bench_common import (
     write_results,
 )
 
-SCHEDULES = ("sync", "one_step_off", "two_step_off")
+SCHEDULES = tuple(s for s in ALL_SCHEDULES if s != "fully_async")  # distillation runs on the batch schedules
 BASE_CONFIG = "configs/distill.yaml"
 
 
