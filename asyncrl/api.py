@@ -138,7 +138,8 @@ def _pickle_reward(fn: Callable[..., Any], inputs: Path) -> str:
         raise UserInputError(f"train(): reward must be a callable or a 'path/to/file.py:function' spec (got {fn!r})")
     wrapped = PythonReward(fn, _takes_one_argument(fn))
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    if module is not None and _own_module(module):
+    by_value = module is not None and _own_module(module)
+    if by_value:
         cloudpickle.register_pickle_by_value(module)  # a worker may not import the user's module: send its code
     try:
         data = cloudpickle.dumps(wrapped)
@@ -148,7 +149,7 @@ def _pickle_reward(fn: Callable[..., Any], inputs: Path) -> str:
             f"{type(e).__name__}: {e}"
         ) from None
     finally:
-        if module is not None and _own_module(module):
+        if by_value:
             cloudpickle.unregister_pickle_by_value(module)
     inputs.mkdir(parents=True, exist_ok=True)
     path = inputs / REWARD_PICKLE

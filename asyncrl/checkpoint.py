@@ -220,3 +220,8 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
 def fingerprint(state: dict[str, torch.Tensor]) -> dict[str, int]:
     """A crc32 of every tensor's bytes (``asyncrl replay`` names the first step and tensor where it departs)."""
     return {k: zlib.crc32(v.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy()) for k, v in state.items()}
+
+
+def differing(a: dict[str, int], b: dict[str, int]) -> list[str]:
+    """The tensor names of two fingerprints whose crc32 differ, or that one side lacks, in sorted order."""
+    return sorted(n for n in a.keys() | b.keys() if a.get(n) != b.get(n))

@@ -1,5 +1,7 @@
 """JSON over HTTP with kept-alive connections (one per calling thread) and one retry policy, for every remote service
-a run talks to: the teacher server (``asyncrl.teacher.client``) and a reward service (``asyncrl.rewards.remote``).
+a run talks to: the teacher server (``asyncrl.teacher.client``) and a reward service (``asyncrl.rewards.remote``);
+and the server side both of asyncrl's own servers share (``TrackedHTTPServer``, ``JsonRequestHandler``: the teacher's
+``asyncrl.teacher.transport`` and the lab's reward service).
 
 Failure policy, per request: connection errors, timeouts and HTTP 5xx/408/429 are retried up to ``max_retries`` times
 with exponential back-off (``backoff_s``, then x2 each retry), then raise the ``unavailable`` error naming the URL;
@@ -12,10 +14,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -166,3 +171,66 @@ def server_message(payload: bytes) -> str:
     if isinstance(obj, dict) and "detail" in obj:
         return str(obj["detail"])
     return str(obj)[:300]
+
+
+class TrackedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, and the open connections known, so ``close_connections`` can end kept-alive ones when
+    the server stops. A client that hangs up is routine: logged at debug on ``log``, not printed as a traceback."""
+
+    daemon_threads = True
+    log = logging.getLogger(__name__)  # a subclass's own logger
+    label = "HTTP"  # names the server in that log
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        self._conns: set[socket.socket] = set()
+        self._conns_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        self.log.debug("%s connection from %s failed", self.label, client_address, exc_info=True)
+
+    def track(self, conn: socket.socket, add: bool) -> None:
+        with self._conns_lock:
+            (self._conns.add if add else self._conns.discard)(conn)
+
+    def close_connections(self) -> None:
+        with self._conns_lock:
+            for conn in self._conns:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class JsonRequestHandler(BaseHTTPRequestHandler):
+    """Keep-alive HTTP/1.1 on a ``TrackedHTTPServer`` (each connection tracked while it is open), requests logged at
+    debug on the server's log, and ``_send``: a JSON reply (``Connection: close`` when the connection ends)."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive: the client reuses one connection per thread
+    allow_nan = False  # a reply with NaN or inf is not JSON: refused rather than sent
+    server: TrackedHTTPServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.track(self.connection, False)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+        self.server.log.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload, allow_nan=self.allow_nan).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)

@@ -328,7 +328,7 @@ class VllmEngine(VllmStreaming, GatedEngine):
                     if self.options.tensor_parallel_size > 1:
                         weights = [(name, t.cpu()) for name, t in pulled]
                         pulled.raise_if_failed()
-                        sent = {k: v for name, t in weights for k, v in fingerprint({name: t}).items()}
+                        sent = fingerprint(dict(weights))
                         received = self.llm.collective_rpc(reload_and_fingerprint, args=(weights,))
                         try:
                             check_shard_fingerprints(sent, received, where)

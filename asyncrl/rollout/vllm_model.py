@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from asyncrl.checkpoint import fingerprint
+from asyncrl.checkpoint import differing, fingerprint
 from asyncrl.models.loading import ModelLoadError, eos_token_ids_of
 
 
@@ -59,9 +59,7 @@ def eos_of(model_path: str, tokenizer: PreTrainedTokenizerBase) -> list[int]:
 def reload_and_fingerprint(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> dict[str, int]:
     """Run in each tensor-parallel worker of a vLLM engine (``collective_rpc``): the crc32 of every tensor as it
     arrived there, then vLLM's in-place reload, which loads this worker's shard of each."""
-    crc: dict[str, int] = {}
-    for name, t in weights:
-        crc.update(fingerprint({name: t}))
+    crc = fingerprint(dict(weights))
     worker.reload_weights(weights_iterator=iter(weights))
     return crc
 
@@ -70,7 +68,7 @@ def check_shard_fingerprints(sent: dict[str, int], received: list[dict[str, int]
     """Every tensor-parallel worker received every tensor of the sync as sent; else ``ValueError`` naming the worker
     and the first tensors that differ or are missing."""
     for rank, got in enumerate(received):
-        bad = sorted(n for n in sent.keys() | got.keys() if sent.get(n) != got.get(n))
+        bad = differing(sent, got)
         if bad:
             raise ValueError(
                 f"{where}: tensor-parallel worker {rank} received {len(bad)} tensor(s) other than sent "

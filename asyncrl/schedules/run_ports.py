@@ -110,15 +110,14 @@ def open_run(
         }
         resumed = directory.resumed_from is not None
         log = StepLog(cfg, directory.path, tokenizer, directory.summary["placement"], resumed)
+        failed = True  # until the block ends normally: the trackers' runs marked failed; a resume continues them
         try:
             run = Run(cfg, directory, prompts, progress, log, roles, reward_fn, tokenizer, sync, pool, supervisor)
             run.evaluate_before_training()
             yield run, algorithm
-        except BaseException:
-            log.close(failed=True)  # the trackers' runs marked failed; a resume continues them
-            raise
+            failed = False
         finally:
-            log.close()
+            log.close(failed)
 
 
 def _start_weight_sync(cfg: Config, roles: Roles, version: int) -> WeightSync:

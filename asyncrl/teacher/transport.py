@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from asyncrl.http_json import JsonRequestHandler, TrackedHTTPServer
 from asyncrl.teacher.protocol import RequestError, error_body
 
 logger = logging.getLogger("asyncrl.teacher.server")  # one logger for the whole teacher server
@@ -42,63 +40,20 @@ class TeacherModel(Protocol):
     def detokenize(self, body: Any) -> dict[str, Any]: ...
 
 
-class TeacherHTTPServer(ThreadingHTTPServer):
+class TeacherHTTPServer(TrackedHTTPServer):
     """Knows its :class:`TeacherModel` and its open connections, so ``stop()`` can close keep-alive ones too."""
 
-    daemon_threads = True
+    log = logger
+    label = "teacher"
 
     def __init__(self, address: tuple[str, int], teacher: TeacherModel) -> None:
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
         self.teacher = teacher
-        self._conns: set[socket.socket] = set()
-        self._conns_lock = threading.Lock()
         super().__init__(address, _Handler)
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that hung up (or stop() closing its connection) is routine; log instead of printing a traceback.
-        logger.debug("teacher connection from %s failed", client_address, exc_info=True)
 
-    def track(self, conn: socket.socket, add: bool) -> None:
-        with self._conns_lock:
-            (self._conns.add if add else self._conns.discard)(conn)
-
-    def close_connections(self) -> None:
-        with self._conns_lock:
-            for conn in self._conns:
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: the client reuses one connection per thread
+class _Handler(JsonRequestHandler):
     timeout = IDLE_CONNECTION_TIMEOUT_S
     server: TeacherHTTPServer
-
-    def setup(self) -> None:
-        super().setup()
-        self.server.track(self.connection, True)
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self.server.track(self.connection, False)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
-        logger.debug("%s %s", self.address_string(), format % args)
-
-    def _send(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload, allow_nan=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
 
     def _route(self) -> str:
         return urlsplit(self.path).path.rstrip("/") or "/"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asyncrl.checkpoint import fingerprint
+from asyncrl.checkpoint import differing, fingerprint
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,7 @@ class WeightsFingerprint:
 
     def differing(self, other: WeightsFingerprint) -> list[str]:
         """The tensor names whose bytes differ, or that one side lacks, in sorted order."""
-        names = set(self.crc) | set(other.crc)
-        return sorted(n for n in names if self.crc.get(n) != other.crc.get(n))
+        return differing(self.crc, other.crc)
 
 
 def fingerprint_of(
