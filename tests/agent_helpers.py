@@ -22,8 +22,8 @@ from asyncrl.models.presets import init_model_dir
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rollout.agent.format import TurnEncoder, parse_hermes_tool_calls
 from asyncrl.rollout.agent.tools import CalcTool, call_tools, evaluate_arithmetic
-from asyncrl.rollout.decode import DecodeResult
-from asyncrl.rollout.engine import RolloutEngine
+from asyncrl.rollout.engine import DecodeResult, RolloutEngine
+from asyncrl.types import PrefillStats
 
 EXPRESSIONS = ["12 + 34", "56 + 7", "8 + 90", "41 + 25"]
 
@@ -150,5 +150,5 @@ class ScriptedEngine(RolloutEngine):
             out.stop_reasons.append(reason)
             if on_row is not None and reason != "interrupted":
                 on_row(i, tokens, out.logprobs[-1], reason)
-        self.last_prefill = out.prefill
+        self.last_prefill = PrefillStats()
         return out

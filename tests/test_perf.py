@@ -33,34 +33,44 @@ from asyncrl.planning.simulate import Cluster, Setting, median_step, simulate
 
 
 # ---- the decode structure --------------------------------------------------------------------------------------------
-def replay_engine(remaining: list[int]) -> tuple[int, int]:
-    """(steps, live-row steps) of the engine's rule, one step at a time (``rollout.decode``): every row is in the
-    batch at the first step; after a step, once at most half of the batch is running, the finished rows leave."""
-    rem = [r for r in remaining if r > 0]
-    if not rem:
-        return 0, 0
-    live, steps, row_steps, t = len(rem), 0, 0, 0
-    while True:
-        t += 1
-        steps += 1
-        row_steps += live
-        active = sum(r > t for r in rem)
-        if active == 0:
-            return steps, row_steps
-        if active <= live // 2:
-            live = active
+def replay_engine(remaining: list[int], slots: int = 0) -> tuple[int, int]:
+    """(steps, slot steps) of the built-in engine's rule, one step at a time (``rollout.continuous``): rows take the
+    lowest free slot; a step runs every slot in use; then ended rows free theirs, trailing free slots go, and the
+    live rows are packed once live + waiting <= half the slots in use."""
+    waiting = [r for r in remaining if r > 0]
+    slots = slots or len(waiting)
+    used: list[int | None] = []  # tokens left per slot
+    steps = slot_steps = 0
+    while waiting or any(x is not None for x in used):
+        for k in range(slots):
+            if not waiting:
+                break
+            if k >= len(used):
+                used.append(None)
+            if used[k] is None:
+                used[k] = waiting.pop(0)
+        steps, slot_steps = steps + 1, slot_steps + len(used)
+        used = [None if x is None or x == 1 else x - 1 for x in used]
+        while used and used[-1] is None:
+            used.pop()
+        live = [x for x in used if x is not None]
+        if len(live) + len(waiting) <= len(used) // 2:
+            used = live
+    return steps, slot_steps
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(st.lists(st.integers(0, 40), min_size=0, max_size=30))
-def test_decode_segments_replay_the_engines_batching(remaining):
-    segs = decode_segments(remaining)
-    steps, row_steps = replay_engine(remaining)
-    assert sum(s.tokens for s in segs) == steps == max([0, *remaining])
-    assert sum(s.tokens * s.live for s in segs) == row_steps
+@given(st.lists(st.integers(0, 40), min_size=0, max_size=30), st.integers(0, 12))
+def test_decode_segments_replay_the_engines_slots(remaining, slots):
+    segs = decode_segments(remaining, slots=slots)
+    steps, slot_steps = replay_engine(remaining, slots)
+    if not slots:
+        assert sum(s.tokens for s in segs) == steps == max([0, *remaining])
+    assert sum(s.tokens for s in segs) == steps
+    assert sum(s.tokens * s.live for s in segs) == slot_steps
     assert sum(s.finished for s in segs) == sum(r > 0 for r in remaining)
     reg = decode_regressors(remaining, prefill_tokens=7)
-    assert reg["step"] == steps and reg["token"] == row_steps and reg["prefill_token"] == 7
+    assert reg["step"] == sum(s.tokens for s in decode_segments(remaining)) and reg["prefill_token"] == 7
 
 
 def replay_continuous(remaining: list[int], slots: int) -> tuple[int, int, list[int]]:

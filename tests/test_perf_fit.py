@@ -36,8 +36,8 @@ def test_the_simulated_decode_chunks_rows_as_the_engine_does():
 
 
 def test_the_decode_loop_reports_its_steps_by_batch_size(tiny_engine):
-    """``decode_segments``-shaped measurements: the batch starts whole, only shrinks, and the steps add up to the
-    longest row (whatever tokens the model draws)."""
+    """``decode_segments``-shaped measurements: the batch starts whole, only shrinks, the steps add up to the longest
+    row, and the planner's slot rule reproduces them from the rows' lengths (whatever tokens the model draws)."""
     from asyncrl.rollout.sampling import SamplingParams
     from asyncrl.types import Prompt
 

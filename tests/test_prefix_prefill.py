@@ -9,7 +9,6 @@ import torch
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rollout.engine import RolloutEngine
-from asyncrl.rollout.kv_cache import PreallocatedCache, PreallocatedLayer
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Prompt
 
@@ -114,7 +113,7 @@ def test_resume_of_blank_rows_mixed_with_partial_rows(model, tok):
     assert e_shared.last_prefill.saved_tokens == blank_tokens // 2
 
 
-def test_chunked_rows_share_within_each_chunk(model, tok):
+def test_rows_beyond_the_slots_wait_and_still_share_their_prefill(model, tok):
     prompts = make_prompts(tok)
     rows, handle = prefill_rows(model)
     try:
@@ -122,25 +121,35 @@ def test_chunked_rows_share_within_each_chunk(model, tok):
     finally:
         handle.remove()
     assert_same(plain, shared)
-    # Sorted by length (stable), a prompt's 4 rows stay adjacent: 6-row chunks hold 2, 2, 2 and 1 distinct prompts.
-    assert rows == [6, 6, 6, 2] + [2, 2, 2, 1]
-    assert engine.last_prefill.saved_tokens > 0
+    # 20 rows on 6 slots: the first prefill takes 6 rows, later ones the rows that waited as slots freed; no prefill
+    # is wider than the slots, and rows entering together share (sorted by length, a prompt's rows stay adjacent)
+    assert rows[0] == 6 and max(rows) <= 6 and sum(rows) < 2 * 20
+    assert engine.last_prefill.rows == 20 and engine.last_prefill.saved_tokens > 0
 
 
-def test_sliding_window_layers_expand_too(tok):
+def test_sliding_window_layers_decode_as_a_full_forward_over_the_window_does(tok):
+    """A model with a sliding-window layer (window 4, shorter than the prompts): every sampled token's log-prob is
+    the one a plain forward over the whole sequence (no cache, the model's own sliding mask) gives it."""
     model = build_model("micro", tok, seed=0, use_sliding_window=True, sliding_window=4, max_window_layers=1)
-    cache = PreallocatedCache(model.config, 8)
-    # the full-attention layer is preallocated; the windowed one is transformers' own kind, which expands per row too
-    assert type(cache.layers[0]) is PreallocatedLayer and type(cache.layers[1]) is not PreallocatedLayer
-    assert cache.can_batch_expand
+    model.eval()
     prompts = make_prompts(tok)[1:3]
     (plain, shared), (_, engine) = both(model, tok, lambda e: e.generate(prompts, PARAMS, seed=2))
     assert_same(plain, shared)
     assert engine.last_prefill.saved_tokens == 3 * sum(len(p.prompt_ids) for p in prompts)
+    for s in shared:
+        ids = torch.tensor([s.prompt.prompt_ids + s.response_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+        n = len(s.prompt.prompt_ids)
+        want = [logp[n - 1 + t, tok_id].item() for t, tok_id in enumerate(s.response_ids)]
+        torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(want), atol=1e-4, rtol=0)
 
 
-def test_unsupported_cache_layer_kind_falls_back_to_the_plain_path(model, tok, monkeypatch):
-    monkeypatch.setattr(PreallocatedCache, "can_batch_expand", property(lambda self: False))
-    (plain, shared), (_, engine) = both(model, tok, lambda e: e.generate(make_prompts(tok)[:2], PARAMS, seed=4))
-    assert_same(plain, shared)
-    assert engine.last_prefill.saved_tokens == 0
+def test_a_model_with_layers_the_decoder_cannot_slot_is_refused_naming_them(model, tok, monkeypatch):
+    from asyncrl.rollout import continuous
+
+    monkeypatch.setattr(continuous, "unsupported_layer_kinds", lambda config: ["LinearAttentionLayer"])
+    engine = RolloutEngine(model, tok)
+    with pytest.raises(NotImplementedError, match=r"LinearAttentionLayer.*rollout.engine=vllm"):
+        engine.generate(make_prompts(tok)[:1], PARAMS, seed=0)
+    assert engine.version == 0 and engine.live_rows() == 0

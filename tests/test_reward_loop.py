@@ -9,7 +9,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-import torch
 
 from asyncrl.comm.groups import find_free_port
 from asyncrl.config import ConfigError, RewardConfig, load_config
@@ -18,7 +17,7 @@ from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rewards.loop import RewardLoop, build_reward_loop
 from asyncrl.rewards.remote import RemoteReward, RewardServiceUnavailableError
 from asyncrl.rewards.reward_fn import RewardFn
-from asyncrl.rollout.decode import decode_batch
+from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.sampling import RowStreams, SamplingParams
 from asyncrl.schedules import run_training
 from asyncrl.telemetry.metrics import merge_metrics, read_metrics
@@ -210,22 +209,18 @@ def test_a_reward_service_that_stays_down_is_one_error_naming_its_url():
 
 def test_the_decoder_reports_each_row_the_moment_it_ends():
     tok = build_char_tokenizer(["0123456789 +-="])
-    model = build_model("micro", tok, seed=0).eval()
+    model = build_model("micro", tok, seed=0)
+    prefix = tok("1 + 2 =")["input_ids"]
+    # budgets 6, 1, 3 and an eos id no token has: row 1 ends first, then row 2, then row 0
+    engine = RolloutEngine(model, tok, eos_token_ids=[-1])
+    streams = RowStreams.of(0, [(0, 0, j) for j in range(3)], [0, 0, 0])
     seen: list[tuple[int, int]] = []
-    with torch.inference_mode():
-        result = decode_batch(
-            model,
-            [tok("1 + 2 =")["input_ids"]] * 3,
-            [6, 1, 3],  # row 1 ends first, then row 2, then row 0 (no eos in the way: it is masked below)
-            SamplingParams(n=1, temperature=1.0, max_new_tokens=6),
-            RowStreams.of(0, [(0, 0, j) for j in range(3)], [0, 0, 0]),
-            torch.tensor([-1]),  # an eos id no token has: rows end at their budget
-            tok.pad_token_id,
-            lambda: False,
-            on_finish=lambda row, tokens, logprobs, reason: seen.append((row, len(tokens))),
-        )
+    params = SamplingParams(n=1, temperature=1.0, max_new_tokens=6)
+    result = engine._decode_all(
+        [prefix] * 3, [6, 1, 3], params, streams, on_row=lambda row, tokens, *_: seen.append((row, len(tokens)))
+    )
     assert seen == [(1, 1), (2, 3), (0, 6)]
-    assert [len(t) for t in result.tokens] == [6, 1, 3]
+    assert [len(t) for t in result.tokens] == [6, 1, 3] and result.stop_reasons == ["length"] * 3
 
 
 def test_merged_metrics_sum_counts_and_take_maxima():

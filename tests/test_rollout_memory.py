@@ -1,6 +1,6 @@
-"""The built-in engine's memory on the path a GPU cares about: its KV cache is sized to the rows a call decodes
-(not ``max_batch_size`` rows of the longest context), and both decoders sample on the logits' device, the same
-tokens as the host did on the CPU."""
+"""The built-in engine's memory on the path a GPU cares about: its KV cache is sized to the rows it decodes (not
+``max_batch_size`` rows of the longest context), and it samples on the logits' device, the same tokens as the host
+did on the CPU."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.sampling import RowStreams, SamplingParams, sample_rows, sample_tokens
 from asyncrl.types import Prompt, Sample
 
-BUFFERS = ("_keys_buf", "_values_buf", "keys_buf", "values_buf")  # PreallocatedLayer's, SlotLayer's
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +30,8 @@ def _cache_bytes(cache) -> int:
     """Bytes of the KV buffers a cache holds: ``numel x element_size`` of every layer's key and value buffers."""
     total = 0
     for layer in cache.layers:
-        for name in BUFFERS:
+        names = ("keys_buf", "values_buf") if hasattr(layer, "keys_buf") else ("keys", "values")  # slot / prefill
+        for name in names:
             t = getattr(layer, name, None)
             if t is not None:
                 total += t.numel() * t.element_size()
@@ -67,14 +67,15 @@ def _kv_bytes_per_token_row(engine: RolloutEngine) -> int:
     return 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 4  # keys and values, float32
 
 
-def test_the_batch_decoders_kv_cache_holds_the_calls_rows_times_their_length_not_max_batch_size(engine):
+def test_a_calls_kv_cache_holds_its_rows_times_their_length_not_max_batch_size(engine):
     per = _kv_bytes_per_token_row(engine)
     for rows, length, new in [(4, 100, 8), (8, 50, 8), (2, 20, 30)]:
         params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new)
         prompts = _prompts(rows, length)
         peak = _peak_cache_bytes(engine, lambda p=prompts, s=params: engine.generate(p, s, seed=0))
-        assert peak == rows * (length + new) * per, (rows, length, new)
-    assert engine.max_batch_size == 256  # the call's 4 rows were allocated, not 256
+        need = length + new  # the slot cache keeps room for half as much again (at least 16) before it must move
+        assert rows * need * per <= peak <= rows * (need + max(need // 2, 16)) * per, (rows, length, new)
+    assert engine.max_batch_size == 256  # the call's rows were allocated, not 256
 
 
 def test_the_streaming_decoders_kv_cache_grows_with_the_rows_it_holds_not_its_capacity(engine):

@@ -33,13 +33,14 @@ def make_prompts(tok):
     return [Prompt(index=i, prompt_ids=tok.encode(t), data_source="test", ground_truth="") for i, t in enumerate(TEXTS)]
 
 
-def pause_after_forwards(engine, model, count):
-    """Request a pause from inside the ``count``-th model forward (prefill = 1st), i.e. after ``count`` tokens."""
+def pause_after_tokens(engine, model, count):
+    """Request a pause from inside the forward that follows a row's ``count``-th token (the prefill is the 1st
+    forward): the call returns at the end of that decode step, ``count`` tokens a row."""
     calls = [0]
 
     def hook(module, inputs, output):
         calls[0] += 1
-        if calls[0] == count:
+        if calls[0] == count + 1:
             engine.request_pause()
 
     return model.register_forward_hook(hook)
@@ -60,7 +61,7 @@ def recomputed_logprobs(model, sample, temperature):
 
 def test_pause_mid_generation_returns_interrupted_samples_with_tokens_so_far(model, tok):
     engine = RolloutEngine(model, tok)
-    pause_after_forwards(engine, model, 3)
+    pause_after_tokens(engine, model, 3)
     samples = engine.generate(make_prompts(tok), SamplingParams(n=2, max_new_tokens=NEW_TOKENS), seed=0)
     assert len(samples) == 2 * len(TEXTS)
     for s in samples:
@@ -81,7 +82,7 @@ def test_pause_requested_before_generate_returns_empty_interrupted_samples(model
 def test_resume_after_weight_update_tags_continued_tokens_with_the_new_version(model, tok):
     params = SamplingParams(temperature=0.8, max_new_tokens=NEW_TOKENS)
     engine = RolloutEngine(model, tok, version=3)
-    handle = pause_after_forwards(engine, model, 4)
+    handle = pause_after_tokens(engine, model, 4)
     interrupted = engine.generate(make_prompts(tok), params, seed=0)
     handle.remove()
     old_logprobs = [recomputed_logprobs(model, s, params.temperature) for s in interrupted]
@@ -105,7 +106,7 @@ def test_greedy_resume_reproduces_the_uninterrupted_greedy_response(model, tok):
     params = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS)
     engine = RolloutEngine(model, tok)
     uninterrupted = engine.generate(make_prompts(tok), params)
-    handle = pause_after_forwards(engine, model, 2)
+    handle = pause_after_tokens(engine, model, 2)
     interrupted = engine.generate(make_prompts(tok), params)
     handle.remove()
     engine.clear_pause()

@@ -12,7 +12,7 @@ import torch
 
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
-from asyncrl.rollout.engine import EngineBusyError, RolloutEngine
+from asyncrl.rollout import EngineBusyError, RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.slot_cache import SlotCache
 from asyncrl.rollout.streaming import StreamingEngine
@@ -369,12 +369,18 @@ def test_the_window_moves_and_grows_under_long_and_short_rows(endless, tok, monk
     assert_same_rows(RolloutEngine(endless, tok).resume(rows, params, seed=8), streamed)
 
 
-def test_sliding_window_layers_refuse_streaming(tok):
+def test_sliding_window_layers_stream_as_one_call_decodes_them(tok):
+    """A model with a sliding-window layer (window 4, shorter than every prompt): rows streamed two at a time draw
+    what one ``resume`` call over them all draws."""
     model = build_model("micro", tok, seed=0, use_sliding_window=True, sliding_window=4, max_window_layers=1)
-    engine = RolloutEngine(model, tok)
-    with pytest.raises(NotImplementedError, match="DynamicSlidingWindowLayer"):
-        engine.submit(blanks(tok, n=1)[:1], PARAMS, seed=0)
-    assert engine.live_rows() == 0 and len(engine.generate([blanks(tok, n=1)[0].prompt], PARAMS, seed=0)) == 3
+    rows = blanks(tok)
+    engine = RolloutEngine(model, tok, max_batch_size=3)
+    streamed = []
+    for i in range(0, len(rows), 2):
+        engine.submit(rows[i : i + 2], PARAMS, seed=6)
+        streamed += engine.step()
+    streamed += engine.drain()
+    assert_same_rows(RolloutEngine(model, tok).resume(rows, PARAMS, seed=6), streamed)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

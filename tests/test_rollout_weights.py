@@ -8,7 +8,7 @@ import torch
 
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
-from asyncrl.rollout.engine import EngineBusyError, RolloutEngine, WeightUpdateError
+from asyncrl.rollout import EngineBusyError, RolloutEngine, WeightUpdateError
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Prompt
 

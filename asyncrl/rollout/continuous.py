@@ -1,26 +1,26 @@
-"""Continuous decoding for the built-in engine: rows enter free slots of a running decode and leave when they end.
+"""The built-in engine's decoder: rows enter free slots of a running decode and leave when they end.
 
-``decode_batch`` decodes a batch that only shrinks (one shared KV write pointer, rows cannot join). Here a fixed set
-of ``capacity`` slots decodes one token per step; rows wait in a thread-safe inbox and enter free slots at the next
-step, and a row that ends frees its slot for the next waiting one. The KV layout is ``slot_cache.SlotCache``'s: one
-write column ``p`` shared by all slots, each live slot's keys right-aligned ending at ``p`` (exactly left padding), so
-a step is a plain batched forward with a 2D mask and stock attention kernels.
+Every call decodes here: ``generate``/``resume`` submit their rows and step until they end, fully_async's Producer
+streams rows in and out. A fixed set of ``capacity`` slots decodes one token per step; rows wait in a thread-safe
+inbox and enter free slots at the next step, and a row that ends frees its slot for the next waiting one. The KV
+layout is ``slot_cache.SlotCache``'s: one write column ``p`` shared by all slots, each live slot's keys right-aligned
+ending at ``p`` (exactly left padding), so a step is a plain batched forward with a 2D mask and stock attention
+kernels.
 
-A step: (1) admit waiting rows into free slots: the distinct prefixes among them are prefilled once, left-padded as
-``decode.left_pad`` (a group's blank rows share one prefill; prefixes of very different lengths, as a sync's interrupted
-rows are, go in a few forwards by length: ``prefill_buckets``), in temporary caches whose keys are copied into every
-slot that uses them, right-aligned at ``p`` (moving the live window right first when a prefix is longer than ``p``);
-their last-position logits wait to be sampled. (2) Sample every live row from its pending logits, exactly as
-``decode_batch`` does (``sample_tokens`` on float32 logits, the row's own uniform from ``RowStreams`` at its offset +
-t), on the model's device: on the CPU that is the very computation ``decode_batch`` runs, so a streamed row draws the
-tokens a batched one draws (its logits differ from the batched ones by float rounding only: other padding). (3) Rows
+A step: (1) admit waiting rows into free slots: the distinct prefixes among them are prefilled once, left-padded
+(``left_pad``; a group's n rows share one prefill; prefixes of very different lengths, as a sync's interrupted rows
+are, go in a few forwards by length: ``prefill_buckets``), in temporary caches whose keys are copied into every slot
+that uses them, right-aligned at ``p`` (moving the live window right first when a prefix is longer than ``p``); their
+last-position logits wait to be sampled. (2) Sample every live row from its pending logits (``sample_rows`` on
+float32 logits, the row's own uniform from ``RowStreams``' rule at its offset + t), on the model's device, so a row
+draws the same tokens whatever else is decoding (its logits differ by float rounding only: other padding). (3) Rows
 that drew an eos or filled their budget end and free their slots; when few rows are left (live + waiting <= half the
-slots in use) the live slots are packed to the front, as ``decode_batch`` drops finished rows, so a long tail does not
-pay for empty slots; trailing free slots are dropped for free. (4) One forward over the slots in use: live slots feed
-their new token, free slots among them feed the pad id with a mask that sees only their own column (outputs unused);
-``p`` moves on by one. Before it, the live window is moved back to the left edge (``relayout``) when column ``p`` is
-past the buffers, or when the dead columns left of the longest live row outnumber the live ones (the attention reads
-them every step; the move costs about one step's reading of the window).
+slots in use) the live slots are packed to the front, so a long tail does not pay for empty slots; trailing free
+slots are dropped for free. (4) One forward over the slots in use: live slots feed their new token, free slots among
+them feed the pad id with a mask that sees only their own column (outputs unused); ``p`` moves on by one. Before it,
+the live window is moved back to the left edge (``relayout``) when column ``p`` is past the buffers, or when the dead
+columns left of the longest live row outnumber the live ones (the attention reads them every step; the move costs
+about one step's reading of the window).
 
 The buffers are zero-filled (masked garbage must be finite), grown when a row's prefix + budget needs more columns
 (with slack, so the window is moved back rarely) or more slots are used (doubling up to ``capacity``). The model stays
@@ -30,16 +30,16 @@ per step walks every module. ``submit`` is safe from any thread; ``step`` and ``
 
 from __future__ import annotations
 
+import inspect
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from asyncrl import seeds
-from asyncrl.rollout.decode import _last_logits, left_pad, unique_prefixes
-from asyncrl.rollout.kv_cache import PreallocatedCache
 from asyncrl.rollout.sampling import sample_rows
 from asyncrl.rollout.slot_cache import SlotCache, unsupported_layer_kinds
 from asyncrl.types import PrefillStats, SamplingParams
@@ -48,6 +48,56 @@ MIN_DEAD_COLUMNS = 32  # tokens: dead columns below this are cheaper to keep tha
 # padded positions a second prefill forward must save to be worth its own pass (a forward's fixed cost): rows taken
 # in together are split by length only when their padding is that wasteful (``prefill_buckets``)
 MIN_SAVED_POSITIONS = 512
+
+
+def unique_prefixes(prefixes: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """``(unique, index)``: the distinct prefixes in first-occurrence order, and for each row its prefix's position
+    in ``unique`` (exact equality of the token lists), so ``prefixes[b] == unique[index[b]]``."""
+    position: dict[tuple[int, ...], int] = {}
+    unique: list[list[int]] = []
+    index: list[int] = []
+    for prefix in prefixes:
+        u = position.setdefault(tuple(prefix), len(unique))
+        if u == len(unique):
+            unique.append(prefix)
+        index.append(u)
+    return unique, index
+
+
+def supports_logits_to_keep(model: PreTrainedModel) -> bool:
+    """Whether ``model.forward`` can skip the lm_head for all but the last position (saves prefill time and memory)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def last_logits(
+    model: PreTrainedModel,
+    ids_BS: torch.Tensor,
+    mask_BK: torch.Tensor,
+    pos_BS: torch.Tensor,
+    cache: DynamicCache,
+    keep_last: bool,
+) -> torch.Tensor:
+    """Run the model on ``ids_BS`` (S new positions, K = cached + S keys) and return the last position's logits_BV."""
+    kwargs = dict(input_ids=ids_BS, attention_mask=mask_BK, position_ids=pos_BS, past_key_values=cache, use_cache=True)
+    if keep_last:
+        kwargs["logits_to_keep"] = 1
+    return model(**kwargs).logits[:, -1, :]
+
+
+def left_pad(prefixes: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids_BL, mask_BL, pos_BL)``: prefixes right-aligned, mask 1 on real tokens, positions = cumsum(mask) - 1.
+
+    Pad positions get position 0; they are masked out, so their value never reaches a real token.
+    """
+    lengths = [len(p) for p in prefixes]
+    L = max(lengths)
+    ids_BL = torch.full((len(prefixes), L), pad_id, dtype=torch.long)
+    mask_BL = torch.zeros((len(prefixes), L), dtype=torch.long)
+    for b, prefix in enumerate(prefixes):
+        ids_BL[b, L - lengths[b] :] = torch.tensor(prefix, dtype=torch.long)
+        mask_BL[b, L - lengths[b] :] = 1
+    pos_BL = (mask_BL.cumsum(-1) - 1).clamp_(min=0)
+    return ids_BL, mask_BL, pos_BL
 
 
 def prefill_buckets(lengths: list[int], min_saved: int = MIN_SAVED_POSITIONS) -> list[list[int]]:
@@ -122,17 +172,22 @@ class ContinuousDecoder:
         self._prefill = PrefillStats()
         self._unsupported: list[str] | None = None  # the model's cache layer kinds other than full attention
         self._restore_training = False  # the model was in training mode when streaming began: restore when idle
+        # the last step, measured: the slots in use once its rows were admitted (what ``planning.cost.slot_segments``
+        # prices a step by) and the seconds the admission (prefill) took
+        self.step_rows = 0
+        self.admit_s = 0.0
 
     # ---------------------------------------------------------------------------------------------- bookkeeping
 
     def check_supported(self) -> None:
-        """NotImplementedError naming the layer kinds when the model has any but plain full attention."""
+        """NotImplementedError naming the layer kinds when the model has any but full attention and sliding window."""
         if self._unsupported is None:
             self._unsupported = unsupported_layer_kinds(self.model.config)
         kinds = self._unsupported
         if kinds:
             raise NotImplementedError(
-                f"streaming decode (RolloutEngine.submit) supports full-attention layers only; this model has {kinds}"
+                f"the built-in engine decodes full-attention and sliding-window layers only; this model has {kinds} "
+                "(rollout.engine=vllm serves it)"
             )
 
     def submit(self, rows: list[StreamRow]) -> None:
@@ -182,7 +237,9 @@ class ContinuousDecoder:
 
     def _step(self, params: SamplingParams, admit_below: int | None) -> list[tuple[StreamRow, str]]:
         """Admit, sample every live row from its pending logits, end rows, settle the slots, feed the survivors."""
+        t0 = time.perf_counter()
         admitted = self._admit(admit_below)
+        self.admit_s, self.step_rows = time.perf_counter() - t0, len(self._slots)
         chunks = [chunk for chunk in (self._pending, admitted) if chunk is not None]
         self._pending = None
         if not chunks:
@@ -227,9 +284,9 @@ class ContinuousDecoder:
         logits = []
         for members in buckets:
             ids_UW, mask_UW, pos_UW = left_pad([unique[u] for u in members], self.pad_id)
-            prefilled = PreallocatedCache(self.model.config, capacity=ids_UW.shape[1])
+            prefilled = DynamicCache(config=self.model.config)
             logits.append(
-                _last_logits(
+                last_logits(
                     self.model, ids_UW.to(device), mask_UW.to(device), pos_UW.to(device), prefilled, self.keep_last
                 )
             )
@@ -301,7 +358,7 @@ class ContinuousDecoder:
         pos_S = torch.tensor([n if on else 0 for n, on in zip(self._length, live)])
         start_S = torch.tensor([p - n if on else p for n, on in zip(self._length, live)])
         mask_SK = torch.arange(p + 1, device=device)[None, :] >= start_S.to(device)[:, None]
-        logits_SV = _last_logits(
+        logits_SV = last_logits(
             self.model, ids_S.to(device)[:, None], mask_SK, pos_S.to(device)[:, None], cache, self.keep_last
         )
         slots_A = [s for s, on in enumerate(live) if on]

@@ -1,16 +1,17 @@
 """RolloutEngine: batched sampling from a transformers causal LM, pausable, with in-place weight updates.
 
-This is the rollout hot path of the CPU setup: our own decode loop (``asyncrl.rollout.decode``) instead of
-``model.generate``, because RL needs per-token behaviour log-probs and weight versions, mid-generation pause/resume
-around weight syncs, and no per-step work that is not needed.
+This is the rollout hot path of the CPU setup: our own slot decoder (``asyncrl.rollout.continuous``, one for every
+call) instead of ``model.generate``, because RL needs per-token behaviour log-probs and weight versions,
+mid-generation pause/resume around weight syncs, rows that enter and leave a running decode, and no per-step work
+that is not needed.
 
 Threading model: ``generate``/``resume`` run on one thread; ``request_pause`` may be called from any thread and makes a
 running call return at the next decode step with the unfinished rows marked "interrupted". ``update_weights`` refuses
 to run while a call is in flight (pause first, wait for the call to return, then update, ``clear_pause`` and
 ``resume``), so every token's recorded version is exactly the weights that produced it.
 
-Streaming (``asyncrl.rollout.streaming``, fully_async's Producer): ``submit`` (any thread) queues rows for the slot
-decoder of ``asyncrl.rollout.continuous``, ``step``/``interrupt``/``drain`` run on the driver's thread. While rows are
+Streaming (``asyncrl.rollout.streaming``, fully_async's Producer): ``submit`` (any thread) queues rows for the
+engine's long-lived slot decoder, ``step``/``interrupt``/``drain`` run on the driver's thread. While rows are
 held, ``generate``/``resume``/``update_weights`` refuse (EngineBusyError); ``request_pause`` plays no part
 (``interrupt`` returns the partial rows at once).
 """
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -28,9 +31,8 @@ from asyncrl.models.fp8 import sync_layout
 from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
 from asyncrl.models.lora import is_lora, merged_update, synced_tensors
 from asyncrl.rollout.bucket_update import Applying, Items, Named, checked_buckets, checked_whole, copy_into
-from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow
-from asyncrl.rollout.decode import DecodeResult, decode_batch, supports_logits_to_keep
-from asyncrl.rollout.gate import EngineBusyError, EngineGate, GatedEngine, WeightUpdateError
+from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow, supports_logits_to_keep
+from asyncrl.rollout.gate import EngineGate, GatedEngine
 from asyncrl.rollout.rows import check_prompts, extend_sample, resumable, row_streams
 from asyncrl.rollout.sampling import RowStreams, SamplingParams
 from asyncrl.types import PrefillStats, Prompt, Sample, engine_chunks
@@ -38,25 +40,23 @@ from asyncrl.types import PrefillStats, Prompt, Sample, engine_chunks
 logger = logging.getLogger(__name__)
 
 
-__all__ = [
-    "EngineBusyError",
-    "RolloutEngine",
-    "SamplingParams",
-    "WeightUpdateError",
-    "check_prompts",
-    "extend_sample",
-    "resumable",
-    "row_streams",
-]
+@dataclass
+class DecodeResult:
+    """A ``generate``/``resume`` call's rows, in input order: new tokens, their behaviour log-probs, and why each
+    stopped ("eos", "length" or "interrupted")."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    stop_reasons: list[str]
 
 
 class RolloutEngine(GatedEngine):
     """Generates ``Sample``s from ``Prompt``s with the weights of version ``version``.
 
     ``eos_token_ids`` default to the tokenizer's eos plus the model generation config's eos. ``max_batch_size`` caps
-    the sequences decoded together (prompts x n are processed in chunks of at most this many). With
-    ``share_prefixes`` (the default) identical prefixes within a chunk, e.g. a prompt's n rows, are prefilled once
-    (same samples as without, for the same seed); ``last_prefill`` holds the prefill token counts of the last
+    the sequences decoded together (the decoder's slots; more rows wait for a free one). With ``share_prefixes`` (the
+    default) identical prefixes entering together, e.g. a prompt's n rows, are prefilled once (same samples as
+    without, for the same seed); ``last_prefill`` holds the prefill token counts of the last
     generate/resume call, shared and unshared, so a caller can report the saving.
     """
 
@@ -197,51 +197,47 @@ class RolloutEngine(GatedEngine):
         refill: Callable[[int], bool] | None = None,
         on_row: Callable[[int, list[int], list[float], str], None] | None = None,
     ) -> DecodeResult:
-        """Decode all rows in chunks of <= max_batch_size, results in input order (``on_row(i, ...)``: row ``i`` of
-        the input has finished, see ``decode_batch``'s ``on_finish``).
+        """Decode all rows on a slot decoder of ``max_batch_size`` slots of their own, results in input order
+        (``on_row(i, tokens, logprobs, reason)``: row ``i`` ended, "eos" or "length", while the others decode on).
 
-        With more than one chunk, rows are grouped by prefix length (``engine_chunks``) so each chunk pads (and
-        prefills) less. The sort is stable, so rows with identical prefixes that are adjacent in the input (a
-        prompt's n rows in ``generate``, a group's blank rows in the Rollouter's ``resume``) stay adjacent and share
-        one prefill unless a chunk boundary splits them. Sets ``last_prefill`` and ``last_segments`` (every chunk's
-        measured decode steps, ``DecodeResult.segments``).
+        The rows are submitted at once; with more than the slots, sorted by prefix length (``engine_chunks``, stable:
+        a prompt's n rows stay adjacent and share one prefill) so rows entering together pad less, and a waiting row
+        takes the first slot that frees. Between steps a pause request (``request_pause``) or ``refill(live rows)``
+        returning True stops the call: the unfinished rows keep their tokens and come back "interrupted". Sets
+        ``last_prefill`` and ``last_segments`` (slots in use, steps, seconds: each stretch of steps over a constant
+        batch, admission's prefill left out; ``planning.cost.slot_segments`` reproduces them from the rows' lengths).
         """
         self._check_positions(prefixes, budgets)
-        tokens: list[list[int]] = [[] for _ in prefixes]
-        logprobs: list[list[float]] = [[] for _ in prefixes]
-        reasons: list[str] = ["interrupted"] * len(prefixes)
-        self.last_prefill = PrefillStats()
-        self.last_segments = ()
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.inference_mode():
-                for chunk in engine_chunks([len(p) for p in prefixes], self.max_batch_size):
-                    result = decode_batch(
-                        self.model,
-                        [prefixes[i] for i in chunk],
-                        [budgets[i] for i in chunk],
-                        params,
-                        streams.select(chunk),
-                        self._eos_ids_E,
-                        self.pad_id,
-                        lambda: self._gate.pause_requested,
-                        self._keep_last,
-                        refill,
-                        self.share_prefixes,
-                        None if on_row is None else (lambda j, *rest, chunk=chunk: on_row(chunk[j], *rest)),
-                    )
-                    self.last_prefill += result.prefill
-                    self.last_segments += result.segments
-                    for j, i in enumerate(chunk):
-                        tokens[i], logprobs[i], reasons[i] = (
-                            result.tokens[j],
-                            result.logprobs[j],
-                            result.stop_reasons[j],
-                        )
-        finally:
-            self.model.train(was_training)
-        return DecodeResult(tokens, logprobs, reasons, self.last_prefill, self.last_segments)
+        decoder = ContinuousDecoder(
+            self.model, self.max_batch_size, self.eos_token_ids, self.pad_id, self._keep_last, self.share_prefixes
+        )
+        decoder.check_supported()
+        order = [i for chunk in engine_chunks([len(p) for p in prefixes], self.max_batch_size) for i in chunk]
+        keys, offsets = streams.keys, streams.offsets
+        rows = [StreamRow(i, p, n, keys[i], offsets[i]) for i, (p, n) in enumerate(zip(prefixes, budgets))]
+        reasons = ["interrupted"] * len(prefixes)
+        segments: list[list] = []  # [rows, steps, seconds]
+        if not self._gate.pause_requested:
+            decoder.submit([rows[i] for i in order])
+            left = len(rows)
+            while left:
+                t0 = time.perf_counter()
+                ended = decoder.step(params)
+                seconds = time.perf_counter() - t0 - decoder.admit_s
+                if segments and segments[-1][0] == decoder.step_rows:
+                    segments[-1][1:] = segments[-1][1] + 1, segments[-1][2] + seconds
+                else:
+                    segments.append([decoder.step_rows, 1, seconds])
+                for row, reason in ended:
+                    reasons[row.tag], left = reason, left - 1
+                    if on_row is not None:
+                        on_row(row.tag, row.tokens, row.logprobs, reason)
+                if left and (self._gate.pause_requested or (refill is not None and refill(left - decoder.waiting()))):
+                    break
+            decoder.interrupt()  # the rows keep their tokens so far; the buffers go
+        self.last_prefill = decoder.take_prefill()
+        self.last_segments = tuple((n, steps, sec) for n, steps, sec in segments)
+        return DecodeResult([r.tokens for r in rows], [r.logprobs for r in rows], reasons)
 
     def _check_positions(self, prefixes: list[list[int]], budgets: list[int]) -> None:
         longest = max(len(p) + n for p, n in zip(prefixes, budgets)) if prefixes else 0

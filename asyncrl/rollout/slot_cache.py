@@ -16,29 +16,36 @@ The price is dead columns left of the longest live row, which the attention read
 the live window ``[p - w, p)`` to end elsewhere (dropping dead columns, making room left of ``p`` for a long new
 prefix, or into bigger buffers).
 
-Only plain full-attention layers are supported: a sliding-window layer would need its own window arithmetic per
-slot and a linear-attention layer keeps per-row state that a slot copy must move; ``unsupported_layer_kinds`` names
-them so streaming can refuse up front.
+Full-attention and sliding-window layers are supported. A sliding-window layer keeps the same columns: the window
+is the last ``sliding_window`` columns up to ``p`` for every slot (right alignment makes a column's distance from
+``p`` its token distance), which transformers' sliding mask draws from the layer's ``is_sliding`` and the shared
+column; a row's prefill of such a layer holds its last ``sliding_window - 1`` keys only, copied right-aligned at ``p``
+like the others. A linear-attention (or other) layer keeps per-row state that a slot copy would have to move:
+``unsupported_layer_kinds`` names such layers so the engine refuses them up front.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, PretrainedConfig
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+SUPPORTED = (DynamicLayer, DynamicSlidingWindowLayer)  # exact types: a subclass may keep more per row
 
 
 def unsupported_layer_kinds(config: PretrainedConfig) -> list[str]:
-    """The cache layer kinds of ``config`` other than plain full attention (empty: the slot cache supports it)."""
+    """The cache layer kinds of ``config`` other than full attention and sliding window (empty: supported)."""
     cache = DynamicCache(config=config)
-    return sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
+    return sorted({type(layer).__name__ for layer in cache.layers if type(layer) not in SUPPORTED})
 
 
 class SlotLayer(DynamicLayer):
-    """One full-attention layer's slot buffers; ``length`` is the shared write column ``p`` (tokens)."""
+    """One attention layer's slot buffers; ``length`` is the shared write column ``p`` (tokens); ``sliding``: a
+    sliding-window layer (its mask is the window up to ``p``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sliding: bool = False) -> None:
         super().__init__()
+        self.is_sliding = sliding
         self.length = 0
         self.keys_buf: torch.Tensor | None = None  # [slots, kv_heads, columns, head_dim]
         self.values_buf: torch.Tensor | None = None
@@ -69,15 +76,17 @@ class SlotLayer(DynamicLayer):
 
 
 class SlotCache(DynamicCache):
-    """A cache of ``SlotLayer``s for a model whose layers are all plain full attention (else NotImplementedError)."""
+    """A cache of ``SlotLayer``s for a model of full-attention and sliding-window layers (else NotImplementedError)."""
 
     def __init__(self, config: PretrainedConfig) -> None:
         kinds = unsupported_layer_kinds(config)
         if kinds:
-            raise NotImplementedError(f"SlotCache: streaming decode supports full attention only, not {kinds}")
+            raise NotImplementedError(f"SlotCache: the built-in decoder supports attention layers only, not {kinds}")
         super().__init__(config=config)
-        layers = len(self.layers) or config.get_text_config(decoder=True).num_hidden_layers
-        self.layers = [SlotLayer() for _ in range(layers)]
+        if self.layers:
+            self.layers = [SlotLayer(type(layer) is DynamicSlidingWindowLayer) for layer in self.layers]
+        else:  # a config without layer_types: every layer full attention, created lazily by transformers
+            self.layers = [SlotLayer() for _ in range(config.get_text_config(decoder=True).num_hidden_layers)]
         self.layer_class_to_replicate = None
         self.slot_layers: list[SlotLayer] = list(self.layers)
 
@@ -138,8 +147,9 @@ class SlotCache(DynamicCache):
             layer.values_buf[:k, :, p - width : p] = layer.values_buf[idx, :, p - width : p]
 
     def write_prefill(self, slots_R: torch.Tensor, prefilled: DynamicCache, index_R: torch.Tensor) -> None:
-        """Copy row ``index_R[r]`` of a left-padded prefill cache (all its W columns) into slot ``slots_R[r]``'s
-        columns ``[p - W, p)``: right-aligned at ``p`` like every live slot (its pad columns masked out)."""
+        """Copy row ``index_R[r]`` of a left-padded prefill cache (all its W columns of a layer: the last
+        ``sliding_window - 1`` of a sliding one) into slot ``slots_R[r]``'s columns ``[p - W, p)``: right-aligned at
+        ``p`` like every live slot (its pad columns masked out)."""
         p = self.p
         for layer, src in zip(self.slot_layers, prefilled.layers):
             assert layer.keys_buf is not None and layer.values_buf is not None

@@ -40,8 +40,8 @@ from asyncrl.models.fp8 import quantize_for_sync, sync_layout
 from asyncrl.models.loading import eos_token_ids
 from asyncrl.models.lora import LoraSpec, synced_tensors
 from asyncrl.rollout.bucket_update import Applying, Items, Pulled, checked_buckets, checked_whole
-from asyncrl.rollout.engine import check_prompts, extend_sample, resumable, row_streams
 from asyncrl.rollout.gate import EngineGate, GatedEngine
+from asyncrl.rollout.rows import check_prompts, extend_sample, resumable, row_streams
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
 from asyncrl.rollout.vllm_model import (
