@@ -70,7 +70,7 @@ def test_a_row_draws_the_same_token_whatever_batch_it_is_in():
     params = SamplingParams(temperature=1.0)
     streams = RowStreams.of(3, [(0, b, b % 4) for b in range(64)], [b % 7 for b in range(64)])
     whole, _ = sample_tokens(logits_BV, params, streams.uniforms(range(64), 2))
-    alone, _ = sample_tokens(logits_BV[5:6], params, streams.select([5]).uniforms([0], 2))
+    alone, _ = sample_tokens(logits_BV[5:6], params, streams.uniforms([5], 2))
     assert alone.item() == whole[5].item()
 
 

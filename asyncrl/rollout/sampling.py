@@ -38,9 +38,6 @@ class RowStreams:
         """Streams for rows ``(epoch, prompt index, row within its group)`` from ``base`` (None: the OS's entropy)."""
         return cls(seeds.row_keys(seeds.fresh() if base is None else base, rows), list(offsets))
 
-    def select(self, rows: Sequence[int]) -> RowStreams:
-        return RowStreams([self.keys[i] for i in rows], [self.offsets[i] for i in rows])
-
     def uniforms(self, rows: Sequence[int], t: int) -> torch.Tensor:
         """The draws of ``rows`` (indices into these streams) for their ``t``-th new token, float64."""
         return torch.tensor([seeds.uniform(self.keys[b], self.offsets[b] + t) for b in rows], dtype=torch.float64)

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.rollout.agent.tools import ToolCall, parse_arguments
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
@@ -58,7 +61,7 @@ class TurnEncoder:
 
     _BASE = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
 
-    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]] | None = None):
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("the tool agent needs a tokenizer with a chat_template (it renders the tool messages)")
         self.tokenizer = tokenizer

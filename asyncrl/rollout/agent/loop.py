@@ -29,13 +29,18 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from asyncrl.config.errors import ConfigError
 from asyncrl.named import load_named
 from asyncrl.rollout.agent.format import TurnEncoder, parse_hermes_tool_calls, truncate
 from asyncrl.rollout.agent.tools import Tool, build_tools, call_tools
-from asyncrl.types import PrefillStats, Prompt, Sample
+from asyncrl.types import PrefillStats, Prompt, Sample, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from asyncrl.config.rollout import MultiTurnConfig
 
 
 @dataclass(frozen=True)
@@ -52,8 +57,8 @@ class Continuation:
 class AgentContext:
     """What a loop may use: the tokenizer, ``rollout.multi_turn`` and the built tools by name."""
 
-    tokenizer: Any
-    multi_turn: Any  # MultiTurnConfig
+    tokenizer: PreTrainedTokenizerBase
+    multi_turn: MultiTurnConfig
     tools: dict[str, Tool]
 
 
@@ -147,7 +152,7 @@ class AgentEngine:
 
     reports_finished_rows = True
 
-    def __init__(self, engine: Any, multi_turn: Any, default_agent_loop: str = "single_turn_agent"):
+    def __init__(self, engine: Any, multi_turn: MultiTurnConfig, default_agent_loop: str = "single_turn_agent"):
         self.engine = engine
         self.multi_turn = multi_turn
         self.default_agent_loop = default_agent_loop
@@ -205,7 +210,7 @@ class AgentEngine:
     def generate(
         self,
         prompts: list[Prompt],
-        params: Any,
+        params: SamplingParams,
         seed: int | None = None,
         on_sample: Callable[[Sample], None] | None = None,
     ) -> list[Sample]:
@@ -233,7 +238,11 @@ class AgentEngine:
         return out
 
     def resume(
-        self, samples: list[Sample], params: Any, seed: int | None = None, refill: Callable[[int], bool] | None = None
+        self,
+        samples: list[Sample],
+        params: SamplingParams,
+        seed: int | None = None,
+        refill: Callable[[int], bool] | None = None,
     ) -> list[Sample]:
         """As the engine's ``resume``: interrupted samples continue, mid-turn or at the start of their next turn."""
         live = {i for i, s in enumerate(samples) if s.stop_reason == "interrupted"}
@@ -244,7 +253,7 @@ class AgentEngine:
         return self._converse(list(first), live, params, seed, refill)
 
     # ---- streaming (``asyncrl.rollout.streaming``; fully_async's Rollouter) ------------------------------------------
-    def submit(self, rows: list[Sample], params: Any, seed: int | None = None) -> None:
+    def submit(self, rows: list[Sample], params: SamplingParams, seed: int | None = None) -> None:
         """As the engine's: the rows (blank, partial, or at the start of a turn after a tool's output) enter at its
         next step."""
         for s in rows:
@@ -272,7 +281,7 @@ class AgentEngine:
         """Whether a row that ended goes through ``next_turn`` (its loop may go on, or its text is a conversation's)."""
         return not self._single_turn(sample)
 
-    def next_turn(self, sample: Sample, params: Any) -> Sample:
+    def next_turn(self, sample: Sample, params: SamplingParams) -> Sample:
         """What follows one row's ended turn (blocking: the tool calls run here, each under its deadline): the row
         "interrupted" with the tool's output appended, to decode its next turn, or the row ended with its
         conversation's text. Thread-safe: rows' turns run at once on a pool."""
@@ -288,7 +297,7 @@ class AgentEngine:
         self,
         out: list[Sample],
         fresh: set[int],
-        params: Any,
+        params: SamplingParams,
         seed: int | None,
         refill: Callable[[int], bool] | None,
     ) -> list[Sample]:
@@ -307,7 +316,7 @@ class AgentEngine:
                 out[i] = s
             fresh = set(going)
 
-    def _decide(self, out: list[Sample], ended: list[int], params: Any) -> list[int]:
+    def _decide(self, out: list[Sample], ended: list[int], params: SamplingParams) -> list[int]:
         """Ask each ended sample's loop what follows; append the continuations that fit. Returns the samples that go
         on (now "interrupted")."""
         by_loop: dict[str, list[int]] = {}
@@ -358,7 +367,7 @@ class AgentEngine:
         return self.engine.tokenizer.decode(s.response_ids[start:], skip_special_tokens=False)
 
 
-def conversation_text(tokenizer: Any, sample: Sample) -> str:
+def conversation_text(tokenizer: PreTrainedTokenizerBase, sample: Sample) -> str:
     """A multi-turn response as the reward sees it: each run of the model's tokens and each tool turn decoded on its
     own (special tokens skipped) and joined by newlines, so the final answer is the last line whatever the chat
     template puts between turns."""
