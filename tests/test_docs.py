@@ -86,6 +86,18 @@ def test_readme_is_a_front_page_under_150_lines():
     assert len(lines) < 150, f"README.md has {len(lines)} lines; move detail to docs/"
 
 
+def test_readme_is_at_most_8000_characters():
+    size = len((ROOT / "README.md").read_text())
+    assert size <= 8000, f"README.md has {size} characters; move detail to docs/ or BENCHMARKS.md"
+
+
+def test_readme_links_every_page_in_docs():
+    readme = (ROOT / "README.md").read_text()
+    pages = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "docs").rglob("*.md"))]
+    missing = [p for p in pages if f"]({p})" not in readme and f"]({p}#" not in readme]
+    assert not missing, f"docs pages not linked from README.md: {missing}"
+
+
 def test_every_algorithm_and_schedule_has_a_guide_linked_from_the_readme():
     from asyncrl.algorithms import builtin_algorithms
     from asyncrl.config.schema import SCHEDULES
@@ -105,3 +117,48 @@ def test_every_relative_link_in_the_docs_resolves():
             if path and "://" not in path and not (page.parent / path).exists():
                 broken.append(f"{page.relative_to(ROOT)} -> {target}")
     assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+
+
+# ---- the record: BENCHMARKS.md holds results, and every figure the README quotes is in it ------------------------
+# A figure with its unit: a ratio (0.90x), a share (51.2%) or a quantity (566 samples/s, 200 ms, 19.5 MB, 501 s).
+FIGURE = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*(?:x|%| (?:ms|s|MB|GB|MiB|GiB|samples/s|tokens/s|points))(?![\w/])")
+
+
+def _headings(markdown: str) -> list[str]:
+    """The lines that are headings, leaving out lines of fenced code (a shell comment starts with # too)."""
+    headings, fenced = [], False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            headings.append(line)
+    return headings
+
+
+def test_benchmarks_is_a_record_of_results_not_a_diary():
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    lines = text.splitlines()
+    assert len(lines) < 800, f"BENCHMARKS.md has {len(lines)} lines: keep each question's current table only"
+    diary = [line for line in lines if "session" in line.lower()]
+    assert not diary, f"BENCHMARKS.md narrates sessions: {diary}"
+    timed = [h for h in _headings(text) if re.search(r"(?<!\d)\d{1,2}:\d{2}(?!\d)", h)]
+    assert not timed, f"BENCHMARKS.md headings with a time of day: {timed}"
+
+
+def test_the_headings_check_skips_fenced_code_and_sees_times_of_day():
+    page = "# Benchmarks\n```bash\n# run at 10:00\n```\n### Decode (09:31-09:42 UTC)\n"
+    assert _headings(page) == ["# Benchmarks", "### Decode (09:31-09:42 UTC)"]
+
+
+def test_every_figure_the_readme_quotes_is_in_benchmarks():
+    readme = (ROOT / "README.md").read_text()
+    record = (ROOT / "BENCHMARKS.md").read_text()
+    figures = sorted(set(FIGURE.findall(readme)))
+    assert len(figures) >= 10, f"README.md quotes too few figures for this check to mean anything: {figures}"
+    missing = [f for f in figures if not re.search(rf"(?<![\w.]){re.escape(f)}(?![\w/])", record)]
+    assert not missing, f"README.md quotes figures that BENCHMARKS.md does not record: {missing}"
+
+
+def test_the_figure_pattern_takes_numbers_with_units_only():
+    text = "1.92-2.10x, +9.5%, 566 samples/s in 20 steps, 8 x 8, 2 cores, 200 ms, 19.5 MB, 501 s. 4x4 v0.32"
+    assert FIGURE.findall(text) == ["2.10x", "9.5%", "566 samples/s", "200 ms", "19.5 MB", "501 s"]
