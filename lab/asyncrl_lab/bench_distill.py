@@ -81,7 +81,7 @@ def run_distill_bench(
             if not Path(str(path)).is_dir():
                 raise ConfigError(
                     f"bench --distill: {key}={path} is not a model directory; build the example's teacher and "
-                    "student first (README, 'Distillation') or pass model.path=... teacher.model_path=..."
+                    "student first (`make distill`) or pass model.path=... teacher.model_path=..."
                 )
         run_one(cfg)
         res = summarize_distill(s, run_dir, ref)
