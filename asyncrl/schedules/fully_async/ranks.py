@@ -1,4 +1,4 @@
-"""The Rollouter's rollout ranks as ``producer.RankPort``s: its own engine, stepped on its generation thread, and the
+"""The Rollouter's rollout ranks as ``slots.RankStream``s: its own engine, stepped on its generation thread, and the
 pool's other ranks, which step on threads of their own (``asyncrl.workers.stream_loop``) and are reached by calls:
 a submit it does not wait for, and one long poll at a time for the rows that ended, whose answer sets the
 Rollouter's ``wake`` event (its generation thread sleeps on it while only other ranks hold rows)."""
@@ -16,7 +16,7 @@ from asyncrl.workers.stream_loop import BusySpan
 WAIT_S = 0.5  # a remote rank's long poll, seconds: it returns at once when a row ends
 
 
-class LocalPort:
+class OwnRank:
     """The Rollouter's own engine: ``advance`` decodes one step on the calling (generation) thread."""
 
     def __init__(self, engine: StreamingEngine, params: SamplingParams, seed: int, span: BusySpan):
@@ -54,7 +54,7 @@ class LocalPort:
         return self.engine.take_prefill()
 
 
-class RemotePort:
+class RemoteRank:
     """Another rollout rank (a threaded ``RolloutWorker``): ``submit`` does not wait; ``advance`` collects the answer
     of the outstanding long poll when it has come, and starts the next while the rank holds rows."""
 
