@@ -349,3 +349,34 @@ def test_no_unreachable_statement_in_the_package_or_the_lab():
         for line in unreachable_statements(p.read_text(encoding="utf-8"))
     ]
     assert not found, "statements that never run:\n" + "\n".join(found)
+
+
+# The modules that hold the typed clients: the only ones that name a worker's method by string.
+CLIENT_MODULES = ("asyncrl.roles.clients", "asyncrl.weights.clients", "asyncrl.schedules.fully_async.client")
+
+
+def string_calls(source: str) -> list[tuple[int, str]]:
+    """``(line, method)`` of every ``x.call("method", ...)``: a worker's method named by string."""
+    return [
+        (node.lineno, node.args[0].value)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "call"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ]
+
+
+def test_no_role_method_called_by_string_outside_the_client_modules():
+    """Every call of a worker's method goes through a typed client (``asyncrl.roles.clients`` and the other client
+    modules): its arguments and what it returns are typed once, where the method is named."""
+    assert string_calls("h.call('version')\nreward_fn.call(*args)\nh.call(method, 1)\n") == [(1, "version")]
+    found = [
+        f"{path.relative_to(ROOT)}:{line} calls {method!r}"
+        for name, path in package_modules(lab=True).items()
+        if name not in CLIENT_MODULES
+        for line, method in string_calls(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, "role methods called by string outside the client modules:\n" + "\n".join(found)

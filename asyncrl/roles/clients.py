@@ -1,8 +1,10 @@
 """Typed clients, one per role: what a schedule or an algorithm may ask of a worker, and what each call returns.
 
 A client wraps a ``Handle`` (Ray actor or in-process worker, ``asyncrl.workers.backends``) and returns ``Pending``
-results of the dataclasses in ``asyncrl.types``; nothing above this module names a worker method by string. The
-teacher's client is ``asyncrl.teacher.client.TeacherClient`` (an HTTP server is a role of its own).
+results of the dataclasses in ``asyncrl.types``. Only the client modules name a worker method by string
+(``tests/test_layout.py`` checks): this one; ``asyncrl.weights.clients``, the weight sync's (its room is beside this
+one); ``asyncrl.schedules.fully_async.client``, the Rollouter's. The teacher's client is
+``asyncrl.teacher.client.TeacherClient`` (an HTTP server is a role of its own).
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from asyncrl.calls import Handle, Pending
+from asyncrl.comm.probe import CollectiveProbe
 from asyncrl.data.collate import TrainBatch
-from asyncrl.types import Generation, Prompt, Sample, SamplingParams, Scored, UpdateResult
+from asyncrl.types import Generation, PrefillStats, Prompt, Sample, SamplingParams, Scored, UpdateResult
 
 
 class RoleClient:
@@ -33,11 +38,44 @@ class RoleClient:
 
 
 class RolloutClient(RoleClient):
+    """Who generates a batch: a rollout worker, or the trainer's own engine (sync)."""
+
     def generate(
         self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int, score: bool = True
     ) -> Pending[Generation]:
         """Samples for ``prompts``; with ``score`` their rule rewards are filled on the worker."""
         return self.handle.call("generate", prompts, params, seed, step, score)
+
+
+class RolloutWorkerClient(RolloutClient):
+    """A rollout worker (``asyncrl.workers.rollout.RolloutWorker``): beyond generating, the weight version its engine
+    holds, and the calls of a streaming producer that drives it as one of its ranks."""
+
+    def version(self) -> Pending[int]:
+        return self.handle.call("version")
+
+    def stream_submit(self, rows: list[Sample], params: SamplingParams, seed: int) -> Pending[None]:
+        """Rows (blank or partial) that enter the rank's running decode at its next step."""
+        return self.handle.call("stream_submit", rows, params, seed)
+
+    def stream_wait(self, timeout_s: float) -> Pending[tuple[list[Sample], PrefillStats]]:
+        """The rows that ended since the last call (waiting up to ``timeout_s`` for one), and the prefill counts."""
+        return self.handle.call("stream_wait", timeout_s)
+
+    def stream_interrupt(self, timeout_s: float) -> Pending[list[Sample]]:
+        """Every row the rank holds and nobody took yet: the ended ones, and the live ones partial."""
+        return self.handle.call("stream_interrupt", timeout_s)
+
+    def halt(self, timeout_s: float) -> Pending[None]:
+        """Drop the rows a dead producer left streaming there."""
+        return self.handle.call("halt", timeout_s)
+
+
+class ProducerClient(RolloutWorkerClient):
+    """A streaming schedule's producer: a rollout worker that streams rows to the pool's other ranks too."""
+
+    def attach_ranks(self, ranks: list[Handle]) -> Pending[None]:
+        return self.handle.call("attach_ranks", ranks)
 
 
 class TrainerClient(RolloutClient):
@@ -53,6 +91,29 @@ class TrainerClient(RolloutClient):
 
     def export_model(self, directory: str) -> Pending[None]:
         return self.handle.call("export_model", directory)
+
+    def state_dict(self) -> Pending[dict[str, torch.Tensor]]:
+        """The full weights, as the trainer holds them (``asyncrl replay`` compares them with a run's)."""
+        return self.handle.call("state_dict")
+
+
+class DataParallelRank:
+    """One rank of a data-parallel trainer, for the calls that build and probe the ranks' group."""
+
+    def __init__(self, handle: Handle):
+        self.handle = handle
+        self.name = handle.name
+
+    def data_parallel_endpoint(self, host: str) -> Pending[tuple[str, int]]:
+        """(host, port) for the ranks' rendezvous: a free port on ``host``, the rank's node."""
+        return self.handle.call("data_parallel_endpoint", host)
+
+    def init_data_parallel(self, host: str, port: int, timeout_s: float, backend: str) -> Pending[None]:
+        return self.handle.call("init_data_parallel", host, port, timeout_s, backend)
+
+    def probe_data_parallel(self, nbytes: int, timeout_s: float) -> Pending[CollectiveProbe | None]:
+        """An all-reduce and a broadcast of ``nbytes`` on the group, every rank at once."""
+        return self.handle.call("probe_data_parallel", nbytes, timeout_s)
 
 
 class _AllRanks:

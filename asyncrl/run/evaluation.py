@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncrl.rewards.reward_fn import RewardFn
-from asyncrl.roles.clients import RolloutClient
+from asyncrl.roles.clients import RolloutClient, RolloutWorkerClient
 from asyncrl.roles.team import Roles
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.telemetry.timeline import get_timeline
@@ -136,7 +136,7 @@ def evaluators(run: Any, roles: Roles, step: int) -> list[RolloutClient]:
     if not pool or (step == 0 and run.progress.version != 0):
         return [roles.trainer]
     if step == run.cfg.trainer.total_training_steps and run.sync is not None:
-        behind = [r.handle.call("version").result() != run.progress.version for r in pool]
+        behind = [RolloutWorkerClient(r.handle).version().result() != run.progress.version for r in pool]
         if any(behind):
             (run.pool or run.sync).push(run.progress.version)
     return pool

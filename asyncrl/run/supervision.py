@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.calls import Handle, error_text
+from asyncrl.weights.clients import SyncPeer
 
 if TYPE_CHECKING:
     from asyncrl.roles.clients import RolloutClient
@@ -47,7 +48,7 @@ def is_worker_death(e: BaseException) -> bool:
 
 def ping_failure(handle: Handle, timeout_s: float = PING_TIMEOUT_S) -> str | None:
     """Why ``handle``'s worker is dead or hung (after a failed weight sync), or None when it answers a ping."""
-    ping = handle.call("weight_sync_ping")
+    ping = SyncPeer(handle).weight_sync_ping()
     try:
         ping.result(timeout=timeout_s)
     except Exception as e:  # noqa: BLE001 - a death or no answer counts; an error of its code does not

@@ -9,6 +9,7 @@ import threading
 import time
 
 from asyncrl.calls import Handle, Pending
+from asyncrl.roles.clients import RolloutWorkerClient
 from asyncrl.rollout.streaming import StreamingEngine
 from asyncrl.types import PrefillStats, Sample, SamplingParams
 from asyncrl.workers.stream_loop import BusySpan
@@ -59,7 +60,8 @@ class RemoteRank:
     of the outstanding long poll when it has come, and starts the next while the rank holds rows."""
 
     def __init__(self, handle: Handle, params: SamplingParams, seed: int, timeout_s: float, wake: threading.Event):
-        self.handle, self.params, self.seed, self.timeout_s, self.wake = handle, params, seed, timeout_s, wake
+        self.rank = RolloutWorkerClient(handle)
+        self.params, self.seed, self.timeout_s, self.wake = params, seed, timeout_s, wake
         self.held = 0  # rows submitted there and not handed back
         self._poll: Pending | None = None
         self._submits: list[Pending] = []
@@ -69,7 +71,7 @@ class RemoteRank:
         self.prefill = PrefillStats()
 
     def submit(self, rows: list[Sample]) -> None:
-        self._submits.append(self.handle.call("stream_submit", rows, self.params, self.seed))
+        self._submits.append(self.rank.stream_submit(rows, self.params, self.seed))
         self.held += len(rows)
 
     def _check_submits(self) -> None:
@@ -83,7 +85,7 @@ class RemoteRank:
         if self._poll is not None and self._poll.done():
             out = self._collect(self._poll.result())
         if self._poll is None and self.held > 0:
-            self._poll = self.handle.call("stream_wait", WAIT_S)
+            self._poll = self.rank.stream_wait(WAIT_S)
             self._poll.on_done(self.wake.set)
         return out
 
@@ -104,7 +106,7 @@ class RemoteRank:
         it are taken by ``request_interrupt``; ``interrupt`` collects both answers."""
         with self._lock:
             if self._early is None and self.held > 0:
-                self._early = self.handle.call("stream_interrupt", self.timeout_s)
+                self._early = self.rank.stream_interrupt(self.timeout_s)
 
     def request_interrupt(self) -> None:
         """Ask the rank to stop now (its submits are in first); ``interrupt`` collects the answer. Every rank is
@@ -112,7 +114,7 @@ class RemoteRank:
         for p in self._submits:
             p.result(timeout=self.timeout_s)
         self._submits = []
-        self._interrupt = self.handle.call("stream_interrupt", self.timeout_s)
+        self._interrupt = self.rank.stream_interrupt(self.timeout_s)
 
     def interrupt(self) -> list[Sample]:
         if self._interrupt is None:

@@ -114,7 +114,7 @@ class StreamSupervisor(Supervisor):
             try:
                 return fn(r)
             finally:
-                version = r.handle.call("version").result(timeout=self.timeout_s)
+                version = r.version().result(timeout=self.timeout_s)
                 r.resume_generation(version).result(timeout=self.timeout_s)
         except Exception as e:  # noqa: BLE001 - a death is handled, anything else re-raised
             self._survive(e, r)
