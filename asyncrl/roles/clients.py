@@ -10,14 +10,17 @@ one); ``asyncrl.schedules.fully_async.client``, the Rollouter's. The teacher's c
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
 from asyncrl.calls import Handle, Pending
 from asyncrl.comm.probe import CollectiveProbe
+from asyncrl.comm.transport import WorkerLocation
 from asyncrl.data.collate import TrainBatch
 from asyncrl.types import Generation, PrefillStats, Prompt, Sample, SamplingParams, Scored, UpdateResult
+
+T = TypeVar("T")
 
 
 class RoleClient:
@@ -116,14 +119,14 @@ class DataParallelRank:
         return self.handle.call("probe_data_parallel", nbytes, timeout_s)
 
 
-class _AllRanks:
+class _AllRanks(Generic[T]):
     """One call on every data-parallel rank, answered by rank 0's result once all have finished (any rank's error
     is raised)."""
 
-    def __init__(self, calls: list[Pending[Any]]):
+    def __init__(self, calls: list[Pending[T]]):
         self.calls = calls
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> T:
         deadline = None if timeout is None else time.monotonic() + timeout
         out = [c.result(None if deadline is None else max(0.0, deadline - time.monotonic())) for c in self.calls]
         return out[0]
@@ -153,7 +156,7 @@ class LeaderHandle:
     def kill(self) -> None:
         self.ranks[0].kill()
 
-    def location(self, timeout_s: float | None = None) -> Any:
+    def location(self, timeout_s: float | None = None) -> WorkerLocation:
         return self.ranks[0].location(timeout_s)
 
 

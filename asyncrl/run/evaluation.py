@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from asyncrl.config.rollout import ValKwargsConfig
 from asyncrl.rewards.reward_fn import RewardFn
 from asyncrl.roles.clients import RolloutClient, RolloutWorkerClient
 from asyncrl.roles.team import Roles
@@ -31,7 +32,7 @@ GenerateFn = Callable[[list[Prompt], SamplingParams, int], list[Sample]]
 EVAL_SEED = 12345  # fixed so that sampled (temperature > 0) evaluations are comparable across runs
 
 
-def val_sampling(val_kwargs: Any, response_length: int) -> SamplingParams:
+def val_sampling(val_kwargs: ValKwargsConfig, response_length: int) -> SamplingParams:
     """``rollout.val_kwargs`` as sampling: ``n`` responses per prompt, greedy unless ``do_sample`` (then its
     temperature, top-p and top-k). Greedy with ``n`` > 1 decodes n identical responses, as verl's validation does
     (it repeats the batch n times whatever ``do_sample`` says)."""
