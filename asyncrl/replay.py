@@ -87,7 +87,7 @@ def replay(run_dir: str | Path) -> dict[str, Any]:
             has_ckpt = step in saved and (saved[step] / "config.json").is_file()
             if first_diff is not None or not (fp_path.is_file() or has_ckpt):
                 continue
-            mine = roles.trainer.handle.call("state_dict").result()  # once per step, for both comparisons
+            mine = roles.trainer.state_dict().result()  # once per step, for both comparisons
             if fp_path.is_file():  # the run's own weights after this step, per tensor
                 theirs = json.loads(fp_path.read_text())
                 mine_fp = fingerprint(mine)
@@ -100,7 +100,7 @@ def replay(run_dir: str | Path) -> dict[str, Any]:
                 compared.append(step)
                 if diff is not None:
                     first_diff = (step, diff)
-        mine = roles.trainer.handle.call("state_dict").result()
+        mine = roles.trainer.state_dict().result()
     final = _first_difference(mine, load_tensors(run / "final")) if (run / "final").is_dir() else "no final/ to compare"
     identical = first_diff is None and final is None
     if identical:

@@ -271,3 +271,112 @@ def test_the_wheel_ships_the_package_alone_and_the_lab_commands_join_by_entry_po
     assert {ep.name: ep.value for ep in entry_points(group="asyncrl.commands")} == lab  # installed as declared
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert set(lab) <= set(sub.choices)
+
+
+def _ends(block: list[ast.stmt], raising: bool = True) -> bool:
+    """Whether control never goes past ``block``'s end: it holds a statement that always returns, raises (when
+    ``raising``: a ``with`` may swallow an exception, never a return), continues or breaks."""
+    return any(_always_leaves(s, raising) for s in block)
+
+
+def _always_leaves(s: ast.stmt, raising: bool) -> bool:
+    if isinstance(s, (ast.Return, ast.Continue, ast.Break)):
+        return True
+    if isinstance(s, ast.Raise):
+        return raising
+    if isinstance(s, (ast.With, ast.AsyncWith)):
+        return _ends(s.body, raising=False)
+    if isinstance(s, ast.If):
+        return _ends(s.body, raising) and _ends(s.orelse, raising)
+    if isinstance(s, ast.Try):
+        handled = all(_ends(h.body, raising) for h in s.handlers)
+        return _ends(s.finalbody, raising) or ((_ends(s.body, raising) or _ends(s.orelse, raising)) and handled)
+    if isinstance(s, ast.While):  # ``while True`` with no ``break`` of its own
+        loops = (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+        own = [n for n in _walk_skipping(s.body, loops) if isinstance(n, ast.Break)]
+        return isinstance(s.test, ast.Constant) and s.test.value is True and not own
+    return False
+
+
+def _walk_skipping(block: list[ast.stmt], skip: tuple[type, ...]) -> list[ast.AST]:
+    """Every node under ``block``, not descending into nodes of the ``skip`` types (their own loops, functions)."""
+    out: list[ast.AST] = []
+    todo: list[ast.AST] = list(block)
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if not isinstance(node, skip):
+            todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def unreachable_statements(source: str) -> list[int]:
+    """The lines of statements that follow, in the same block, one after which control never goes on: a ``return``,
+    ``raise``, ``continue`` or ``break``, or an ``if``, ``try`` or ``with`` that always ends in one (a ``yield`` left
+    after a ``return`` to make a function a generator is code that never runs)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if not isinstance(block, list):
+                continue
+            for before, after in zip(block, block[1:]):
+                if _always_leaves(before, raising=True):
+                    lines.append(after.lineno)
+                    break
+    return sorted(lines)
+
+
+def test_the_unreachable_check_finds_the_statements_after_a_block_that_always_leaves():
+    source = (
+        "def f(x):\n    return x\n    yield\n"
+        "def g():\n    for i in range(3):\n        if i:\n            continue\n            print(i)\n"
+        "        else:\n            break\n        raise ValueError\n"
+        "def h():\n    try:\n        pass\n    finally:\n        raise ValueError\n        x = 1\n"
+        "def w(t):\n    with t:\n        return 1\n    yield\n"
+        "def t():\n    try:\n        return 1\n    except KeyError:\n        raise\n    x = 2\n"
+        "def fine(x, t):\n    if x:\n        return 1\n    with t:\n        raise KeyError\n"
+        "    try:\n        return 2\n    except KeyError:\n        pass\n"
+        "    while True:\n        break\n    return 3\n"
+    )
+    assert unreachable_statements(source) == [3, 8, 11, 17, 21, 27]
+
+
+def test_no_unreachable_statement_in_the_package_or_the_lab():
+    found = [
+        f"{p.relative_to(ROOT)}:{line}"
+        for p in package_modules(lab=True).values()
+        for line in unreachable_statements(p.read_text(encoding="utf-8"))
+    ]
+    assert not found, "statements that never run:\n" + "\n".join(found)
+
+
+# The modules that hold the typed clients: the only ones that name a worker's method by string.
+CLIENT_MODULES = ("asyncrl.roles.clients", "asyncrl.weights.clients", "asyncrl.schedules.fully_async.client")
+
+
+def string_calls(source: str) -> list[tuple[int, str]]:
+    """``(line, method)`` of every ``x.call("method", ...)``: a worker's method named by string."""
+    return [
+        (node.lineno, node.args[0].value)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "call"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ]
+
+
+def test_no_role_method_called_by_string_outside_the_client_modules():
+    """Every call of a worker's method goes through a typed client (``asyncrl.roles.clients`` and the other client
+    modules): its arguments and what it returns are typed once, where the method is named."""
+    assert string_calls("h.call('version')\nreward_fn.call(*args)\nh.call(method, 1)\n") == [(1, "version")]
+    found = [
+        f"{path.relative_to(ROOT)}:{line} calls {method!r}"
+        for name, path in package_modules(lab=True).items()
+        if name not in CLIENT_MODULES
+        for line, method in string_calls(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, "role methods called by string outside the client modules:\n" + "\n".join(found)

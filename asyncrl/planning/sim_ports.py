@@ -54,52 +54,52 @@ class SimPorts:
         self.last_done = b.done
         return b
 
-    def _rollout(self, b: SimBatch, after: Signal | None) -> Steps:
+    def _rollout(self, b: SimBatch, after: Signal | None) -> Steps[None]:
         if after is not None:
             yield Wait(after)
         yield from self.sim.generate("rollout", b.number, b.groups)
         self.sim.clock.fire(b.done)
 
-    def generated(self, launched: SimBatch, batch: int) -> Steps:
+    def generated(self, launched: SimBatch, batch: int) -> Steps[SimBatch]:
         assert launched.done is not None
         yield Wait(launched.done)
         return launched
 
-    def generate(self, batch: int) -> Steps:
+    def generate(self, batch: int) -> Steps[SimBatch]:
         b = SimBatch(batch, self.sim.draw_batch(batch), self.version)
         yield from self.sim.generate("trainer", batch, b.groups)
         return b
 
-    def push(self, step: int) -> Steps:
+    def push(self, step: int) -> Steps[None]:
         yield from self.sim.busy("sync", "sync_weights", step, Delay(self.sim.prices.sync_s))
         self.pushed = self.version
 
     # ---- preparation and update ----------------------------------------------------------------------------------
-    def prepare(self, generated: SimBatch, step: int) -> Steps:
+    def prepare(self, generated: SimBatch, step: int) -> Steps[SimBatch]:
         yield from self.sim.prepare("driver", step, generated.groups)
         return generated
 
     def start_preparing(self, generated: SimBatch, batch: int) -> tuple[SimBatch, Signal]:
         done = Signal(f"prepared{batch}")
 
-        def on_thread() -> Steps:
+        def on_thread() -> Steps[None]:
             yield from self.sim.prepare("driver-prepare", batch, generated.groups)
             self.sim.clock.fire(done)
 
         self.sim.clock.spawn(on_thread())
         return generated, done
 
-    def prepared(self, preparing: tuple[SimBatch, Signal], step: int) -> Steps:
+    def prepared(self, preparing: tuple[SimBatch, Signal], step: int) -> Steps[tuple[SimBatch, SimBatch]]:
         batch, done = preparing
         yield Wait(done)
         return batch, batch
 
-    def train(self, prepared: SimBatch, step: int) -> Steps:
+    def train(self, prepared: SimBatch, step: int) -> Steps[int]:
         yield from self.sim.train(step, prepared.groups)
         staleness = self.version - prepared.version
         self.version += 1
         return staleness
 
-    def end_step(self, step: int, generated: SimBatch, prepared: SimBatch, trained: int) -> Steps:
+    def end_step(self, step: int, generated: SimBatch, prepared: SimBatch, trained: int) -> Steps[None]:
         self.sim.staleness[trained] += prepared.rows
         yield from self.sim.end_step(step, prepared.rows)

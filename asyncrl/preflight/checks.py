@@ -17,12 +17,13 @@ from asyncrl.comm.probe import CollectiveProbe
 from asyncrl.comm.transport import transport_of
 from asyncrl.config import Config
 from asyncrl.errors import one_line
-from asyncrl.roles.clients import RolloutClient
+from asyncrl.roles.clients import DataParallelRank, RolloutClient
 from asyncrl.roles.team import Roles
 from asyncrl.sizing.check import MemoryPlanError, check_plan, gpu_roles, local_device_bytes
 from asyncrl.sizing.memory import GB, MemoryPlan, micro_batch_tokens, plan_memory
 from asyncrl.sizing.shape import model_shape
 from asyncrl.types import Prompt, Sample, SamplingParams
+from asyncrl.weights.clients import SyncReceiver, SyncSender
 from asyncrl.weights.fingerprint import WeightsFingerprint
 from asyncrl.weights.group import rank_label
 from asyncrl.weights.weight_sync import WeightSync
@@ -106,11 +107,11 @@ def trainer_group(roles: Roles, timeout_s: float) -> Check:
         return Check("trainer group", True, "1 rank: no data-parallel group (nothing to reduce)")
     nbytes = PROBE_MB * 2**20
     calls = []
-    for h in ranks:
+    for rank in map(DataParallelRank, ranks):
         try:
-            calls.append((h.name, h.call("probe_data_parallel", nbytes, timeout_s)))
+            calls.append((rank.name, rank.probe_data_parallel(nbytes, timeout_s)))
         except Exception as e:  # noqa: BLE001 - a rank that takes no call (dead, stopped) is this line's finding
-            return Check("trainer group", False, f"{h.name} takes no call: {one_line(e)}")
+            return Check("trainer group", False, f"{rank.name} takes no call: {one_line(e)}")
     results, errors, unfinished = gather(calls, timeout_s + 10.0)
     if errors or unfinished:
         parts = [f"{name}: {text}" for name, text in errors]
@@ -172,13 +173,14 @@ def fingerprint_lines(cfg: Config, roles: Roles) -> list[Check]:
     for i, h in enumerate(roles.receivers):
         part = f"fingerprint {h.name} ({rank_label(i + 1)})"
         try:
-            mine: WeightsFingerprint = h.call("weights_fingerprint").result(timeout=timeout)
+            mine = SyncReceiver(h).weights_fingerprint().result(timeout=timeout)
             if not mine.held:
                 out.append(Check(part, True, "not compared: the engine keeps its weights in its own process (vLLM)"))
                 continue
             key = tuple(sorted(mine.dtypes.items()))
             if key not in trainer_fps:
-                trainer_fps[key] = roles.trainer.handle.call("weights_fingerprint", mine.dtypes).result(timeout=timeout)
+                theirs = SyncSender(roles.trainer.handle).weights_fingerprint(mine.dtypes)
+                trainer_fps[key] = theirs.result(timeout=timeout)
         except Exception as e:  # noqa: BLE001 - an engine that cannot say what it holds fails its line
             out.append(Check(part, False, one_line(e)))
             continue

@@ -1,18 +1,26 @@
 """Typed clients, one per role: what a schedule or an algorithm may ask of a worker, and what each call returns.
 
 A client wraps a ``Handle`` (Ray actor or in-process worker, ``asyncrl.workers.backends``) and returns ``Pending``
-results of the dataclasses in ``asyncrl.types``; nothing above this module names a worker method by string. The
-teacher's client is ``asyncrl.teacher.client.TeacherClient`` (an HTTP server is a role of its own).
+results of the dataclasses in ``asyncrl.types``. Only the client modules name a worker method by string
+(``tests/test_layout.py`` checks): this one; ``asyncrl.weights.clients``, the weight sync's (its room is beside this
+one); ``asyncrl.schedules.fully_async.client``, the Rollouter's. The teacher's client is
+``asyncrl.teacher.client.TeacherClient`` (an HTTP server is a role of its own).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+import torch
 
 from asyncrl.calls import Handle, Pending
+from asyncrl.comm.probe import CollectiveProbe
+from asyncrl.comm.transport import WorkerLocation
 from asyncrl.data.collate import TrainBatch
-from asyncrl.types import Generation, Prompt, Sample, SamplingParams, Scored, UpdateResult
+from asyncrl.types import Generation, PrefillStats, Prompt, Sample, SamplingParams, Scored, UpdateResult
+
+T = TypeVar("T")
 
 
 class RoleClient:
@@ -33,11 +41,44 @@ class RoleClient:
 
 
 class RolloutClient(RoleClient):
+    """Who generates a batch: a rollout worker, or the trainer's own engine (sync)."""
+
     def generate(
         self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int, score: bool = True
     ) -> Pending[Generation]:
         """Samples for ``prompts``; with ``score`` their rule rewards are filled on the worker."""
         return self.handle.call("generate", prompts, params, seed, step, score)
+
+
+class RolloutWorkerClient(RolloutClient):
+    """A rollout worker (``asyncrl.workers.rollout.RolloutWorker``): beyond generating, the weight version its engine
+    holds, and the calls of a streaming producer that drives it as one of its ranks."""
+
+    def version(self) -> Pending[int]:
+        return self.handle.call("version")
+
+    def stream_submit(self, rows: list[Sample], params: SamplingParams, seed: int) -> Pending[None]:
+        """Rows (blank or partial) that enter the rank's running decode at its next step."""
+        return self.handle.call("stream_submit", rows, params, seed)
+
+    def stream_wait(self, timeout_s: float) -> Pending[tuple[list[Sample], PrefillStats]]:
+        """The rows that ended since the last call (waiting up to ``timeout_s`` for one), and the prefill counts."""
+        return self.handle.call("stream_wait", timeout_s)
+
+    def stream_interrupt(self, timeout_s: float) -> Pending[list[Sample]]:
+        """Every row the rank holds and nobody took yet: the ended ones, and the live ones partial."""
+        return self.handle.call("stream_interrupt", timeout_s)
+
+    def halt(self, timeout_s: float) -> Pending[None]:
+        """Drop the rows a dead producer left streaming there."""
+        return self.handle.call("halt", timeout_s)
+
+
+class ProducerClient(RolloutWorkerClient):
+    """A streaming schedule's producer: a rollout worker that streams rows to the pool's other ranks too."""
+
+    def attach_ranks(self, ranks: list[Handle]) -> Pending[None]:
+        return self.handle.call("attach_ranks", ranks)
 
 
 class TrainerClient(RolloutClient):
@@ -54,15 +95,38 @@ class TrainerClient(RolloutClient):
     def export_model(self, directory: str) -> Pending[None]:
         return self.handle.call("export_model", directory)
 
+    def state_dict(self) -> Pending[dict[str, torch.Tensor]]:
+        """The full weights, as the trainer holds them (``asyncrl replay`` compares them with a run's)."""
+        return self.handle.call("state_dict")
 
-class _AllRanks:
+
+class DataParallelRank:
+    """One rank of a data-parallel trainer, for the calls that build and probe the ranks' group."""
+
+    def __init__(self, handle: Handle):
+        self.handle = handle
+        self.name = handle.name
+
+    def data_parallel_endpoint(self, host: str) -> Pending[tuple[str, int]]:
+        """(host, port) for the ranks' rendezvous: a free port on ``host``, the rank's node."""
+        return self.handle.call("data_parallel_endpoint", host)
+
+    def init_data_parallel(self, host: str, port: int, timeout_s: float, backend: str) -> Pending[None]:
+        return self.handle.call("init_data_parallel", host, port, timeout_s, backend)
+
+    def probe_data_parallel(self, nbytes: int, timeout_s: float) -> Pending[CollectiveProbe | None]:
+        """An all-reduce and a broadcast of ``nbytes`` on the group, every rank at once."""
+        return self.handle.call("probe_data_parallel", nbytes, timeout_s)
+
+
+class _AllRanks(Generic[T]):
     """One call on every data-parallel rank, answered by rank 0's result once all have finished (any rank's error
     is raised)."""
 
-    def __init__(self, calls: list[Pending[Any]]):
+    def __init__(self, calls: list[Pending[T]]):
         self.calls = calls
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> T:
         deadline = None if timeout is None else time.monotonic() + timeout
         out = [c.result(None if deadline is None else max(0.0, deadline - time.monotonic())) for c in self.calls]
         return out[0]
@@ -92,7 +156,7 @@ class LeaderHandle:
     def kill(self) -> None:
         self.ranks[0].kill()
 
-    def location(self, timeout_s: float | None = None) -> Any:
+    def location(self, timeout_s: float | None = None) -> WorkerLocation:
         return self.ranks[0].location(timeout_s)
 
 

@@ -12,6 +12,7 @@ from asyncrl.calls import Handle, Pending
 from asyncrl.comm.transport import WorkerLocation
 from asyncrl.roles.clients import (
     CriticClient,
+    ProducerClient,
     RewardModelClient,
     RoleClient,
     RolloutClient,
@@ -36,7 +37,7 @@ class Roles:
     trainer: TrainerClient
     rollouts: list[RolloutClient]  # who generates a batch: the trainer itself, or the rollout pool
     placement: Placement
-    rollouter: RoleClient | None = None  # fully_async's producer (its typed client: the schedule's own)
+    rollouter: ProducerClient | None = None  # fully_async's producer (its typed client: the schedule's own)
     critic: CriticClient | None = None
     reward_model: RewardModelClient | None = None
     handles: list[Handle] = field(default_factory=list)  # every worker started, once
@@ -64,7 +65,7 @@ class Roles:
         return [h.location(timeout_s) for h in self.handles]
 
     def timelines(self) -> list[dict]:
-        return [e for h in self.handles for e in h.call("pop_timeline").result()]
+        return [e for h in self.handles for e in RoleClient(h).pop_timeline().result()]
 
 
 class PoolTurns:

@@ -15,6 +15,7 @@ order of events is the schedule's; ``Run`` ends every schedule's step the same w
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,7 @@ class Run:
         *parts: dict[str, float],
         last: dict[str, float] | None = None,
         sampler_state: dict | None = None,
-        extra_files: dict[str, Any] | None = None,
+        extra_files: Mapping[str, object] | None = None,
     ) -> dict[str, float]:
         """Metrics -> (held-out evaluation) -> log -> (checkpoint). The metrics: the samples' statistics, their
         staleness from the versions the engine recorded against the version the update consumed them at, what
@@ -116,12 +117,14 @@ class Run:
             self.save(step, sampler_state, extra_files)
         return metrics
 
-    def save(self, step: int, sampler_state: dict | None = None, extra_files: dict[str, Any] | None = None) -> Path:
+    def save(
+        self, step: int, sampler_state: dict | None = None, extra_files: Mapping[str, object] | None = None
+    ) -> Path:
         state = sampler_state or self.prompts.sampler.state_dict()
         return self.dir.save(step, self.roles.checkpointed, self.progress, state, extra_files)
 
     def save_before_failing(
-        self, step: int, sampler_state: dict | None, extra_files: dict[str, Any] | None = None
+        self, step: int, sampler_state: dict | None, extra_files: Mapping[str, object] | None = None
     ) -> None:
         """A checkpoint of the last finished ``step`` before the run stops on an error (none before the first step,
         none again for a step that has one), so ``resume_mode=auto`` loses nothing."""

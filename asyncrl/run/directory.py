@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import pickle
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ class RunDir:
         workers: dict[str, RoleClient],
         progress: Progress,
         sampler_state: dict,
-        extra_files: dict[str, Any] | None = None,
+        extra_files: Mapping[str, object] | None = None,
     ) -> Path:
         """Checkpoint at ``step``: every worker's state, ``sampler_state`` (the data cursor a resumed run starts
         from) and ``extra_files`` (file name -> object, written with ``torch.save`` inside the same atomic

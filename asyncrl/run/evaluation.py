@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from asyncrl.config.rollout import ValKwargsConfig
 from asyncrl.rewards.reward_fn import RewardFn
-from asyncrl.roles.clients import RolloutClient
+from asyncrl.roles.clients import RolloutClient, RolloutWorkerClient
 from asyncrl.roles.team import Roles
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.telemetry.timeline import get_timeline
@@ -31,7 +32,7 @@ GenerateFn = Callable[[list[Prompt], SamplingParams, int], list[Sample]]
 EVAL_SEED = 12345  # fixed so that sampled (temperature > 0) evaluations are comparable across runs
 
 
-def val_sampling(val_kwargs: Any, response_length: int) -> SamplingParams:
+def val_sampling(val_kwargs: ValKwargsConfig, response_length: int) -> SamplingParams:
     """``rollout.val_kwargs`` as sampling: ``n`` responses per prompt, greedy unless ``do_sample`` (then its
     temperature, top-p and top-k). Greedy with ``n`` > 1 decodes n identical responses, as verl's validation does
     (it repeats the batch n times whatever ``do_sample`` says)."""
@@ -136,7 +137,7 @@ def evaluators(run: Any, roles: Roles, step: int) -> list[RolloutClient]:
     if not pool or (step == 0 and run.progress.version != 0):
         return [roles.trainer]
     if step == run.cfg.trainer.total_training_steps and run.sync is not None:
-        behind = [r.handle.call("version").result() != run.progress.version for r in pool]
+        behind = [RolloutWorkerClient(r.handle).version().result() != run.progress.version for r in pool]
         if any(behind):
             (run.pool or run.sync).push(run.progress.version)
     return pool

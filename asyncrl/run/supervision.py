@@ -21,13 +21,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
-from asyncrl.calls import Handle, error_text
+from asyncrl.calls import Handle, Pending, error_text
+from asyncrl.weights.clients import SyncPeer
 
 if TYPE_CHECKING:
     from asyncrl.roles.clients import RolloutClient
+    from asyncrl.roles.team import Roles
+    from asyncrl.weights.stats import SyncStats
     from asyncrl.weights.weight_sync import WeightSync
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +52,7 @@ def is_worker_death(e: BaseException) -> bool:
 
 def ping_failure(handle: Handle, timeout_s: float = PING_TIMEOUT_S) -> str | None:
     """Why ``handle``'s worker is dead or hung (after a failed weight sync), or None when it answers a ping."""
-    ping = handle.call("weight_sync_ping")
+    ping = SyncPeer(handle).weight_sync_ping()
     try:
         ping.result(timeout=timeout_s)
     except Exception as e:  # noqa: BLE001 - a death or no answer counts; an error of its code does not
@@ -64,7 +69,7 @@ class Supervisor:
 
     def __init__(
         self,
-        roles: Any,  # asyncrl.roles.team.Roles
+        roles: Roles,
         sync: WeightSync,
         respawn: Callable[[int], Handle],
         version: Callable[[], int],
@@ -103,7 +108,7 @@ class RolloutPool(Supervisor):
     def client(self, i: int) -> RolloutClient:
         return self.roles.rollouts[i]
 
-    def wait(self, i: int, call: Any, again: Callable[[RolloutClient], Any]) -> Any:
+    def wait(self, i: int, call: Pending[T], again: Callable[[RolloutClient], Pending[T]]) -> T:
         """``call``'s result from worker ``i``; if the worker died or hung, replace it and run ``again`` on the new
         one, as often as the restart budget allows."""
         while True:
@@ -116,7 +121,7 @@ class RolloutPool(Supervisor):
                 cause = f"no answer within rollout.generate_timeout_s={self.timeout_s:g} s" if hung else error_text(e)
                 call = again(self.replace(i, cause))
 
-    def push(self, version: int) -> Any:
+    def push(self, version: int) -> SyncStats:
         """``WeightSync.push``; a receiver that died before or during it is replaced (which syncs the new group), and
         the push is repeated. Any other sync failure is raised as it is."""
         from asyncrl.weights.errors import WeightSyncError

@@ -2,21 +2,51 @@
 
 Each loop is a generator over ``Ports``. The real run (``schedules.run_ports.RunPorts``) gives it ports that call
 the roles; the performance model (``planning.sim_ports.SimPorts``) gives it ports that advance a virtual
-clock. A port method that takes time is itself a generator, used as ``x = yield from ports.generated(...)``: the
-real ports do the work and return without yielding, the simulated ones yield clock events. So a change to a loop
-here changes what the run does and what the planner predicts together (``tests/test_perf.py`` checks that a changed
-loop moves the prediction). ``fully_async``'s consumer loop is its own package's (``schedules.fully_async``).
+clock. A port method that takes time is a clock step, used as ``x = yield from ports.generated(...)``: the simulated
+ports' are generators that yield clock events; the real ports' are plain methods that do the work and return, made
+steps by ``clock_step``. So a change to a loop here changes what the run does and what the planner predicts together
+(``tests/test_perf.py`` checks that a changed loop moves the prediction). ``fully_async``'s consumer loop is its own
+package's (``schedules.fully_async``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
-from typing import Any, Protocol
+import functools
+from collections.abc import Callable, Generator, Iterator
+from typing import ParamSpec, Protocol, TypeVar
 
-Steps = Generator[Any, Any, Any]  # what a port method or a loop is: a generator a clock drives
+R = TypeVar("R")
+Args = ParamSpec("Args")
+# A clock step that ends with an ``R``: it yields what its clock takes (the planner's ``Compute``, ``Delay``,
+# ``Wait``; nothing on the real run's) and is sent nothing back.
+Steps = Generator[object, None, R]
 
 
-class Ports(Protocol):
+def clock_step(method: Callable[Args, R]) -> Callable[Args, Steps[R]]:
+    """A real port's method (it does its work when called and takes no virtual time) as the clock step a loop runs
+    with ``yield from``: a generator that yields nothing and returns the method's value. The work runs when the loop
+    steps into it, as a simulated port's does."""
+
+    @functools.wraps(method)
+    def step(*args: Args.args, **kwargs: Args.kwargs) -> Steps[R]:
+        value = method(*args, **kwargs)
+        yield from ()  # makes this a generator; it yields nothing
+        return value
+
+    return step
+
+
+# What a loop carries between the ports, whatever they are (real: ``asyncrl.run.generation.Launched``, ``Generated``,
+# ``asyncrl.algorithms.Prepared``, ``Trained``; simulated: ``planning.sim_ports.SimBatch``): a batch launched on the
+# rollout side, a batch generated, one prepared, one being prepared on another thread, what an update returned.
+L = TypeVar("L")
+G = TypeVar("G")
+P = TypeVar("P")
+F = TypeVar("F")
+T = TypeVar("T")
+
+
+class Ports(Protocol[L, G, P, F, T]):
     """What a schedule loop does, and nothing of how: ``launch`` starts generating a batch on the rollout side (not
     waited for), ``generated`` waits for it, ``generate`` generates on the trainer's own engine, ``push`` sends the
     trainer's weights to the rollout side, ``prepare`` makes the algorithm's batch (``start_preparing`` /
@@ -27,26 +57,26 @@ class Ports(Protocol):
 
     def steps(self) -> Iterator[int]: ...
 
-    def launch(self, batch: int) -> Any: ...
+    def launch(self, batch: int) -> L: ...
 
-    def generated(self, launched: Any, batch: int) -> Steps: ...
+    def generated(self, launched: L, batch: int) -> Steps[G]: ...
 
-    def generate(self, batch: int) -> Steps: ...
+    def generate(self, batch: int) -> Steps[G]: ...
 
-    def push(self, step: int) -> Steps: ...
+    def push(self, step: int) -> Steps[None]: ...
 
-    def prepare(self, generated: Any, step: int) -> Steps: ...
+    def prepare(self, generated: G, step: int) -> Steps[P]: ...
 
-    def start_preparing(self, generated: Any, batch: int) -> Any: ...
+    def start_preparing(self, generated: G, batch: int) -> F: ...
 
-    def prepared(self, preparing: Any, step: int) -> Steps: ...
+    def prepared(self, preparing: F, step: int) -> Steps[tuple[P, G]]: ...
 
-    def train(self, prepared: Any, step: int) -> Steps: ...
+    def train(self, prepared: P, step: int) -> Steps[T]: ...
 
-    def end_step(self, step: int, generated: Any, prepared: Any, trained: Any) -> Steps: ...
+    def end_step(self, step: int, generated: G, prepared: P, trained: T) -> Steps[None]: ...
 
 
-def sync(p: Ports) -> Steps:
+def sync(p: Ports[L, G, P, F, T]) -> Steps[None]:
     """Generate with the current weights on the trainer, prepare, train: nothing overlaps."""
     for step in p.steps():
         generated = yield from p.generate(step)
@@ -55,7 +85,7 @@ def sync(p: Ports) -> Steps:
         yield from p.end_step(step, generated, prepared, trained)
 
 
-def one_step_off(p: Ports) -> Steps:
+def one_step_off(p: Ports[L, G, P, F, T]) -> Steps[None]:
     """Batch t+1 is generated (with the weights before update t) while batch t is prepared and trained."""
     launched = p.launch(p.start)
     for step in p.steps():
@@ -68,7 +98,7 @@ def one_step_off(p: Ports) -> Steps:
         yield from p.end_step(step, generated, prepared, trained)
 
 
-def two_step_off(p: Ports) -> Steps:
+def two_step_off(p: Ports[L, G, P, F, T]) -> Steps[None]:
     """Batch t+2 is generated and batch t+1 prepared (on another thread) while batch t is trained."""
     first = yield from p.generated(p.launch(p.start), p.start)
     preparing = p.start_preparing(first, p.start)
@@ -87,7 +117,7 @@ def two_step_off(p: Ports) -> Steps:
 LOOPS = {"sync": sync, "one_step_off": one_step_off, "two_step_off": two_step_off}
 
 
-def run_to_end(loop: Steps) -> None:
+def run_to_end(loop: Steps[None]) -> None:
     """Drive a loop over ports that never yield (the real run's): anything yielded is a port of the wrong clock."""
     for event in loop:
         raise RuntimeError(f"a real run's schedule loop yielded {event!r}: its ports belong to a virtual clock")

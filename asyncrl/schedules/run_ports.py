@@ -1,9 +1,9 @@
 """The real run: ``open_run`` builds it whole before a schedule's first step, and ``RunPorts`` are the ports the
 loops of ``schedules.loops`` run on, the roles' calls, each phase timed.
 
-A port method that takes time is written as a generator (the loops ``yield from`` it) but never yields: it does the
-work and returns. What a step measures (``timing_s/*``, the sync's metrics) is here once for the three schedules;
-how it ends (metrics -> evaluation -> log -> checkpoint) is ``Run.end_step``, fully_async's too.
+A port method that takes time is a plain method that does the work and returns, made the clock step the loops
+``yield from`` by ``loops.clock_step``. What a step measures (``timing_s/*``, the sync's metrics) is here once for the
+three schedules; how it ends (metrics -> evaluation -> log -> checkpoint) is ``Run.end_step``, fully_async's too.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from asyncrl.run.generation import BatchFiller, Generated, Launched, PromptStrea
 from asyncrl.run.skip import RolloutSkip
 from asyncrl.run.step_log import StepLog, StepTimer
 from asyncrl.run.supervision import RolloutPool, WorkerLostError
-from asyncrl.schedules.loops import LOOPS, Steps, run_to_end
+from asyncrl.schedules.loops import LOOPS, clock_step, run_to_end
 from asyncrl.weights.weight_sync import WeightSync
 from asyncrl.workers.start import start_roles
 
@@ -139,13 +139,13 @@ class TrainPort:
     algorithm: Algorithm
     tm: StepTimer
 
-    def train(self, prepared: Prepared, step: int) -> Steps:
+    @clock_step
+    def train(self, prepared: Prepared, step: int) -> Trained:
         with self.tm("train"):
             self.run.consuming(prepared.samples, step)
             trained = self.algorithm.train(prepared, step)
         self.run.trained(trained, len(prepared.samples), step)
         return trained
-        yield
 
 
 class RunPorts(TrainPort):
@@ -174,7 +174,8 @@ class RunPorts(TrainPort):
             yield step
             self.last_step = step
 
-    def end_step(self, step: int, generated: Generated, prepared: Prepared, trained: Trained) -> Steps:
+    @clock_step
+    def end_step(self, step: int, generated: Generated, prepared: Prepared, trained: Trained) -> None:
         self._timing.close()
         # on the pool: measured on the rollout workers, overlapped with the step before
         last = {"timing_s/gen": generated.seconds} if self.sync is not None else None
@@ -182,8 +183,6 @@ class RunPorts(TrainPort):
         self.run.end_step(step, prepared, trained, self.tm, *parts, last=last, sampler_state=self.cursors[step])
         for b in [b for b in self.cursors if b < step]:
             del self.cursors[b]
-        return
-        yield
 
     # ---- generation ----------------------------------------------------------------------------------------------
     def launch(self, batch: int, gen_batch: int = 1) -> Launched | Replayed:
@@ -201,12 +200,13 @@ class RunPorts(TrainPort):
     def _fill(self, launched: Launched | Replayed, batch: int) -> Generated:
         return self.filler.fill(batch, launched, lambda g: self.launch(batch, g))
 
-    def generate(self, batch: int) -> Steps:
+    @clock_step
+    def generate(self, batch: int) -> Generated:
         with self.tm("gen"):
             return self._fill(self.launch(batch), batch)
-        yield
 
-    def generated(self, launched: Launched | Replayed, batch: int) -> Steps:
+    @clock_step
+    def generated(self, launched: Launched | Replayed, batch: int) -> Generated:
         """Wait for a launched batch; a rollout worker the pool could not replace stops the run after a checkpoint
         of the last finished step."""
         try:  # the pool replaces a rollout worker that died; past its budget, stop after a checkpoint
@@ -215,9 +215,9 @@ class RunPorts(TrainPort):
         except WorkerLostError:
             self._save_before_failing()
             raise
-        yield
 
-    def push(self, step: int) -> Steps:
+    @clock_step
+    def push(self, step: int) -> None:
         assert self.sync is not None
         try:
             with self.tm("sync_rollout_weights"):
@@ -225,17 +225,15 @@ class RunPorts(TrainPort):
         except WorkerLostError:
             self._save_before_failing()
             raise
-        return
-        yield
 
     def _save_before_failing(self) -> None:
         self.run.save_before_failing(self.last_step, self.cursors.get(self.last_step))
 
     # ---- preparation and update ----------------------------------------------------------------------------------
-    def prepare(self, generated: Generated, step: int) -> Steps:
+    @clock_step
+    def prepare(self, generated: Generated, step: int) -> Prepared:
         with self.tm("prepare"):
             return self.algorithm.prepare(generated.samples, step)()
-        yield
 
     def start_preparing(self, generated: Generated, batch: int) -> Future[tuple[Prepared, Generated]]:
         """Issued here, in batch order; finished on the preparation thread."""
@@ -243,10 +241,10 @@ class RunPorts(TrainPort):
         finish = self.algorithm.prepare(generated.samples, batch)
         return self.prepare_pool.submit(lambda: (finish(), generated))
 
-    def prepared(self, preparing: Future[tuple[Prepared, Generated]], step: int) -> Steps:
+    @clock_step
+    def prepared(self, preparing: Future[tuple[Prepared, Generated]], step: int) -> tuple[Prepared, Generated]:
         with self.tm("wait_prev_prepare"):
             return preparing.result()
-        yield
 
 
 def drive(ports: RunPorts, schedule: str) -> dict[str, Any]:

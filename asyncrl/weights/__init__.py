@@ -6,7 +6,8 @@
 - ``group``: ``WeightSyncGroup``, one rank's view of the group: ``send`` (rank 0) / ``receive_stream`` (ranks 1..N).
 - ``incoming``: one sync as a receiver takes it, bucket by bucket (at most two buckets held), each checked first.
 - ``endpoints``: the worker side (sender/receiver mixins); ``weight_sync``: ``WeightSync``, the driver side that
-  sets a group up and syncs over it, through role handles (Ray actors or in-process workers alike).
+  sets a group up and syncs over it, through role handles (Ray actors or in-process workers alike) and the typed
+  clients of ``clients``.
 """
 
 from asyncrl.comm.groups import find_free_port

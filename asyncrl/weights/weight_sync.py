@@ -1,8 +1,9 @@
 """``WeightSync``: the one owner of trainer -> rollout weight synchronisation on the driver.
 
 Set-up, every sync, and the ``sync/*`` metrics, identically in every schedule and on either role backend (it only
-makes calls through ``asyncrl.calls.Handle``; the tensors go over the sync group between the workers). The version a
-sync carries is the trainer's own counter, read by the schedule from the trainer's last update; nothing here counts.
+makes calls through ``asyncrl.calls.Handle``, with the typed clients of ``asyncrl.weights.clients``; the tensors go
+over the sync group between the workers). The version a sync carries is the trainer's own counter, read by the
+schedule from the trainer's last update; nothing here counts.
 
 Each call blocks its worker while the sync runs, so the workers must not be busy with another call (a rollout worker
 must have returned from ``generate`` first) or the sync times out. After a timeout or transport error the group is
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from asyncrl.calls import Handle, gather
 from asyncrl.config import WeightSyncConfig
 from asyncrl.errors import raise_if_user_error
+from asyncrl.weights.clients import SyncPeer, SyncReceiver, SyncSender
 from asyncrl.weights.errors import WeightSyncError
 from asyncrl.weights.group import rank_label
 from asyncrl.weights.handshake import PlanSummary
@@ -65,9 +67,10 @@ class WeightSync:
         """Create the sync group. Raises WeightSyncError (with a HandshakeError's text naming the parameter and the
         worker rank on a mismatch)."""
         timeout_s = self.cfg.timeout_s
-        workers = [self.trainer, *self.receivers]
+        sender = SyncSender(self.trainer)
+        workers: list[SyncPeer] = [sender, *(SyncReceiver(h) for h in self.receivers)]
         world = len(workers)
-        pings = [(rank_label(rank), w.call("weight_sync_ping")) for rank, w in enumerate(workers)]
+        pings = [(rank_label(rank), w.weight_sync_ping()) for rank, w in enumerate(workers)]
         _, errors, unfinished = gather(pings, self.ready_timeout_s)
         for _, pending in pings if errors else ():  # a worker that failed to start on the user's input says so
             if pending.done():
@@ -80,13 +83,13 @@ class WeightSync:
         )
         try:
             host = self.trainer.location(timeout_s).address  # the trainer's node, never a loopback constant
-            host, port = self.trainer.call("weight_sync_endpoint", host).result(timeout=timeout_s)
+            host, port = sender.weight_sync_endpoint(host).result(timeout=timeout_s)
         except TimeoutError as e:
             raise WeightSyncError(f"weight-sync setup: the trainer did not pick a port within {timeout_s:g} s") from e
         labelled = [
             (
                 rank_label(rank),
-                w.call("init_weight_sync", rank, world, host, port, self.cfg.bucket_mb, timeout_s, self.backend),
+                w.init_weight_sync(rank, world, host, port, self.cfg.bucket_mb, timeout_s, self.backend),
             )
             for rank, w in enumerate(workers)
         ]
@@ -105,9 +108,9 @@ class WeightSync:
         errors).
         ``_corrupt_bucket`` is the test hook that flips a byte of one bucket after its checksum is taken."""
         verify, timeout_s = self.cfg.verify, self.cfg.timeout_s
-        labelled = [(rank_label(0), self.trainer.call("send_weights", version, verify, timeout_s, _corrupt_bucket))]
+        labelled = [(rank_label(0), SyncSender(self.trainer).send_weights(version, verify, timeout_s, _corrupt_bucket))]
         for i, w in enumerate(self.receivers):
-            labelled.append((rank_label(i + 1), w.call("receive_weights", verify, version, timeout_s)))
+            labelled.append((rank_label(i + 1), SyncReceiver(w).receive_weights(verify, version, timeout_s)))
         results, errors, unfinished = gather(labelled, timeout_s + driver_grace_s(timeout_s))
         _raise_if_failed(f"weight sync step/version {version}", errors, unfinished, timeout_s)
         received = [results[label] for label, _ in labelled[1:]]

@@ -19,10 +19,12 @@ from asyncrl.config import Config
 from asyncrl.config.specs import RoleSpecs
 from asyncrl.roles.clients import (
     CriticClient,
+    DataParallelRank,
     DataParallelTrainerClient,
+    ProducerClient,
     RewardModelClient,
-    RoleClient,
     RolloutClient,
+    RolloutWorkerClient,
     TrainerClient,
 )
 from asyncrl.roles.placement import resolve_placement
@@ -58,7 +60,7 @@ def _spawn(cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: Any, produ
     p = backend.placement
     trainer = _spawn_trainer(cfg, specs, backend)
     rollouts: list[RolloutClient] = [trainer, *(RolloutClient(h) for h in trainer.ranks[1:])]  # sync: every rank
-    rollouter: RoleClient | None = None
+    rollouter: ProducerClient | None = None
     stream_ranks: list[Handle] = []
     respawn: Callable[[int], Handle] | None = None
     ray = isinstance(backend, _RayBackend)  # an in-process worker cannot die alone (nor be killed when hung)
@@ -83,12 +85,12 @@ def _spawn(cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: Any, produ
             )
             timeout = cfg.trainer.role_start_timeout_s
             for rank in stream_ranks:  # a decode a dead Rollouter left running there ends before the next sync
-                rank.call("halt", timeout).result(timeout=timeout)
+                RolloutWorkerClient(rank).halt(timeout).result(timeout=timeout)
             if stream_ranks:
-                h.call("attach_ranks", stream_ranks).result(timeout=timeout)
+                ProducerClient(h).attach_ranks(stream_ranks).result(timeout=timeout)
             return h
 
-        rollouter, rollouts = RoleClient(the_rollouter()), []
+        rollouter, rollouts = ProducerClient(the_rollouter()), []
         respawn = the_rollouter if ray else None
     critic = reward_model = None
     if "critic" in p.roles:
@@ -122,8 +124,8 @@ def _spawn_trainer(cfg: Config, specs: RoleSpecs, backend: Any) -> TrainerClient
     where = [h.location(timeout) for h in ranks]
     host = where[0].address  # rank 0's node, as the backend knows it: never a loopback constant
     transport = process_group_transport(where)
-    host, port = ranks[0].call("data_parallel_endpoint", host).result()
-    joins = [h.call("init_data_parallel", host, port, timeout, transport) for h in ranks]
+    host, port = DataParallelRank(ranks[0]).data_parallel_endpoint(host).result()
+    joins = [DataParallelRank(h).init_data_parallel(host, port, timeout, transport) for h in ranks]
     for j in joins:
         j.result()
     backend.rendezvous["trainer_data_parallel"] = f"{host}:{port}"

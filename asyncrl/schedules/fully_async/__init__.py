@@ -31,11 +31,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import Config
 from asyncrl.config.specs import TrainerPlan, default_old_policy
 from asyncrl.schedules.fully_async.recovery import ROLLOUTER_STATE
+
+if TYPE_CHECKING:  # imported where they are used, as in ``rollout_side``
+    from asyncrl.algorithms import Algorithm
+    from asyncrl.roles.team import Roles, RolloutSide
+    from asyncrl.run import Run
+    from asyncrl.schedules.fully_async.client import RollouterClient
+    from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
+    from asyncrl.weights.weight_sync import WeightSync
 
 STOP_TIMEOUT_S = 60.0  # how long the clean-up waits for the Rollouter to stop before its worker is killed
 
@@ -48,7 +56,7 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
     return TrainerPlan(old_policy=old, updates_per_version=at.trigger_parameter_sync_step)
 
 
-def rollout_side() -> tuple[Any, type]:
+def rollout_side() -> tuple[RolloutSide, type]:
     """Where this schedule generates (``RolloutSide.STREAM``) and its producer's worker class (the ``Rollouter``): what
     ``open_stream`` starts its roles with (``asyncrl preflight`` starts the same)."""
     # imported here: the books (producer, staleness, queue, ledger) load without the engine and the run machinery,
@@ -59,7 +67,7 @@ def rollout_side() -> tuple[Any, type]:
     return RolloutSide.STREAM, Rollouter
 
 
-def supervisor_of(cfg: Config) -> Callable[[Any, Any, Callable[[], int]], Any]:
+def supervisor_of(cfg: Config) -> Callable[[Roles, WeightSync, Callable[[], int]], StreamSupervisor]:
     """How the run's ``StreamSupervisor`` is built from its roles, its weight sync and the trainer's version
     (``open_run``'s ``stream``)."""
     from asyncrl.schedules.fully_async.slots import budget_of
@@ -67,7 +75,7 @@ def supervisor_of(cfg: Config) -> Callable[[Any, Any, Callable[[], int]], Any]:
 
     at = cfg.async_training
 
-    def supervise(roles: Any, sync: Any, version: Callable[[], int]) -> StreamSupervisor:
+    def supervise(roles: Roles, sync: WeightSync, version: Callable[[], int]) -> StreamSupervisor:
         timeout = max(at.get_batch_timeout_s, at.pause_timeout_s)
         budget = budget_of(at, cfg.actor.ppo_mini_batch_size)
         return StreamSupervisor(roles, sync, roles.respawn, version, cfg.trainer.max_worker_restarts, timeout, budget)
@@ -76,7 +84,7 @@ def supervisor_of(cfg: Config) -> Callable[[Any, Any, Callable[[], int]], Any]:
 
 
 @contextmanager
-def open_stream(cfg: Config) -> Iterator[tuple[Any, Any]]:
+def open_stream(cfg: Config) -> Iterator[tuple[Run, Algorithm]]:
     """``open_run`` for fully_async: the run (``run.stream``: its ``StreamSupervisor``, not started) and its
     algorithm; the Rollouter's generation thread is stopped at exit, whatever happened."""
     from asyncrl.schedules.run_ports import open_run  # imported here, as in ``rollout_side``
@@ -96,7 +104,6 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
     from asyncrl.schedules.fully_async.loop import consume
     from asyncrl.schedules.fully_async.report import write_ledger_report
     from asyncrl.schedules.fully_async.run_ports import StreamRunPorts
-    from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
     from asyncrl.schedules.loops import run_to_end
 
     with open_stream(cfg) as (run, algorithm):
@@ -126,7 +133,7 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
             raise
 
 
-def _stop_quietly(rollouter: Any) -> None:
+def _stop_quietly(rollouter: RollouterClient) -> None:
     """Stop the generation thread whatever happened (in-process it would outlive the run otherwise)."""
     try:
         rollouter.stop().result(timeout=STOP_TIMEOUT_S)

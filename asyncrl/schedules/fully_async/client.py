@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.calls import Pending
-from asyncrl.roles.clients import RoleClient
+from asyncrl.roles.clients import ProducerClient
 from asyncrl.schedules.fully_async.recovery import PackedSnapshot, RollouterSnapshot, StreamBatch, Takeover
 
 
-class RollouterClient(RoleClient):
+class RollouterClient(ProducerClient):
     """The fully_async Rollouter."""
 
     def start(self) -> Pending[None]:

@@ -21,7 +21,7 @@ for a batch's longest row, nor for a reward or a tool call. Concurrency is per r
 rows at once) and at most ``max_groups`` groups are in flight in all (``stream_concurrency``, which the performance
 model uses too).
 
-``rollouter.Rollouter`` runs the loop on its generation thread with its engines (``RankPort``: its own in-process,
+``rollouter.Rollouter`` runs the loop on its generation thread with its engines (``RankStream``: its own in-process,
 the other ranks' over calls), sleeping on ``wake`` when no rank decodes on its thread; the performance model's
 simulator (``asyncrl.planning.stream``) runs the same ``place`` / ``returned`` / ``put_finished`` / ``take`` on a
 virtual clock, its engines priced per step and its completions immediate.
@@ -41,14 +41,14 @@ from dataclasses import replace
 
 from asyncrl.schedules.fully_async.books import Books, blank_row, queued_form
 from asyncrl.schedules.fully_async.recovery import InFlightGroup
-from asyncrl.schedules.fully_async.slots import RankPort
+from asyncrl.schedules.fully_async.slots import RankStream
 from asyncrl.types import Sample
 
 
 class Producer(Books):
     """The producer's loop over its books, in plain Python: no thread, no engine, no clock of its own.
 
-    ``turn`` is one step of the generation loop (the module docstring) over the ranks' ``RankPort``s. The Rollouter
+    ``turn`` is one step of the generation loop (the module docstring) over the ranks' ``RankStream``s. The Rollouter
     runs it on its generation thread; the performance model's simulator runs its parts on a virtual clock. The
     driver's side (``take``, ``on_sync``, ``snapshot``, ``restore``) is the books' (``books.Books``).
     """
@@ -56,7 +56,7 @@ class Producer(Books):
     # ---- the loop --------------------------------------------------------------------------------------------------
     def turn(
         self,
-        ports: Sequence[RankPort],
+        ports: Sequence[RankStream],
         put_timeout_s: float = 0.0,
         stop: Callable[[], bool] = lambda: True,
         admit: bool = True,
@@ -209,9 +209,9 @@ class Producer(Books):
             self._finished_at[gid] = self.clock()
             self._done[gid] = self._order[gid]
 
-    def interrupted(self, ports: Sequence[RankPort]) -> None:
+    def interrupted(self, ports: Sequence[RankStream]) -> None:
         """Take every row back from every rank, partial (a sync with partial rollout): they stay in their groups and
-        are placed again by the next ``place``. Every rank is asked at once (``RankPort.request_interrupt``) and then
+        are placed again by the next ``place``. Every rank is asked at once (``RankStream.request_interrupt``) and then
         answers; a rank may hand back rows that had ended too: they go to their completion."""
         for port in ports:
             port.request_interrupt()

@@ -5,7 +5,7 @@ The driver calls in from Ray's actor threads (the actor is threaded); the books 
 
 With ``rollout.num_workers`` > 1 the Rollouter streams to the other rollout ranks too (rollout workers on GPUs of
 their own, ``attach_ranks``): each group goes whole to the least loaded rank with free slots, those ranks step on
-their own threads and hand back each row as it ends (``ports.RemotePort``). The books stay here, so staleness, the
+their own threads and hand back each row as it ends (``ranks.RemoteRank``). The books stay here, so staleness, the
 ledger and recovery are those of one Rollouter; every rank receives each weight sync.
 
 Parking for a sync: with partial rollout every rank is interrupted at its next step and the rows wait, partial, in
@@ -31,11 +31,11 @@ from asyncrl.rollout.agent.loop import AgentEngine
 from asyncrl.rollout.agent.tools import tool_schemas
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.schedules.fully_async.books import POLL_S
-from asyncrl.schedules.fully_async.ports import LocalPort, RemotePort
 from asyncrl.schedules.fully_async.producer import Producer
 from asyncrl.schedules.fully_async.queue import QueueClosed
+from asyncrl.schedules.fully_async.ranks import OwnRank, RemoteRank
 from asyncrl.schedules.fully_async.recovery import PackedSnapshot, RollouterSnapshot, StreamBatch, Takeover
-from asyncrl.schedules.fully_async.slots import RankPort, budget_of, queue_for, stream_concurrency
+from asyncrl.schedules.fully_async.slots import RankStream, budget_of, queue_for, stream_concurrency
 from asyncrl.types import PrefillStats, Sample
 from asyncrl.workers.rollout import RolloutWorker
 from asyncrl.workers.stream_loop import BusySpan
@@ -77,8 +77,8 @@ class Rollouter(RolloutWorker):
         self._turn_pool = ThreadPoolExecutor(r.multi_turn.max_concurrent_turns, thread_name_prefix="agent-turn")
         self._turns: list[Any] = [0, None]
         seed = seeds.sampling(spec.engine.seed)  # each row keys its own noise: as sync's rows
-        self.own = LocalPort(self.engine, self.params, seed, BusySpan(self.timeline, self.name))
-        self.ports: list[RankPort] = [self.own]
+        self.own = OwnRank(self.engine, self.params, seed, BusySpan(self.timeline, self.name))
+        self.ports: list[RankStream] = [self.own]
 
     def _books(self, ranks: int) -> Producer:
         r = self.spec.engine.rollout
@@ -110,7 +110,7 @@ class Rollouter(RolloutWorker):
         seed, timeout_s = seeds.sampling(self.spec.engine.seed), self.spec.async_training.pause_timeout_s
         self.books = self._books(len(self.ranks) + 1)  # before ``restore``: the books are still empty
         wake = self.books.wake
-        self.ports = [self.own, *(RemotePort(h, self.params, seed, timeout_s, wake) for h in self.ranks)]
+        self.ports = [self.own, *(RemoteRank(h, self.params, seed, timeout_s, wake) for h in self.ranks)]
 
     # ---- the generation thread -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -231,7 +231,7 @@ class Rollouter(RolloutWorker):
             self.books.wake.set()
         if interrupt:
             for port in self.ports[1:]:  # the other ranks stop now, not when the generation thread gets there
-                port.stop_soon()  # type: ignore[attr-defined] - a RemotePort
+                port.stop_soon()  # type: ignore[attr-defined] - a RemoteRank
         with self._cv:
             ok = self._cv.wait_for(lambda: self._parked, timeout_s)
         self._check_alive()

@@ -5,21 +5,26 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack
-from typing import Any
 
+from asyncrl.algorithms import Algorithm, Prepared, Trained
+from asyncrl.run import Run
 from asyncrl.run.step_log import StepTimer, staleness_metrics
-from asyncrl.schedules.fully_async.recovery import ROLLOUTER_STATE
+from asyncrl.schedules.fully_async.recovery import ROLLOUTER_STATE, RollouterSnapshot, StreamBatch
 from asyncrl.schedules.fully_async.report import partial_metrics, processing_metrics
 from asyncrl.schedules.fully_async.slots import budget_of
+from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
+from asyncrl.schedules.loops import clock_step
 from asyncrl.schedules.run_ports import TrainPort
+from asyncrl.weights.weight_sync import WeightSync
 
 
 class StreamRunPorts(TrainPort):
-    """``run`` (``asyncrl.run.Run``: its ``stream`` is the Rollouter's supervisor, its ``sync`` the weight sync it
-    pushes with) and ``algorithm``. ``finished``: the last step that ended."""
+    """``run`` (its ``stream`` is the Rollouter's supervisor, which pushes the weights) and ``algorithm``.
+    ``finished``: the last step that ended."""
 
-    def __init__(self, run: Any, algorithm: Any):
-        self.run, self.algorithm, self.stream, self.sync = run, algorithm, run.stream, run.sync
+    def __init__(self, run: Run, algorithm: Algorithm):
+        self.run, self.algorithm = run, algorithm
+        self.stream: StreamSupervisor = run.stream
         self.cfg = run.cfg
         self.groups_per_step = self.cfg.async_training.require_batches * self.cfg.actor.ppo_mini_batch_size
         self.max_staleness = budget_of(self.cfg.async_training, self.cfg.actor.ppo_mini_batch_size).max_staleness
@@ -28,40 +33,39 @@ class StreamRunPorts(TrainPort):
         self.open = ExitStack()  # the step's own span: from take to the end of its push
         self.trained_at = 0
         self.extra: dict[str, float] = {}
-        self.snapshot: Any = None
+        self.snapshot: RollouterSnapshot | None = None
 
     def steps(self) -> Iterator[int]:
         yield from range(self.run.start_step, self.cfg.trainer.total_training_steps + 1)
 
-    def take(self, step: int):
+    @clock_step
+    def take(self, step: int) -> StreamBatch:
         self.tm, self.extra, self.snapshot = StepTimer(step), {}, None
         self.open.enter_context(self.tm("step"))
         self.trained_at = self.run.version
         with self.tm("wait_batch"):
-            got = self.stream.get_batch(self.groups_per_step, self.trained_at)
-        return got
-        yield  # a generator: the real ports never yield
+            return self.stream.get_batch(self.groups_per_step, self.trained_at)
 
-    def prepare(self, got: Any, step: int):
+    @clock_step
+    def prepare(self, got: StreamBatch, step: int) -> Prepared:
         with self.tm("prepare"):
             return self.algorithm.prepare(got.samples, step)()
-        yield
 
     def window_ended(self) -> bool:
         """The update moved the trainer's version on: the rollout side gets the new weights."""
         return self.run.version != self.trained_at
 
-    def push(self, step: int):
+    @clock_step
+    def push(self, step: int) -> None:
         with self.tm("param_sync"):
             save = self.run.log.due(self.cfg.trainer.save_freq, step)
             paused, stats, snap = self.stream.push(self.run.version, self.cfg.async_training.partial_rollout, save)
             self.extra["timing_s/param_sync_pause"] = paused
-            self.extra.update(self.sync.metrics(stats) if stats is not None else {})
+            self.extra.update(WeightSync.metrics(stats) if stats is not None else {})
             self.snapshot = snap if save else None
-        return
-        yield
 
-    def end_step(self, step: int, got: Any, prepared: Any, trained: Any):
+    @clock_step
+    def end_step(self, step: int, got: StreamBatch, prepared: Prepared, trained: Trained) -> None:
         tm = self.tm
         self.open.close()
         at = self.cfg.async_training
@@ -80,5 +84,3 @@ class StreamRunPorts(TrainPort):
         files = {ROLLOUTER_STATE: self.snapshot} if self.snapshot else None
         self.run.end_step(step, prepared, trained, tm, self.extra, ro, last=last, extra_files=files)
         self.finished = step
-        return
-        yield

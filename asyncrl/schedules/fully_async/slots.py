@@ -1,5 +1,5 @@
 """Where the fully_async producer's rows go and how much the stream holds: the rollout ranks as the loop drives them
-(``RankPort``), how many rows and groups are in flight (``stream_concurrency``), the staleness budget and the queue
+(``RankStream``), how many rows and groups are in flight (``stream_concurrency``), the staleness budget and the queue
 (``budget_of``, ``queue_for``), each one rule for the Rollouter and the performance model; the slots' occupancy over
 time."""
 
@@ -45,7 +45,7 @@ def queue_for(knobs: QueueKnobs, budget: StalenessBudget) -> MessageQueue:
     return MessageQueue(knobs.max_queue_size or budget.groups_per_window_budget, knobs.drop_policy)
 
 
-class RankPort(Protocol):
+class RankStream(Protocol):
     """One rollout rank's engine as the producer's loop drives it (``asyncrl.rollout.streaming``): ``submit`` rows
     (they enter at its next step), ``advance`` (the rows that ended since the last call; an in-process engine
     decodes one step here), ``request_interrupt`` then ``interrupt`` (every row it holds, partial: every rank is

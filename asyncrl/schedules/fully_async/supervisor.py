@@ -25,7 +25,7 @@ and repeats no prompt). In-process (no ``respawn``) nothing is kept and a failur
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from asyncrl.calls import Handle, Pending, error_text
 from asyncrl.run.supervision import Supervisor, WorkerLostError, is_worker_death, ping_failure
@@ -35,6 +35,7 @@ from asyncrl.schedules.fully_async.staleness import StalenessBudget
 from asyncrl.weights.errors import WeightSyncError
 
 if TYPE_CHECKING:
+    from asyncrl.roles.team import Roles
     from asyncrl.weights.weight_sync import SyncStats, WeightSync
 
 T = TypeVar("T")
@@ -44,7 +45,7 @@ GRACE_S = 60.0  # beyond the Rollouter's own deadline for a call: only then is a
 class StreamSupervisor(Supervisor):
     def __init__(
         self,
-        roles: Any,  # asyncrl.roles.team.Roles
+        roles: Roles,
         sync: WeightSync,
         respawn: Callable[[int], Handle] | None,
         version: Callable[[], int],
@@ -88,7 +89,9 @@ class StreamSupervisor(Supervisor):
             self.consumed.append(ConsumedBatch(got.groups, trainer_version))
         return got
 
-    def push(self, version: int, interrupt: bool, snapshot: bool) -> tuple[float, SyncStats | None, Any]:
+    def push(
+        self, version: int, interrupt: bool, snapshot: bool
+    ) -> tuple[float, SyncStats | None, RollouterSnapshot | None]:
         """Park the Rollouter, push ``version``, snapshot it (for a checkpoint, or as the new base), let it go on:
         (seconds to park, the push's stats, the snapshot or None). A death on the way replaces the Rollouter,
         which then already holds ``version`` (the stats are None)."""
@@ -114,7 +117,7 @@ class StreamSupervisor(Supervisor):
             try:
                 return fn(r)
             finally:
-                version = r.handle.call("version").result(timeout=self.timeout_s)
+                version = r.version().result(timeout=self.timeout_s)
                 r.resume_generation(version).result(timeout=self.timeout_s)
         except Exception as e:  # noqa: BLE001 - a death is handled, anything else re-raised
             self._survive(e, r)

@@ -1,4 +1,4 @@
-"""The Rollouter's rollout ranks as ``producer.RankPort``s: its own engine, stepped on its generation thread, and the
+"""The Rollouter's rollout ranks as ``slots.RankStream``s: its own engine, stepped on its generation thread, and the
 pool's other ranks, which step on threads of their own (``asyncrl.workers.stream_loop``) and are reached by calls:
 a submit it does not wait for, and one long poll at a time for the rows that ended, whose answer sets the
 Rollouter's ``wake`` event (its generation thread sleeps on it while only other ranks hold rows)."""
@@ -9,6 +9,7 @@ import threading
 import time
 
 from asyncrl.calls import Handle, Pending
+from asyncrl.roles.clients import RolloutWorkerClient
 from asyncrl.rollout.streaming import StreamingEngine
 from asyncrl.types import PrefillStats, Sample, SamplingParams
 from asyncrl.workers.stream_loop import BusySpan
@@ -16,7 +17,7 @@ from asyncrl.workers.stream_loop import BusySpan
 WAIT_S = 0.5  # a remote rank's long poll, seconds: it returns at once when a row ends
 
 
-class LocalPort:
+class OwnRank:
     """The Rollouter's own engine: ``advance`` decodes one step on the calling (generation) thread."""
 
     def __init__(self, engine: StreamingEngine, params: SamplingParams, seed: int, span: BusySpan):
@@ -54,12 +55,13 @@ class LocalPort:
         return self.engine.take_prefill()
 
 
-class RemotePort:
+class RemoteRank:
     """Another rollout rank (a threaded ``RolloutWorker``): ``submit`` does not wait; ``advance`` collects the answer
     of the outstanding long poll when it has come, and starts the next while the rank holds rows."""
 
     def __init__(self, handle: Handle, params: SamplingParams, seed: int, timeout_s: float, wake: threading.Event):
-        self.handle, self.params, self.seed, self.timeout_s, self.wake = handle, params, seed, timeout_s, wake
+        self.rank = RolloutWorkerClient(handle)
+        self.params, self.seed, self.timeout_s, self.wake = params, seed, timeout_s, wake
         self.held = 0  # rows submitted there and not handed back
         self._poll: Pending | None = None
         self._submits: list[Pending] = []
@@ -69,7 +71,7 @@ class RemotePort:
         self.prefill = PrefillStats()
 
     def submit(self, rows: list[Sample]) -> None:
-        self._submits.append(self.handle.call("stream_submit", rows, self.params, self.seed))
+        self._submits.append(self.rank.stream_submit(rows, self.params, self.seed))
         self.held += len(rows)
 
     def _check_submits(self) -> None:
@@ -83,7 +85,7 @@ class RemotePort:
         if self._poll is not None and self._poll.done():
             out = self._collect(self._poll.result())
         if self._poll is None and self.held > 0:
-            self._poll = self.handle.call("stream_wait", WAIT_S)
+            self._poll = self.rank.stream_wait(WAIT_S)
             self._poll.on_done(self.wake.set)
         return out
 
@@ -104,7 +106,7 @@ class RemotePort:
         it are taken by ``request_interrupt``; ``interrupt`` collects both answers."""
         with self._lock:
             if self._early is None and self.held > 0:
-                self._early = self.handle.call("stream_interrupt", self.timeout_s)
+                self._early = self.rank.stream_interrupt(self.timeout_s)
 
     def request_interrupt(self) -> None:
         """Ask the rank to stop now (its submits are in first); ``interrupt`` collects the answer. Every rank is
@@ -112,7 +114,7 @@ class RemotePort:
         for p in self._submits:
             p.result(timeout=self.timeout_s)
         self._submits = []
-        self._interrupt = self.handle.call("stream_interrupt", self.timeout_s)
+        self._interrupt = self.rank.stream_interrupt(self.timeout_s)
 
     def interrupt(self) -> list[Sample]:
         if self._interrupt is None:
