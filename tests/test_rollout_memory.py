@@ -16,7 +16,6 @@ from asyncrl.rollout.sampling import RowStreams, SamplingParams, sample_rows, sa
 from asyncrl.types import Prompt, Sample
 
 
-
 @pytest.fixture(scope="module")
 def engine():
     tok = build_char_tokenizer([string.printable[:95]])
@@ -72,7 +71,8 @@ def test_a_calls_kv_cache_holds_its_rows_times_their_length_not_max_batch_size(e
     for rows, length, new in [(4, 100, 8), (8, 50, 8), (2, 20, 30)]:
         params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new)
         prompts = _prompts(rows, length)
-        peak = _peak_cache_bytes(engine, lambda p=prompts, s=params: engine.generate(p, s, seed=0))
+        fresh = RolloutEngine(engine.model, engine.tokenizer, max_batch_size=256)  # its buffers kept between calls
+        peak = _peak_cache_bytes(fresh, lambda p=prompts, s=params, e=fresh: e.generate(p, s, seed=0))
         need = length + new  # the slot cache keeps room for half as much again (at least 16) before it must move
         assert rows * need * per <= peak <= rows * (need + max(need // 2, 16)) * per, (rows, length, new)
     assert engine.max_batch_size == 256  # the call's rows were allocated, not 256

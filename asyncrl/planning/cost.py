@@ -6,7 +6,7 @@ Its ``rel_err`` is the relative RMS error of the fit over those observations.
 
 The decode term follows the run's engine (``rollout.engine``). The built-in engine (``rollout.continuous``): a call
 prefills each distinct prefix once, then runs one step per token of the longest row; a step costs a fixed part plus
-a part per slot it runs, and the slots settle as rows end (``slot_segments``). A call of more rows than
+a part per slot it runs, and the slots settle as rows end (``decode_segments``). A call of more rows than
 ``max_batch_size`` is priced as chunks one after another (the engine lets a waiting row into the first slot that
 frees: a little cheaper). vLLM: one call takes every row, schedules at most ``max_num_seqs`` at a time
 and replaces a finished row by the next waiting one at the next step (continuous batching); every request is
@@ -113,46 +113,34 @@ def segments_term(segments: Sequence[tuple[int, int, float]]) -> Term:
 
 
 def decode_segments(remaining: list[int], engine: str = "builtin", slots: int = 0) -> list[Segment]:
-    """The decode steps of one call over rows that still need ``remaining`` tokens each (in the call's order), as
-    segments of a constant batch. ``builtin``: ``slot_segments``. ``vllm``: at most ``slots`` rows run (0: all), in
-    the call's order; a finished row leaves at once and the next waiting row takes its place."""
+    """The decode steps of one call over rows needing ``remaining`` tokens each (in the call's order), as segments of
+    a constant batch. ``builtin``: the engine's slots (``rollout.continuous``): rows take the lowest free slot of
+    ``slots`` (0: one each); a step runs every slot in use (``live``); then ended rows free theirs, trailing free
+    slots go, and the live rows are packed once live + waiting rows are at most half the slots in use. ``vllm``: at
+    most ``slots`` rows run (0: all); a finished row leaves at once and the next waiting row takes its place."""
+    if engine not in ENGINES:
+        raise ValueError(f"decode_segments: no engine {engine!r} (known: {', '.join(ENGINES)})")
     if engine == "vllm":
         return continuous_schedule([r for r in remaining if r > 0], slots)[0]
-    if engine != "builtin":
-        raise ValueError(f"decode_segments: no engine {engine!r} (known: {', '.join(ENGINES)})")
-    return slot_segments(remaining, slots)
-
-
-def slot_segments(remaining: list[int], slots: int = 0) -> list[Segment]:
-    """The built-in engine's slots (``rollout.continuous``): rows, in order, take the lowest free slot of ``slots``
-    (0: one each); a step runs every slot in use, free ones between live ones too; after a step the rows that ended
-    free their slots, trailing free slots are dropped, and the live rows are packed to the front once live + waiting
-    rows are at most half the slots in use. ``live`` is the slots a step runs."""
     waiting = [r for r in remaining if r > 0][::-1]  # popped from the end: the call's order
-    slots = slots or len(waiting)
-    used: list[int | None] = []  # the step each slot's row ends at (None: free)
-    segs: list[Segment] = []
-    t = 0
+    slots, used, segs, t = slots or len(waiting), [], [], 0  # used: the step each slot's row ends at (None: free)
     while True:
-        free = [k for k, e in enumerate(used) if e is None] + list(range(len(used), slots))
-        for k in free[: len(waiting)]:
+        for k in ([k for k, e in enumerate(used) if e is None] + list(range(len(used), slots)))[: len(waiting)]:
             used += [None] * (k + 1 - len(used))
             used[k] = t + waiting.pop()
         ends = [e for e in used if e is not None]
         if not ends:
             return segs
         end = min(ends)
-        fin = ends.count(end)
+        fin = ended = ends.count(end)
         if segs and segs[-1].live == len(used):
-            segs[-1] = Segment(segs[-1].tokens + end - t, len(used), segs[-1].finished + fin)
-        else:
-            segs.append(Segment(end - t, len(used), fin))
+            fin, t = fin + segs[-1].finished, t - segs.pop().tokens
+        segs.append(Segment(end - t, len(used), fin))
         t, used = end, [None if e == end else e for e in used]
         while used and used[-1] is None:
             used.pop()
-        live = [e for e in used if e is not None]
-        if len(live) < len(used) and len(live) + len(waiting) <= len(used) // 2:
-            used = live
+        if len(ends) - ended + len(waiting) <= len(used) // 2:
+            used = [e for e in used if e is not None]
 
 
 def continuous_schedule(rem: list[int], slots: int) -> tuple[list[Segment], list[int]]:

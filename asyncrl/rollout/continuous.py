@@ -172,7 +172,7 @@ class ContinuousDecoder:
         self._prefill = PrefillStats()
         self._unsupported: list[str] | None = None  # the model's cache layer kinds other than full attention
         self._restore_training = False  # the model was in training mode when streaming began: restore when idle
-        # the last step, measured: the slots in use once its rows were admitted (what ``planning.cost.slot_segments``
+        # the last step, measured: the slots in use once its rows were admitted (what ``planning.cost.decode_segments``
         # prices a step by) and the seconds the admission (prefill) took
         self.step_rows = 0
         self.admit_s = 0.0

@@ -99,6 +99,8 @@ class RolloutEngine(GatedEngine):
         self._stream = ContinuousDecoder(
             model, max_batch_size, self.eos_token_ids, self.pad_id, self._keep_last, share_prefixes
         )
+        self._calls: ContinuousDecoder | None = None  # generate/resume's (``_call_decoder``)
+        self._calls_key: tuple | None = None
         self._stream_lock = threading.Lock()
         self._stream_key: tuple[SamplingParams, int | None] | None = None  # the live rows' params and seed
         self._streamed: dict[int, Sample] = {}  # rows in the decoder, as submitted
@@ -205,12 +207,10 @@ class RolloutEngine(GatedEngine):
         takes the first slot that frees. Between steps a pause request (``request_pause``) or ``refill(live rows)``
         returning True stops the call: the unfinished rows keep their tokens and come back "interrupted". Sets
         ``last_prefill`` and ``last_segments`` (slots in use, steps, seconds: each stretch of steps over a constant
-        batch, admission's prefill left out; ``planning.cost.slot_segments`` reproduces them from the rows' lengths).
+        batch, admission's prefill left out; ``planning.cost.decode_segments`` reproduces them from the rows' lengths).
         """
         self._check_positions(prefixes, budgets)
-        decoder = ContinuousDecoder(
-            self.model, self.max_batch_size, self.eos_token_ids, self.pad_id, self._keep_last, self.share_prefixes
-        )
+        decoder = self._call_decoder()
         decoder.check_supported()
         order = [i for chunk in engine_chunks([len(p) for p in prefixes], self.max_batch_size) for i in chunk]
         keys, offsets = streams.keys, streams.offsets
@@ -234,10 +234,19 @@ class RolloutEngine(GatedEngine):
                         on_row(row.tag, row.tokens, row.logprobs, reason)
                 if left and (self._gate.pause_requested or (refill is not None and refill(left - decoder.waiting()))):
                     break
-            decoder.interrupt()  # the rows keep their tokens so far; the buffers go
+            if left:
+                decoder.interrupt()  # the rows keep their tokens so far; the buffers go
         self.last_prefill = decoder.take_prefill()
         self.last_segments = tuple((n, steps, sec) for n, steps, sec in segments)
         return DecodeResult([r.tokens for r in rows], [r.logprobs for r in rows], reasons)
+
+    def _call_decoder(self) -> ContinuousDecoder:
+        """``generate``/``resume``'s slot decoder, kept so its buffers grow when a call needs room, not every call."""
+        key = (self.max_batch_size, tuple(self.eos_token_ids), self.pad_id, self.share_prefixes)
+        if self._calls is None or self._calls_key != key:
+            self._calls_key = key
+            self._calls = ContinuousDecoder(self.model, key[0], list(key[1]), key[2], self._keep_last, key[3])
+        return self._calls
 
     def _check_positions(self, prefixes: list[list[int]], budgets: list[int]) -> None:
         longest = max(len(p) + n for p, n in zip(prefixes, budgets)) if prefixes else 0
