@@ -1,7 +1,7 @@
 """``asyncrl probe`` (asyncrl's lab): what a run cannot show about the machine it ran on, measured on the run's own
 model, prompts, engine and trainer into the cost model's ``Scaling``. Its pieces on inputs the tests control (the
-paired thread timings, the streaming decoder's prices, the co-run of two processes), and the command on a real run,
-whose prices reach the simulated Rollouter."""
+paired thread timings, the streaming decoder's prices, the co-run of two processes), and the command on a real run:
+its update is the run's algorithm on the run's trainer, and its prices reach the simulated Rollouter."""
 
 from __future__ import annotations
 
@@ -48,6 +48,23 @@ def test_asyncrl_probe_prices_the_streaming_decoder_of_a_real_run(sync_run, tmp_
     assert sc.stream_push_s is not None and sc.stream_push_s > 0 and "weight push" in sc.notes
     setting = Setting("fully_async", trainer=1, rollout=1, staleness_threshold=1.0, partial_rollout=True)
     assert simulate(cost, Cluster.cpu(2), setting, steps=6).samples_per_s > 0
+
+
+def test_the_probes_update_is_the_runs_algorithm_on_its_trainer_at_the_probes_thread_count(sync_run):  # noqa: F811
+    """The update the probe times is a training step of the run's own algorithm (GRPO's PPO-clip loss) through the
+    run's trainer worker, on the probe's thread: the thread count the probe sets is the one the update runs on."""
+    from asyncrl_lab.probe_workloads import workloads
+
+    before = torch.get_num_threads()
+    try:
+        with workloads(sync_run, prompts_per_step=4, n=4) as w:
+            for threads in (1, 2, 1):
+                torch.set_num_threads(threads)
+                trained = w.update(0)
+                assert trained.actor.metrics["perf/trainer_threads"] == threads
+                assert "actor/pg_loss" in trained.actor.metrics and "actor/grad_norm" in trained.actor.metrics
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_profile_probe_says_where_the_probe_is(sync_run, tmp_path):  # noqa: F811

@@ -1,9 +1,9 @@
 """``asyncrl probe RUN_DIR``: the run's cost model (``asyncrl profile``) with what a run cannot show about the machine
 it ran on, measured on the run's own model and prompts (``probe_workloads``), in the cost model's ``Scaling``.
 
-- Thread scaling: one step's generation (the run's prompts x n, its sampling) and one update on those samples, at 1
-  thread and at the run's threads; Amdahl's serial fraction of each, so the model can price a phase on a thread
-  count the run did not use (a one-thread rollout worker beside a two-thread trainer).
+- Thread scaling: one step's generation (the run's prompts x n, its sampling) and one training step of the run's
+  algorithm on those samples, at 1 thread and at the run's threads; Amdahl's serial fraction of each, so the model
+  can price a phase on a thread count the run did not use (a one-thread rollout worker beside a two-thread trainer).
 - Streaming (built-in engine): the run's prompts streamed through the engine's slots as ``fully_async``'s Rollouter
   admits them (a group whenever its rows fit), each step timed: a step's fixed part and its part per row, and what
   taking rows in costs (a prefill, and moving the slots' cache to make room) per admission and per prefilled token

@@ -1,19 +1,29 @@
 """What ``asyncrl probe`` times, built from the run's directory: one step's generation on the run's engine and final
-weights, a prefill, the engine loading weights, the streaming decoder (built-in engine), and one update on those
-samples.
+weights, a prefill, the engine loading weights, the streaming decoder (built-in engine), and one training step of the
+run's own algorithm on the run's own trainer.
+
+The training step is the run's: the algorithm of ``algorithm.name`` (``asyncrl.algorithms.algorithm_class``) prepares
+the batch from the generated samples and trains on it through the trainer worker the run's role specs build
+(``asyncrl.schedules.specs_for``, ``asyncrl.workers.start.start_roles``, in this process as ``asyncrl replay`` starts
+it). Its calls run on the probe's own thread (``_OnThisThread``), so the torch thread count the probe sets is the
+one the update runs on: a worker's call thread keeps the count it started with.
 """
 
 from __future__ import annotations
 
-import copy
+import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from concurrent.futures import Future
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from asyncrl.config import Config
+from asyncrl.roles.team import Roles, RolloutSide
 from asyncrl_lab.probe_corun import Job, loop_calls
 from asyncrl_lab.probe_stream import STREAM_STEPS, TimedStep, stream_steps
 
@@ -40,7 +50,7 @@ class Workloads:
 
 @contextmanager
 def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Iterator[Workloads]:
-    """The run's workloads on its final weights."""
+    """The run's workloads on its final weights, its trainer started for the update while the block runs."""
     from asyncrl.config import load_config
     from asyncrl.data.dataset import PromptDataset
     from asyncrl.data.rows import load_rows
@@ -55,18 +65,19 @@ def workloads(run_dir: str | Path, prompts_per_step: int, n: int) -> Iterator[Wo
     dataset = PromptDataset(all_rows[:prompts_per_step], tok, cfg.data.max_prompt_length)
     prompts = [dataset[i] for i in range(len(dataset))]
     params = SamplingParams.from_config(cfg.rollout)
+    with ExitStack() as stack:
 
-    def update_of(samples: list) -> Callable[[int], object]:
-        build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize).score(samples)
-        return _update_of(cfg, model, tok, samples)
+        def update_of(samples: list) -> Callable[[int], object]:
+            build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize).score(samples)
+            return stack.enter_context(training_step(cfg, run / "final", tok, samples))
 
-    if cfg.rollout.engine == "vllm":
-        yield _vllm_workloads(cfg, run / "final", model, tok, prompts, params, n, update_of)
-    else:
-        yield _builtin_workloads(cfg, model, tok, prompts, params, n, all_rows, update_of)
+        if cfg.rollout.engine == "vllm":
+            yield _vllm_workloads(cfg, run / "final", model, tok, prompts, params, n, update_of)
+        else:
+            yield _builtin_workloads(cfg, model, tok, prompts, params, n, all_rows, update_of)
 
 
-UpdateOf = Callable[[list], Callable[[int], object]]  # one step's samples -> an update on them
+UpdateOf = Callable[[list], Callable[[int], object]]  # one step's samples -> the run's training step on them
 
 
 def _builtin_workloads(cfg, model, tok, prompts, params, n: int, all_rows, update_of: UpdateOf) -> Workloads:
@@ -150,27 +161,62 @@ def _vllm_workloads(cfg, model_dir: Path, model, tok, prompts, params, n: int, u
     )
 
 
-def _update_of(cfg, model, tok, samples) -> Callable[[int], object]:
-    """One update of ``model``'s copy on ``samples`` (GRPO advantages, the run's actor settings; lr 1e-12)."""
-    from asyncrl import losses
-    from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
-    from asyncrl.data.collate import collate, group_ids, rewards_of
-    from asyncrl.trainer.update import fit
+@contextmanager
+def training_step(cfg: Config, weights: Path, tokenizer: Any, samples: list) -> Iterator[Callable[[int], object]]:
+    """One training step of the run on ``samples``, as its driver takes one: the run's algorithm prepares the batch
+    (once) and trains its roles on it (``Algorithm.train``: the trainer's reference and old log-probs as the
+    objective asks, then the update), each call another step on the same batch. The roles start from ``weights``
+    (the run's final model), in this process, one trainer rank, and are called on the caller's thread."""
+    from asyncrl.algorithms import algorithm_class
+    from asyncrl.schedules import specs_for
+    from asyncrl.workers.start import start_roles
 
-    batch = collate(samples, tok.pad_token_id)
-    adv = losses.compute_grpo_advantages(rewards_of(samples), group_ids(samples), norm_by_std=True)
-    spec = PPOClip.of(cfg.actor, cfg.algorithm.rollout_correction)
-    batch.policy = PolicyTarget(losses.broadcast_advantages(adv, batch.response_mask_BT), spec)
-    batch.old_logp_BT = batch.behav_logp_BT.clone()
-    trained = copy.deepcopy(model)
-    opt = torch.optim.AdamW(trained.parameters(), lr=1e-12)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    return lambda _seed: fit(trained, opt, sched, batch, cfg.actor, 1, 0)
+    cls = algorithm_class(cfg)
+    with tempfile.TemporaryDirectory() as d, ExitStack() as stack:
+        trainer = replace(cfg.trainer, backend="in_process", num_workers=1, default_local_dir=d)
+        cfg = replace(cfg, model=replace(cfg.model, path=str(weights)), trainer=trainer)
+        resources = stack.enter_context(cls.resources(cfg, tokenizer, d))
+        roles = stack.enter_context(start_roles(cfg, RolloutSide.ACTOR, specs_for(cfg), cls.roles_needed(cfg)))
+        algorithm = cls(cfg, tokenizer, _on_this_thread(roles), resources)
+        prepared = algorithm.prepare(samples, 1)()
+        yield lambda _seed: algorithm.train(prepared, 1)
+
+
+def _on_this_thread(roles: Roles) -> Roles:
+    """``roles`` with every training role's client calling its worker on the caller's thread."""
+    from asyncrl.roles.clients import RoleClient
+
+    swapped = {
+        f.name: type(client)(_OnThisThread(client.handle))
+        for f in fields(roles)
+        if isinstance(client := getattr(roles, f.name), RoleClient)
+    }
+    return replace(roles, **swapped)
+
+
+class _OnThisThread:
+    """An in-process worker (``asyncrl.workers.backends.LocalHandle``) called on the caller's thread, not its own."""
+
+    def __init__(self, handle: Any):
+        self.handle, self.name = handle, handle.name
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        from asyncrl.workers.backends import LocalPending
+
+        done: Future = Future()
+        done.set_result(getattr(self.handle.obj, method)(*args, **kwargs))
+        return LocalPending(done)
+
+    def kill(self) -> None:
+        self.handle.kill()
+
+    def location(self, timeout_s: float | None = None) -> Any:
+        return self.handle.location(timeout_s)
 
 
 @contextmanager
 def corun_job(run_dir: str, prompts_per_step: int, n: int, rank: int) -> Iterator[Job]:
-    """``probe_corun``'s jobs on the run: rank 0 its update in a loop, rank 1 its streamed decode (built-in
+    """``probe_corun``'s jobs on the run: rank 0 its training step in a loop, rank 1 its streamed decode (built-in
     engine)."""
     with workloads(run_dir, prompts_per_step, n) as w:
         assert w.stream_for is not None
