@@ -174,7 +174,9 @@ def training_step(cfg: Config, weights: Path, tokenizer: Any, samples: list) -> 
     cls = algorithm_class(cfg)
     with tempfile.TemporaryDirectory() as d, ExitStack() as stack:
         trainer = replace(cfg.trainer, backend="in_process", num_workers=1, default_local_dir=d)
-        cfg = replace(cfg, model=replace(cfg.model, path=str(weights)), trainer=trainer)
+        # the trainer's own engine (sync's rollout) is never called here: the built-in one, not a second vLLM engine
+        rollout = replace(cfg.rollout, engine="builtin")
+        cfg = replace(cfg, model=replace(cfg.model, path=str(weights)), trainer=trainer, rollout=rollout)
         resources = stack.enter_context(cls.resources(cfg, tokenizer, d))
         roles = stack.enter_context(start_roles(cfg, RolloutSide.ACTOR, specs_for(cfg), cls.roles_needed(cfg)))
         algorithm = cls(cfg, tokenizer, _on_this_thread(roles), resources)
