@@ -375,31 +375,6 @@ def test_profile_and_plan_on_a_real_run(sync_run, tmp_path):
     assert "trainer.schedule=sync" in res.stdout
 
 
-def test_the_probe_prices_the_streaming_decoder_of_a_real_run(sync_run):
-    """``--probe`` on the built-in engine streams the run's prompts through the engine's slots and prices a step,
-    a row and taking rows in; with a trainer on several threads it times the update and the streamed decode sharing
-    the cores; the simulated fully_async Rollouter is priced by them."""
-    from asyncrl.planning.profile import profile_run
-
-    cost = profile_run(sync_run, probe=True)
-    sc = cost.scaling
-    assert sc.measured and "streamed step" in sc.notes
-    assert sc.stream_step_s is not None and sc.stream_step_s > 0
-    assert sc.stream_row_s is not None and sc.stream_admit_token_s is not None and sc.stream_admit_s is not None
-    assert sc.stream_admit_row_s >= 0
-    if cost.train_threads > 1:
-        assert sc.oversubscribed_parallel is not None and 0 < sc.oversubscribed_parallel <= 1
-        assert sc.oversubscribed_single is not None and 0 < sc.oversubscribed_single <= 1
-        assert sc.shared_train is not None and sc.shared_train > 0
-        assert "sharing the cores" in sc.notes and "several pools" in sc.notes
-    else:  # a one-thread trainer and a one-thread Rollouter do not oversubscribe two cores
-        assert sc.oversubscribed_parallel is None and sc.oversubscribed_single is None and sc.shared_train is None
-    # a fully_async push timed on the run's roles (in this process: the run's backend)
-    assert sc.stream_push_s is not None and sc.stream_push_s > 0 and "weight push" in sc.notes
-    setting = Setting("fully_async", trainer=1, rollout=1, staleness_threshold=1.0, partial_rollout=True)
-    assert simulate(cost, Cluster.cpu(2), setting, steps=6).samples_per_s > 0
-
-
 def test_plan_command_prints_ranked_overrides(tmp_path):
     path = tmp_path / "cost.json"
     fixed_cost(0.1, 1.0).save(path)
@@ -429,23 +404,6 @@ def test_bad_input_is_one_line(args, message, tmp_path):
     res = _cli(*[str(path) if a == "COST" else a for a in args], cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     assert message in res.stderr and "Traceback" not in res.stderr
-
-
-def test_the_probe_times_both_thread_counts_on_the_same_work_each_round():
-    """``asyncrl profile --probe`` pairs its timings: within a round, 1 thread and N threads get the same seed (on a
-    long tail, responses drawn afresh per timing differ more in length than the thread counts differ in speed), and
-    the speed-up is the median of the rounds' own ratios."""
-    import torch
-
-    from asyncrl.planning.probe import paired_speedup, time_rounds
-
-    calls: list[tuple[int, int]] = []  # (seed, threads) of each call
-    phases = {"gen": lambda seed: calls.append((seed, torch.get_num_threads()))}
-    times = time_rounds(phases, threads=2, rounds=4, budget_s=1e9)
-    assert calls == [(r, t) for r in range(1, 6) for t in (1, 2)]  # round 1 warms up
-    assert len(times[("gen", 1)]) == len(times[("gen", 2)]) == 4
-    times = {("gen", 1): [2.0, 9.0, 4.0], ("gen", 2): [1.0, 9.0, 1.0]}  # pairs: 2x, 1x, 4x
-    assert paired_speedup(times, "gen", 2) == 2.0
 
 
 def test_the_planner_runs_the_schedules_own_loop_and_follows_a_change_to_it(monkeypatch):

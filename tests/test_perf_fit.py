@@ -8,12 +8,11 @@ import dataclasses
 import pytest
 
 from asyncrl.planning.clock import Clock
-from asyncrl.planning.cost import Term, decode_segments
+from asyncrl.planning.cost import decode_segments
 from asyncrl.planning.decode import Row, decode
 from asyncrl.planning.profile import _fit_decode, _keep
 from asyncrl.planning.setting import Prices, Work
 from asyncrl.planning.simulate import Cluster, Setting
-from asyncrl.planning.stream_prices import TimedStep
 from asyncrl.types import engine_chunks
 from tests.test_perf import fixed_cost
 
@@ -98,43 +97,6 @@ def tiny_engine():
     return RolloutEngine(build_model("micro", tok, seed=0, initializer_range=0.3), tok, max_batch_size=64)
 
 
-def _timed(live: int, tokens: int, rows: int, scale: float = 1.0) -> TimedStep:
-    """A streamed step costing 5 ms + 0.3 ms a row held, and when it takes rows in, 2 ms + 0.1 ms a prefilled token
-    + 0.4 ms a row taken in on top; ``scale`` times that."""
-    admit = 0.002 + 0.0001 * tokens + 0.0004 * rows if rows else 0.0
-    return TimedStep(live, tokens, rows, scale * (0.005 + 0.0003 * live + admit))
-
-
-def test_stream_prices_are_read_from_timed_steps_and_the_process_ratio_is_reported_apart():
-    """Streamed steps at 4, 8 and 16 rows, some taking in groups of 4 rows sharing a prompt and some rows resumed
-    one by one (their prompt and response prefilled each): the fit gives back every price, the one per prefilled token
-    apart from the one per row. This process's batch steps cost 4 ms + 0.2 ms a row where the run's cost 5 ms + 0.25
-    ms: the ratio, 1.25, is reported apart and does not move them."""
-    from asyncrl.planning.probe import process_ratio, stream_prices
-
-    steps = []
-    for k, live in enumerate([4, 8, 16] * 20):
-        if k % 3 == 0:  # 1 to 4 groups of 4 rows, a prompt of 10-13 tokens each
-            groups = 1 + k % 4
-            steps.append(_timed(live, groups * (10 + k % 4), groups * 4))
-        elif k % 3 == 1 and k % 2:  # 3 resumed rows of 30 tokens each
-            steps.append(_timed(live, 90, 3))
-        else:
-            steps.append(_timed(live, 0, 0))
-    batch = [(live, n, n * (0.004 + 0.0002 * live)) for live, n in [(16, 10), (8, 20), (4, 30), (2, 40), (1, 50)]]
-    run = Term(("call", "step", "token", "prefill_token"), (0.03, 0.005, 0.00025, 0.0001))
-    p = stream_prices(steps)
-    assert p is not None
-    assert (p.step_s, p.row_s, p.admit_s, p.admit_token_s, p.admit_row_s) == pytest.approx(
-        (0.005, 0.0003, 0.002, 0.0001, 0.0004)
-    )
-    assert p.step(10) + p.admission(40, 8) == pytest.approx(_timed(10, 40, 8).seconds)
-    assert process_ratio(batch, run, rows=8.0) == pytest.approx(1.25)
-    assert process_ratio([], run, rows=8.0) is None
-    assert stream_prices([s for s in steps if s.rows == 0]) is None  # no admission timed: not priced
-    assert stream_prices([s for s in steps if s.rows > 0]) is None  # no step without one: not priced
-
-
 def test_a_probed_streaming_decoder_prices_the_simulated_rollouter():
     """fully_async's simulated engine steps at the probed streaming prices, not the batch decode's: a step costing
     twice as much halves the Rollouter's output where it is the bottleneck."""
@@ -182,43 +144,6 @@ def test_a_probed_push_prices_the_simulated_fully_async_push():
     )
 
 
-def test_a_streamed_step_scales_with_threads_as_the_probe_timed_it():
-    """Rounds of the same streamed steps on 1 and 2 threads, the 2-thread ones 1.6x as fast in two rounds of three:
-    the median says a serial fraction of 0.25 (1.6 = 1 / (0.25 + 0.75 / 2)), and the simulated one-thread Rollouter
-    of a two-thread profile is priced 1.6x, whatever generation's own fraction says. Taking rows in (a prefill)
-    scales on its own: 1.8x on 2 threads (serial fraction 1/9), and is priced so."""
-    from asyncrl.planning.cost import Scaling
-    from asyncrl.planning.probe import stream_serial
-
-    def steps(scale: float, admit_scale: float) -> list[TimedStep]:
-        out = []
-        for k, live in enumerate((4, 8, 16) * 5):
-            plain = _timed(live, 0, 0, scale)
-            if k % 2:
-                out.append(plain)
-            else:
-                extra = _timed(live, 12 * (1 + k % 3) + k % 5, 8 * (1 + k % 3)).seconds - _timed(live, 0, 0).seconds
-                out.append(
-                    TimedStep(live, 12 * (1 + k % 3) + k % 5, 8 * (1 + k % 3), plain.seconds + admit_scale * extra)
-                )
-        return out
-
-    rounds = [
-        (steps(1.6, 1.8), steps(1.0, 1.0)),
-        (steps(1.6, 1.8), steps(1.0, 1.0)),
-        (steps(1.1, 1.2), steps(1.0, 1.0)),
-    ]
-    serial, admit_serial = stream_serial(rounds, 2)
-    assert serial == pytest.approx(0.25)
-    assert admit_serial == pytest.approx(1 / 9)
-    sc = Scaling(gen_serial=1.0, stream_serial=serial, stream_admit_serial=admit_serial)
-    cost = fixed_cost(0.01, 1.0, device="cpu", gen_threads=2, scaling=sc)
-    prices = Prices(cost, Cluster.cpu(2), Setting("fully_async", trainer=1, rollout=1))
-    assert prices.gen_factor == pytest.approx(1.0)  # generation: no gain from a second thread
-    assert prices.stream_factor == pytest.approx(1.6)
-    assert prices.admit_factor == pytest.approx(1.8)
-
-
 def test_the_measured_co_run_speeds_price_an_overlapped_trainer_and_leave_sync_alone():
     """fully_async with a 2-thread trainer beside a one-thread Rollouter on 2 cores, a batch's generation 0.5 s and its
     update 0.5 s, each alone: a fair share of the cores moves both at 2/3 (a step of 0.75 s); the probe's co-run
@@ -243,29 +168,3 @@ def test_the_measured_co_run_speeds_price_an_overlapped_trainer_and_leave_sync_a
     assert simulate(slept, Cluster.cpu(2), sync, steps=12).step_s == pytest.approx(
         simulate(measured, Cluster.cpu(2), sync, steps=12).step_s, rel=1e-12
     )
-
-
-def _corun_job(rank: int):
-    """Both co-run jobs: a matmul in a loop (the update's on two threads, the decode's on one)."""
-    import torch
-
-    from asyncrl.planning.corun import loop_calls
-
-    a = torch.ones(128, 128)
-    return lambda seconds: loop_calls(lambda _: a @ a, seconds)
-
-
-def test_corun_prices_the_update_under_the_run_policy_and_both_jobs_together():
-    """The probe's co-run in two spawned processes: the update's speed alone under the run's OpenMP policy over its
-    priced speed, and each job's speed together over alone (at most 1). The one-thread decode's speed alone is not
-    re-priced (no OpenMP region for the policy to act on), so the rates hold no factor for it."""
-    from asyncrl.planning.corun import CorunRates, corun_rates
-
-    rates = corun_rates(_corun_job, train_threads=2, seconds=0.3, rounds=1)
-    assert rates.shared_train > 0
-    assert 0 < rates.oversubscribed_parallel <= 1 and 0 < rates.oversubscribed_single <= 1
-    assert [f.name for f in dataclasses.fields(CorunRates)] == [
-        "shared_train",
-        "oversubscribed_parallel",
-        "oversubscribed_single",
-    ]

@@ -494,11 +494,11 @@ def test_fp8_rollout_colocated_in_sync(models):
 
 
 def test_profile_of_a_vllm_run_prices_vllms_batching_and_probes_vllm(models):
-    """``asyncrl profile --probe`` of a sync run on vLLM: the cost model records the engine and its slot count, the
+    """``asyncrl probe`` of a sync run on vLLM: the cost model records the engine and its slot count, the
     probe times generation and prefill on a vLLM engine and adds vLLM's weight load to the sync's fixed cost, and
     the simulator prices the run's own setting from it."""
-    from asyncrl.planning.profile import profile_run
     from asyncrl.planning.simulate import Cluster, Setting, simulate
+    from asyncrl_lab.probe import probe_run
 
     root, a, _, train, test = models
     run_dir = root / "run_profile_vllm"
@@ -506,7 +506,7 @@ def test_profile_of_a_vllm_run_prices_vllms_batching_and_probes_vllm(models):
     over += ["rollout.engine=vllm", "rollout.gpu_memory_utilization=0.01", "rollout.max_num_seqs=5"]
     cfg = load_config(None, over)
     run_training(cfg)
-    cost = profile_run(run_dir, probe=True)
+    cost = probe_run(run_dir)
     assert (cost.engine, cost.max_num_seqs, cost.chunk_rows) == ("vllm", 5, None)
     assert cost.scaling.measured and "the engine loads the weights" in cost.scaling.notes  # vLLM's, timed
     assert cost.scaling.sync_fixed_s > 0 and cost.scaling.prefill_token_s is not None

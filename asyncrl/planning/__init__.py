@@ -2,8 +2,8 @@
 
 - ``cost``: ``CostModel``, what one finished run costs per unit of work (decode per call, step and token; update per
   token; reward per row; weight sync per byte), each term fitted with its error, saved as ``cost.json``.
-- ``profile``: ``asyncrl profile RUN_DIR`` fits it from a run's own records; ``probe`` (``--probe``) measures this
-  machine's thread scaling, prefill price and weight-sync bandwidth.
+- ``profile``: ``asyncrl profile RUN_DIR`` fits it from a run's own records; asyncrl's lab's ``asyncrl probe RUN_DIR``
+  adds this machine's thread scaling, prefill price and weight-sync bandwidth (``Scaling``).
 - ``clock``: a virtual clock on which processes share a pool of cores or run on devices of their own.
 - ``setting``, ``decode``, ``sim_ports``, ``stream``, ``simulate``: the schedules' own loops (``schedules.loops``)
   on that clock, through ports that price each phase; ``fully_async`` runs the real ``Producer`` (the staleness

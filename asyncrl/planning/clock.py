@@ -5,7 +5,7 @@ A process yields what it does next:
 - ``Compute(seconds, threads, pool)``: work that takes ``seconds`` when it has its ``threads`` to itself. In a
   shared pool (a CPU machine's cores, ``Clock(cores=...)``) every running computation is slowed by
   ``min(1, cores / threads of all running)``: the threads are time-sliced and each computation moves at the pace of
-  its slowest thread. With ``oversubscribed=(parallel, single)`` (measured: ``corun``), a pool with more threads
+  its slowest thread. With ``oversubscribed=(parallel, single)`` (measured: ``asyncrl probe``), a pool with more threads
   than cores and a computation on several threads moves those at ``parallel`` and the one-thread ones at ``single``
   instead: a parallel region waits at its barrier for a thread sliced out. A pool of its own (``pool=None``: a
   role's own devices) never slows.

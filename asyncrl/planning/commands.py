@@ -11,7 +11,7 @@ from typing import Any
 def add_parsers(sub: Any) -> None:
     s = sub.add_parser("profile", help="fit a cost model (cost.json) from a finished run's timeline and metrics")
     s.add_argument("run_dir")
-    s.add_argument("--probe", action="store_true", help="also measure thread scaling, prefill and weight-sync cost")
+    s.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # says where the probe is
     s.add_argument("--out", default=None, help="where to write the cost model (default RUN_DIR/cost.json)")
     s.set_defaults(fn=profile_command)
 
@@ -39,9 +39,15 @@ def add_parsers(sub: Any) -> None:
 
 
 def profile_command(a: argparse.Namespace) -> None:
-    from asyncrl.planning.profile import profile_run
+    from asyncrl.planning.profile import ProfileError, profile_run
 
-    cost = profile_run(a.run_dir, probe=a.probe)
+    if a.probe:  # the machine's measurement is the lab's command, which fits the profile too
+        raise ProfileError(
+            "profile --probe: this machine's thread scaling, prefill and weight-sync prices are measured by "
+            "`asyncrl probe RUN_DIR`, a command of asyncrl's lab (lab/: `pip install -e lab`, or `make setup`); "
+            "it writes the profile with them"
+        )
+    cost = profile_run(a.run_dir)
     out = Path(a.out) if a.out else Path(a.run_dir) / "cost.json"
     cost.save(out)
     print("\n".join(cost.describe()))

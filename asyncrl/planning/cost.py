@@ -12,7 +12,7 @@ frees: a little cheaper). vLLM: one call takes every row, schedules at most ``ma
 and replaces a finished row by the next waiting one at the next step (continuous batching); every request is
 prefilled (its prefix cache shares nothing between requests scheduled together: BENCHMARKS.md). A run
 whose prompts are all alike in length cannot tell prefill from the call's fixed cost: without a probe a prefilled
-token is priced as a decoded position; ``--probe`` measures it. ``decode_segments`` reproduces either rule from row
+token is priced as a decoded position; the probe measures it. ``decode_segments`` reproduces either rule from row
 lengths alone, so the simulator can price a decode of any rows.
 """
 
@@ -207,7 +207,7 @@ def update_positions(groups: Iterable[tuple[int, Sequence[int]]], shared_prefix:
 
 @dataclass(frozen=True)
 class Scaling:
-    """How this device's throughput changes with threads, and what a weight sync costs on it (``--probe``, or the
+    """How this device's throughput changes with threads, and what a weight sync costs on it (``asyncrl probe``, or the
     defaults: perfect scaling, no probe). ``*_serial``: Amdahl's serial fraction of each phase, from its seconds at
     1 and ``threads`` threads; ``sync_*``: seconds of one weight sync = fixed + bytes / bytes_per_s."""
 
@@ -228,13 +228,13 @@ class Scaling:
     stream_admit_row_s: float = 0.0
     stream_serial: float | None = None  # Amdahl's serial fraction of a streamed step (None: generation's)
     stream_admit_serial: float | None = None  # ... of taking rows in (None: a streamed step's)
-    # a run of several pools on the CPU (``corun``): its workers' idle OpenMP threads sleep, which changes the update's
+    # a run of several pools on the CPU (co-run): its workers' idle OpenMP threads sleep, which changes the update's
     # speed alone (``shared_train``, over its priced speed); fewer cores than threads: the speed of a job on several
     # threads and of a one-thread job together, over alone (None: not probed; as priced, and a fair share of the cores)
     shared_train: float | None = None
     oversubscribed_parallel: float | None = None
     oversubscribed_single: float | None = None
-    # a fully_async weight push beyond its park, timed on the run's own roles (``push_probe``: the calls around the
+    # a fully_async weight push beyond its park, timed on the run's own roles (the probe's push: the calls around the
     # transfer, the transfer and the load as the run makes them; None: not probed, priced as a plain sync)
     stream_push_s: float | None = None
 
@@ -333,7 +333,7 @@ class CostModel:
                 f"{sc.sync_fixed_s * 1e3:.1f} ms + {sc.sync_bytes_per_s / 1e9:.2f} GB/s ({sc.notes})"
             )
         else:
-            lines.append("device probe: none (perfect thread scaling assumed; --probe measures it)")
+            lines.append("device probe: none (perfect thread scaling assumed; asyncrl probe measures it)")
         return lines
 
     def save(self, path: Path) -> None:
@@ -377,7 +377,7 @@ def from_dict(raw: Any, where: str) -> CostModel:
             v = _term(v, f"cost model {where}: {f.name}")
         elif f.name == "scaling":
             known = {g.name for g in fields(Scaling)}
-            if isinstance(v, dict):  # a cost file's one-thread decode policy factor: not a price (corun), dropped
+            if isinstance(v, dict):  # a cost file's one-thread decode policy factor: not a price (co-run), dropped
                 v = {k: x for k, x in v.items() if k != "shared_gen"}
             if not isinstance(v, dict) or set(v) - known:
                 raise CostModelError(f"cost model {where}: scaling has unknown keys {sorted(set(v) - known)}")

@@ -14,8 +14,9 @@ spans). Fitted over the measured steps (the first, which pays one-off costs, lef
   per step and per prompt + response token of the batch; the step's remaining driver time per step.
 
 Any schedule's run can be profiled; ``sync`` is the natural one (nothing overlaps, so each span is its phase's
-cost alone). ``--probe`` adds what the run cannot show: how this machine's phases scale with threads (the run's
-model on its own prompts at 1 and N threads) and the weight-sync bandwidth between two processes (gloo).
+cost alone). What the run cannot show (how this machine's phases scale with threads, the prefill's price, the
+weight-sync bandwidth: the cost model's ``Scaling``) is measured by ``asyncrl probe RUN_DIR``, asyncrl's lab's
+command, which hands its measurement to ``profile_run``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import os
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from typing import Any
 from asyncrl.errors import UserInputError
 from asyncrl.planning.cost import (
     CostModel,
+    Scaling,
     Term,
     decode_regressors,
     fit_term,
@@ -126,9 +129,12 @@ def step_groups(rec: dict[str, Any]) -> list[tuple[int, tuple[int, ...]]]:
     return [(plen[g], tuple(rs)) for g, rs in sorted(per.items())]
 
 
-def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
-    """The cost model of a finished run; with ``probe``, this machine's ``Scaling`` measured too (``probe.probe``)
-    and the decode refitted with the measured prefill price."""
+Probe = Callable[[CostModel, Path], Scaling]  # this machine's scaling, measured for a run's cost model
+
+
+def profile_run(run_dir: str | Path, probe: Probe | None = None) -> CostModel:
+    """The cost model of a finished run; with ``probe`` (asyncrl's lab: ``asyncrl probe``), this machine's
+    ``Scaling`` measured for it too, and the decode refitted with the measured prefill price."""
     run = Path(run_dir)
     if not run.is_dir():
         raise ProfileError(f"profile: {run} is not a directory (give a finished run's directory)")
@@ -227,11 +233,9 @@ def profile_run(run_dir: str | Path, probe: bool = False) -> CostModel:
         engine=str(r.engine),
         max_num_seqs=int(r.max_num_seqs) if r.engine == "vllm" else 0,
     )
-    if probe:
-        from asyncrl.planning.probe import probe as measure
-
-        cost = measure(cost, run)
-        cost = replace(cost, decode=_fit_decode(X_dec, y_dec, cost.scaling.prefill_token_s, measured))
+    if probe is not None:
+        scaling = probe(cost, run)
+        cost = replace(cost, scaling=scaling, decode=_fit_decode(X_dec, y_dec, scaling.prefill_token_s, measured))
     return cost
 
 

@@ -152,7 +152,7 @@ class Prices:
             self.stream_factor = sc.speed("stream", cost.gen_threads) / sc.speed("stream", gen_threads)
             self.admit_factor = sc.speed("admit", cost.gen_threads) / sc.speed("admit", gen_threads)
             self.train_factor = sc.speed("train", cost.train_threads) / sc.speed("train", setting.trainer)
-            if setting.schedule != "sync":  # several pools: their idle OpenMP threads sleep (corun's ``shared_train``)
+            if setting.schedule != "sync":  # several pools: their idle OpenMP threads sleep (the probe's shared_train)
                 self.train_factor /= sc.shared_train or 1.0
             self.replicas, self.gen_threads, self.train_threads = 1, float(gen_threads), float(setting.trainer)
             self.pool: str | None = "shared"

@@ -153,7 +153,7 @@ class StreamSim:
         """Seconds a streaming engine spends taking ``rows`` in: their prefill (``tokens``, one forward) and their
         place in the slots. Not the batch decoder's per-call cost (``decode.call``: the setup of a whole ``generate``
         call, which a running stream never pays again). Probed: what taking rows in cost the streaming decoder
-        (``stream_prices.stream_prices``), scaled to the Rollouter's threads as the probe timed it."""
+        (``asyncrl probe``), scaled to the Rollouter's threads as the probe timed it."""
         sc = self.cost.scaling
         if sc.stream_admit_s is not None and sc.stream_admit_token_s is not None:
             seconds = sc.stream_admit_s + sc.stream_admit_token_s * tokens + sc.stream_admit_row_s * rows

@@ -163,10 +163,10 @@ def run_schedule(
 
 
 def profile_sync(run_dir: Path, out_dir: Path) -> str:
-    """``asyncrl profile RUN_DIR --probe`` of the sync run, written to ``out_dir/cost.json``."""
-    from asyncrl.planning.profile import profile_run
+    """``asyncrl probe RUN_DIR`` of the sync run, written to ``out_dir/cost.json``."""
+    from asyncrl_lab.probe import probe_run
 
-    cost = profile_run(run_dir, probe=True)
+    cost = probe_run(run_dir)
     path = out_dir / "cost.json"
     cost.save(path)
     print("\n".join(f"[bench] profile: {line}" for line in cost.describe()))
@@ -283,7 +283,7 @@ def run_bench(
 ) -> list[dict[str, Any]]:
     """``modes``: schedules (GRPO on each, against sync) or PPO placements (against each other), not both.
     ``predict``: a cost.json (``asyncrl profile``), every run predicted before the first starts; or "auto": the sync
-    run (first) is profiled with ``--probe`` and the others are predicted from it before they start. The table gains
+    run (first) is probed (``asyncrl probe``) and the others are predicted from it before they start. The table gains
     the predicted samples/s, the error of each, and the predicted ratio to sync. ``latencies``: one latency knob's
     settings (``bench_knobs``, ascending from 0): every mode runs once under each."""
     out_dir = Path(out)

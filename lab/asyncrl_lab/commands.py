@@ -1,4 +1,5 @@
-"""The lab's commands on ``asyncrl``'s command line: ``asyncrl bench``, ``asyncrl demo``, ``asyncrl demo-real``.
+"""The lab's commands on ``asyncrl``'s command line: ``asyncrl bench``, ``asyncrl demo``, ``asyncrl demo-real``,
+``asyncrl probe``.
 
 Registered as ``asyncrl.commands`` entry points (lab/pyproject.toml); ``asyncrl.cli`` calls each ``add_*`` with its
 subparsers and imports nothing of the lab by name.
@@ -7,6 +8,7 @@ subparsers and imports nothing of the lab by name.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -55,6 +57,27 @@ def cmd_demo_real(a: argparse.Namespace) -> None:
     from asyncrl_lab.demo_real import run_demo_real
 
     run_demo_real(a.out, a.overrides)
+
+
+def cmd_probe(a: argparse.Namespace) -> None:
+    from asyncrl_lab.probe import probe_run
+
+    cost = probe_run(a.run_dir)
+    out = Path(a.out) if a.out else Path(a.run_dir) / "cost.json"
+    cost.save(out)
+    print("\n".join(cost.describe()))
+    print(f"wrote {out}")
+
+
+def add_probe(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser(
+        "probe",
+        help="asyncrl profile, with this machine's thread scaling, prefill, streaming and weight-sync prices measured "
+        "on the run's own model, prompts, engine and trainer (a few minutes)",
+    )
+    s.add_argument("run_dir")
+    s.add_argument("--out", default=None, help="where to write the cost model (default RUN_DIR/cost.json)")
+    s.set_defaults(fn=cmd_probe)
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:

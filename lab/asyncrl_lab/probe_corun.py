@@ -11,7 +11,7 @@ the probe times the run's update on its training threads and its streaming decod
 update alone with the default policy (``PRICED``), then each alone and both together with the run's (``SHARED``).
 ``shared_train``: the update's speed alone with the run's policy over its priced speed (applied to every run of several
 pools); ``oversubscribed``: each job's speed together over alone, both with the run's policy (applied by the simulated
-clock whenever its shared cores are oversubscribed, ``clock.Clock(oversubscribed=...)``).
+clock whenever its shared cores are oversubscribed, ``asyncrl.planning.clock.Clock(oversubscribed=...)``).
 
 The decode's speed alone is not re-priced: on one thread it runs no OpenMP parallel region, so the policy has nothing
 to act on. Timing it both ways measured only the two timings' noise (0.94-1.09 over twelve probes on one machine), and
@@ -26,6 +26,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,11 +49,12 @@ def loop_calls(fn: Callable[[int], object], seconds: float) -> list[float]:
 
 
 Job = Callable[[float], list[float]]  # runs for about that many seconds; the seconds of each of its calls
+Jobs = Callable[[int], AbstractContextManager[Job]]  # a rank's job, ready while its block runs
 
 
 def _worker(
     rank: int,
-    jobs: Callable[[int], Job],
+    jobs: Jobs,
     threads: list[int],
     seconds: float,
     rounds: int,
@@ -61,18 +63,18 @@ def _worker(
     phases: tuple[str, ...] = SHARED,
 ) -> None:
     torch.set_num_threads(threads[rank])
-    job = jobs(rank)
-    job(min(1.0, seconds))  # warm-up
     mine = JOBS[rank]
     times: dict[str, list[float]] = {"alone": [], "together": []}
-    for _ in range(rounds):
-        for phase in phases:
-            barrier.wait()  # the other process blocks here while this one runs alone
-            if phase == "both":
-                times["together"] += job(seconds)
-            elif phase == mine:
-                times["alone"] += job(seconds)
-    barrier.wait()
+    with jobs(rank) as job:
+        job(min(1.0, seconds))  # warm-up
+        for _ in range(rounds):
+            for phase in phases:
+                barrier.wait()  # the other process blocks here while this one runs alone
+                if phase == "both":
+                    times["together"] += job(seconds)
+                elif phase == mine:
+                    times["alone"] += job(seconds)
+        barrier.wait()
     Path(out, f"{rank}.json").write_text(json.dumps(times))
 
 
@@ -86,9 +88,7 @@ class CorunRates:
     oversubscribed_single: float
 
 
-def _spawn(
-    jobs: Callable[[int], Job], train_threads: int, seconds: float, rounds: int, phases, env: dict[str, str | None]
-) -> list:
+def _spawn(jobs: Jobs, train_threads: int, seconds: float, rounds: int, phases, env: dict[str, str | None]) -> list:
     """The call seconds of each job ``phases`` run (by rank, ``JOBS``), ``phases`` in turn, one process a job, started
     with ``env`` on top of this one's (None: the variable unset). The update alone (``PRICED``) starts no decode."""
     import torch.multiprocessing as mp
@@ -116,11 +116,12 @@ def _set_env(env: dict[str, str | None]) -> None:
             os.environ[k] = v
 
 
-def corun_rates(jobs: Callable[[int], Job], train_threads: int, seconds: float = 3.0, rounds: int = 2) -> CorunRates:
+def corun_rates(jobs: Jobs, train_threads: int, seconds: float = 3.0, rounds: int = 2) -> CorunRates:
     """``CorunRates`` from medians of the jobs' calls: ``rounds`` rounds of the update alone for ``seconds`` with
     OpenMP's default, then rounds of each alone and both together with the run's shared-core environment.
     ``jobs(0)`` builds the update's job (run on ``train_threads``), ``jobs(1)`` the decode's (on one thread), each in
-    its own process (``jobs`` is pickled to them: a module-level function or a partial of one)."""
+    its own process and ready while its context is entered (``jobs`` is pickled to them: a module-level function or
+    a partial of one)."""
     from asyncrl.workers.cluster import SHARED_CORES_ENV
 
     priced = _spawn(jobs, train_threads, seconds, rounds, PRICED, dict.fromkeys(SHARED_CORES_ENV))
