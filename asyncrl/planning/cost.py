@@ -4,16 +4,12 @@ A term is linear in what the run did: ``seconds = sum(coef_k * x_k)`` over named
 with non-negative coefficients over the run's measured steps (the first step, which pays one-off costs, left out).
 Its ``rel_err`` is the relative RMS error of the fit over those observations.
 
-The decode term follows the run's engine (``rollout.engine``). The built-in engine (``rollout.continuous``): a call
-prefills each distinct prefix once, then runs one step per token of the longest row; a step costs a fixed part plus
-a part per slot it runs, and the slots settle as rows end (``decode_segments``). A call of more rows than
-``max_batch_size`` is priced as chunks one after another (the engine lets a waiting row into the first slot that
-frees: a little cheaper). vLLM: one call takes every row, schedules at most ``max_num_seqs`` at a time
-and replaces a finished row by the next waiting one at the next step (continuous batching); every request is
-prefilled (its prefix cache shares nothing between requests scheduled together: BENCHMARKS.md). A run
-whose prompts are all alike in length cannot tell prefill from the call's fixed cost: without a probe a prefilled
-token is priced as a decoded position; the probe measures it. ``decode_segments`` reproduces either rule from row
-lengths alone, so the simulator can price a decode of any rows.
+The decode term follows the run's engine (``rollout.engine``), its steps by ``decode_segments`` from row lengths
+alone: the built-in engine's slots (a call of more than ``max_batch_size`` rows priced as chunks one after another;
+the engine lets a waiting row into the first slot that frees), or vLLM's continuous batching of at most
+``max_num_seqs`` rows, every request prefilled (its prefix cache shares nothing between requests scheduled together).
+The built-in engine prefills a distinct prefix once. A run whose prompts are all alike in length cannot tell prefill
+from the call's fixed cost: without a probe a prefilled token is priced as a decoded position; the probe measures it.
 """
 
 from __future__ import annotations
