@@ -133,6 +133,15 @@ class UpdateResult:
 
 
 @dataclass
+class Trained:
+    """What a step's updates returned: the actor's result (None when it did not update, e.g. a critic warm-up step)
+    and the metrics of every role that learned."""
+
+    actor: UpdateResult | None
+    metrics: dict[str, float]
+
+
+@dataclass
 class Scored:
     """Per-sample numbers computed by a role (critic values [B, T], reward-model logits [B]) and its seconds."""
 

@@ -14,35 +14,15 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import ClassVar
 
 from asyncrl.config import AlgorithmConfig, Config
 from asyncrl.config.specs import TrainerNeeds
-from asyncrl.data.collate import TrainBatch
+from asyncrl.data.collate import Prepared
 from asyncrl.roles.team import Roles
-from asyncrl.types import Sample, UpdateResult
-
-
-@dataclass
-class Prepared:
-    """A batch ready for the update: its samples, the typed ``TrainBatch`` and what preparing it measured."""
-
-    samples: list[Sample]
-    batch: TrainBatch
-    metrics: dict[str, float] = field(default_factory=dict)
-
+from asyncrl.types import Sample, Trained
 
 Finish = Callable[[], Prepared]
-
-
-@dataclass
-class Trained:
-    """What a step's updates returned: the actor's result (None when it did not update, e.g. a critic warm-up step)
-    and the metrics of every role that learned."""
-
-    actor: UpdateResult | None
-    metrics: dict[str, float]
 
 
 class Algorithm(ABC):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -275,3 +275,12 @@ def group_ids(samples: list[Sample]) -> torch.Tensor:
     keys = [(s.prompt.epoch, s.prompt.index) for s in samples]
     ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
     return torch.tensor([ids[k] for k in keys], dtype=torch.long)
+
+
+@dataclass
+class Prepared:
+    """A batch ready for the update: its samples, the typed ``TrainBatch`` and what preparing it measured."""
+
+    samples: list[Sample]
+    batch: TrainBatch
+    metrics: dict[str, float] = field(default_factory=dict)

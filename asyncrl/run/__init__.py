@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config
+from asyncrl.data.collate import Prepared
 from asyncrl.rewards.reward_fn import RewardFn
 from asyncrl.roles.team import Roles
 from asyncrl.run.directory import Progress, RunDir
@@ -27,7 +28,7 @@ from asyncrl.run.evaluation import held_out
 from asyncrl.run.generation import PromptStream
 from asyncrl.run.step_log import StepLog, StepTimer, staleness_metrics
 from asyncrl.run.supervision import RolloutPool
-from asyncrl.types import Sample
+from asyncrl.types import Sample, Trained
 from asyncrl.weights.weight_sync import WeightSync
 
 
@@ -72,8 +73,8 @@ class Run:
         if self.cfg.trainer.record_consumed:
             self.dir.record_consumed(step, samples)
 
-    def trained(self, trained: Any, samples: int, step: int) -> None:
-        """After it (``trained``: the algorithm's ``Trained``): the trainer's new version, read from its result."""
+    def trained(self, trained: Trained, samples: int, step: int) -> None:
+        """After it: the trainer's new version, read from its result."""
         actor = trained.actor
         if actor is not None:
             self.progress.version = actor.version
@@ -85,8 +86,8 @@ class Run:
     def end_step(
         self,
         step: int,
-        prepared: Any,
-        trained: Any,
+        prepared: Prepared,
+        trained: Trained,
         tm: StepTimer,
         *parts: dict[str, float],
         last: dict[str, float] | None = None,
