@@ -141,9 +141,6 @@ class StreamRow:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
-    def uniform(self) -> float:
-        return seeds.uniform(self.key, self.offset + len(self.tokens))
-
 
 class ContinuousDecoder:
     """``capacity`` slots decoding one token per step; rows enter from a thread-safe inbox (``submit``)."""
@@ -249,7 +246,8 @@ class ContinuousDecoder:
         rows_A = [self._slots[s] for s in slots_A]
         uniforms_A = None
         if not params.greedy:  # float64 draws made on the CPU; sample_rows moves them to the logits' device
-            uniforms_A = torch.tensor([row.uniform() for row in rows_A if row is not None], dtype=torch.float64)
+            draws = [seeds.uniform(r.key, r.offset + len(r.tokens)) for r in rows_A if r is not None]
+            uniforms_A = torch.tensor(draws, dtype=torch.float64)
         tok_A, logp_A = sample_rows(logits_AV, params, uniforms_A)
         ended: list[tuple[StreamRow, str]] = []
         for s, row, tok, logp in zip(slots_A, rows_A, tok_A.tolist(), logp_A.tolist()):
