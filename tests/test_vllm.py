@@ -164,12 +164,20 @@ def test_a_batch_too_big_for_one_prefill_step_still_runs(models, engine):
 def test_pause_from_another_thread_returns_interrupted_rows(models, engine):
     _, a, _, _, _ = models
     _, tok = load_model(a, for_training=False)
-    timer = threading.Timer(0.3, engine.request_pause)
-    timer.start()
+    step = engine._engine_step
+
+    def first_step_then_pause():  # the pause arrives from another thread right after the first step (the prefill)
+        out = step()
+        pauser = threading.Thread(target=engine.request_pause)
+        pauser.start()
+        pauser.join()
+        return out
+
+    engine._engine_step = first_step_then_pause
     try:
         out = engine.generate(prompts(tok, 8), SamplingParams(n=8, temperature=1.0, max_new_tokens=120), seed=0)
     finally:
-        timer.join()
+        del engine._engine_step
         engine.clear_pause()
     assert len(out) == 64 and any(s.stop_reason == "interrupted" for s in out)
     assert all(len(s.logprobs) == len(s.response_ids) == len(s.versions) for s in out)
