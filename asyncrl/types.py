@@ -102,9 +102,10 @@ class PrefillStats:
 
 
 def engine_chunks(prefix_lengths: Sequence[int], size: int) -> list[list[int]]:
-    """The built-in engine's decode calls over rows with these prefix lengths: row indices in chunks of at most
-    ``size``; with more rows than that, sorted by prefix length first (stable: a group's adjacent rows stay together)
-    so each chunk pads and prefills less. The engine decodes by this rule; the profile and the simulator price it."""
+    """Rows with these prefix lengths in chunks of at most ``size``; with more rows than that, sorted by prefix length
+    first (stable: a group's adjacent rows stay together) so rows entering the built-in engine's slots together pad
+    and prefill less. The engine submits a call's rows in this order; the profile and the simulator price a call as
+    these chunks one after another."""
     order = list(range(len(prefix_lengths)))
     if len(order) > size:
         order.sort(key=lambda i: prefix_lengths[i])

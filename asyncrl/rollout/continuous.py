@@ -167,7 +167,7 @@ class ContinuousDecoder:
         self._pending: tuple[list[int], torch.Tensor] | None = None  # (slots, logits_AV) of the last forward
         self._cache: SlotCache | None = None
         self._prefill = PrefillStats()
-        self._unsupported: list[str] | None = None  # the model's cache layer kinds other than full attention
+        self._unsupported: list[str] | None = None  # the model's cache layer kinds the slot cache cannot hold
         self._restore_training = False  # the model was in training mode when streaming began: restore when idle
         # the last step, measured: the slots in use once its rows were admitted (what ``planning.cost.decode_segments``
         # prices a step by) and the seconds the admission (prefill) took

@@ -1,6 +1,6 @@
 """RolloutEngine: batched sampling from a transformers causal LM, pausable, with in-place weight updates.
 
-This is the rollout hot path of the CPU setup: our own slot decoder (``asyncrl.rollout.continuous``, one for every
+This is the rollout hot path of the CPU setup: our own slot decoder (``asyncrl.rollout.continuous``, for every
 call) instead of ``model.generate``, because RL needs per-token behaviour log-probs and weight versions,
 mid-generation pause/resume around weight syncs, rows that enter and leave a running decode, and no per-step work
 that is not needed.
@@ -89,7 +89,6 @@ class RolloutEngine(GatedEngine):
         self.last_segments: tuple[tuple[int, int, float], ...] = ()  # the last decode's steps (``_decode_all``)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.pad_id: int = int(pad_id)
-        self._eos_ids_E = torch.tensor(self.eos_token_ids, dtype=torch.long)
         self._keep_last = supports_logits_to_keep(model)
         self._gate = EngineGate("RolloutEngine")
         self._params = dict(model.named_parameters(remove_duplicate=False))  # tied aliases included
@@ -100,7 +99,6 @@ class RolloutEngine(GatedEngine):
             model, max_batch_size, self.eos_token_ids, self.pad_id, self._keep_last, share_prefixes
         )
         self._calls: ContinuousDecoder | None = None  # generate/resume's (``_call_decoder``)
-        self._calls_key: tuple | None = None
         self._stream_lock = threading.Lock()
         self._stream_key: tuple[SamplingParams, int | None] | None = None  # the live rows' params and seed
         self._streamed: dict[int, Sample] = {}  # rows in the decoder, as submitted
@@ -237,16 +235,18 @@ class RolloutEngine(GatedEngine):
             if left:
                 decoder.interrupt()  # the rows keep their tokens so far; the buffers go
         self.last_prefill = decoder.take_prefill()
-        self.last_segments = tuple((n, steps, sec) for n, steps, sec in segments)
+        self.last_segments = tuple(map(tuple, segments))
         return DecodeResult([r.tokens for r in rows], [r.logprobs for r in rows], reasons)
 
     def _call_decoder(self) -> ContinuousDecoder:
         """``generate``/``resume``'s slot decoder, kept so its buffers grow when a call needs room, not every call."""
-        key = (self.max_batch_size, tuple(self.eos_token_ids), self.pad_id, self.share_prefixes)
-        if self._calls is None or self._calls_key != key:
-            self._calls_key = key
-            self._calls = ContinuousDecoder(self.model, key[0], list(key[1]), key[2], self._keep_last, key[3])
-        return self._calls
+        d = self._calls
+        now = (self.max_batch_size, frozenset(self.eos_token_ids), self.pad_id, self.share_prefixes)
+        if d is None or (d.capacity, d.eos_ids, d.pad_id, d.share_prefixes) != now:  # made anew when they change
+            d = self._calls = ContinuousDecoder(
+                self.model, self.max_batch_size, self.eos_token_ids, self.pad_id, self._keep_last, self.share_prefixes
+            )
+        return d
 
     def _check_positions(self, prefixes: list[list[int]], budgets: list[int]) -> None:
         longest = max(len(p) + n for p, n in zip(prefixes, budgets)) if prefixes else 0

@@ -1,7 +1,7 @@
 """Next-token sampling for a whole batch at once: temperature, top-k, top-p, then one draw per row by inverting the
 row's cumulative distribution at its own uniform (``RowStreams``: a row's noise is its own, whatever batch it is in).
 
-Both decoders sample with ``sample_rows``: on the logits' device (a GPU model's logits never cross to the host; the
+The slot decoder samples with ``sample_rows``: on the logits' device (a GPU model's logits never cross to the host; the
 rows' float64 draws, made on the CPU from their keys, go to the device, and one token and log-prob per row come back).
 On the CPU the draws and the arithmetic are the host's, bit for bit.
 

@@ -81,7 +81,7 @@ class SlotCache(DynamicCache):
     def __init__(self, config: PretrainedConfig) -> None:
         kinds = unsupported_layer_kinds(config)
         if kinds:
-            raise NotImplementedError(f"SlotCache: the built-in decoder supports attention layers only, not {kinds}")
+            raise NotImplementedError(f"SlotCache: full-attention and sliding-window layers only, not {kinds}")
         super().__init__(config=config)
         if self.layers:
             self.layers = [SlotLayer(type(layer) is DynamicSlidingWindowLayer) for layer in self.layers]
