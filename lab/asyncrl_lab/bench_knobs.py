@@ -10,9 +10,8 @@ from a sample's submission to its score; ``tool_call_rate``, the share of sample
 a tool's delay costs nothing). ``ratio_to_sync`` stays within a setting: against sync at the same delay.
 
 What a reward delay measures is the whole path a run takes to a remote reward: its client scores at most
-``reward.max_concurrency`` samples at once (8 by default), so d ms cap a run at 8 samples per d ms whatever the
-schedule; add ``reward.max_concurrency=64`` to the bench's overrides to see the latency without that cap.
-``reward_latency_s`` comes from the reward loop's step metrics, which fully_async's Rollouter does not log ("-").
+``reward.max_concurrency`` samples at once (256 by default), so d ms cap a run at 256 samples per d ms whatever the
+schedule; lower it in the bench's overrides to see that cap bind.
 """
 
 from __future__ import annotations
