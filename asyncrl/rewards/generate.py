@@ -30,7 +30,7 @@ def generate_scored(
     streams = score and getattr(engine, "reports_finished_rows", False)
     with timeline.span("generate", step=step, worker=worker, version=engine.version):
         if streams:
-            samples = engine.generate(prompts, params, seed=seed, on_sample=scorer.submit)
+            samples = engine.generate(prompts, params, seed=seed, on_samples=scorer.submit_all)
         else:
             samples = engine.generate(prompts, params, seed=seed)
     segments = getattr(engine, "last_segments", ())
