@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass
@@ -146,8 +149,18 @@ class Trained:
 class Scored:
     """Per-sample numbers computed by a role (critic values [B, T], reward-model logits [B]) and its seconds."""
 
-    values: Any  # torch.Tensor
+    values: Tensor
     seconds: float
+
+
+class SamplingKnobs(Protocol):
+    """The ``rollout`` config section's sampling settings (``asyncrl.config.RolloutConfig``, a floor above)."""
+
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    response_length: int
 
 
 @dataclass(frozen=True)
@@ -177,7 +190,7 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
     @classmethod
-    def from_config(cls, rollout: Any) -> SamplingParams:
+    def from_config(cls, rollout: SamplingKnobs) -> SamplingParams:
         """The training-time sampling of a run's ``rollout`` config section (one place, every schedule)."""
         r = rollout
         top_k = max(r.top_k, 0)  # verl's vLLM recipes write -1 for off

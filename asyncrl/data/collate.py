@@ -95,15 +95,15 @@ class TrainBatch:
     ref_logp_BT: torch.Tensor | None = None
     old_logp_BT: torch.Tensor | None = None
     packed: PackedInputs | None = None  # set on a packed micro-batch: the model runs on these rows instead
+    # rows (B), read where it is made: the trainer's loop asks it of every mini- and micro-batch; a batch's tensors
+    # are never replaced (``select``, ``trimmed`` and a device move build a new batch)
+    size: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.size = self.input_ids_BL.shape[0]
         for target in (self.policy, self.value):
             if target is not None:
                 check_shapes(target, tuple(self.response_mask_BT.shape))
-
-    @property
-    def size(self) -> int:
-        return self.input_ids_BL.shape[0]
 
     def select(self, idx: torch.Tensor | list[int]) -> TrainBatch:
         """Rows ``idx`` of the batch (all tensors, targets included); the padding widths stay as they are."""

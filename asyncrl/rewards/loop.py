@@ -33,7 +33,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 from asyncrl.config import RewardConfig
 from asyncrl.rewards.genrm import GenerativeReward
@@ -44,7 +43,13 @@ from asyncrl.types import Sample
 
 
 class RewardLoop:
-    def __init__(self, reward_fn: RewardFn, max_concurrency: int, timeout_s: float, remote: Any = None) -> None:
+    def __init__(
+        self,
+        reward_fn: RewardFn,
+        max_concurrency: int,
+        timeout_s: float,
+        remote: RemoteReward | GenerativeReward | None = None,
+    ) -> None:
         if max_concurrency < 1 or timeout_s <= 0:
             raise ValueError(f"RewardLoop: max_concurrency >= 1 and timeout_s > 0 (got {max_concurrency}, {timeout_s})")
         self.reward_fn, self.remote = reward_fn, remote
@@ -175,7 +180,7 @@ class RewardLoop:
         loop = asyncio.get_running_loop()
         if self.remote is not None:
             return await loop.run_in_executor(self._pool, self.remote.score_one, *args)
-        fn: Any = self.reward_fn.scorer_for(p.data_source)
+        fn = self.reward_fn.scorer_for(p.data_source)
         if inspect.iscoroutinefunction(fn):
             return self.reward_fn.normalize(await self.reward_fn.call(*args), p.data_source)
         return await loop.run_in_executor(self._pool, self.reward_fn.score_one, *args)

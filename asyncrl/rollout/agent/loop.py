@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from asyncrl.config.rollout import MultiTurnConfig
+    from asyncrl.rollout.engine import RolloutEngine
+    from asyncrl.rollout.vllm_engine import VllmEngine
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,12 @@ class AgentEngine:
 
     reports_finished_rows = True
 
-    def __init__(self, engine: Any, multi_turn: MultiTurnConfig, default_agent_loop: str = "single_turn_agent"):
+    def __init__(
+        self,
+        engine: RolloutEngine | VllmEngine,
+        multi_turn: MultiTurnConfig,
+        default_agent_loop: str = "single_turn_agent",
+    ):
         self.engine = engine
         self.multi_turn = multi_turn
         self.default_agent_loop = default_agent_loop
@@ -166,7 +173,7 @@ class AgentEngine:
             raise AttributeError(name)
         return getattr(self.engine, name)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         """Own state and properties here; anything else (``eos_token_ids``, ...) is set on the wrapped engine, so
         the wrapper never shadows what the engine reads."""
         if name in _OWN or isinstance(getattr(type(self), name, None), property):
