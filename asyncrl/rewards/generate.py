@@ -52,8 +52,8 @@ def generate_scored(
     score: bool,
 ) -> Generation:
     """Generate, then (``score``) fill each sample's rule reward; the seconds are this worker's wall time. An engine
-    that reports finished rows has each scored on the reward loop as it ends, while the others decode; the rest are
-    scored when the call returns."""
+    that reports finished rows has them scored on the reward loop as their decode step ends, while the others decode;
+    the rest are scored when the call returns."""
     t0 = time.perf_counter()
     streams = score and getattr(engine, "reports_finished_rows", False)
     with timeline.span("generate", step=step, worker=worker, version=engine.version):
@@ -61,9 +61,11 @@ def generate_scored(
             samples = engine.generate(prompts, params, seed=seed, on_samples=scorer.submit_all)
         else:
             samples = engine.generate(prompts, params, seed=seed)
-        segments, prefill = getattr(engine, "last_segments", ()), engine.last_prefill  # this call's, read at once
-    if segments:  # the built-in engine's measured decode steps, by batch size (``asyncrl profile`` fits them)
-        timeline.instant("decode_segments", step=step, worker=worker, segments=[list(s) for s in segments])
+        # this call's measurements, read at once: the built-in engine's decode steps by batch size (``asyncrl
+        # profile`` fits them) and the prefill counts
+        segments, prefill = [list(s) for s in getattr(engine, "last_segments", ())], engine.last_prefill
+    if segments:
+        timeline.instant("decode_segments", step=step, worker=worker, segments=segments)
     metrics: dict[str, float] = {}
     if score:
         with timeline.span("reward", step=step, worker=worker):
