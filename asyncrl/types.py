@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass
@@ -146,21 +149,35 @@ class Trained:
 class Scored:
     """Per-sample numbers computed by a role (critic values [B, T], reward-model logits [B]) and its seconds."""
 
-    values: Any  # torch.Tensor
+    values: Tensor
     seconds: float
 
 
-@dataclass
+class SamplingKnobs(Protocol):
+    """The ``rollout`` config section's sampling settings (``asyncrl.config.RolloutConfig``, a floor above)."""
+
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    response_length: int
+
+
+@dataclass(frozen=True)
 class SamplingParams:
-    """How to sample responses. ``max_new_tokens`` is the response length limit in tokens (eos included)."""
+    """How to sample responses. ``max_new_tokens`` is the response length limit in tokens (eos included).
+
+    Frozen: ``greedy`` is worked out once here, and the decoder reads it every step."""
 
     n: int = 1  # responses per prompt (a GRPO group); ignored by RolloutEngine.resume
     temperature: float = 1.0  # 0.0 means greedy
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]; 1.0 = off
     top_k: int = 0  # tokens kept; 0 = off
     max_new_tokens: int = 64  # response length limit, tokens
+    greedy: bool = field(init=False, repr=False, compare=False)  # temperature 0: argmax, no noise drawn
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "greedy", self.temperature == 0.0)
         if self.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
         if self.temperature < 0:
@@ -173,12 +190,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
     @classmethod
-    def from_config(cls, rollout: Any) -> SamplingParams:
+    def from_config(cls, rollout: SamplingKnobs) -> SamplingParams:
         """The training-time sampling of a run's ``rollout`` config section (one place, every schedule)."""
         r = rollout
         top_k = max(r.top_k, 0)  # verl's vLLM recipes write -1 for off
         return cls(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=top_k, max_new_tokens=r.response_length)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0

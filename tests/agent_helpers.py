@@ -22,6 +22,7 @@ from asyncrl.models.presets import init_model_dir
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rollout.agent.format import TurnEncoder, parse_hermes_tool_calls
 from asyncrl.rollout.agent.tools import CalcTool, call_tools, evaluate_arithmetic
+from asyncrl.rollout.continuous import StreamRow
 from asyncrl.rollout.engine import DecodeResult, RolloutEngine
 from asyncrl.types import PrefillStats
 
@@ -135,7 +136,7 @@ class ScriptedEngine(RolloutEngine):
                 return turn[done:]
         raise AssertionError(f"ScriptedEngine: no prompt starts {self.tokenizer.decode(prefix)!r}")
 
-    def _decode_all(self, prefixes, budgets, params, seed, refill=None, on_row=None):
+    def _decode_all(self, prefixes, budgets, params, seed, refill=None, on_ended=None):
         out = DecodeResult([], [], [])
         for i, (prefix, budget) in enumerate(zip(prefixes, budgets)):
             turn = self._turn(prefix)
@@ -148,7 +149,7 @@ class ScriptedEngine(RolloutEngine):
             out.tokens.append(tokens)
             out.logprobs.append([self.LOGPROB] * len(tokens))
             out.stop_reasons.append(reason)
-            if on_row is not None and reason != "interrupted":
-                on_row(i, tokens, out.logprobs[-1], reason)
+            if on_ended is not None and reason != "interrupted":
+                on_ended([(StreamRow(i, prefix, budget, 0, 0, tokens, out.logprobs[-1]), reason)])
         self.last_prefill = PrefillStats()
         return out

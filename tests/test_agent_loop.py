@@ -142,8 +142,8 @@ class Recording:
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def generate(self, prompts, params, seed=None, on_sample=None):
-        out = self.engine.generate(prompts, params, seed=seed, on_sample=on_sample)
+    def generate(self, prompts, params, seed=None, on_samples=None):
+        out = self.engine.generate(prompts, params, seed=seed, on_samples=on_samples)
         self.inputs += [(id_, p.prompt_ids) for id_, p in enumerate(p for p in prompts for _ in range(params.n))]
         for k, s in enumerate(out):
             self.returned[k] = len(s.response_ids)

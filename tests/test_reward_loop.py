@@ -70,8 +70,9 @@ def _samples(texts: list[str], truth: str = "7") -> list[Sample]:
 def test_an_async_reward_function_runs_at_most_max_concurrency_at_once(rewards_file):
     loop = RewardLoop(RewardFn(f"{rewards_file}:limited"), max_concurrency=3, timeout_s=10)
     samples = _samples(["7", "8"] * 6)
-    for s in samples[:5]:
-        loop.submit(s)  # as an engine would, while the rest are still "decoding"
+    loop.submit_all(samples[:3])  # as an engine would, while the rest are still "decoding"
+    loop.submit(samples[3])
+    loop.submit_all(samples[3:5])  # one already submitted: scored once
     metrics = loop.score(samples)
     loop.close()
     assert [s.reward for s in samples] == [1.0, 0.0] * 6 and not any(s.reward_failed for s in samples)
@@ -214,12 +215,14 @@ def test_the_decoder_reports_each_row_the_moment_it_ends():
     # budgets 6, 1, 3 and an eos id no token has: row 1 ends first, then row 2, then row 0
     engine = RolloutEngine(model, tok, eos_token_ids=[-1])
     streams = RowStreams.of(0, [(0, 0, j) for j in range(3)], [0, 0, 0])
-    seen: list[tuple[int, int]] = []
+    seen: list[list[tuple[int, int]]] = []
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=6)
-    result = engine._decode_all(
-        [prefix] * 3, [6, 1, 3], params, streams, on_row=lambda row, tokens, *_: seen.append((row, len(tokens)))
-    )
-    assert seen == [(1, 1), (2, 3), (0, 6)]
+
+    def on_ended(ended):
+        seen.append([(row.tag, len(row.tokens)) for row, _ in ended])
+
+    result = engine._decode_all([prefix] * 3, [6, 1, 3], params, streams, on_ended=on_ended)
+    assert seen == [[(1, 1)], [(2, 3)], [(0, 6)]]  # a list per step in which rows ended
     assert [len(t) for t in result.tokens] == [6, 1, 3] and result.stop_reasons == ["length"] * 3
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from asyncrl.rewards.extract import extract_answer
+from asyncrl.rewards.scorers import extract_answer
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,15 @@ truncation."""
 import pytest
 import torch
 
-from asyncrl import seeds
-from asyncrl.rollout.sampling import RowStreams, SamplingParams, filter_top_k, filter_top_p, sample_tokens
+from asyncrl.rollout.sampling import (
+    RowStreams,
+    SamplingParams,
+    filter_top_k,
+    filter_top_p,
+    row_keys,
+    sample_tokens,
+    uniform,
+)
 
 
 def _uniforms(n: int, base: int = 0):
@@ -84,10 +91,10 @@ def test_tokens_cut_by_top_k_are_never_drawn_even_at_the_ends_of_the_unit_interv
 
 def test_row_keys_differ_for_every_row_and_for_a_prompt_held_twice():
     rows = [(e, i, j) for e in range(2) for i in range(50) for j in range(8)]
-    keys = seeds.row_keys(7, rows + rows[:3])  # the last three repeat the first three: a prompt held twice
+    keys = row_keys(7, rows + rows[:3])  # the last three repeat the first three: a prompt held twice
     assert len(set(keys)) == len(keys)
-    assert seeds.row_keys(7, rows) == keys[: len(rows)]  # a row's key does not depend on what follows it
-    draws = [seeds.uniform(keys[0], t) for t in range(10000)]
+    assert row_keys(7, rows) == keys[: len(rows)]  # a row's key does not depend on what follows it
+    draws = [uniform(keys[0], t) for t in range(10000)]
     assert all(0.0 <= u < 1.0 for u in draws) and abs(sum(draws) / len(draws) - 0.5) < 0.02
 
 

@@ -94,8 +94,8 @@ def test_engine_logprobs_are_the_trainers(models, engine):
 
 
 def test_a_prompt_samples_the_same_tokens_whatever_else_is_in_the_call(models, engine):
-    """Each request is seeded from its row's own key (seeds.row_keys), as the built-in engine draws: a prompt's n
-    rows sample the same alone as beside other prompts, and resuming a row continues it with new draws."""
+    """Each request is seeded from its row's own key (rollout.sampling.row_keys), as the built-in engine draws: a
+    prompt's n rows sample the same alone as beside other prompts, and resuming a row continues it with new draws."""
     _, a, _, _, _ = models
     _, tok = load_model(a, for_training=False)
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=10)

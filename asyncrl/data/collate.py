@@ -95,15 +95,15 @@ class TrainBatch:
     ref_logp_BT: torch.Tensor | None = None
     old_logp_BT: torch.Tensor | None = None
     packed: PackedInputs | None = None  # set on a packed micro-batch: the model runs on these rows instead
+    # rows (B), read where it is made: the trainer's loop asks it of every mini- and micro-batch; a batch's tensors
+    # are never replaced (``select``, ``trimmed`` and a device move build a new batch)
+    size: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.size = self.input_ids_BL.shape[0]
         for target in (self.policy, self.value):
             if target is not None:
                 check_shapes(target, tuple(self.response_mask_BT.shape))
-
-    @property
-    def size(self) -> int:
-        return self.input_ids_BL.shape[0]
 
     def select(self, idx: torch.Tensor | list[int]) -> TrainBatch:
         """Rows ``idx`` of the batch (all tensors, targets included); the padding widths stay as they are."""
@@ -249,10 +249,12 @@ def collate(samples: list[Sample], pad_token_id: int) -> TrainBatch:
     r, c, flat = _ragged([s.response_ids for s in samples], rlen, np.full(B, P))
     input_ids[r, c] = torch.tensor(flat, dtype=torch.long)
     attn[r, c] = 1
-    # 1 where the model generated the token; tokens appended between turns (tool output) are 0: no loss on them
-    resp_mask[r, c - P] = torch.tensor(
-        list(itertools.chain.from_iterable(s.loss_mask for s in samples)), dtype=torch.float32
-    )
+    # 1 where the model generated the token: every response token, then a multi-turn sample's own mask over its row
+    # (tokens appended between turns, a tool's output, are 0: no loss on them)
+    resp_mask[r, c - P] = 1.0
+    for b, s in enumerate(samples):
+        if s.response_mask is not None:
+            resp_mask[b, : len(s.response_mask)] = torch.tensor(s.response_mask, dtype=torch.float32)
     behav[r, c - P] = torch.tensor(list(itertools.chain.from_iterable(s.logprobs for s in samples)))
     position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
     return TrainBatch(

@@ -69,7 +69,7 @@ def chain_sum_solution(entry: Mapping[str, Any]) -> str:
 
     ``"12 + 5 - 3 ="`` -> ``"12+5=17\n17-3=14\n#### 14"``. Used as the SFT target (``data.response_key=solution``)
     for a generation-heavy workload whose response length grows with the number of terms; the reward reads the
-    answer after ``####`` (see ``asyncrl.rewards.extract``).
+    answer after ``####`` (see ``asyncrl.rewards.scorers.extract_answer``).
     """
     tokens = str((entry.get("metadata") or {})["expression"]).split()
     total, lines = int(tokens[0]), []

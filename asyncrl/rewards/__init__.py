@@ -2,7 +2,6 @@
 overlong shaping and its dynamic-sampling rule."""
 
 from asyncrl.rewards.custom import RewardSpecError, load_custom_function
-from asyncrl.rewards.extract import extract_answer
 from asyncrl.rewards.filtering import FilterMetricError, filter_groups, group_by_prompt, keep_group, metric_value
 from asyncrl.rewards.overlong import OverlongShaping, overlong_penalty
 from asyncrl.rewards.registry import (
@@ -14,7 +13,7 @@ from asyncrl.rewards.registry import (
     unregister_scorer,
 )
 from asyncrl.rewards.reward_fn import RewardFn, build_reward_fn, normalize_result
-from asyncrl.rewards.scorers import math_verify_score, reasoning_gym_score
+from asyncrl.rewards.scorers import extract_answer, math_verify_score, reasoning_gym_score
 
 __all__ = [
     "MATH_DATA_SOURCES",

@@ -6,38 +6,68 @@ sync schedule's trainer do for every batch. The engine and the timeline are pass
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from asyncrl.rewards.loop import RewardLoop
-from asyncrl.types import Generation, Prompt
+from asyncrl.types import Generation, PrefillStats, Prompt, Sample, SamplingParams
+
+
+class GeneratingEngine(Protocol):
+    """What ``generate_scored`` uses of an engine (the built-in one, vLLM's, an ``AgentEngine`` over either):
+    ``on_samples`` is passed only where ``reports_finished_rows`` is true, ``last_segments`` read where it exists."""
+
+    version: int
+    last_prefill: PrefillStats
+
+    def generate(
+        self,
+        prompts: list[Prompt],
+        params: SamplingParams,
+        seed: int | None = None,
+        on_samples: Callable[[list[Sample]], None] | None = None,
+    ) -> list[Sample]: ...
+
+
+class Spans(Protocol):
+    """What ``generate_scored`` records on a timeline (``asyncrl.telemetry.timeline.Timeline``, a floor above)."""
+
+    def span(
+        self, name: str, step: int | None = None, worker: str | None = None, **args: object
+    ) -> AbstractContextManager[None]: ...
+
+    def instant(self, name: str, step: int | None = None, worker: str | None = None, **args: object) -> None: ...
 
 
 def generate_scored(
-    engine: Any,
+    engine: GeneratingEngine,
     scorer: RewardLoop,
-    timeline: Any,
+    timeline: Spans,
     worker: str,
     prompts: list[Prompt],
-    params: Any,
+    params: SamplingParams,
     seed: int,
     step: int,
     score: bool,
 ) -> Generation:
     """Generate, then (``score``) fill each sample's rule reward; the seconds are this worker's wall time. An engine
-    that reports finished rows has each scored on the reward loop as it ends, while the others decode; the rest are
-    scored when the call returns."""
+    that reports finished rows has them scored on the reward loop as their decode step ends, while the others decode;
+    the rest are scored when the call returns."""
     t0 = time.perf_counter()
     streams = score and getattr(engine, "reports_finished_rows", False)
     with timeline.span("generate", step=step, worker=worker, version=engine.version):
         if streams:
-            samples = engine.generate(prompts, params, seed=seed, on_sample=scorer.submit)
+            samples = engine.generate(prompts, params, seed=seed, on_samples=scorer.submit_all)
         else:
             samples = engine.generate(prompts, params, seed=seed)
-    segments = getattr(engine, "last_segments", ())
-    if segments:  # the built-in engine's measured decode steps, by batch size (``asyncrl profile`` fits them)
-        timeline.instant("decode_segments", step=step, worker=worker, segments=[list(s) for s in segments])
+        # this call's measurements, read at once: the built-in engine's decode steps by batch size (``asyncrl
+        # profile`` fits them) and the prefill counts
+        segments, prefill = [list(s) for s in getattr(engine, "last_segments", ())], engine.last_prefill
+    if segments:
+        timeline.instant("decode_segments", step=step, worker=worker, segments=segments)
     metrics: dict[str, float] = {}
     if score:
         with timeline.span("reward", step=step, worker=worker):
             metrics = scorer.score(samples)
-    return Generation(samples, time.perf_counter() - t0, engine.last_prefill, metrics)
+    return Generation(samples, time.perf_counter() - t0, prefill, metrics)

@@ -5,9 +5,10 @@ Two ways in:
 
 - ``submit(sample, done)``: a row's completion (``fully_async``'s Rollouter): the score is written into the sample
   when it arrives and ``done(sample)`` is called on the loop's thread; ``take_metrics`` closes the books per step.
-- ``submit(sample)`` as the engine ends each row (``RolloutEngine.generate(on_sample=...)``), then ``score(samples)``
-  for the whole call: it submits whatever was not submitted yet (an engine that hands over samples only at the end,
-  interrupted rows) and waits for all of them (the other schedules: a step needs its batch's last score).
+- ``submit_all(samples)`` as the engine ends rows (``RolloutEngine.generate(on_samples=...)``: a decode step's at
+  once), then ``score(samples)`` for the whole call: it submits whatever was not submitted yet (an engine that hands
+  over samples only at the end, interrupted rows) and waits for all of them (the other schedules: a step needs its
+  batch's last score).
 
 Scoring runs on one asyncio loop in a daemon thread:
 
@@ -32,7 +33,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 from asyncrl.config import RewardConfig
 from asyncrl.rewards.genrm import GenerativeReward
@@ -43,7 +43,13 @@ from asyncrl.types import Sample
 
 
 class RewardLoop:
-    def __init__(self, reward_fn: RewardFn, max_concurrency: int, timeout_s: float, remote: Any = None) -> None:
+    def __init__(
+        self,
+        reward_fn: RewardFn,
+        max_concurrency: int,
+        timeout_s: float,
+        remote: RemoteReward | GenerativeReward | None = None,
+    ) -> None:
         if max_concurrency < 1 or timeout_s <= 0:
             raise ValueError(f"RewardLoop: max_concurrency >= 1 and timeout_s > 0 (got {max_concurrency}, {timeout_s})")
         self.reward_fn, self.remote = reward_fn, remote
@@ -69,11 +75,17 @@ class RewardLoop:
         books); without it ``score`` collects the batch."""
         if done is not None:
             asyncio.run_coroutine_threadsafe(self._score(sample, time.perf_counter(), done), self._loop)
-            return
+        else:
+            self.submit_all([sample])
+
+    def submit_all(self, samples: list[Sample]) -> None:
+        """Start scoring those of ``samples`` not submitted yet; returns at once (``score`` collects the batch)."""
+        submitted = time.perf_counter()
         with self._lock:
-            if id(sample) not in self._futures:
-                coro = self._score(sample, time.perf_counter(), None)
-                self._futures[id(sample)] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            for s in samples:
+                if id(s) not in self._futures:
+                    coro = self._score(s, submitted, None)
+                    self._futures[id(s)] = asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def check(self) -> None:
         """Raise what stopped the per-row path: a reward service that stayed down, or a ``done`` that failed."""
@@ -103,8 +115,7 @@ class RewardLoop:
         all, and return the batch's metrics; raises ``RewardServiceUnavailableError`` if the service stayed down."""
         with self._lock:
             early = sum(1 for s in samples if id(s) in self._futures and self._futures[id(s)].done())
-        for s in samples:
-            self.submit(s)
+        self.submit_all(samples)
         self.reward_fn.last_errors = []
         down: BaseException | None = None
         for s in samples:
@@ -169,7 +180,7 @@ class RewardLoop:
         loop = asyncio.get_running_loop()
         if self.remote is not None:
             return await loop.run_in_executor(self._pool, self.remote.score_one, *args)
-        fn: Any = self.reward_fn.scorer_for(p.data_source)
+        fn = self.reward_fn.scorer_for(p.data_source)
         if inspect.iscoroutinefunction(fn):
             return self.reward_fn.normalize(await self.reward_fn.call(*args), p.data_source)
         return await loop.run_in_executor(self._pool, self.reward_fn.score_one, *args)

@@ -2,8 +2,12 @@
 
 * ``reasoning_gym_score``: the task's own ``score_answer`` (exactly what reasoning-gym reports as accuracy).
 * ``math_verify_score``: symbolic equivalence with HuggingFace math-verify (``\\frac{1}{2}`` == ``0.5``), 1.0 or 0.0.
+* ``final_number_score``: the final answer written out as a number equal to the ground truth.
 
-Both score the answer found by ``extract_answer``, not the whole response.
+Each scores the answer found by ``extract_answer``, not the whole response. Models answer in several conventions:
+reasoning-gym asks for ``<answer>...</answer>``, GSM8K uses ``#### 42``, chat models often end with ``Answer: 42``,
+and small models trained on bare-answer prompts just print ``42``; a scorer that compares a single answer
+(reasoning-gym's ``score_answer``) needs that answer alone, not the reasoning before it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,43 @@ import threading
 from functools import lru_cache
 from typing import Any
 
-from asyncrl.rewards.extract import ANSWER_TAG_RE, extract_answer
+ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_MARKER = re.compile(r"####|\banswer\s*:", re.IGNORECASE)
+
+
+def _clean(text: str) -> str:
+    """Strip whitespace and markdown emphasis around an answer (``**42**`` -> ``42``); inner text is untouched."""
+    return text.strip().strip("*").strip()
+
+
+def extract_answer(text: str) -> str:
+    """The final answer in ``text``, stripped; ``""`` if there is none.
+
+    Rules, first match wins:
+
+    1. the content of the last complete ``<answer>...</answer>`` tag (an unclosed tag, as in a truncated response,
+       does not count);
+    2. after the last ``####`` or ``Answer:`` marker (case-insensitive, e.g. ``Final answer: 7``): the first
+       non-empty line that follows it, so ``Answer: 7\\nHope this helps`` gives ``7`` and ``Answer:\\n7`` too;
+    3. otherwise the last non-empty line.
+
+    Leading/trailing ``*`` (markdown bold) is stripped in every case.
+    """
+    if not text:
+        return ""
+    tags = ANSWER_TAG_RE.findall(text)
+    if tags:
+        return _clean(tags[-1])
+    markers = list(_MARKER.finditer(text))
+    if markers:
+        rest = text[markers[-1].end() :]
+        for line in rest.splitlines():
+            if _clean(line):
+                return _clean(line)
+        return ""
+    lines = [line for line in text.splitlines() if _clean(line)]
+    return _clean(lines[-1]) if lines else ""
+
 
 # Countdown's score_answer evaluates the answer with sympy's parse_expr, which accepts ``**`` and ``!`` (factorial):
 # ``9**9**9**9`` or ``999999!`` from a model hangs the reward worker (observed), and neither is an allowed operator.

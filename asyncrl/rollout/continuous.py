@@ -39,8 +39,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from asyncrl import seeds
-from asyncrl.rollout.sampling import sample_rows
+from asyncrl.rollout.sampling import sample_rows, uniform
 from asyncrl.rollout.slot_cache import SlotCache, unsupported_layer_kinds
 from asyncrl.types import PrefillStats, SamplingParams
 
@@ -129,7 +128,7 @@ def prefill_buckets(lengths: list[int], min_saved: int = MIN_SAVED_POSITIONS) ->
 class StreamRow:
     """One row to continue: ``prefix`` (prompt + response so far, tokens) for at most ``budget`` (>= 1) new tokens.
 
-    Its ``t``-th new token draws ``seeds.uniform(key, offset + t)`` (``RowStreams``' rule). ``tag`` is the caller's id
+    Its ``t``-th new token draws ``uniform(key, offset + t)`` (``RowStreams``' rule). ``tag`` is the caller's id
     (submission order); ``tokens``/``logprobs`` grow as it decodes.
     """
 
@@ -246,7 +245,7 @@ class ContinuousDecoder:
         rows_A = [self._slots[s] for s in slots_A]
         uniforms_A = None
         if not params.greedy:  # float64 draws made on the CPU; sample_rows moves them to the logits' device
-            draws = [seeds.uniform(r.key, r.offset + len(r.tokens)) for r in rows_A if r is not None]
+            draws = [uniform(r.key, r.offset + len(r.tokens)) for r in rows_A if r is not None]
             uniforms_A = torch.tensor(draws, dtype=torch.float64)
         tok_A, logp_A = sample_rows(logits_AV, params, uniforms_A)
         ended: list[tuple[StreamRow, str]] = []

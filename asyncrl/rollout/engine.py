@@ -60,7 +60,7 @@ class RolloutEngine(GatedEngine):
     generate/resume call, shared and unshared, so a caller can report the saving.
     """
 
-    reports_finished_rows = True  # generate(on_sample=...) reports each row as it ends (the reward loop)
+    reports_finished_rows = True  # generate(on_samples=...) reports the rows that end at each step (the reward loop)
 
     def __init__(
         self,
@@ -112,14 +112,14 @@ class RolloutEngine(GatedEngine):
         prompts: list[Prompt],
         params: SamplingParams,
         seed: int | None = None,
-        on_sample: Callable[[Sample], None] | None = None,
+        on_samples: Callable[[list[Sample]], None] | None = None,
     ) -> list[Sample]:
         """``len(prompts) * params.n`` samples, prompt-major (prompt 0's n samples first).
 
         Same ``seed`` and weights give identical samples; ``seed=None`` draws fresh randomness. A row's noise is its
         own (``RowStreams``: the prompt's epoch and index, its number ``j`` in the group), so a prompt samples the
-        same whatever else is in the call. ``on_sample`` gets each finished sample the moment its row ends (the very
-        object returned), while the others decode.
+        same whatever else is in the call. ``on_samples`` gets the samples whose rows ended in a decode step (the very
+        objects returned) as that step ends, while the others decode on.
         """
         check_prompts(prompts, "RolloutEngine")
         rows = [prompt for prompt in prompts for _ in range(params.n)]
@@ -141,13 +141,13 @@ class RolloutEngine(GatedEngine):
                 row=numbers[i],
             )
 
-        def finished(i: int, tokens: list[int], logprobs: list[float], reason: str) -> None:
-            made[i] = sample(i, tokens, logprobs, reason)
-            on_sample(made[i])  # type: ignore[misc]
+        def finished(ended: list[tuple[StreamRow, str]]) -> None:
+            made.update((row.tag, sample(row.tag, row.tokens, row.logprobs, reason)) for row, reason in ended)
+            on_samples([made[row.tag] for row, _ in ended])  # type: ignore[misc]
 
         with self._gate.running():
             start_version = self.version
-            result = self._decode_all(prefixes, budgets, params, streams, on_row=finished if on_sample else None)
+            result = self._decode_all(prefixes, budgets, params, streams, on_ended=finished if on_samples else None)
         return [
             made.get(i) or sample(i, tokens, logprobs, reason)
             for i, (tokens, logprobs, reason) in enumerate(zip(result.tokens, result.logprobs, result.stop_reasons))
@@ -195,10 +195,10 @@ class RolloutEngine(GatedEngine):
         params: SamplingParams,
         streams: RowStreams,
         refill: Callable[[int], bool] | None = None,
-        on_row: Callable[[int, list[int], list[float], str], None] | None = None,
+        on_ended: Callable[[list[tuple[StreamRow, str]]], None] | None = None,
     ) -> DecodeResult:
         """Decode all rows on a slot decoder of ``max_batch_size`` slots of their own, results in input order
-        (``on_row(i, tokens, logprobs, reason)``: row ``i`` ended, "eos" or "length", while the others decode on).
+        (``on_ended``: a step's ended rows, tagged by input position, with "eos" or "length", as the others decode on).
 
         The rows are submitted at once; with more than the slots, sorted by prefix length (``engine_chunks``, stable:
         a prompt's n rows stay adjacent and share one prefill) so rows entering together pad less, and a waiting row
@@ -228,8 +228,8 @@ class RolloutEngine(GatedEngine):
                     segments.append([decoder.step_rows, 1, seconds])
                 for row, reason in ended:
                     reasons[row.tag], left = reason, left - 1
-                    if on_row is not None:
-                        on_row(row.tag, row.tokens, row.logprobs, reason)
+                if ended and on_ended is not None:
+                    on_ended(ended)
                 if left and (self._gate.pause_requested or (refill is not None and refill(left - decoder.waiting()))):
                     break
             if left:

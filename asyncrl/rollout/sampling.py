@@ -1,6 +1,10 @@
 """Next-token sampling for a whole batch at once: temperature, top-k, top-p, then one draw per row by inverting the
 row's cumulative distribution at its own uniform (``RowStreams``: a row's noise is its own, whatever batch it is in).
 
+The noise: each row has a 64-bit key (``row_keys``, from ``seeds.sampling``'s base and the row's epoch, prompt index
+and number in its group), and its draw at a position is ``uniform(key, position)``, a counter-based hash (splitmix64)
+that gives the same float on every machine, worker and schedule.
+
 The slot decoder samples with ``sample_rows``: on the logits' device (a GPU model's logits never cross to the host; the
 rows' float64 draws, made on the CPU from their keys, go to the device, and one token and log-prob per row come back).
 On the CPU the draws and the arithmetic are the host's, bit for bit.
@@ -14,20 +18,69 @@ decoding (temperature 0) records ``log_softmax(logits)``, i.e. temperature 1.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from asyncrl import seeds
 from asyncrl.types import SamplingParams
 
-__all__ = ["RowStreams", "SamplingParams", "filter_top_k", "filter_top_p", "sample_rows", "sample_tokens"]
+__all__ = [
+    "RowStreams",
+    "SamplingParams",
+    "filter_top_k",
+    "filter_top_p",
+    "fresh",
+    "row_keys",
+    "sample_rows",
+    "sample_tokens",
+    "uniform",
+]
+
+
+def row_keys(base: int, rows: Sequence[tuple[int, int, int]]) -> list[int]:
+    """One 64-bit key per row ``(epoch, prompt index, row within its group)``: row ``b``'s ``t``-th token is drawn
+    with ``uniform(keys[b], position)``, position = the tokens its response already has + ``t``.
+
+    The key depends on the row alone, never on the step, the decode call, the batch it shares or the worker it runs
+    on: the same prompt under the same weights samples the same tokens on sync, one_step_off and fully_async, and a
+    resumed, re-issued or interrupted row continues its own stream. Two rows of one call with the same triple (a batch
+    that holds a prompt twice) get distinct keys: the second by its occurrence number.
+    """
+    seen: dict[tuple[int, int, int], int] = {}
+    keys = []
+    for triple in rows:
+        k = seen[triple] = seen.get(triple, -1) + 1
+        epoch, index, row = triple
+        keys.append(_mix(_mix(_mix(_mix(_mix(base & _M64) ^ epoch) ^ index) ^ row) ^ k))
+    return keys
+
+
+def uniform(key: int, position: int) -> float:
+    """A uniform draw in [0, 1) from (``key``, ``position``): 53 bits of a 64-bit mix, the same on every machine."""
+    return (_mix(key ^ _mix(position)) >> 11) * 2.0**-53
+
+
+def fresh() -> int:
+    """A base from the OS's entropy, for a call that asked for no seed (not reproducible)."""
+    return random.SystemRandom().getrandbits(63)
+
+
+_M64 = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit integers whose outputs look independent for nearby inputs."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
 
 
 @dataclass(frozen=True)
 class RowStreams:
-    """Each row's own noise: the draw for row ``b``'s ``t``-th new token is ``seeds.uniform(keys[b], offsets[b] + t)``,
+    """Each row's own noise: the draw for row ``b``'s ``t``-th new token is ``uniform(keys[b], offsets[b] + t)``,
     ``offsets[b]`` the tokens its response already has (0 for a new row, more for a resumed one)."""
 
     keys: Sequence[int]
@@ -36,11 +89,11 @@ class RowStreams:
     @classmethod
     def of(cls, base: int | None, rows: Sequence[tuple[int, int, int]], offsets: Sequence[int]) -> RowStreams:
         """Streams for rows ``(epoch, prompt index, row within its group)`` from ``base`` (None: the OS's entropy)."""
-        return cls(seeds.row_keys(seeds.fresh() if base is None else base, rows), list(offsets))
+        return cls(row_keys(fresh() if base is None else base, rows), list(offsets))
 
     def uniforms(self, rows: Sequence[int], t: int) -> torch.Tensor:
         """The draws of ``rows`` (indices into these streams) for their ``t``-th new token, float64."""
-        return torch.tensor([seeds.uniform(self.keys[b], self.offsets[b] + t) for b in rows], dtype=torch.float64)
+        return torch.tensor([uniform(self.keys[b], self.offsets[b] + t) for b in rows], dtype=torch.float64)
 
 
 def filter_top_k(logits_BV: torch.Tensor, k: int) -> torch.Tensor:

@@ -33,7 +33,6 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncrl import seeds
 from asyncrl.checkpoint import fingerprint
 from asyncrl.errors import UserInputError
 from asyncrl.models.fp8 import quantize_for_sync, sync_layout
@@ -42,7 +41,7 @@ from asyncrl.models.lora import LoraSpec, synced_tensors
 from asyncrl.rollout.bucket_update import Applying, Items, Pulled, checked_buckets, checked_whole
 from asyncrl.rollout.gate import EngineGate, GatedEngine
 from asyncrl.rollout.rows import check_prompts, extend_sample, resumable, row_streams
-from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.rollout.sampling import SamplingParams, uniform
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
 from asyncrl.rollout.vllm_model import (
     check_shard_fingerprints,
@@ -396,4 +395,4 @@ def _start_llm(vllm: Any, model_path: str, options: VllmOptions, dtype: str, lor
 def request_seed(key: int, offset: int) -> int:
     """A vLLM request's seed: the row's key at the position its response has reached (a resumed row does not
     repeat the draws of its first tokens)."""
-    return int(seeds.uniform(key, offset) * 2**53)
+    return int(uniform(key, offset) * 2**53)

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from asyncrl.config.rollout import MultiTurnConfig
+    from asyncrl.rollout.engine import RolloutEngine
+    from asyncrl.rollout.vllm_engine import VllmEngine
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,12 @@ class AgentEngine:
 
     reports_finished_rows = True
 
-    def __init__(self, engine: Any, multi_turn: MultiTurnConfig, default_agent_loop: str = "single_turn_agent"):
+    def __init__(
+        self,
+        engine: RolloutEngine | VllmEngine,
+        multi_turn: MultiTurnConfig,
+        default_agent_loop: str = "single_turn_agent",
+    ):
         self.engine = engine
         self.multi_turn = multi_turn
         self.default_agent_loop = default_agent_loop
@@ -166,7 +173,7 @@ class AgentEngine:
             raise AttributeError(name)
         return getattr(self.engine, name)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         """Own state and properties here; anything else (``eos_token_ids``, ...) is set on the wrapped engine, so
         the wrapper never shadows what the engine reads."""
         if name in _OWN or isinstance(getattr(type(self), name, None), property):
@@ -212,29 +219,30 @@ class AgentEngine:
         prompts: list[Prompt],
         params: SamplingParams,
         seed: int | None = None,
-        on_sample: Callable[[Sample], None] | None = None,
+        on_samples: Callable[[list[Sample]], None] | None = None,
     ) -> list[Sample]:
-        """As the engine's ``generate``; ``on_sample`` gets each sample once its whole conversation has ended."""
+        """As the engine's ``generate``; ``on_samples`` gets samples whose whole conversation has ended: single-turn
+        rows as the engine reports them (a decode step's at once), the others when the call returns."""
         for p in prompts:
             self.loop_for(p)  # an unknown agent_name fails before any decoding
         reported: set[int] = set()
 
-        def early(s: Sample) -> None:  # a single-turn row that ended: report it while the others decode
-            if self._single_turn(s):
-                reported.add(id(s))
-                on_sample(s)  # type: ignore[misc]
+        def early(ended: list[Sample]) -> None:  # single-turn rows that ended: report them while the others decode
+            done = [s for s in ended if self._single_turn(s)]
+            reported.update(map(id, done))
+            if done:
+                on_samples(done)  # type: ignore[misc]
 
-        streams = on_sample is not None and getattr(self.engine, "reports_finished_rows", False)
+        streams = on_samples is not None and getattr(self.engine, "reports_finished_rows", False)
         if streams:
-            first = self.engine.generate(prompts, params, seed=seed, on_sample=early)
+            first = self.engine.generate(prompts, params, seed=seed, on_samples=early)
         else:
             first = self.engine.generate(prompts, params, seed=seed)
         self.last_prefill = self.engine.last_prefill
         out = self._converse(list(first), set(range(len(first))), params, seed, None)
-        if on_sample is not None:
-            for s in out:
-                if s.stop_reason != "interrupted" and id(s) not in reported:
-                    on_sample(s)
+        rest = [s for s in out if s.stop_reason != "interrupted" and id(s) not in reported]
+        if on_samples is not None and rest:
+            on_samples(rest)
         return out
 
     def resume(
@@ -359,11 +367,12 @@ class AgentEngine:
         )
 
     def _last_turn_text(self, s: Sample) -> str:
-        """The text of the model's last turn: the trailing run of its own tokens (mask 1)."""
-        mask = s.loss_mask
-        start = len(mask)
-        while start > 0 and mask[start - 1] == 1:
-            start -= 1
+        """The text of the model's last turn: the trailing run of its own tokens (mask 1; no mask: one turn, all)."""
+        start, mask = 0, s.response_mask
+        if mask is not None:
+            start = len(mask)
+            while start > 0 and mask[start - 1] == 1:
+                start -= 1
         return self.engine.tokenizer.decode(s.response_ids[start:], skip_special_tokens=False)
 
 
