@@ -104,7 +104,7 @@ def train(
     summary = run_training(cfg)
     run_dir = Path(cfg.trainer.default_local_dir)
     metrics = read_metrics(run_dir / "metrics.jsonl")
-    last = max((m for m in metrics if m.get("step", 0) >= 1), key=lambda m: m["step"], default={})
+    last = max((m for m in metrics if (m.get("step") or 0) >= 1), key=lambda m: m.get("step") or 0, default={})
     return TrainResult(run_dir, Path(summary["final_model"]), dict(last), summary)
 
 

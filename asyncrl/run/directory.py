@@ -25,7 +25,7 @@ from asyncrl.config import Config, to_dict
 from asyncrl.roles.clients import RoleClient
 from asyncrl.telemetry import trace
 from asyncrl.telemetry.metrics import read_metrics
-from asyncrl.telemetry.timeline import get_timeline, read_chrome_trace, write_chrome_trace
+from asyncrl.telemetry.timeline import Event, get_timeline, read_chrome_trace, write_chrome_trace
 from asyncrl.types import Sample
 
 CONSUMED_DIR = "consumed"  # trainer.record_consumed: what each step's update consumed, for asyncrl replay
@@ -137,7 +137,7 @@ class RunDir:
         path = self.path / "metrics.jsonl"
         if not path.exists():
             return
-        keep = [m for m in read_metrics(path) if int(m.get("step", 0)) <= last_step] if last_step > 0 else []
+        keep = [m for m in read_metrics(path) if int(m.get("step") or 0) <= last_step] if last_step > 0 else []
         tmp = path.with_name("metrics.jsonl.tmp")
         tmp.write_text("".join(json.dumps(m) + "\n" for m in keep))
         tmp.replace(path)
@@ -157,7 +157,7 @@ class RunDir:
         ]
         return vals[-1] if vals else None
 
-    def write_end(self, extra_events: list[dict], resumed: bool) -> dict[str, Any]:
+    def write_end(self, extra_events: list[Event], resumed: bool) -> dict[str, Any]:
         """``summary.json`` and ``timeline.json`` (the driver's spans with ``extra_events``, the roles'; after a
         resume, the spans of the runs before kept)."""
         (self.path / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")

@@ -22,7 +22,7 @@ from asyncrl.rewards.loop import build_reward_loop
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.factory import rollout_engine
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.telemetry.timeline import get_timeline
+from asyncrl.telemetry.timeline import Event, get_timeline
 from asyncrl.types import Generation, PrefillStats, Prompt, Sample
 from asyncrl.weights.endpoints import SyncReceiverMixin
 from asyncrl.workers.stream_loop import StreamLoop
@@ -77,7 +77,7 @@ class RolloutWorker(SyncReceiverMixin):
     def load_checkpoint(self, directory: str) -> Any:
         return None
 
-    def pop_timeline(self) -> list[dict]:
+    def pop_timeline(self) -> list[Event]:
         return self.timeline.drain()
 
     def pid(self) -> int:
