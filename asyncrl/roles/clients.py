@@ -18,7 +18,6 @@ from asyncrl.calls import Handle, Pending
 from asyncrl.comm.probe import CollectiveProbe
 from asyncrl.comm.transport import WorkerLocation
 from asyncrl.data.collate import TrainBatch
-from asyncrl.telemetry.timeline import Event
 from asyncrl.types import Generation, PrefillStats, Prompt, Sample, SamplingParams, Scored, UpdateResult
 
 T = TypeVar("T")
@@ -37,7 +36,7 @@ class RoleClient:
     def load_checkpoint(self, directory: str) -> Pending[Any]:
         return self.handle.call("load_checkpoint", directory)
 
-    def pop_timeline(self) -> Pending[list[Event]]:
+    def pop_timeline(self) -> Pending[list[dict]]:
         return self.handle.call("pop_timeline")
 
 

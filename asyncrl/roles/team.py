@@ -19,7 +19,6 @@ from asyncrl.roles.clients import (
     TrainerClient,
 )
 from asyncrl.roles.placement import Placement
-from asyncrl.telemetry.timeline import Event
 
 
 class RolloutSide(enum.Enum):
@@ -65,7 +64,7 @@ class Roles:
         """Where every worker runs (its node, its GPUs, its device), as the backend reports it."""
         return [h.location(timeout_s) for h in self.handles]
 
-    def timelines(self) -> list[Event]:
+    def timelines(self) -> list[dict]:
         return [e for h in self.handles for e in RoleClient(h).pop_timeline().result()]
 
 

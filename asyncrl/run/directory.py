@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import pickle
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from asyncrl.config import Config, to_dict
 from asyncrl.roles.clients import RoleClient
 from asyncrl.telemetry import trace
 from asyncrl.telemetry.metrics import read_metrics
-from asyncrl.telemetry.timeline import Event, get_timeline, read_chrome_trace, write_chrome_trace
+from asyncrl.telemetry.timeline import get_timeline, read_chrome_trace, write_chrome_trace
 from asyncrl.types import Sample
 
 CONSUMED_DIR = "consumed"  # trainer.record_consumed: what each step's update consumed, for asyncrl replay
@@ -157,11 +157,13 @@ class RunDir:
         ]
         return vals[-1] if vals else None
 
-    def write_end(self, extra_events: list[Event], resumed: bool) -> dict[str, Any]:
+    def write_end(self, extra_events: Iterable[Mapping[str, object]], resumed: bool) -> dict[str, Any]:
         """``summary.json`` and ``timeline.json`` (the driver's spans with ``extra_events``, the roles'; after a
         resume, the spans of the runs before kept)."""
         (self.path / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
-        events = get_timeline().drain() + extra_events
+        driver = get_timeline()
+        driver.extend(extra_events)  # the roles' spans, checked and completed as events
+        events = driver.drain()
         timeline = self.path / "timeline.json"
         if resumed and timeline.exists():
             events = read_chrome_trace(timeline) + events
