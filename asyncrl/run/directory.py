@@ -111,7 +111,9 @@ class RunDir:
             return Progress(), None
         state = load_driver_state(ckpt)
         loaded = {name: w.load_checkpoint(str(ckpt)) for name, w in workers.items()}
-        version = int(loaded["actor"].result())
+        version = loaded["actor"].result()
+        if version is None:
+            raise RuntimeError(f"{ckpt}: the actor's checkpoint holds no weight version")
         for pending in loaded.values():
             pending.result()
         self.wall_offset_s = float(state["wall_s"])

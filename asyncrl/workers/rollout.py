@@ -11,7 +11,6 @@ trainer's critical path.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 
@@ -74,7 +73,7 @@ class RolloutWorker(SyncReceiverMixin):
     def save_checkpoint(self, directory: str) -> None:
         """Nothing of its own to save: its weights are the trainer's, re-sent after a resume."""
 
-    def load_checkpoint(self, directory: str) -> Any:
+    def load_checkpoint(self, directory: str) -> None:
         return None
 
     def pop_timeline(self) -> list[Event]:
