@@ -11,7 +11,6 @@ import json
 import os
 import random
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import torch
@@ -19,6 +18,7 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
@@ -67,7 +67,7 @@ def _check_model_dir(path: str) -> AutoConfig:
         raise ModelLoadError(f"model.path {path}: no config.json (expected a Hugging Face model directory)")
     try:
         with open(config_file, encoding="utf-8") as f:
-            raw: dict[str, Any] = json.load(f)
+            raw: dict[str, object] = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"model.path {path}: config.json is not valid JSON ({e})") from e
     model_type = raw.get("model_type")
@@ -116,7 +116,7 @@ def load_tokenizer_from(path: str) -> PreTrainedTokenizerBase:
     ``AutoTokenizer`` would otherwise pick the model type's class (``Qwen2Tokenizer`` for a Qwen2 config), whose own
     pre-tokenizer silently drops spaces, newlines and unknown characters from a character-level vocabulary.
     """
-    cls: Any = AutoTokenizer
+    cls: type[AutoTokenizer] | type[PreTrainedTokenizerFast] = AutoTokenizer
     config_file = os.path.join(path, "tokenizer_config.json")
     if os.path.isfile(config_file):
         with open(config_file) as f:
@@ -138,7 +138,7 @@ def load_model(
     path: str | os.PathLike[str],
     dtype: str | torch.dtype = "float32",
     for_training: bool = True,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` from a local directory with AutoModelForCausalLM / AutoTokenizer.
 
@@ -178,7 +178,7 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
     return eos_token_ids_of(getattr(model, "generation_config", None), tokenizer)
 
 
-def eos_token_ids_of(gen_config: Any, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def eos_token_ids_of(gen_config: GenerationConfig | None, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """``eos_token_ids`` from a generation config (or None) instead of a loaded model: an engine that never loads the
     transformers model (vLLM) reads the directory's ``generation_config.json``."""
     ids: set[int] = set()

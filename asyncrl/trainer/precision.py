@@ -11,10 +11,13 @@ upcasts the logits), and data-parallel ranks sum their gradients in fp32 (``asyn
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from asyncrl.config.training import OptimConfig
 
 
 class MasterWeightsAdamW(torch.optim.AdamW):
@@ -37,7 +40,7 @@ class MasterWeightsAdamW(torch.optim.AdamW):
         return self.masters
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         if not self._moved:
             self.grads_in_fp32()
         self._moved = False
@@ -71,7 +74,7 @@ class MasterWeightsAdamW(torch.optim.AdamW):
                 p.copy_(m)
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], optim: Any) -> torch.optim.Optimizer:
+def build_optimizer(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
     """AdamW over ``params`` with ``optim``'s lr, betas and weight decay (an ``OptimConfig``); with fp32 masters
     when any parameter is in a lower precision."""
     params = list(params)
@@ -81,6 +84,6 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], optim: Any) -> torch.o
     return torch.optim.AdamW(params, **kwargs)
 
 
-def grads_to_clip(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> list[Any]:
+def grads_to_clip(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> Sequence[torch.Tensor]:
     """The gradients a step clips and takes: the fp32 masters' under ``MasterWeightsAdamW``, else the model's."""
     return optimizer.grads_in_fp32() if isinstance(optimizer, MasterWeightsAdamW) else params
