@@ -109,7 +109,7 @@ def train_reward_model(
     Path(out).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    summary = {
+    summary: dict[str, object] = {
         "steps": step,
         "final_loss": loss_val,
         "val_pairwise_accuracy_before": before,

@@ -19,6 +19,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     GenerationConfig,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
@@ -56,7 +57,7 @@ def _resolve_dtype(dtype: str | torch.dtype, path: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _check_model_dir(path: str) -> AutoConfig:
+def _check_model_dir(path: str) -> PretrainedConfig:
     """Validate ``path`` as a local causal-LM directory and return its config, or raise ModelLoadError."""
     if not os.path.exists(path):
         raise ModelLoadError(f"model.path {path}: does not exist (expected a local Hugging Face model directory)")

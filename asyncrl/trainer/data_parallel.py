@@ -27,7 +27,7 @@ device its caller's part lives on.
 from __future__ import annotations
 
 import pickle
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
@@ -90,7 +90,7 @@ class DataParallel:
 
     def __init__(
         self,
-        pg: torch.distributed.ProcessGroup,
+        pg: Any,  # a torch ProcessGroup, or the in-process LocalGroup (asyncrl.comm.local); None once closed
         store: torch.distributed.Store,
         rank: int,
         world_size: int,

@@ -11,7 +11,7 @@ upcasts the logits), and data-parallel ranks sum their gradients in fp32 (``asyn
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,7 +40,7 @@ class MasterWeightsAdamW(torch.optim.AdamW):
         return self.masters
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+    def step(self, closure: Any = None) -> Any:
         if not self._moved:
             self.grads_in_fp32()
         self._moved = False
@@ -78,10 +78,10 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], optim: OptimConfig) ->
     """AdamW over ``params`` with ``optim``'s lr, betas and weight decay (an ``OptimConfig``); with fp32 masters
     when any parameter is in a lower precision."""
     params = list(params)
-    kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    beta1, beta2 = optim.betas
     if any(p.dtype != torch.float32 for p in params):
-        return MasterWeightsAdamW(params, **kwargs)
-    return torch.optim.AdamW(params, **kwargs)
+        return MasterWeightsAdamW(params, lr=optim.lr, betas=(beta1, beta2), weight_decay=optim.weight_decay)
+    return torch.optim.AdamW(params, lr=optim.lr, betas=(beta1, beta2), weight_decay=optim.weight_decay)
 
 
 def grads_to_clip(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> Sequence[torch.Tensor]:
