@@ -21,7 +21,7 @@ import sysconfig
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 from asyncrl.config.checks import validate
 from asyncrl.config.errors import ConfigError
@@ -33,7 +33,7 @@ from asyncrl.errors import UserInputError
 INPUTS_DIR = "inputs"  # RUN_DIR/inputs: what train() was handed in memory (rows, the reward function)
 REWARD_PICKLE = "reward_fn.pkl"
 
-Rows = Sequence[Mapping[str, Any]]
+Rows = Sequence[Mapping[str, object]]
 
 
 @dataclass(frozen=True)
@@ -43,18 +43,20 @@ class TrainResult:
 
     run_dir: Path
     model_dir: Path
-    metrics: dict[str, Any]
-    summary: dict[str, Any]
+    metrics: dict[str, float | None]
+    summary: dict[str, object]
 
 
 @dataclass(frozen=True)
 class PythonReward:
     """A callable reward as pickled for the workers: ``batch`` when it takes a list of samples."""
 
-    fn: Callable[..., Any]
+    fn: Callable[..., object]
     batch: bool
 
-    def __call__(self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> Any:
+    def __call__(
+        self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
+    ) -> object:
         if not self.batch:
             return self.fn(data_source, solution_str, ground_truth, extra_info)
         row = {"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth}
@@ -64,7 +66,7 @@ class PythonReward:
         return out[0]
 
 
-def load_config(source: str | Path | Mapping[str, Any] | None = None, overrides: Sequence[str] = ()) -> Config:
+def load_config(source: str | Path | Mapping[str, object] | None = None, overrides: Sequence[str] = ()) -> Config:
     """A YAML file's path or a nested dict of the same keys, with dotted ``key=value`` overrides, merged onto the
     defaults and checked (``ConfigError`` naming the key); ``data.train_files`` may stay empty for ``train`` to get
     its rows as ``train_data``."""
@@ -78,8 +80,8 @@ def _check_but_train_files(cfg: Config) -> None:
 
 
 def train(
-    config: Config | str | Path | Mapping[str, Any],
-    reward: Callable[..., Any] | str | None = None,
+    config: Config | str | Path | Mapping[str, object],
+    reward: Callable[..., object] | str | None = None,
     train_data: Rows | str | Path | None = None,
     val_data: Rows | str | Path | None = None,
     overrides: Sequence[str] = (),
@@ -104,11 +106,11 @@ def train(
     summary = run_training(cfg)
     run_dir = Path(cfg.trainer.default_local_dir)
     metrics = read_metrics(run_dir / "metrics.jsonl")
-    last = max((m for m in metrics if m.get("step", 0) >= 1), key=lambda m: m["step"], default={})
-    return TrainResult(run_dir, Path(summary["final_model"]), dict(last), summary)
+    last = max((m for m in metrics if (m.get("step") or 0) >= 1), key=lambda m: m.get("step") or 0, default={})
+    return TrainResult(run_dir, Path(str(summary["final_model"])), dict(last), summary)
 
 
-def _config_for(config: Config | str | Path | Mapping[str, Any], overrides: Sequence[str]) -> Config:
+def _config_for(config: Config | str | Path | Mapping[str, object], overrides: Sequence[str]) -> Config:
     """A copy of ``config`` to fill in (a ``Config`` is not changed), not yet checked: ``data.train_files`` may be
     set by ``train_data`` only."""
     if isinstance(config, Config):
@@ -130,7 +132,7 @@ def _data_file(data: Rows | str | Path, path: Path, what: str) -> str:
     return str(path.resolve())
 
 
-def _pickle_reward(fn: Callable[..., Any], inputs: Path) -> str:
+def _pickle_reward(fn: Callable[..., object], inputs: Path) -> str:
     """``fn`` pickled by value into ``inputs``; the spec that loads it (``asyncrl.rewards.custom``)."""
     import cloudpickle
 
@@ -157,7 +159,7 @@ def _pickle_reward(fn: Callable[..., Any], inputs: Path) -> str:
     return str(path.resolve())
 
 
-def _takes_one_argument(fn: Callable[..., Any]) -> bool:
+def _takes_one_argument(fn: Callable[..., object]) -> bool:
     """``fn(samples)`` (one required positional parameter) rather than verl's four."""
     try:
         params = inspect.signature(fn).parameters.values()
@@ -167,7 +169,7 @@ def _takes_one_argument(fn: Callable[..., Any]) -> bool:
     return sum(p.default is p.empty for p in positional) == 1 and len(positional) < 3
 
 
-def _own_module(module: Any) -> bool:
+def _own_module(module: ModuleType) -> bool:
     """A module of the user's (not the standard library's, not an installed package's, not asyncrl's)."""
     name = module.__name__
     if name == "__main__" or name.split(".")[0] == "asyncrl":

@@ -13,7 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
+from asyncrl.comm.transport import WorkerLocation
+
 T = TypeVar("T", covariant=True)
+R = TypeVar("R")
 
 
 class Pending(Protocol[T]):
@@ -40,8 +43,8 @@ class Handle(Protocol):
 
     def kill(self) -> None: ...
 
-    def location(self, timeout_s: float | None = None) -> Any:
-        """Where the worker runs (``asyncrl.comm.transport.WorkerLocation``): its node's address, its GPUs."""
+    def location(self, timeout_s: float | None = None) -> WorkerLocation:
+        """Where the worker runs: its node's address, its GPUs."""
         ...
 
 
@@ -50,7 +53,9 @@ class CallTimeoutError(TimeoutError):
     worker is hung (a dead one raises at once). Names the worker and the method."""
 
 
-def wait_with_deadline(wait: Any, timeout: float | None, deadline_s: float | None, label: str) -> Any:
+def wait_with_deadline(
+    wait: Callable[[float | None], R], timeout: float | None, deadline_s: float | None, label: str
+) -> R:
     """``wait(timeout)``; a wait without a timeout of its own gets ``deadline_s`` (the handle's
     ``trainer.call_timeout_s``) and, past it, a ``CallTimeoutError`` naming ``label`` (worker.method)."""
     if timeout is not None or deadline_s is None:
@@ -75,13 +80,13 @@ def error_text(e: BaseException) -> str:
 
 
 def gather(
-    labelled: Sequence[tuple[str, Pending[Any]]], timeout_s: float
-) -> tuple[dict[str, Any], list[tuple[str, str]], list[str]]:
+    labelled: Sequence[tuple[str, Pending[R]]], timeout_s: float
+) -> tuple[dict[str, R], list[tuple[str, str]], list[str]]:
     """Wait for every call until one shared deadline: (label -> result, [(label, error text)], [labels unfinished]).
 
     A call still running at the deadline is "unfinished"; a call that raised (a worker's own timeout included) is an
     error with its text, so the precise worker-side message is never mistaken for the driver giving up."""
-    results: dict[str, Any] = {}
+    results: dict[str, R] = {}
     errors: list[tuple[str, str]] = []
     unfinished: list[str] = []
     deadline = time.monotonic() + timeout_s

@@ -17,7 +17,7 @@ import shutil
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -179,12 +179,20 @@ def load_driver_state(ckpt_dir: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {ckpt_dir}: {DRIVER_STATE} cannot be read ({type(e).__name__}: {e})") from e
 
 
-def rng_state() -> dict[str, Any]:
+class RngState(TypedDict):
+    """A process's random number generators, as ``random``, NumPy and torch give them back."""
+
+    python: tuple[object, ...]
+    numpy: dict[str, object] | tuple[str, np.ndarray, int, int, float]
+    torch: torch.Tensor
+
+
+def rng_state() -> RngState:
     """This process's Python, NumPy and torch RNG states (the driver's and every worker's go into a checkpoint)."""
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
 
-def set_rng_state(s: dict[str, Any]) -> None:
+def set_rng_state(s: RngState) -> None:
     random.setstate(s["python"])
     np.random.set_state(s["numpy"])
     torch.set_rng_state(s["torch"])

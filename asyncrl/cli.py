@@ -116,9 +116,9 @@ def cmd_trace(a: argparse.Namespace) -> None:
     from asyncrl.telemetry import trace
 
     recs = trace.read(a.run_dir)
-    steps = sorted({r["step"] for r in recs})
+    steps = sorted({r.step for r in recs})
     step = a.step if a.step is not None else (steps[-1] if steps else None)
-    chosen = [r for r in recs if r["step"] == step]
+    chosen = [r for r in recs if r.step == step]
     if not chosen:
         raise SystemExit(f"{a.run_dir}: no traced samples at step {step} (traced steps: {_span(steps)})")
     print(trace.format_step(chosen[: a.max] if a.max else chosen))

@@ -80,7 +80,7 @@ class JsonHttpClient:
         for conn in conns:
             conn.close()
 
-    def request(self, method: str, path: str, body: Any = None) -> Any:
+    def request(self, method: str, path: str, body: object = None) -> Any:
         """A JSON request with the retry policy of the module docstring; returns the decoded JSON reply."""
         data = json.dumps(body).encode("utf-8") if body is not None else None
         path = (self.prefix + path) or "/"  # the full path on the server, in every message
@@ -188,7 +188,7 @@ class TrackedHTTPServer(ThreadingHTTPServer):
         self._conns_lock = threading.Lock()
         super().__init__(address, handler)
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
+    def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: object) -> None:
         self.log.debug("%s connection from %s failed", self.label, client_address, exc_info=True)
 
     def track(self, conn: socket.socket, add: bool) -> None:
@@ -222,10 +222,10 @@ class JsonRequestHandler(BaseHTTPRequestHandler):
         finally:
             self.server.track(self.connection, False)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
         self.server.log.debug("%s %s", self.address_string(), format % args)
 
-    def _send(self, status: int, payload: Any) -> None:
+    def _send(self, status: int, payload: object) -> None:
         data = json.dumps(payload, allow_nan=self.allow_nan).encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", "application/json")

@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from asyncrl.errors import UserInputError
@@ -37,7 +38,7 @@ def parse_spec(
     return target, name, is_file
 
 
-def _load_file_module(path: Path, spec: str, what: str, error: type[SpecError]) -> Any:
+def _load_file_module(path: Path, spec: str, what: str, error: type[SpecError]) -> ModuleType:
     if not path.is_file():
         raise error(f"{what} {spec!r}: no such file {path}")
     # A unique module name per file, so two files called reward.py do not shadow each other in sys.modules.

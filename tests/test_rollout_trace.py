@@ -40,14 +40,15 @@ def test_one_step_off_trace_records_versions_staleness_and_resumes_once(setup, c
     run_training(load_config(None, over))
     run_training(load_config(None, [*over, "trainer.total_training_steps=3"]))  # resumed from step 2
     recs = trace.read(d)
-    assert [r["step"] for r in recs] == [1, 1, 1, 2, 2, 2, 3, 3, 3]  # each step once, across the resume
-    by_step = {s: [r for r in recs if r["step"] == s] for s in (1, 2, 3)}
-    assert all(r["staleness"] == 0 for r in by_step[1])  # batch 1: the initial weights, consumed at version 0
-    assert all(r["staleness"] == 1 for r in by_step[2])  # one_step_off: batch 2 is one version old
+    assert [r.step for r in recs] == [1, 1, 1, 2, 2, 2, 3, 3, 3]  # each step once, across the resume
+    by_step = {s: [r for r in recs if r.step == s] for s in (1, 2, 3)}
+    assert all(r.staleness == 0 for r in by_step[1])  # batch 1: the initial weights, consumed at version 0
+    assert all(r.staleness == 1 for r in by_step[2])  # one_step_off: batch 2 is one version old
     for r in recs:
-        assert len(r["versions"]) == len(r["response_ids"]) == len(r["response_tokens"])
-        assert all(v == r["start_version"] for v in r["versions"])  # no partial rollout here
-        assert r["prompt_text"] and r["data_source"] == "chain_sum" and isinstance(r["reward"], float)
+        assert r.response_tokens is not None
+        assert len(r.versions) == len(r.response_ids) == len(r.response_tokens)
+        assert all(v == r.start_version for v in r.versions)  # no partial rollout here
+        assert r.prompt_text and r.data_source == "chain_sum" and isinstance(r.reward, float)
     capsys.readouterr()
     main(["trace", str(d), "--step", "2", "--max", "2"])
     out = capsys.readouterr().out
@@ -55,7 +56,7 @@ def test_one_step_off_trace_records_versions_staleness_and_resumes_once(setup, c
     with pytest.raises(SystemExit, match="no traced samples at step 9 \\(traced steps: 1..3\\)"):
         main(["trace", str(d), "--step", "9"])
     shown = _last_traced(d)  # what the report draws beside its curves
-    assert [r["step"] for r in shown] == [3, 3, 3] and write_report(d).is_file()
+    assert [r.step for r in shown] == [3, 3, 3] and write_report(d).is_file()
 
 
 def test_no_trace_is_a_clear_error_and_bad_keys_are_config_errors(setup, tmp_path):

@@ -86,7 +86,7 @@ class LocalProcessGroup:
         self.seq += 1
         return self.seq
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> LocalWork:
+    def broadcast(self, tensors: list[torch.Tensor], opts: object = None) -> LocalWork:
         tensor, seq, hub = tensors[0], self._next(), self.hub
         if self.rank == 0:
             with hub.cond:
@@ -111,7 +111,7 @@ class LocalProcessGroup:
 
         return LocalWork(received)
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> LocalWork:
+    def allreduce(self, tensors: list[torch.Tensor], opts: object = None) -> LocalWork:
         tensor, seq, hub = tensors[0], self._next(), self.hub
         with hub.cond:
             entry = hub.ops.setdefault(seq, [torch.zeros_like(tensor), 0, 0])  # sum, contributed, read

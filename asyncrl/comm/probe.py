@@ -5,6 +5,7 @@ in seconds instead of at the first gradient all-reduce of step 1."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ class CollectiveProbe:
     correct: bool
 
 
-def _timed(device: torch.device, op: Any) -> float:
+def _timed(device: torch.device, op: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     op()
     if device.type == "cuda":  # NCCL's wait orders the stream, not the host: wait for the device itself

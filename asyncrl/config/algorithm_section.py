@@ -21,6 +21,7 @@ import importlib.util
 import pkgutil
 import re
 from functools import cache
+from types import ModuleType
 from typing import Any
 
 from asyncrl.config.errors import ConfigError, check
@@ -60,7 +61,7 @@ def builtin_classes() -> dict[str, Any]:
     return out
 
 
-def algorithm_module(name: str) -> Any:
+def algorithm_module(name: str) -> ModuleType:
     """The module of ``algorithm.name`` (imported); a name with no module is one error naming the built-in ones."""
     check_algorithm_name(name)
     target = module_name(name)
@@ -83,7 +84,7 @@ def section_class(name: str) -> type[AlgorithmConfig]:
     return cls if isinstance(cls, type) and issubclass(cls, AlgorithmConfig) else AlgorithmConfig
 
 
-def other_algorithms_defaults(section: dict[str, Any], chosen: type[AlgorithmConfig], name: str) -> list[str]:
+def other_algorithms_defaults(section: dict[str, object], chosen: type[AlgorithmConfig], name: str) -> list[str]:
     """The keys of ``section`` (one layer's ``algorithm:``, plain values) that another built-in algorithm reads and
     ``chosen`` does not, each holding that algorithm's default: the loader drops them. Such a key set to anything
     else is an error naming who reads it. Keys no algorithm reads are left for the loader to name as unknown."""
@@ -91,7 +92,7 @@ def other_algorithms_defaults(section: dict[str, Any], chosen: type[AlgorithmCon
     stray = [k for k in section if k not in own]
     if not stray:
         return []
-    readers: dict[str, list[tuple[str, Any]]] = {}
+    readers: dict[str, list[tuple[str, object]]] = {}
     for algo, cls in builtin_classes().items():
         for f in dataclasses.fields(getattr(cls, "section", AlgorithmConfig)):
             if f.name not in own and f.default is not dataclasses.MISSING:

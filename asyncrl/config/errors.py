@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from asyncrl.errors import UserInputError
 
 
@@ -11,10 +9,10 @@ class ConfigError(UserInputError, ValueError):
     """A config problem, always naming the key (``rollout.n``), the value and what is allowed."""
 
 
-def check(ok: bool, key: str, value: Any, allowed: str) -> None:
+def check(ok: bool, key: str, value: object, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"config key {key} must be {allowed} (got {value!r})")
 
 
-def choice(key: str, value: Any, choices: tuple) -> None:
+def choice(key: str, value: object, choices: tuple) -> None:
     check(value in choices, key, value, "one of " + ", ".join(str(c) for c in choices))

@@ -7,14 +7,20 @@ and consistency checks follow in ``asyncrl.config.checks``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar, overload
 
 from asyncrl.config import algorithm_section
 from asyncrl.config.checks import validate
 from asyncrl.config.errors import ConfigError
 from asyncrl.config.schema import Config
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+    from omegaconf import Container, DictConfig, ListConfig
+
+T = TypeVar("T", bound="DataclassInstance")
 
 # Keys that were replaced: the one-line message a config that still uses them gets.
 RENAMED = {
@@ -29,7 +35,7 @@ RENAMED = {
 }
 
 
-def _renamed_key(layer: Any, where: str) -> None:
+def _renamed_key(layer: DictConfig | ListConfig, where: str) -> None:
     from omegaconf import OmegaConf
 
     for key, message in RENAMED.items():
@@ -37,12 +43,34 @@ def _renamed_key(layer: Any, where: str) -> None:
             raise ConfigError(f"{where}: config key {message}")
 
 
+@overload
 def load_config(
-    path: str | Path | Mapping[str, Any] | None = None,
+    path: str | Path | Mapping[str, object] | None = None,
     overrides: list[str] | None = None,
-    schema: type = Config,
-    validate_fn: Any = None,
-) -> Any:
+    *,
+    validate_fn: Callable[[Config], None] | None = None,
+) -> Config: ...
+@overload
+def load_config(
+    path: str | Path | Mapping[str, object] | None,
+    overrides: list[str] | None,
+    schema: type[T],
+    validate_fn: Callable[[T], None] | None = None,
+) -> T: ...
+@overload
+def load_config(
+    path: str | Path | Mapping[str, object] | None = None,
+    overrides: list[str] | None = None,
+    *,
+    schema: type[T],
+    validate_fn: Callable[[T], None] | None = None,
+) -> T: ...
+def load_config(
+    path: str | Path | Mapping[str, object] | None = None,
+    overrides: list[str] | None = None,
+    schema: type[DataclassInstance] = Config,
+    validate_fn: Callable[..., None] | None = None,
+) -> object:
     """Merge a YAML file (or a nested dict of the same keys) and ``key=value`` overrides onto the dataclass defaults
     and validate.
 
@@ -51,7 +79,7 @@ def load_config(
     from omegaconf import OmegaConf  # here, not at import: the config tree itself needs no omegaconf
     from omegaconf.errors import OmegaConfBaseException
 
-    layers = []
+    layers: list[tuple[str, DictConfig | ListConfig]] = []
     if isinstance(path, Mapping):
         try:
             layers.append(("config dict", OmegaConf.create(dict(path))))
@@ -75,7 +103,7 @@ def load_config(
             raise ConfigError(
                 f"command-line override {item!r}: the value is not valid YAML ({first}); quote it: key='value'"
             ) from None
-    merged = _base(schema, layers)
+    merged: Container = _base(schema, layers)
     for where, layer in layers:
         _renamed_key(layer, where)
         try:
@@ -90,7 +118,7 @@ def load_config(
     return cfg
 
 
-def _base(schema: type, layers: list[tuple[str, Any]]) -> Any:
+def _base(schema: type[DataclassInstance], layers: list[tuple[str, DictConfig | ListConfig]]) -> DictConfig:
     """``schema``'s defaults, its ``algorithm:`` section as the class of the algorithm the layers choose (the last
     ``algorithm.name`` set: ``algorithm_section``), and each layer's keys of other algorithms at their defaults
     removed from it."""
@@ -132,5 +160,5 @@ def _describe(e: Exception, where: str) -> str:
     return f"{where}: config key {key}: {msg}"
 
 
-def to_dict(cfg: Any) -> dict:
+def to_dict(cfg: DataclassInstance) -> dict:
     return dataclasses.asdict(cfg)

@@ -10,12 +10,15 @@ whether the cluster holds them, is decided when the run starts (``asyncrl.roles.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from asyncrl.config.errors import ConfigError, check
 
+if TYPE_CHECKING:
+    from asyncrl.config.schema import Config
 
-def resolve_ranks(cfg: Any) -> None:
+
+def resolve_ranks(cfg: Config) -> None:
     """Set ``trainer.num_workers`` / ``rollout.num_workers`` from the node and GPU keys where left at 1, and check
     they agree; ``cfg`` is the whole config (``asyncrl.config.schema.Config``)."""
     for key in ("trainer", "rollout"):

@@ -15,7 +15,7 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForSequenceClassification
@@ -24,6 +24,9 @@ from asyncrl.data.dataset import PromptDataset, load_rows
 from asyncrl.models.loading import load_tokenizer_from
 from asyncrl.models.reward_model import rm_logits, score_ids
 from asyncrl.types import Prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def corrupt_answer(answer: str, rng: random.Random) -> str:
@@ -36,7 +39,9 @@ def corrupt_answer(answer: str, rng: random.Random) -> str:
     return str(value + delta)
 
 
-def answer_pairs(prompts: list[Prompt], tokenizer: Any, seed: int) -> list[tuple[list[int], list[int]]]:
+def answer_pairs(
+    prompts: list[Prompt], tokenizer: PreTrainedTokenizerBase, seed: int
+) -> list[tuple[list[int], list[int]]]:
     """Per prompt: (prompt + correct answer + eos, prompt + corrupted answer + eos) token ids."""
     rng = random.Random(seed)
     eos = tokenizer.eos_token_id
@@ -65,7 +70,7 @@ def train_reward_model(
     seed: int = 1,
     val_max: int = 200,
     num_threads: int = 2,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     torch.set_num_threads(num_threads)
     torch.manual_seed(seed)
     tok = load_tokenizer_from(init)
@@ -104,7 +109,7 @@ def train_reward_model(
     Path(out).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    summary = {
+    summary: dict[str, object] = {
         "steps": step,
         "final_loss": loss_val,
         "val_pairwise_accuracy_before": before,

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +27,9 @@ from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.run.evaluation import evaluate_prompts
 from asyncrl.types import Prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -155,7 +158,7 @@ def init_model_from_rows(preset: str, rows: list[dict], out_dir: str, seed: int,
     return str(out_dir)
 
 
-def run_sft(cfg: SFTConfig, group_of: Callable[[Prompt], str] | None = None) -> dict[str, Any]:
+def run_sft(cfg: SFTConfig, group_of: Callable[[Prompt], str] | None = None) -> dict[str, object]:
     torch.set_num_threads(cfg.trainer.num_threads)
     set_seed_all(cfg.trainer.seed)
     out = Path(cfg.trainer.output_dir)
@@ -196,7 +199,7 @@ def run_sft(cfg: SFTConfig, group_of: Callable[[Prompt], str] | None = None) -> 
     train_s = time.time() - t0
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    summary: dict[str, Any] = {
+    summary: dict[str, object] = {
         "steps": step,
         "train_s": round(train_s, 2),
         "final_loss": losses[-1] if losses else None,
@@ -217,7 +220,7 @@ def run_sft(cfg: SFTConfig, group_of: Callable[[Prompt], str] | None = None) -> 
     return summary
 
 
-def sft_examples(rows: Any, tok: Any, d: SFTDataConfig) -> list[tuple[list[int], list[int]]]:
+def sft_examples(rows: Any, tok: PreTrainedTokenizerBase, d: SFTDataConfig) -> list[tuple[list[int], list[int]]]:
     """(prompt tokens, target tokens + eos) per row: the target is ``data.response_template`` filled with the text
     ``data.response_key`` names, cut to ``data.max_response_length``."""
     examples = []
@@ -247,7 +250,7 @@ def _sft_loss(model: torch.nn.Module, batch: list[tuple[list[int], list[int]]], 
 
 def evaluate_model(
     model: torch.nn.Module,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     files: list[str],
     response_length: int,
     max_samples: int = -1,

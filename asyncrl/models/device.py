@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import fields, is_dataclass, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
@@ -47,7 +47,7 @@ def to_device(obj: T, device: torch.device) -> T:
         return obj.to(device, non_blocking=True)  # type: ignore[return-value]
     if not is_dataclass(obj) or isinstance(obj, type):
         return obj
-    changes: dict[str, Any] = {}
+    changes: dict[str, object] = {}
     for f in fields(obj):
         if not f.init:
             continue

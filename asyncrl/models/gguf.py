@@ -22,7 +22,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
@@ -84,9 +83,9 @@ def _one_gguf_parse() -> Iterator[None]:
     import gguf
 
     original = gguf.GGUFReader
-    readers: dict[tuple[str, str], Any] = {}
+    readers: dict[tuple[str, str], gguf.GGUFReader] = {}
 
-    def shared(path: str | os.PathLike[str], mode: str = "r") -> Any:
+    def shared(path: str | os.PathLike[str], mode: str = "r") -> gguf.GGUFReader:
         key = (os.path.realpath(path), mode)
         if key not in readers:
             readers[key] = original(path, mode)
@@ -233,7 +232,7 @@ def convert_gguf(
     out: str | os.PathLike[str],
     dtype: str = "float32",
     force: bool = False,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Write the GGUF file (default: SmolLM2's, :func:`default_smollm2_gguf`) to ``out`` as a plain HF directory.
 
     Returns a summary (paths, dtype, parameter count, the file's tensor types, seconds). Everything is written to a

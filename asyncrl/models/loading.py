@@ -11,7 +11,6 @@ import json
 import os
 import random
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import torch
@@ -19,6 +18,8 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    GenerationConfig,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
@@ -56,7 +57,7 @@ def _resolve_dtype(dtype: str | torch.dtype, path: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _check_model_dir(path: str) -> AutoConfig:
+def _check_model_dir(path: str) -> PretrainedConfig:
     """Validate ``path`` as a local causal-LM directory and return its config, or raise ModelLoadError."""
     if not os.path.exists(path):
         raise ModelLoadError(f"model.path {path}: does not exist (expected a local Hugging Face model directory)")
@@ -67,7 +68,7 @@ def _check_model_dir(path: str) -> AutoConfig:
         raise ModelLoadError(f"model.path {path}: no config.json (expected a Hugging Face model directory)")
     try:
         with open(config_file, encoding="utf-8") as f:
-            raw: dict[str, Any] = json.load(f)
+            raw: dict[str, object] = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"model.path {path}: config.json is not valid JSON ({e})") from e
     model_type = raw.get("model_type")
@@ -116,7 +117,7 @@ def load_tokenizer_from(path: str) -> PreTrainedTokenizerBase:
     ``AutoTokenizer`` would otherwise pick the model type's class (``Qwen2Tokenizer`` for a Qwen2 config), whose own
     pre-tokenizer silently drops spaces, newlines and unknown characters from a character-level vocabulary.
     """
-    cls: Any = AutoTokenizer
+    cls: type[AutoTokenizer] | type[PreTrainedTokenizerFast] = AutoTokenizer
     config_file = os.path.join(path, "tokenizer_config.json")
     if os.path.isfile(config_file):
         with open(config_file) as f:
@@ -138,7 +139,7 @@ def load_model(
     path: str | os.PathLike[str],
     dtype: str | torch.dtype = "float32",
     for_training: bool = True,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` from a local directory with AutoModelForCausalLM / AutoTokenizer.
 
@@ -178,7 +179,7 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
     return eos_token_ids_of(getattr(model, "generation_config", None), tokenizer)
 
 
-def eos_token_ids_of(gen_config: Any, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def eos_token_ids_of(gen_config: GenerationConfig | None, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """``eos_token_ids`` from a generation config (or None) instead of a loaded model: an engine that never loads the
     transformers model (vLLM) reads the directory's ``generation_config.json``."""
     ids: set[int] = set()

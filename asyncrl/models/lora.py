@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Protocol
 
 import torch
 
@@ -32,6 +33,26 @@ class LoraError(UserInputError, RuntimeError):
     """A LoRA setting, adapter directory or sync that cannot work; the message names which and why."""
 
 
+class LoraSettings(Protocol):
+    """The LoRA keys of the config's ``model`` section (``asyncrl.config.schema.ModelConfig``)."""
+
+    @property
+    def lora_rank(self) -> int: ...
+    @property
+    def lora_alpha(self) -> float: ...
+    @property
+    def target_modules(self) -> str | list[str]: ...
+    @property
+    def lora_adapter_path(self) -> str | None: ...
+
+
+class HasModelSection(Protocol):
+    """A config with a ``model`` section (``asyncrl.config.Config``)."""
+
+    @property
+    def model(self) -> LoraSettings: ...
+
+
 @dataclass(frozen=True)
 class LoraSpec:
     """``model.lora_*`` of a config: rank, scaling numerator, the modules adapted, and an adapter to start from."""
@@ -42,12 +63,12 @@ class LoraSpec:
     adapter_path: str | None = None
 
     @classmethod
-    def from_config(cls, cfg: Any) -> LoraSpec | None:
+    def from_config(cls, cfg: HasModelSection) -> LoraSpec | None:
         """None when LoRA is off (``model.lora_rank: 0``)."""
         return cls.of(cfg.model)
 
     @classmethod
-    def of(cls, m: Any) -> LoraSpec | None:
+    def of(cls, m: LoraSettings) -> LoraSpec | None:
         """From the ``model`` section; None when LoRA is off (``model.lora_rank: 0``)."""
         if not m.lora_rank:
             return None
@@ -55,7 +76,7 @@ class LoraSpec:
         return cls(int(m.lora_rank), float(m.lora_alpha), targets, m.lora_adapter_path)
 
 
-def _peft() -> Any:
+def _peft() -> ModuleType:
     try:
         import peft
     except ImportError as e:  # a regular dependency: only a broken install gets here

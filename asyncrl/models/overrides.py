@@ -15,9 +15,12 @@ rollout silently runs the unscaled model, and the rollout/trainer log-prob gap g
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from asyncrl.models.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 def attention_choices() -> tuple[str, ...]:
@@ -28,11 +31,11 @@ def attention_choices() -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def split_overrides(overrides: Mapping[str, Any] | None) -> tuple[str | None, dict[str, Any]]:
+def split_overrides(overrides: Mapping[str, object] | None) -> tuple[str | None, dict[str, object]]:
     """(``attn_implementation`` or None, every other override) of ``model.override_config``."""
     rest = dict(overrides or {})
     attn = rest.pop("attn_implementation", None)
-    if attn is not None and attn not in attention_choices():
+    if attn is not None and (not isinstance(attn, str) or attn not in attention_choices()):
         raise ModelLoadError(
             f"model.override_config.attn_implementation {attn!r}: not offered by the installed transformers "
             f"(choices: {', '.join(attention_choices())})"
@@ -40,7 +43,7 @@ def split_overrides(overrides: Mapping[str, Any] | None) -> tuple[str | None, di
     return attn, rest
 
 
-def rope_parameters(config: Any, rope_scaling: Mapping[str, Any], where: str) -> dict[str, Any]:
+def rope_parameters(config: PretrainedConfig, rope_scaling: Mapping[str, object], where: str) -> dict[str, object]:
     """``config``'s RoPE parameters with ``rope_scaling`` merged in (``type`` accepted for ``rope_type``)."""
     scaling = dict(rope_scaling)
     if "type" in scaling:
@@ -50,13 +53,15 @@ def rope_parameters(config: Any, rope_scaling: Mapping[str, Any], where: str) ->
     return {**dict(getattr(config, "rope_parameters", None) or {}), **scaling}
 
 
-def apply_config_overrides(config: Any, overrides: Mapping[str, Any], path: str) -> dict[str, Any]:
+def apply_config_overrides(config: PretrainedConfig, overrides: Mapping[str, object], path: str) -> dict[str, object]:
     """Set every override (``attn_implementation`` excluded) on ``config`` in place; returns them as set (the
     ``hf_overrides`` vLLM takes). Raises ModelLoadError naming a key the config does not have."""
     where = "model.override_config"
-    applied: dict[str, Any] = {}
+    applied: dict[str, object] = {}
     for key, value in overrides.items():
         if key == "rope_scaling":
+            if not isinstance(value, Mapping):
+                raise ModelLoadError(f"{where}.rope_scaling {value!r}: must be a mapping (rope_type, factor, ...)")
             applied["rope_parameters"] = rope_parameters(config, value, where)
         elif not hasattr(config, key):
             raise ModelLoadError(
@@ -71,7 +76,7 @@ def apply_config_overrides(config: Any, overrides: Mapping[str, Any], path: str)
     return applied
 
 
-def hf_overrides_for(path: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+def hf_overrides_for(path: str, overrides: Mapping[str, object] | None) -> dict[str, object]:
     """The config overrides (``attn_implementation`` excluded) as vLLM's ``hf_overrides`` for the model in ``path``."""
     from transformers import AutoConfig
 

@@ -13,7 +13,6 @@ from typing import Any
 
 from asyncrl.algorithms import Algorithm
 from asyncrl.calls import gather
-from asyncrl.comm.probe import CollectiveProbe
 from asyncrl.comm.transport import transport_of
 from asyncrl.config import Config
 from asyncrl.errors import one_line
@@ -117,7 +116,10 @@ def trainer_group(roles: Roles, timeout_s: float) -> Check:
         parts = [f"{name}: {text}" for name, text in errors]
         parts += [f"{name}: no answer in {timeout_s:g} s" for name in unfinished]
         return Check("trainer group", False, f"{len(ranks)} ranks: " + " | ".join(parts))
-    probes: list[CollectiveProbe] = [results[name] for name, _ in calls]
+    lone = [name for name, _ in calls if results[name] is None]
+    if lone:
+        return Check("trainer group", False, f"{', '.join(lone)} joined no data-parallel group")
+    probes = [p for name, _ in calls if (p := results[name]) is not None]
     wrong = [name for (name, _), p in zip(calls, probes) if not p.correct]
     p = probes[0]
     slowest_ar = max(q.all_reduce_s for q in probes)

@@ -33,7 +33,8 @@ class RoleClient:
     def save_checkpoint(self, directory: str) -> Pending[None]:
         return self.handle.call("save_checkpoint", directory)
 
-    def load_checkpoint(self, directory: str) -> Pending[Any]:
+    def load_checkpoint(self, directory: str) -> Pending[int | None]:
+        """The role's weight version in the checkpoint (None for a role that keeps no state of its own)."""
         return self.handle.call("load_checkpoint", directory)
 
     def pop_timeline(self) -> Pending[list[dict]]:
@@ -179,7 +180,7 @@ class DataParallelTrainerClient(TrainerClient):
     def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> Pending[UpdateResult]:
         return _AllRanks([h.call("update", batch, step, num_mini_batches) for h in self.ranks])
 
-    def load_checkpoint(self, directory: str) -> Pending[Any]:
+    def load_checkpoint(self, directory: str) -> Pending[int | None]:
         return _AllRanks([h.call("load_checkpoint", directory) for h in self.ranks])
 
 

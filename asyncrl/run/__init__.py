@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import Config
 from asyncrl.data.collate import Prepared
@@ -30,6 +30,9 @@ from asyncrl.run.step_log import StepLog, StepTimer, staleness_metrics
 from asyncrl.run.supervision import RolloutPool
 from asyncrl.types import Sample, Trained
 from asyncrl.weights.weight_sync import WeightSync
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class Run:
@@ -47,7 +50,7 @@ class Run:
         log: StepLog,
         roles: Roles,
         reward_fn: RewardFn,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         sync: WeightSync | None = None,
         pool: RolloutPool | None = None,
         stream: Any = None,  # asyncrl.schedules.fully_async.supervisor.StreamSupervisor

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import pickle
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,7 +111,9 @@ class RunDir:
             return Progress(), None
         state = load_driver_state(ckpt)
         loaded = {name: w.load_checkpoint(str(ckpt)) for name, w in workers.items()}
-        version = int(loaded["actor"].result())
+        version = loaded["actor"].result()
+        if version is None:
+            raise RuntimeError(f"{ckpt}: the actor's checkpoint holds no weight version")
         for pending in loaded.values():
             pending.result()
         self.wall_offset_s = float(state["wall_s"])
@@ -137,7 +139,7 @@ class RunDir:
         path = self.path / "metrics.jsonl"
         if not path.exists():
             return
-        keep = [m for m in read_metrics(path) if int(m.get("step", 0)) <= last_step] if last_step > 0 else []
+        keep = [m for m in read_metrics(path) if int(m.get("step") or 0) <= last_step] if last_step > 0 else []
         tmp = path.with_name("metrics.jsonl.tmp")
         tmp.write_text("".join(json.dumps(m) + "\n" for m in keep))
         tmp.replace(path)
@@ -157,11 +159,13 @@ class RunDir:
         ]
         return vals[-1] if vals else None
 
-    def write_end(self, extra_events: list[dict], resumed: bool) -> dict[str, Any]:
+    def write_end(self, extra_events: Iterable[Mapping[str, object]], resumed: bool) -> dict[str, Any]:
         """``summary.json`` and ``timeline.json`` (the driver's spans with ``extra_events``, the roles'; after a
         resume, the spans of the runs before kept)."""
         (self.path / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
-        events = get_timeline().drain() + extra_events
+        driver = get_timeline()
+        driver.extend(extra_events)  # the roles' spans, checked and completed as events
+        events = driver.drain()
         timeline = self.path / "timeline.json"
         if resumed and timeline.exists():
             events = read_chrome_trace(timeline) + events

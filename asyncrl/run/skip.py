@@ -24,7 +24,6 @@ import pickle
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 from asyncrl.checkpoint import atomic_write_bytes
 from asyncrl.config import Config
@@ -37,7 +36,7 @@ class RolloutSkipError(UserInputError, RuntimeError):
     """The dump directory belongs to another generation setup, or its dump does not fit this run."""
 
 
-def generation_key(cfg: Config) -> dict[str, Any]:
+def generation_key(cfg: Config) -> dict[str, object]:
     """The config fields that decide which samples a step generates."""
     d, r, t = cfg.data, cfg.rollout, cfg.trainer
     return {
@@ -64,7 +63,7 @@ def generation_key(cfg: Config) -> dict[str, Any]:
     }
 
 
-def _dynamic_sampling_key(cfg: Config) -> dict[str, Any]:
+def _dynamic_sampling_key(cfg: Config) -> dict[str, object]:
     fg = cfg.algorithm.filter_groups
     if not fg.enable:
         return {}
@@ -97,7 +96,7 @@ class RolloutSkip:
         self.dir = Path(s.dump_dir)
         self._claim(generation_key(cfg))
 
-    def _claim(self, key: dict[str, Any]) -> None:
+    def _claim(self, key: dict[str, object]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / "key.json"
         if path.exists():

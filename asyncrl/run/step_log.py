@@ -9,7 +9,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,6 +23,9 @@ from asyncrl.telemetry.metrics import MetricsLogger, machine_cpu
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.telemetry.trackers import RunInfo
 from asyncrl.types import Sample
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class TokenVersionError(RuntimeError):
@@ -119,7 +122,12 @@ class StepLog:
     from a checkpoint, so they continue the tracker runs they logged before."""
 
     def __init__(
-        self, cfg: Config, run_dir: Path, tokenizer: Any, placement: dict[str, Any] | None = None, resumed: bool = False
+        self,
+        cfg: Config,
+        run_dir: Path,
+        tokenizer: PreTrainedTokenizerBase,
+        placement: dict[str, object] | None = None,
+        resumed: bool = False,
     ):
         t = cfg.trainer
         self.cfg, self.dir, self.tokenizer = cfg, run_dir, tokenizer

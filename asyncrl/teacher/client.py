@@ -18,7 +18,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from typing import Any
+from typing import TYPE_CHECKING
 
 from asyncrl.config import TeacherConfig
 from asyncrl.config.training import TOKENIZER_CHECKS
@@ -29,9 +29,13 @@ from asyncrl.teacher.protocol import (
     TeacherUnavailableError,
     TokenizerMismatchError,
     TopK,
+    decode_text,
     tokenizer_fingerprint,
     topk_from_prompt_logprobs,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +101,7 @@ class TeacherClient:
         """The teacher's top-k for one sequence (blocking, in the caller's thread)."""
         if not tokens:
             raise ValueError("TeacherClient.score: a sequence needs at least one token")
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "prompt": [int(t) for t in tokens],
             "max_tokens": 1,
             "temperature": 0.0,
@@ -112,7 +116,7 @@ class TeacherClient:
         where = f"teacher at {self.url} ({len(tokens)}-token sequence)"
         return topk_from_prompt_logprobs(choices[0].get("prompt_logprobs"), list(tokens), self.top_k, where)
 
-    def models(self) -> dict[str, Any]:
+    def models(self) -> dict[str, object]:
         """The first entry of ``GET /v1/models`` (id, ``max_model_len``; our server adds vocabulary fields)."""
         reply = self._request("GET", "/v1/models")
         data = reply.get("data") if isinstance(reply, dict) else None
@@ -120,7 +124,7 @@ class TeacherClient:
             raise TeacherResponseError(f"teacher at {self.url}: /v1/models lists no model")
         return data[0]
 
-    def check_compatible(self, student_tokenizer: Any, method: str = "auto") -> dict[str, Any]:
+    def check_compatible(self, student_tokenizer: PreTrainedTokenizerBase, method: str = "auto") -> dict[str, object]:
         """Check that the teacher's token ids mean the same tokens as the student's; raise if not.
 
         ``"fingerprint"`` (our server): the teacher's ``/v1/models`` entry carries ``tokenizer_fingerprint``, a hash of
@@ -138,7 +142,8 @@ class TeacherClient:
         student = (
             f"student tokenizer {getattr(student_tokenizer, 'name_or_path', '') or type(student_tokenizer).__name__}"
         )
-        result = {"model": info.get("id"), "max_model_len": info.get("max_model_len"), "checked": []}
+        checked: list[str] = []
+        result = {"model": info.get("id"), "max_model_len": info.get("max_model_len"), "checked": checked}
         fingerprint = info.get("tokenizer_fingerprint")
         if method == "fingerprint" and fingerprint is None:
             raise TeacherResponseError(f"{teacher}: /v1/models has no tokenizer_fingerprint (use method='probe')")
@@ -147,14 +152,15 @@ class TeacherClient:
             if fingerprint != mine:
                 raise TokenizerMismatchError(
                     f"{teacher} and {student} have different vocabularies: teacher {info.get('tokenizer_len')} "
-                    f"tokens ({fingerprint[:23]}), student {len(student_tokenizer)} tokens ({mine[:23]}); "
+                    f"tokens ({str(fingerprint)[:23]}), student {len(student_tokenizer)} tokens ({mine[:23]}); "
                     "distillation needs the same token ids on both sides"
                 )
-            result["checked"].append("fingerprint")
+            checked.append("fingerprint")
             return result
         size = len(student_tokenizer)
         step = max(1, size // PROBE_TOKENS)
-        limit = max(1, int(info.get("max_model_len") or PROBE_TOKENS + 2) - 2)
+        max_len = info.get("max_model_len")
+        limit = max(1, (max_len if isinstance(max_len, int) and max_len else PROBE_TOKENS + 2) - 2)
         probe = (list(range(0, size, step))[: PROBE_TOKENS - 1] + [size - 1])[-limit:]
         try:
             self._request("POST", "/v1/completions", {**self._model_field(), "prompt": probe, "max_tokens": 1})
@@ -162,21 +168,22 @@ class TeacherClient:
             raise TokenizerMismatchError(
                 f"{teacher} rejects token ids of the {student} ({size} tokens); its vocabulary is smaller? {e}"
             ) from e
-        result["checked"].append(f"student ids 0..{size - 1} accepted")
+        checked.append(f"student ids 0..{size - 1} accepted")
         try:
-            text = self._request("POST", "/detokenize", {**self._model_field(), "tokens": probe}).get("prompt")
+            reply = self._request("POST", "/detokenize", {**self._model_field(), "tokens": probe})
+            text = reply.get("prompt") if isinstance(reply, dict) else None
         except TeacherRequestError as e:
             if e.status != 404:
                 raise
             logger.warning("%s has no /detokenize: only the vocabulary size was checked", teacher)
             return result
-        mine = student_tokenizer.decode(probe)
+        mine = decode_text(student_tokenizer, probe)
         if text != mine:
             raise TokenizerMismatchError(
                 f"{teacher} and {student} decode the same {len(probe)} probe ids differently: "
                 f"teacher {text!r:.120}, student {mine!r:.120}; distillation needs the same token ids on both sides"
             )
-        result["checked"].append(f"detokenize of {len(probe)} probe ids")
+        checked.append(f"detokenize of {len(probe)} probe ids")
         return result
 
     def close(self) -> None:
@@ -197,6 +204,6 @@ class TeacherClient:
     def _model_field(self) -> dict[str, str]:
         return {"model": self.model} if self.model is not None else {}
 
-    def _request(self, method: str, path: str, body: dict | None = None) -> Any:
+    def _request(self, method: str, path: str, body: dict | None = None) -> object:
         """JSON request with the retry policy of the module docstring; returns the decoded JSON reply."""
         return self._http.request(method, path, body)

@@ -23,14 +23,17 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, TypeGuard
 
 import torch
 from torch import Tensor
 
 from asyncrl.errors import UserInputError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 LOGPROB_FLOOR = -9999.0  # what vLLM sends instead of -inf
 
@@ -87,7 +90,7 @@ class CompletionRequest:
     seed: int | None
 
 
-def _is_int(x: Any) -> bool:
+def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -103,9 +106,10 @@ def _optional_int(body: dict, name: str, hi: int | None = None) -> int | None:
     return value
 
 
-def _token_list(value: Any, where: str, vocab_size: int) -> list[int]:
+def _token_list(value: Sequence[object], where: str, vocab_size: int) -> list[int]:
     if not value:
         raise RequestError("prompt", f"{where} is empty (a prompt needs at least one token)")
+    tokens: list[int] = []
     for i, tok in enumerate(value):
         if not _is_int(tok):
             raise RequestError("prompt", f"{where}[{i}] must be an integer token id (got {tok!r})")
@@ -113,10 +117,11 @@ def _token_list(value: Any, where: str, vocab_size: int) -> list[int]:
             raise RequestError(
                 "prompt", f"{where}[{i}]: token id {tok} is out of the vocabulary (ids 0..{vocab_size - 1})"
             )
-    return list(value)
+        tokens.append(tok)
+    return tokens
 
 
-def parse_prompts(value: Any, vocab_size: int, tokenize: Callable[[str], list[int]]) -> list[list[int]]:
+def parse_prompts(value: object, vocab_size: int, tokenize: Callable[[str], list[int]]) -> list[list[int]]:
     """``prompt`` as vLLM accepts it: token ids, a list of token-id lists, a string, or a list of strings."""
     if value is None:
         raise RequestError("prompt", "prompt is required (token ids, a list of token-id lists, or text)")
@@ -132,7 +137,7 @@ def parse_prompts(value: Any, vocab_size: int, tokenize: Callable[[str], list[in
 
 
 def parse_completion_request(
-    body: Any, vocab_size: int, max_model_len: int, tokenize: Callable[[str], list[int]]
+    body: object, vocab_size: int, max_model_len: int, tokenize: Callable[[str], list[int]]
 ) -> CompletionRequest:
     """Validate a decoded JSON body; raises :class:`RequestError` naming the first bad field."""
     if not isinstance(body, dict):
@@ -178,7 +183,7 @@ def logprob_entry(
     top_ids: list[int],
     top_logp: list[float],
     decode: Callable[[int], str],
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, LogprobEntry]:
     """One position's ``{id: {logprob, rank, decoded_token}}``: the actual token first, then the top k by rank.
 
     As in vLLM, an actual token that is also in the top k keeps its first place in the key order but takes its
@@ -190,12 +195,20 @@ def logprob_entry(
     return entry
 
 
-def _lp(logp: float, rank: int, decoded: str) -> dict[str, Any]:
+class LogprobEntry(TypedDict):
+    """One token of a position's ``prompt_logprobs`` / ``logprobs`` entry, as vLLM writes it."""
+
+    logprob: float  # nats, floored at LOGPROB_FLOOR
+    rank: int  # 1-based over the vocabulary
+    decoded_token: str
+
+
+def _lp(logp: float, rank: int, decoded: str) -> LogprobEntry:
     return {"logprob": max(logp, LOGPROB_FLOOR), "rank": rank, "decoded_token": decoded}
 
 
 def openai_logprobs(
-    token_ids: list[int], entries: list[dict | None], k: int, decode: Callable[[int], str]
+    token_ids: list[int], entries: list[dict[str, LogprobEntry] | None], k: int, decode: Callable[[int], str]
 ) -> dict[str, list]:
     """The OpenAI completions ``logprobs`` object (tokens, token_logprobs, top_logprobs, text_offset) from entries.
 
@@ -239,26 +252,26 @@ def render_choice(
     req: CompletionRequest,
     tokens: list[int],
     s: SequenceScores,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     eos_ids: set[int],
     decode_one: Callable[[int], str],
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """One ``choices[i]`` in vLLM's shape: text, OpenAI ``logprobs``, finish reason and ``prompt_logprobs``."""
-    prompt_entries: list[dict | None] | None = None
+    prompt_entries: list[dict[str, LogprobEntry] | None] | None = None
     if req.prompt_logprobs is not None:
         prompt_entries = [None] + [
             logprob_entry(tokens[t + 1], s.actual_logp[t], s.actual_rank[t], s.top_ids[t], s.top_logp[t], decode_one)
             for t in range(len(tokens) - 1)
         ]
     gen_ids: list[int] = []
-    gen_entries: list[dict | None] = []
+    gen_entries: list[dict[str, LogprobEntry] | None] = []
     if s.gen is not None:
         tok, lp, rank, ids, lps = s.gen
         gen_ids, gen_entries = [tok], [logprob_entry(tok, lp, rank, ids, lps, decode_one)]
-    text = tokenizer.decode(gen_ids)
+    text = decode_text(tokenizer, gen_ids)
     logprobs = None
     if req.echo:  # vLLM: echo prepends the prompt to the text and, with ``logprobs``, to the logprobs object
-        text = tokenizer.decode(tokens) + text
+        text = decode_text(tokenizer, tokens) + text
     if req.logprobs is not None:
         ids, entries = gen_ids, gen_entries
         if req.echo:
@@ -278,10 +291,10 @@ def completion_response(
     req: CompletionRequest,
     scores: list[SequenceScores],
     model: str,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     eos_ids: set[int],
     decode_one: Callable[[int], str],
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The whole ``/v1/completions`` reply: one choice per prompt, in order, plus id, created and usage."""
     choices = [
         render_choice(i, req, p, s, tokenizer, eos_ids, decode_one) for i, (p, s) in enumerate(zip(req.prompts, scores))
@@ -298,7 +311,13 @@ def completion_response(
     }
 
 
-def tokenizer_fingerprint(tokenizer: Any) -> str:
+def decode_text(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
+    """One sequence's text (a flat id list decodes to one string; transformers types ``decode`` as either)."""
+    text = tokenizer.decode(ids)
+    return text if isinstance(text, str) else "".join(text)
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """``sha256:<hex>`` of the tokenizer's full ``(token, id)`` table, sorted by id: equal iff ids mean the same."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
     blob = json.dumps(vocab, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
@@ -320,13 +339,13 @@ class TopK:
     token_logp_T: Tensor
 
 
-def _number(x: Any, where: str) -> float:
+def _number(x: object, where: str) -> float:
     if not isinstance(x, int | float) or isinstance(x, bool) or math.isnan(x):
         raise TeacherResponseError(f"{where}: logprob must be a number (got {x!r})")
     return float(x)
 
 
-def topk_from_prompt_logprobs(prompt_logprobs: Any, token_ids: list[int], k: int, where: str) -> TopK:
+def topk_from_prompt_logprobs(prompt_logprobs: object, token_ids: list[int], k: int, where: str) -> TopK:
     """Turn one choice's ``prompt_logprobs`` into a :class:`TopK` of ``k`` ids per position.
 
     Entries are ordered by log-prob (ties: lower rank first), so an actual token outside the top k that ties with

@@ -31,7 +31,6 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -41,6 +40,7 @@ from asyncrl.teacher.protocol import (
     RequestError,
     SequenceScores,
     completion_response,
+    decode_text,
     parse_completion_request,
     parse_prompts,
     tokenizer_fingerprint,
@@ -240,13 +240,13 @@ class TeacherServer:
     def _decode_one(self, tid: int) -> str:
         text = self._decoded.get(tid)
         if text is None:
-            text = self._decoded[tid] = self.tokenizer.decode([tid])
+            text = self._decoded[tid] = decode_text(self.tokenizer, [tid])
         return text
 
     def _tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
-    def models_payload(self) -> dict[str, Any]:
+    def models_payload(self) -> dict[str, object]:
         entry = {
             "id": self.model_id,
             "object": "model",
@@ -261,7 +261,7 @@ class TeacherServer:
         }
         return {"object": "list", "data": [entry]}
 
-    def complete(self, body: Any) -> dict[str, Any]:
+    def complete(self, body: object) -> dict[str, object]:
         add_special = body.get("add_special_tokens", True) if isinstance(body, dict) else True
         req = parse_completion_request(
             body, self.vocab_size, self.max_model_len, lambda text: self._tokenize(text, bool(add_special))
@@ -276,20 +276,20 @@ class TeacherServer:
             req, scores, req.model or self.model_id, self.tokenizer, self.eos_ids, self._decode_one
         )
 
-    def tokenize(self, body: Any) -> dict[str, Any]:
+    def tokenize(self, body: object) -> dict[str, object]:
         if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
             raise RequestError("prompt", "prompt must be a string")
         tokens = self._tokenize(body["prompt"], bool(body.get("add_special_tokens", True)))
         return {"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens}
 
-    def detokenize(self, body: Any) -> dict[str, Any]:
+    def detokenize(self, body: object) -> dict[str, object]:
         if not isinstance(body, dict):
             raise RequestError("body", f"request body must be a JSON object (got {type(body).__name__})")
         try:
             (tokens,) = parse_prompts(body.get("tokens"), self.vocab_size, self._tokenize)
         except RequestError as e:
             raise RequestError("tokens", e.message.replace("prompt", "tokens")) from None
-        return {"prompt": self.tokenizer.decode(tokens)}
+        return {"prompt": decode_text(self.tokenizer, tokens)}
 
 
 # ---- command line ------------------------------------------------------------------------------------------

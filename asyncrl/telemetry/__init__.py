@@ -7,8 +7,8 @@
 - ``grafana/asyncrl_dashboard.json`` -- a dashboard for the prometheus backend (:data:`GRAFANA_DASHBOARD`).
 """
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from asyncrl.telemetry.backends import sanitize_metric_name
 from asyncrl.telemetry.metrics import ALLOWED_BACKENDS, MetricsLogger, last_logged_step, read_metrics
@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> Callable[..., Path]:
     """Import the matplotlib-based report functions only when they are asked for."""
     if name in ("write_report", "compare_report"):
         from asyncrl.telemetry import report

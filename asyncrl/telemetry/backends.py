@@ -10,7 +10,11 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
+    from rich.progress import Progress, TaskID
 
 METRIC_PREFIX = "asyncrl_"
 _INVALID_CHARS = re.compile(r"[^a-zA-Z0-9_]")
@@ -57,7 +61,7 @@ class PrometheusBackend:
 
         self._gauge_cls = Gauge
         self._registry = CollectorRegistry(auto_describe=True)
-        self._gauges: dict[str, Any] = {}
+        self._gauges: dict[str, Gauge] = {}
         self._key_of: dict[str, str] = {}  # sanitised name -> the metric key that claimed it
         self._step = Gauge(METRIC_PREFIX + "step", "Last logged training step", registry=self._registry)
         if run_name:
@@ -68,7 +72,7 @@ class PrometheusBackend:
             raise OSError(f"prometheus backend: cannot serve metrics on 127.0.0.1:{port}: {e}") from e
         self.port: int = int(self._server.server_port)
 
-    def _gauge(self, key: str) -> Any:
+    def _gauge(self, key: str) -> Gauge:
         name = sanitize_metric_name(key)
         owner = self._key_of.get(name)
         if owner is not None and owner != key:
@@ -131,8 +135,8 @@ class ConsoleBackend:
         self.run_name = run_name
         self.total: int | None = None
         self._console = Console(highlight=False, soft_wrap=True)
-        self._progress: Any = None
-        self._task: Any = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
 
     def set_total(self, total_steps: int) -> None:
         self.total = total_steps
@@ -150,12 +154,12 @@ class ConsoleBackend:
             )
             self._progress.start()
             self._task = self._progress.add_task(self.run_name or "train", total=total_steps)
-        else:
+        elif self._task is not None:
             self._progress.update(self._task, total=total_steps)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._console.print(format_console_line(step, metrics, self.run_name, self.total), markup=False)
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=step)
 
     def close(self) -> None:

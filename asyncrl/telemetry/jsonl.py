@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 _BLOCK = 64 * 1024  # bytes read per step when scanning backwards for the last line
 
 
-def _parse_line(raw: bytes) -> dict[str, Any] | None:
+def _parse_line(raw: bytes) -> dict[str, float | None] | None:
     """The JSON object on one line, or None when the bytes are not a JSON object (torn, zero-filled, garbage)."""
     try:
         value = json.loads(raw.decode("utf-8"))
@@ -25,7 +26,7 @@ def _parse_line(raw: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _last_line_offset(f: Any, size: int) -> int:
+def _last_line_offset(f: BinaryIO, size: int) -> int:
     """Byte offset at which the file's last line starts; its own terminating newline does not count as a break."""
     f.seek(size - 1)
     end = size - 1 if f.read(1) == b"\n" else size
@@ -81,7 +82,7 @@ class JsonlWriter:
         repair_jsonl_tail(self.path)
         self._file = open(self.path, "a", encoding="utf-8")  # closed in close()
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: Mapping[str, float | None]) -> None:
         """Append ``record`` as one line; NaN/inf must already be replaced (JSON has none), so they raise here."""
         if self._file.closed:
             raise RuntimeError(f"JsonlWriter({self.path}): write after close")
@@ -95,7 +96,7 @@ class JsonlWriter:
             self._file.close()
 
 
-def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, float | None]]:
     """All records of a metrics JSON-lines file, in file order.
 
     Blank lines are skipped and a final line that is not a JSON object (torn by a crash) is ignored. A bad line
@@ -107,7 +108,7 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         raise FileNotFoundError(f"read_metrics: no metrics file at {p}")
     lines = p.read_bytes().split(b"\n")
     numbered = [(i + 1, raw) for i, raw in enumerate(lines) if raw.strip()]
-    records: list[dict[str, Any]] = []
+    records: list[dict[str, float | None]] = []
     for k, (lineno, raw) in enumerate(numbered):
         record = _parse_line(raw)
         if record is None:

@@ -19,8 +19,8 @@ import numbers
 import os
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from asyncrl.config.schema import LOGGERS, TrainerConfig
 from asyncrl.telemetry.backends import ConsoleBackend, PrometheusBackend, TensorBoardBackend
@@ -52,7 +52,7 @@ def machine_cpu() -> dict[str, float]:
     return {"perf/machine_busy_core_s": float(busy), "perf/monotonic_s": time.monotonic()}
 
 
-def _to_float(key: str, value: Any) -> float:
+def _to_float(key: str, value: object) -> float:
     """``value`` as a float; real numbers, numpy scalars and 0-d arrays/tensors pass, anything else names ``key``."""
     if isinstance(value, numbers.Real):
         return float(value)
@@ -63,7 +63,7 @@ def _to_float(key: str, value: Any) -> float:
     raise ValueError(f"MetricsLogger.log: metric {key!r} must be a real number, got {type(value).__name__}: {value!r}")
 
 
-def validate_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+def validate_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
     """Metrics as ``{str: float}``, NaN/inf kept (each backend decides how to store them)."""
     if not isinstance(metrics, dict):
         raise ValueError(f"MetricsLogger.log: metrics must be a dict, got {type(metrics).__name__}")
@@ -143,7 +143,7 @@ class MetricsLogger:
         if self._console is not None:
             self._console.set_total(total_steps)
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
+    def log(self, step: int, metrics: Mapping[str, object]) -> None:
         """Record ``metrics`` for training ``step`` in every backend; returns once the jsonl line is on disk."""
         if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
             raise ValueError(f"MetricsLogger.log: step must be a non-negative int, got {step!r}")
@@ -154,7 +154,7 @@ class MetricsLogger:
                 raise RuntimeError(f"MetricsLogger({self.out_dir}): log(step={step}) after close()")
             walltime_s = time.time()
             if self._jsonl is not None:
-                record: dict[str, Any] = {"step": step, "time": walltime_s}
+                record: dict[str, float | None] = {"step": step, "time": walltime_s}
                 record.update({k: (v if math.isfinite(v) else None) for k, v in clean.items()})
                 self._jsonl.write(record)
             if self._tensorboard is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from matplotlib import colormaps
 from matplotlib.axes import Axes
@@ -20,7 +20,12 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from asyncrl.telemetry.jsonl import read_metrics
-from asyncrl.telemetry.timeline import read_chrome_trace
+from asyncrl.telemetry.timeline import Event, read_chrome_trace
+
+if TYPE_CHECKING:
+    from asyncrl.telemetry.trace import TraceRecord
+
+RGBA = tuple[float, float, float, float]
 
 METRICS_FILE = "metrics.jsonl"
 TIMELINE_FILE = "timeline.json"
@@ -33,13 +38,19 @@ def _figure(width_in: float, height_in: float) -> Figure:
     return fig
 
 
-def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+def _series(records: list[dict[str, float | None]], key: str) -> tuple[list[int], list[float]]:
     """(steps, values) for ``key``, skipping records without it or with null (non-finite) values."""
-    pairs = [(r["step"], r[key]) for r in records if isinstance(r.get(key), int | float) and "step" in r]
-    return [p[0] for p in pairs], [float(p[1]) for p in pairs]
+    steps: list[int] = []
+    values: list[float] = []
+    for r in records:
+        step, value = r.get("step"), r.get(key)
+        if step is not None and value is not None:
+            steps.append(int(step))
+            values.append(float(value))
+    return steps, values
 
 
-def _plot_curves(ax: Axes, records: list[dict[str, Any]]) -> None:
+def _plot_curves(ax: Axes, records: list[dict[str, float | None]]) -> None:
     steps, reward = _series(records, "reward/mean")
     if steps:
         ax.plot(steps, reward, label="reward/mean", color="tab:blue", linewidth=1.5)
@@ -55,13 +66,13 @@ def _plot_curves(ax: Axes, records: list[dict[str, Any]]) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def _colours(names: list[str]) -> dict[str, Any]:
+def _colours(names: list[str]) -> dict[str, RGBA]:
     """A stable colour per span name (sorted order), shared across runs in :func:`compare_report`."""
     cmap = colormaps["tab10" if len(names) <= 10 else "tab20"]
     return {name: cmap(i % cmap.N) for i, name in enumerate(sorted(names))}
 
 
-def _lanes(spans: list[dict[str, Any]]) -> tuple[list[int], int]:
+def _lanes(spans: list[Event]) -> tuple[list[int], int]:
     """Sub-row for each span so overlapping spans of one worker (nesting, threads) are stacked, not hidden."""
     lane_end: list[float] = []
     lanes: list[int] = [0] * len(spans)
@@ -77,7 +88,7 @@ def _lanes(spans: list[dict[str, Any]]) -> tuple[list[int], int]:
     return lanes, max(1, len(lane_end))
 
 
-def _plot_gantt(ax: Axes, events: list[dict[str, Any]], colours: dict[str, Any], t_origin_s: float) -> None:
+def _plot_gantt(ax: Axes, events: list[Event], colours: dict[str, RGBA], t_origin_s: float) -> None:
     """One row per worker; x in seconds since ``t_origin_s``; instants as black ticks."""
     workers = sorted({e["worker"] for e in events})
     for row, worker in enumerate(workers):
@@ -98,11 +109,11 @@ def _plot_gantt(ax: Axes, events: list[dict[str, Any]], colours: dict[str, Any],
     ax.grid(True, axis="x", alpha=0.3)
 
 
-def _span_names(events: list[dict[str, Any]]) -> list[str]:
+def _span_names(events: list[Event]) -> list[str]:
     return sorted({e["name"] for e in events if e.get("kind", "span") == "span"})
 
 
-def _legend(fig: Figure, colours: dict[str, Any]) -> None:
+def _legend(fig: Figure, colours: dict[str, RGBA]) -> None:
     handles = [Patch(facecolor=c, label=name) for name, c in colours.items()]
     if handles:
         fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize="small", frameon=False)
@@ -152,33 +163,34 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
     return out
 
 
-def _last_traced(run: Path, k: int = 4) -> list[dict[str, Any]]:
+def _last_traced(run: Path, k: int = 4) -> list[TraceRecord]:
     """Up to ``k`` samples of the last step in the run's rollout trace (none without a trace)."""
     from asyncrl.telemetry import trace
 
     if not (run / trace.TRACE_FILE).is_file():
         return []
     recs = trace.read(run)
-    last = max((r["step"] for r in recs), default=None)
-    return [r for r in recs if r["step"] == last][:k]
+    last = max((r.step for r in recs), default=None)
+    return [r for r in recs if r.step == last][:k]
 
 
-def _plot_samples(ax: Any, recs: list[dict[str, Any]]) -> None:
+def _plot_samples(ax: Axes, recs: list[TraceRecord]) -> None:
     """The traced samples side by side with their rewards, as text."""
     ax.axis("off")
-    ax.set_title(f"traced samples, step {recs[0]['step']} (asyncrl trace RUN_DIR)", fontsize="medium")
+    ax.set_title(f"traced samples, step {recs[0].step} (asyncrl trace RUN_DIR)", fontsize="medium")
     lines = [
-        f"reward {r['reward']:<5g} staleness {r['staleness']}  {r['prompt_text'][-40:]!r} -> "
-        f"{r['response_text'][:50]!r}"
+        f"reward {r.reward:<5g} staleness {r.staleness}  {r.prompt_text[-40:]!r} -> {r.response_text[:50]!r}"
         for r in recs
     ]
     ax.text(0.0, 1.0, "\n".join(lines), family="monospace", fontsize="small", va="top", transform=ax.transAxes)
 
 
-def _step_window(events: list[dict[str, Any]], first: int, last: int) -> list[dict[str, Any]]:
+def _step_window(events: list[Event], first: int, last: int) -> list[Event]:
     """The events inside the driver's steps ``first..last`` (by time, so worker spans without a step count too)."""
     steps = [
-        e for e in events if e["worker"] == "driver" and e["name"] == "step" and first <= e.get("step", -1) <= last
+        e
+        for e in events
+        if e["worker"] == "driver" and e["name"] == "step" and e["step"] is not None and first <= e["step"] <= last
     ]
     if not steps:
         raise ValueError(f"compare_report: no driver step spans for steps {first}..{last}")
@@ -199,7 +211,7 @@ def compare_report(
     """
     if not run_dirs:
         raise ValueError("compare_report: run_dirs is empty")
-    runs: list[tuple[str, list[dict[str, Any]]]] = []
+    runs: list[tuple[str, list[Event]]] = []
     for run_dir in run_dirs:
         path = Path(run_dir) / TIMELINE_FILE
         if not path.exists():

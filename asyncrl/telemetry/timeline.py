@@ -22,12 +22,25 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 IDLE_PREFIXES: tuple[str, ...] = ("wait", "idle")  # spans named like this mean "blocked", not "busy"
+
+
+class Event(TypedDict):
+    """One span or instant, as it pickles between processes and goes into ``timeline.json``."""
+
+    name: str
+    kind: str  # "span" | "instant"
+    worker: str
+    thread: str
+    start_s: float  # Unix seconds
+    end_s: float  # Unix seconds; equals start_s for an instant
+    step: int | None
+    args: dict[str, Any]  # the caller's keyword arguments, whatever they are (written with str() where not JSON)
 
 
 class Timeline:
@@ -40,7 +53,7 @@ class Timeline:
     def __init__(self, worker: str | None = None, clock: Callable[[], float] = time.time) -> None:
         self.worker: str = worker or f"pid{os.getpid()}"
         self._clock = clock
-        self._events: list[dict[str, Any]] = []
+        self._events: list[Event] = []
         self._lock = threading.Lock()
 
     def _event(
@@ -51,8 +64,8 @@ class Timeline:
         end_s: float,
         step: int | None,
         worker: str | None,
-        args: dict[str, Any],
-    ) -> dict[str, Any]:
+        args: dict[str, object],
+    ) -> Event:
         return {
             "name": name,
             "kind": kind,
@@ -65,7 +78,7 @@ class Timeline:
         }
 
     @contextmanager
-    def span(self, name: str, step: int | None = None, worker: str | None = None, **args: Any) -> Iterator[None]:
+    def span(self, name: str, step: int | None = None, worker: str | None = None, **args: object) -> Iterator[None]:
         """Record the wall-clock interval of the ``with`` body. An exception still closes the span (with
         ``args["error"]`` set to the exception type) and propagates."""
         start_s = self._clock()
@@ -79,7 +92,7 @@ class Timeline:
             with self._lock:
                 self._events.append(event)
 
-    def instant(self, name: str, step: int | None = None, worker: str | None = None, **args: Any) -> None:
+    def instant(self, name: str, step: int | None = None, worker: str | None = None, **args: object) -> None:
         """Record a point in time (e.g. "weights_updated")."""
         now_s = self._clock()
         event = self._event(name, "instant", now_s, now_s, step, worker, args)
@@ -87,7 +100,13 @@ class Timeline:
             self._events.append(event)
 
     def add_span(
-        self, name: str, start_s: float, end_s: float, step: int | None = None, worker: str | None = None, **args: Any
+        self,
+        name: str,
+        start_s: float,
+        end_s: float,
+        step: int | None = None,
+        worker: str | None = None,
+        **args: object,
     ) -> None:
         """Record a span measured elsewhere (Unix seconds), e.g. timings reported by an inference engine."""
         if end_s < start_s:
@@ -96,28 +115,26 @@ class Timeline:
         with self._lock:
             self._events.append(event)
 
-    def events(self) -> list[dict[str, Any]]:
+    def events(self) -> list[Event]:
         """A copy of all events so far (picklable plain dicts)."""
         with self._lock:
-            return [dict(e) for e in self._events]
+            return [Event(**e) for e in self._events]
 
-    def drain(self) -> list[dict[str, Any]]:
+    def drain(self) -> list[Event]:
         """All events so far, removing them: lets a worker ship its spans incrementally without sending any twice."""
         with self._lock:
             events, self._events = self._events, []
         return events
 
-    def extend(self, events: Iterable[dict[str, Any]]) -> None:
-        """Add events recorded by another process (the output of its ``events()``/``drain()``)."""
-        incoming = [dict(e) for e in events]
-        for e in incoming:
+    def extend(self, events: Iterable[Mapping[str, object]]) -> None:
+        """Add events recorded by another process (the output of its ``events()``/``drain()``); ``kind``,
+        ``thread``, ``step`` and ``args`` may be left out (a span on the main thread, no step, no args)."""
+        incoming: list[Event] = []
+        for e in events:
             missing = {"name", "worker", "start_s", "end_s"} - e.keys()
             if missing:
-                raise ValueError(f"Timeline.extend: event {e!r} lacks {sorted(missing)}")
-            e.setdefault("kind", "span")
-            e.setdefault("thread", "main")
-            e.setdefault("step", None)
-            e.setdefault("args", {})
+                raise ValueError(f"Timeline.extend: event {dict(e)!r} lacks {sorted(missing)}")
+            incoming.append(cast(Event, {"kind": "span", "thread": "main", "step": None, "args": {}, **e}))
         with self._lock:
             self._events.extend(incoming)
 
@@ -143,7 +160,7 @@ def _us(seconds: float) -> int:
     return int(round(seconds * 1_000_000))
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
     """Span args as JSON: numbers/strings/bools/None as-is, containers recursively, anything else as ``str``."""
     if value is None or isinstance(value, bool | int | float | str):
         return value
@@ -154,7 +171,7 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def to_chrome_trace(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def to_chrome_trace(events: Iterable[Event]) -> dict[str, object]:
     """Chrome trace-event JSON object for ``events``.
 
     Each worker becomes a process (``pid`` 1, 2, ... in sorted-name order, with ``process_name`` metadata so Perfetto
@@ -164,7 +181,7 @@ def to_chrome_trace(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
     events = list(events)
     pids = {w: i + 1 for i, w in enumerate(sorted({str(e["worker"]) for e in events}))}
     tids: dict[tuple[str, str], int] = {}
-    trace: list[dict[str, Any]] = []
+    trace: list[dict[str, object]] = []
     for worker, pid in pids.items():
         trace.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": worker}})
         trace.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
@@ -174,10 +191,16 @@ def to_chrome_trace(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
         if (worker, thread) not in tids:
             tids[(worker, thread)] = tid = sum(1 for w, _ in tids if w == worker) + 1
             trace.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": thread}})
-        args = _jsonable(e.get("args") or {})
+        args = {str(k): _jsonable(v) for k, v in (e.get("args") or {}).items()}
         if e.get("step") is not None:
             args["step"] = e["step"]
-        out = {"name": e["name"], "cat": "asyncrl", "pid": pid, "tid": tids[(worker, thread)], "ts": _us(e["start_s"])}
+        out: dict[str, object] = {
+            "name": e["name"],
+            "cat": "asyncrl",
+            "pid": pid,
+            "tid": tids[(worker, thread)],
+            "ts": _us(e["start_s"]),
+        }
         if e.get("kind", "span") == "instant":
             out.update(ph="i", s="t")
         else:
@@ -187,7 +210,7 @@ def to_chrome_trace(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return {"traceEvents": trace, "displayTimeUnit": "ms"}
 
 
-def write_chrome_trace(path: str | os.PathLike[str], events: Iterable[dict[str, Any]]) -> Path:
+def write_chrome_trace(path: str | os.PathLike[str], events: Iterable[Event]) -> Path:
     """Write ``events`` as a Chrome trace (open in https://ui.perfetto.dev or chrome://tracing); returns the path.
 
     Written to a temporary file and renamed, so a crash mid-write never leaves a truncated ``timeline.json``.
@@ -200,7 +223,7 @@ def write_chrome_trace(path: str | os.PathLike[str], events: Iterable[dict[str, 
     return p
 
 
-def read_chrome_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_chrome_trace(path: str | os.PathLike[str]) -> list[Event]:
     """Events back from a trace written by :func:`write_chrome_trace` (worker/thread names restored)."""
     p = Path(path)
     try:
@@ -214,7 +237,7 @@ def read_chrome_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     threads = {
         (e["pid"], e["tid"]): e["args"]["name"] for e in raw if e.get("ph") == "M" and e.get("name") == "thread_name"
     }
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     for e in raw:
         if e.get("ph") not in ("X", "i", "I"):
             continue
@@ -235,14 +258,12 @@ def read_chrome_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return events
 
 
-def is_busy(event: dict[str, Any]) -> bool:
+def is_busy(event: Event) -> bool:
     """A span counts as work unless its name starts with "wait" or "idle" (instants are never busy)."""
     return event.get("kind", "span") == "span" and not str(event["name"]).lower().startswith(IDLE_PREFIXES)
 
 
-def span_totals(
-    events: Iterable[dict[str, Any]], step: int | None = None, worker: str | None = None
-) -> dict[str, float]:
+def span_totals(events: Iterable[Event], step: int | None = None, worker: str | None = None) -> dict[str, float]:
     """Total seconds per span name (summed over workers and threads), optionally for one step and/or one worker."""
     totals: dict[str, float] = {}
     for e in events:
@@ -254,7 +275,7 @@ def span_totals(
     return totals
 
 
-def idle_fraction(events: Iterable[dict[str, Any]], worker: str, t0: float, t1: float) -> float:
+def idle_fraction(events: Iterable[Event], worker: str, t0: float, t1: float) -> float:
     """Fraction of the window ``[t0, t1]`` (Unix seconds) in which ``worker`` had no busy span running.
 
     Busy time is the *union* of the worker's busy spans clipped to the window, so nested or overlapping spans (a

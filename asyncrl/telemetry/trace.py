@@ -11,12 +11,16 @@ A resumed run drops the records of steps past its checkpoint, as ``metrics.jsonl
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from asyncrl.errors import UserInputError
 from asyncrl.types import Sample
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 TRACE_FILE = "rollout_trace.jsonl"
 WORK_FILE = "work.jsonl"  # every step's work in lengths: what ``asyncrl profile`` fits the cost model on
@@ -54,7 +58,12 @@ def pick(samples: list[Sample], k: int) -> list[Sample]:
 
 
 def records(
-    step: int, samples: list[Sample], consumed_version: int, tokenizer: Any, k: int, token2text: bool
+    step: int,
+    samples: list[Sample],
+    consumed_version: int,
+    tokenizer: PreTrainedTokenizerBase,
+    k: int,
+    token2text: bool,
 ) -> list[TraceRecord]:
     out = []
     for s in pick(samples, k):
@@ -65,11 +74,11 @@ def records(
                 uid=s.uid,
                 data_source=s.prompt.data_source,
                 ground_truth=s.prompt.ground_truth,
-                prompt_text=tokenizer.decode(s.prompt.prompt_ids),
-                response_text=s.response_text if s.response_text is not None else tokenizer.decode(ids),
+                prompt_text=_decode(tokenizer, list(s.prompt.prompt_ids)),
+                response_text=s.response_text if s.response_text is not None else _decode(tokenizer, ids),
                 prompt_ids=list(s.prompt.prompt_ids),
                 response_ids=ids,
-                response_tokens=[tokenizer.decode([t]) for t in ids] if token2text else None,
+                response_tokens=[_decode(tokenizer, [t]) for t in ids] if token2text else None,
                 reward=float(s.reward),
                 reward_failed=bool(s.reward_failed),
                 stop_reason=s.stop_reason,
@@ -82,23 +91,29 @@ def records(
     return out
 
 
+def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
+    """One sequence's text (a flat id list decodes to one string; transformers types ``decode`` as either)."""
+    text = tokenizer.decode(ids)
+    return text if isinstance(text, str) else "".join(text)
+
+
 def append(run_dir: Path, recs: list[TraceRecord]) -> None:
     _append_jsonl(run_dir / TRACE_FILE, recs)
 
 
-def _append_jsonl(path: Path, recs: list[Any]) -> None:
+def _append_jsonl(path: Path, recs: Sequence[TraceRecord | WorkRecord]) -> None:
     with open(path, "a", encoding="utf-8") as f:
         for r in recs:
             f.write(json.dumps(asdict(r)) + "\n")
 
 
-def read(run_dir: str | Path, step: int | None = None) -> list[dict[str, Any]]:
+def read(run_dir: str | Path, step: int | None = None) -> list[TraceRecord]:
     """The trace's records (of ``step`` only, when given); a missing trace is an error naming the file."""
     path = Path(run_dir) / TRACE_FILE
     if not path.is_file():
         raise TraceNotFoundError(f"{path}: no rollout trace (run with rollout.trace.enable=true)")
-    recs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [r for r in recs if step is None or r["step"] == step]
+    recs = [TraceRecord(**json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [r for r in recs if step is None or r.step == step]
 
 
 def truncate(run_dir: Path, last_step: int) -> None:
@@ -142,20 +157,20 @@ def append_work(run_dir: Path, rec: WorkRecord) -> None:
     _append_jsonl(run_dir / WORK_FILE, [rec])
 
 
-def format_step(recs: list[dict[str, Any]], width: int = 100) -> str:
+def format_step(recs: list[TraceRecord], width: int = 100) -> str:
     """A step's records as text: one block per sample, reward and versions first."""
     lines = []
     for r in recs:
-        versions = sorted(set(r["versions"]))
-        failed = " (reward failed)" if r["reward_failed"] else ""
+        versions = sorted(set(r.versions))
+        failed = " (reward failed)" if r.reward_failed else ""
         lines.append(
-            f"step {r['step']}  {r['uid']}  reward {r['reward']:g}{failed}  stop {r['stop_reason']}  "
-            f"versions {versions}  staleness {r['staleness']}  mean logprob {r['logprob_mean']:.3f}"
+            f"step {r.step}  {r.uid}  reward {r.reward:g}{failed}  stop {r.stop_reason}  "
+            f"versions {versions}  staleness {r.staleness}  mean logprob {r.logprob_mean:.3f}"
         )
-        lines.append(f"  prompt:   {_clip(r['prompt_text'], width)}")
-        lines.append(f"  response: {_clip(r['response_text'], width)}   (truth: {r['ground_truth']})")
-        if r.get("response_tokens") is not None:
-            lines.append(f"  tokens:   {_clip(' | '.join(repr(t)[1:-1] for t in r['response_tokens']), width)}")
+        lines.append(f"  prompt:   {_clip(r.prompt_text, width)}")
+        lines.append(f"  response: {_clip(r.response_text, width)}   (truth: {r.ground_truth})")
+        if r.response_tokens is not None:
+            lines.append(f"  tokens:   {_clip(' | '.join(repr(t)[1:-1] for t in r.response_tokens), width)}")
     return "\n".join(lines)
 
 

@@ -21,10 +21,10 @@ import importlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 from asyncrl.config.schema import TRACKER_PACKAGES
 
@@ -44,12 +44,12 @@ class RunInfo:
 
     project: str
     name: str
-    config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, object] = field(default_factory=dict)
     command: str = ""
-    placement: dict[str, Any] = field(default_factory=dict)
+    placement: dict[str, object] = field(default_factory=dict)
     resumed: bool = False
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> dict[str, object]:
         """The run as one dict: the config's sections, and ``run`` (its command line and placement)."""
         return {**self.config, "run": {"command": self.command, "placement": self.placement}}
 
@@ -73,7 +73,7 @@ class _Progress:
     def __init__(self, path: Path, resumed: bool):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.state: dict[str, Any] = {}
+        self.state: dict[str, str | int] = {}  # run_id, where it runs (project, experiment), last_step
         if resumed and path.is_file():
             try:
                 self.state = json.loads(path.read_text())
@@ -85,7 +85,8 @@ class _Progress:
 
     @property
     def run_id(self) -> str | None:
-        return self.state.get("run_id")
+        run_id = self.state.get("run_id")
+        return run_id if isinstance(run_id, str) else None
 
     def start(self, run_id: str, **where: str) -> None:
         if run_id != self.run_id:  # a new tracker run has logged nothing yet
@@ -216,7 +217,7 @@ class MlflowBackend:
         self._client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
 
 
-def flat_params(record: dict[str, Any], prefix: str = "") -> dict[str, str]:
+def flat_params(record: Mapping[str, object], prefix: str = "") -> dict[str, str]:
     """``record`` as MLflow params: nested dicts as dotted names (``trainer.seed``), lists and other values as JSON
     text, strings as they are; characters MLflow refuses in a name become ``_``, and a value longer than MLflow takes
     is cut (the run's JSON artifact has it whole)."""

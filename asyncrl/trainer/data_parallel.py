@@ -27,7 +27,7 @@ device its caller's part lives on.
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
@@ -35,6 +35,11 @@ from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by to
 from asyncrl.comm import groups
 from asyncrl.data.collate import TrainBatch
 from asyncrl.trainer.forward import model_device
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+V = TypeVar("V")
 
 GRAD_BUCKET_BYTES = 32 * 2**20  # gradients are summed in flat buckets of about this size
 
@@ -85,8 +90,8 @@ class DataParallel:
 
     def __init__(
         self,
-        pg: Any,
-        store: Any,
+        pg: Any,  # a torch ProcessGroup, or the in-process LocalGroup (asyncrl.comm.local); None once closed
+        store: torch.distributed.Store,
         rank: int,
         world_size: int,
         timeout_s: float,
@@ -100,7 +105,7 @@ class DataParallel:
         self.timeout_s = timeout_s
         self.backend = backend
         self.device = device if device is not None else groups.backend_device(backend)
-        self.mesh: Any = None  # FSDP2's device mesh, once ``shard_with_fsdp2`` ran (``asyncrl.trainer.fsdp``)
+        self.mesh: DeviceMesh | None = None  # FSDP2's, once ``shard_with_fsdp2`` ran (``asyncrl.trainer.fsdp``)
 
     @property
     def sharded(self) -> bool:
@@ -180,7 +185,7 @@ class DataParallel:
         """An integer from every rank, in rank order (one copy back to the host)."""
         return torch.stack(self._all_gather(torch.tensor([n], dtype=torch.int64))).flatten().tolist()
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
+    def all_gather_object(self, obj: V) -> list[V]:
         """A small picklable value from every rank, in rank order (metrics, flags)."""
         payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
         sizes = self.all_gather_int(payload.numel())

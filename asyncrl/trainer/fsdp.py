@@ -53,7 +53,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from asyncrl.models.loading import decoder_layers
 
 
-def init_mesh(store: Any, rank: int, world_size: int, timeout_s: float, backend: str, host: str) -> DeviceMesh:
+def init_mesh(store: dist.Store, rank: int, world_size: int, timeout_s: float, backend: str, host: str) -> DeviceMesh:
     """The default process group of this rank's process (rendezvous through ``store``) and a 1-D mesh over it."""
     if dist.is_initialized():
         raise RuntimeError(
@@ -190,7 +190,7 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     return {"state": state, "param_groups": sd["param_groups"]}
 
 
-def _whole(v: Any) -> Any:
+def _whole(v: object) -> object:
     """A state value gathered whole (a sharded tensor) or copied (a step count): never the optimizer's own tensor,
     which its next step changes in place."""
     if isinstance(v, DTensor):

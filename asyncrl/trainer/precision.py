@@ -11,10 +11,13 @@ upcasts the logits), and data-parallel ranks sum their gradients in fp32 (``asyn
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from asyncrl.config.training import OptimConfig
 
 
 class MasterWeightsAdamW(torch.optim.AdamW):
@@ -71,16 +74,16 @@ class MasterWeightsAdamW(torch.optim.AdamW):
                 p.copy_(m)
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], optim: Any) -> torch.optim.Optimizer:
+def build_optimizer(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
     """AdamW over ``params`` with ``optim``'s lr, betas and weight decay (an ``OptimConfig``); with fp32 masters
     when any parameter is in a lower precision."""
     params = list(params)
-    kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    beta1, beta2 = optim.betas
     if any(p.dtype != torch.float32 for p in params):
-        return MasterWeightsAdamW(params, **kwargs)
-    return torch.optim.AdamW(params, **kwargs)
+        return MasterWeightsAdamW(params, lr=optim.lr, betas=(beta1, beta2), weight_decay=optim.weight_decay)
+    return torch.optim.AdamW(params, lr=optim.lr, betas=(beta1, beta2), weight_decay=optim.weight_decay)
 
 
-def grads_to_clip(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> list[Any]:
+def grads_to_clip(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> Sequence[torch.Tensor]:
     """The gradients a step clips and takes: the fp32 masters' under ``MasterWeightsAdamW``, else the model's."""
     return optimizer.grads_in_fp32() if isinstance(optimizer, MasterWeightsAdamW) else params

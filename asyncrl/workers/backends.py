@@ -38,7 +38,7 @@ class LocalPending:
 class LocalHandle:
     """A worker object in this process, called on its own thread(s)."""
 
-    def __init__(self, obj: Any, name: str, concurrency: int = 1, call_timeout_s: float | None = None):
+    def __init__(self, obj: object, name: str, concurrency: int = 1, call_timeout_s: float | None = None):
         self.obj, self.name, self.call_timeout_s = obj, name, call_timeout_s
         self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix=name)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 import ray._private.ray_constants as ray_constants
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.calls import wait_with_deadline
@@ -174,7 +174,7 @@ class RayPools:
 
     def __init__(self, placement: Placement, ready_timeout_s: float, log_dir: Path | None = None):
         self.placement, self.log_dir = placement, log_dir
-        self.pgs: dict[str, Any] = {}
+        self.pgs: dict[str, PlacementGroup] = {}
         pools = placement.all_pools()
         n_rollout = placement.rollout.ranks if placement.rollout else 0
         shared = len(placement.pools) + n_rollout + placement.actor_ranks - 1 > 1

@@ -20,7 +20,7 @@ from asyncrl.config.specs import CriticSpec
 from asyncrl.data.collate import TrainBatch, micro_batches
 from asyncrl.models.device import resolve_device, to_device
 from asyncrl.models.loading import load_model
-from asyncrl.telemetry.timeline import get_timeline
+from asyncrl.telemetry.timeline import Event, get_timeline
 from asyncrl.trainer.forward import at_responses, batching, model_inputs
 from asyncrl.trainer.precision import build_optimizer
 from asyncrl.trainer.update import optimize
@@ -133,7 +133,7 @@ class CriticWorker:
         set_rng_state(state["rng"])
         return self.updates
 
-    def pop_timeline(self) -> list[dict]:
+    def pop_timeline(self) -> list[Event]:
         return self.timeline.drain()
 
     def pid(self) -> int:

@@ -24,10 +24,10 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 IN_PROCESS_LOG = "in_process.log"
 
@@ -90,8 +90,17 @@ def in_process_chatter_to(path: Path) -> Iterator[None]:
             warnings.showwarning = shown
 
 
-def _show_in(log: TextIO) -> Any:
-    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+def _show_in(log: TextIO) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that writes to ``log``."""
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         log.write(warnings.formatwarning(message, category, filename, lineno, line))
 
     return show

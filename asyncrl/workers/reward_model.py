@@ -11,7 +11,7 @@ import torch
 from asyncrl.config.specs import RewardModelSpec
 from asyncrl.models.device import resolve_device
 from asyncrl.models.reward_model import load_reward_model, score_ids
-from asyncrl.telemetry.timeline import get_timeline
+from asyncrl.telemetry.timeline import Event, get_timeline
 from asyncrl.types import Sample, Scored
 
 
@@ -41,7 +41,7 @@ class RewardModelWorker:
     def load_checkpoint(self, directory: str) -> int:
         return 0
 
-    def pop_timeline(self) -> list[dict]:
+    def pop_timeline(self) -> list[Event]:
         return self.timeline.drain()
 
     def pid(self) -> int:

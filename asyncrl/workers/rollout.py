@@ -11,7 +11,6 @@ trainer's critical path.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 
@@ -22,7 +21,7 @@ from asyncrl.rewards.loop import build_reward_loop
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.factory import rollout_engine
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.telemetry.timeline import get_timeline
+from asyncrl.telemetry.timeline import Event, get_timeline
 from asyncrl.types import Generation, PrefillStats, Prompt, Sample
 from asyncrl.weights.endpoints import SyncReceiverMixin
 from asyncrl.workers.stream_loop import StreamLoop
@@ -74,10 +73,10 @@ class RolloutWorker(SyncReceiverMixin):
     def save_checkpoint(self, directory: str) -> None:
         """Nothing of its own to save: its weights are the trainer's, re-sent after a resume."""
 
-    def load_checkpoint(self, directory: str) -> Any:
+    def load_checkpoint(self, directory: str) -> None:
         return None
 
-    def pop_timeline(self) -> list[dict]:
+    def pop_timeline(self) -> list[Event]:
         return self.timeline.drain()
 
     def pid(self) -> int:

@@ -56,7 +56,9 @@ def start_roles(
         backend.close()
 
 
-def _spawn(cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: Any, producer: type | None) -> Roles:
+def _spawn(
+    cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: _RayBackend | _LocalBackend, producer: type | None
+) -> Roles:
     p = backend.placement
     trainer = _spawn_trainer(cfg, specs, backend)
     rollouts: list[RolloutClient] = [trainer, *(RolloutClient(h) for h in trainer.ranks[1:])]  # sync: every rank
@@ -72,6 +74,9 @@ def _spawn(cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: Any, produ
         rollouts = [RolloutClient(rollout_worker(i)) for i in range(cfg.rollout.num_workers)]
         respawn = rollout_worker if ray else None
     elif side is RolloutSide.STREAM:  # the producer on rollout rank 0, driving the pool's other ranks
+        if producer is None:
+            raise ValueError("start_roles: a streaming schedule's roles need its producer class (producer=None)")
+        stream_producer = producer
         stream_ranks = [
             backend.spawn(
                 f"rollout:{i}", RolloutWorker, specs.rollout, name=f"rollout{i}", concurrency=RANK_CONCURRENCY
@@ -81,7 +86,7 @@ def _spawn(cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: Any, produ
 
         def the_rollouter(_: int = 0) -> Handle:
             h = backend.spawn(
-                "rollout:0", producer, specs.rollouter, name="rollouter", concurrency=ROLLOUTER_CONCURRENCY
+                "rollout:0", stream_producer, specs.rollouter, name="rollouter", concurrency=ROLLOUTER_CONCURRENCY
             )
             timeout = cfg.trainer.role_start_timeout_s
             for rank in stream_ranks:  # a decode a dead Rollouter left running there ends before the next sync
@@ -112,7 +117,7 @@ def _spawn(cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: Any, produ
     )
 
 
-def _spawn_trainer(cfg: Config, specs: RoleSpecs, backend: Any) -> TrainerClient:
+def _spawn_trainer(cfg: Config, specs: RoleSpecs, backend: _RayBackend | _LocalBackend) -> TrainerClient:
     """The trainer: one worker, or ``trainer.num_workers`` data-parallel ranks joined in one group."""
     n, spec = cfg.trainer.num_workers, specs.trainer
     if n == 1:

@@ -40,7 +40,7 @@ from asyncrl.rewards.loop import build_reward_loop
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.factory import colocated_engine
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.telemetry.timeline import get_timeline
+from asyncrl.telemetry.timeline import Event, get_timeline
 from asyncrl.trainer import fsdp, gathered
 from asyncrl.trainer.data_parallel import DataParallel, rank_name
 from asyncrl.trainer.forward import batching, enable_checkpointing, response_logprobs, use_checkpointing
@@ -295,7 +295,7 @@ class TrainerWorker(ActorStateMixin, SyncSenderMixin):
             for t in targets:
                 t.load_state_dict(self.model.state_dict())
 
-    def pop_timeline(self) -> list[dict]:
+    def pop_timeline(self) -> list[Event]:
         return self.timeline.drain()
 
     def pid(self) -> int:
