@@ -17,7 +17,7 @@ from asyncrl.schedules.fully_async.producer import Producer
 from asyncrl.schedules.fully_async.queue import MessageQueue
 from asyncrl.schedules.fully_async.staleness import StalenessBudget
 from asyncrl.types import Prompt, Sample
-from tests.test_fully_async_streaming import ScriptedEngine
+from tests.test_fully_async_streaming import ScriptedEngine, turn
 
 
 class HeldCompletions:
@@ -62,7 +62,7 @@ def books(capacities, n, max_groups, clock, complete=None, max_completing=None, 
 def run(producer: Producer, engines, clock, steps: int) -> None:
     for _ in range(steps):
         clock[0] += 1
-        producer.turn(engines)
+        turn(producer, engines)
 
 
 def test_a_group_waits_for_its_last_score_while_the_engine_decodes_new_groups():
@@ -141,7 +141,7 @@ def test_a_snapshot_keeps_rows_completing_and_a_restore_completes_them_again():
     q.restore(Takeover(snap, [], 0))
     assert len(again.waiting) == 2 and q.rows_completing() == 2 and len(q.queue) == 0
     again.release(reward=0.5)
-    q.turn([ScriptedEngine(2, lambda i: 2, clock)])
+    turn(q, [ScriptedEngine(2, lambda i: 2, clock)])
     [group] = q.queue.snapshot().groups
     assert [s.reward for s in group.samples] == [0.5, 0.5]
     assert q.ledger.record(0, 0).queued == 1

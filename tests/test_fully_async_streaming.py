@@ -1,5 +1,6 @@
 """The fully_async producer streams: a row that ends frees its slot at that step and a new group takes it at the next;
-a finished group is queued at once, whatever older groups are doing (``Producer.turn``, the loop the Rollouter runs).
+a finished group is queued at once, whatever older groups are doing (``loop.turn``, a turn of the loop the Rollouter
+runs).
 
 The engine here is scripted (every row's length is set by its prompt; one decode step per turn, the step count is the
 clock): what is checked is the producer's decisions, step by step, not a model's output.
@@ -8,8 +9,10 @@ clock): what is checked is the producer's decisions, step by step, not a model's
 from __future__ import annotations
 
 from asyncrl.data.sampler import EpochSampler
+from asyncrl.schedules.fully_async import loop
 from asyncrl.schedules.fully_async.producer import Producer
 from asyncrl.schedules.fully_async.queue import MessageQueue
+from asyncrl.schedules.fully_async.ranks import RankPorts
 from asyncrl.schedules.fully_async.slots import stream_concurrency
 from asyncrl.schedules.fully_async.staleness import StalenessBudget
 from asyncrl.types import Prompt, Sample
@@ -59,6 +62,16 @@ def _end(s: Sample) -> Sample:
     return Sample(s.prompt, s.response_ids, s.logprobs, s.versions, "eos", s.start_version, row=s.row)
 
 
+def turn(books: Producer, ranks, put_timeout_s: float = 0.0, leave_put=lambda: True) -> bool:
+    """One turn of the producer's loop (``loop.turn``) over in-process ranks: a generator that yields nothing."""
+    step = loop.turn(RankPorts(books, ranks, put_timeout_s, leave_put))
+    try:
+        event = next(step)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError(f"a turn over in-process ranks yielded {event!r}")
+
+
 def producer(capacities: list[int], n: int, max_groups: int, clock: list[int], staleness: float = 10.0, keep=None):
     budget = StalenessBudget(staleness_threshold=staleness)  # one group per update and per version
     queue = MessageQueue(budget.groups_per_window_budget, "backpressure")
@@ -77,7 +90,7 @@ def test_a_short_row_frees_its_slot_at_once_and_its_group_is_queued_before_the_l
     queued_at: dict[int, int] = {}
     for step in range(1, 13):
         clock[0] = step
-        books.turn([engine])
+        turn(books, [engine])
         for g in books.queue.snapshot().groups:
             queued_at.setdefault(g.index, step)
     assert engine.log[1] == [0, 1, 2, 3]
@@ -96,7 +109,7 @@ def test_groups_go_whole_to_the_least_loaded_rank_with_a_free_slot_and_no_slot_i
     where: dict[int, set[int]] = {}
     for step in range(1, 40):
         clock[0] = step
-        books.turn(ranks)
+        turn(books, ranks)
         # a group is admitted while its rank has a free slot: at most n - 1 rows beyond it wait in the engine
         assert books.load[0] <= 4 + 1 and books.load[1] <= 2 + 1
         for r, engine in enumerate(ranks):
@@ -116,14 +129,14 @@ def test_interrupted_rows_keep_their_tokens_and_are_placed_again_and_a_snapshot_
     books = producer([4], n=2, max_groups=2, clock=clock)
     for step in range(1, 6):
         clock[0] = step
-        books.turn([engine])
+        turn(books, [engine])
     assert books.rows_out() == 4
     try:
         books.snapshot(0)
         raise AssertionError("a snapshot with rows on an engine must be refused")
     except RuntimeError as e:
         assert "still on the engines" in str(e)
-    books.interrupted([engine])
+    RankPorts(books, [engine]).interrupt()
     assert books.rows_out() == 0 and books.counts["interrupted_rows"] == 4
     rows = [s for g in books.inflight.values() for s in g.samples]
     assert [len(s.response_ids) for s in rows] == [5, 5, 5, 5]
@@ -141,11 +154,11 @@ def test_dynamic_sampling_drops_a_group_without_spread_and_frees_its_slot_at_onc
     books = producer([2], n=1, max_groups=2, clock=clock, keep=keep)
     for step in range(1, 3):
         clock[0] = step
-        books.turn([engine])
+        turn(books, [engine])
     assert books.counts["filtered_groups"] == 1  # prompt 0 ended at step 2 and was dropped
     assert books.ledger.record(0, 0).filtered == 1
     clock[0] = 3
-    books.turn([engine])
+    turn(books, [engine])
     assert 2 in engine.log[3]  # its slot went to prompt 2 at the next step
     assert all(g.index % 2 == 1 for g in books.queue.snapshot().groups)
 
@@ -170,7 +183,7 @@ def test_a_due_group_behind_a_full_queue_is_taken_and_keeps_its_bound():
         try:
             while not stop[0]:
                 clock[0] += 1
-                if not books.turn([engine], 0.01, lambda: stop[0]):
+                if not turn(books, [engine], 0.01, lambda: stop[0]):
                     time.sleep(0.001)
         except Exception as e:  # surfaced below
             errors.append(e)

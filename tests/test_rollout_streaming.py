@@ -385,10 +385,10 @@ def test_sliding_window_layers_stream_as_one_call_decodes_them(tok):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_simulator_runs_the_slots_the_built_in_decoder_runs(endless, tok, seed):
-    """The performance model prices a built-in engine's decode step by its slots in use (``perf.stream.SimRank``):
+    """The performance model prices a built-in engine's decode step by its slots in use (``planning.slots.SimRank``):
     for rows of known lengths entering a full decoder, every step's forward batch of the real decoder equals the
     simulated rank's slots in use."""
-    from asyncrl.planning.stream import SimRank, SimRow
+    from asyncrl.planning.slots import SimRank, SimRow
     from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow
 
     rng = random.Random(seed)

@@ -15,6 +15,7 @@ from the call's fixed cost: without a probe a prefilled token is priced as a dec
 from __future__ import annotations
 
 import bisect
+import heapq
 import json
 import math
 from collections.abc import Hashable, Iterable, Sequence
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from asyncrl.errors import UserInputError
+from asyncrl.planning.slots import SimRank, SimRow
 
 COST_VERSION = 1
 
@@ -118,25 +120,22 @@ def decode_segments(remaining: list[int], engine: str = "builtin", slots: int = 
         raise ValueError(f"decode_segments: no engine {engine!r} (known: {', '.join(ENGINES)})")
     if engine == "vllm":
         return continuous_schedule([r for r in remaining if r > 0], slots)[0]
-    waiting = [r for r in remaining if r > 0][::-1]  # popped from the end: the call's order
-    slots, used, segs, t = slots or len(waiting), [], [], 0  # used: the step each slot's row ends at (None: free)
-    while True:
-        for k in ([k for k, e in enumerate(used) if e is None] + list(range(len(used), slots)))[: len(waiting)]:
-            used += [None] * (k + 1 - len(used))
-            used[k] = t + waiting.pop()
-        ends = [e for e in used if e is not None]
-        if not ends:
-            return segs
-        end = min(ends)
-        fin = ended = ends.count(end)
-        if segs and segs[-1].live == len(used):
-            fin, t = fin + segs[-1].finished, t - segs.pop().tokens
-        segs.append(Segment(end - t, len(used), fin))
-        t, used = end, [None if e == end else e for e in used]
-        while used and used[-1] is None:
-            used.pop()
-        if len(ends) - ended + len(waiting) <= len(used) // 2:
-            used = [e for e in used if e is not None]
+    rank = SimRank(slots or len(remaining), waiting=[SimRow(None, r) for r in remaining if r > 0])  # type: ignore[arg-type]
+    segs: list[Segment] = []
+    rank.fill()
+    while rank.live:
+        end, done = rank.live[0][0], []
+        while rank.live and rank.live[0][0] == end:
+            done.append(heapq.heappop(rank.live)[2])
+        seg = Segment(end - rank.t, len(rank.used), len(done))
+        if segs and segs[-1].live == seg.live:  # one constant batch across the end of rows that left no slot behind
+            last = segs.pop()
+            seg = Segment(last.tokens + seg.tokens, seg.live, last.finished + seg.finished)
+        segs.append(seg)
+        rank.t = end
+        rank.end(done)
+        rank.fill()
+    return segs
 
 
 def continuous_schedule(rem: list[int], slots: int) -> tuple[list[Segment], list[int]]:

@@ -3,10 +3,9 @@
 
 ``sync``, ``one_step_off`` and ``two_step_off`` run the real run's own loops (``schedules.loops``) over ports that
 price each phase on the clock (``planning.sim_ports``): a loop changed there changes the prediction. ``fully_async``
-runs the real producer (``Producer.place`` / ``returned`` / ``finish`` / ``put_finished`` / ``take`` with the real
-``StalenessController``, ``MessageQueue``, ``PromptLedger`` and partial-rollout pause) over streaming engines priced
-per step (``stream``), and its driver's side (take, prepare, train, park the Rollouter, sync, resume) is the run's
-own loop too (``schedules.fully_async.loop.consume``) over ``stream.StreamSimPorts``.
+runs both its loops (``schedules.fully_async.loop``): the Rollouter's (``produce``, with the real ``Producer``) over
+streaming engines priced per step (``stream.SimRollouter``), the driver's (``consume``: take, prepare, train, park
+the Rollouter, sync, resume) over ``stream.StreamSimPorts``.
 
 A decode call of the other schedules is priced by the engine's own structure (``cost.decode_segments``): one step
 per token of its longest row, each costing a fixed part plus a part per live row; rows split by group over the

@@ -1,164 +1,161 @@
-"""``fully_async`` on the virtual clock: the real producer (``Producer.place`` / ``returned`` / ``finish`` /
-``put_finished`` / ``take`` with the real ``StalenessController``, ``MessageQueue``, ``PromptLedger`` and
-partial-rollout pause) decides what each rank decodes; each rank's streaming engine is priced per step (a fixed part
-plus a part per row it runs, at the batch decode's prices: vLLM's live rows, the built-in engine's slots in use, kept
-as that engine keeps them) and per admission (the new rows' prefill, a blank group's shared; never the batch
-decoder's per-call cost), and the clock jumps from one row's end to the next: a row that ends frees its slot at that
-step and the producer places the next group at once, as the real engines do. A row that ends goes to the reward
-loop, priced on the pool's cores beside the decode; its group completes when it is scored. The driver's loop is
-``schedules.fully_async``'s. ``StreamSim`` is the part of ``simulate.Sim`` that runs it."""
+"""``fully_async`` on the virtual clock: both its loops are the run's own (``schedules.fully_async.loop``). The
+Rollouter's (``loop.produce``) runs over ``SimRollouter``, with the real ``Producer`` (its ``StalenessController``,
+``MessageQueue``, ``PromptLedger``, partial-rollout pause and drain) deciding what each rank decodes; each rank's
+streaming engine is priced per step (a fixed part plus a part per row it runs, at the batch decode's prices: vLLM's
+live rows, the built-in engine's slots in use, kept as that engine keeps them) and per admission (the new rows'
+prefill, a blank group's shared; never the batch decoder's per-call cost), and the clock jumps from one row's end to
+the next: a row that ends frees its slot at that step and the producer places the next group at once, as the real
+engines do. A row that ends goes to the reward loop, priced on the pool's cores beside the decode; its group
+completes when it is scored. The driver's (``loop.consume``) runs over ``StreamSimPorts``. ``StreamSim`` is the part
+of ``simulate.Sim`` that runs them."""
 
 from __future__ import annotations
 
 import copy
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from asyncrl.data.sampler import EpochSampler
 from asyncrl.planning.clock import Clock, Compute, Delay, Signal, Wait
 from asyncrl.planning.cost import Segment, prefill_tokens
 from asyncrl.planning.setting import Span
+from asyncrl.planning.slots import SimRank, SimRow
 from asyncrl.schedules.fully_async import loop
+from asyncrl.schedules.fully_async.loop import Hold
 from asyncrl.schedules.fully_async.producer import Producer
 from asyncrl.schedules.fully_async.recovery import ConsumedBatch, Takeover
 from asyncrl.schedules.fully_async.slots import queue_for, stream_concurrency
+from asyncrl.schedules.loops import Steps
 from asyncrl.types import Prompt, Sample
 
 PIECE_STEPS = 16  # the clock jumps at most this many decode steps at a time, so a pause lands within them
 
 
-@dataclass
-class SimRow:
-    """A row on a simulated engine: the sample it continues, the tokens it still needs, the rank's step count when
-    it took a slot, the slot it holds."""
+class SimRollouter:
+    """``loop.produce``'s ports on the clock: one Rollouter's life (a fault ends it: ``held.stop``) with the real
+    ``Producer`` (``books``; restored from ``take`` when it takes over), each rank's streaming engine priced per step
+    between row ends, the rows that ended scored on the pool's cores beside the decode. ``version``: the weights its
+    engines hold. ``sim``: the ``simulate.Sim`` whose clock, prices, work and signals these use."""
 
-    sample: Sample
-    need: int
-    start: int = 0
-    slot: int = -1
-
-
-@dataclass
-class SimRank:
-    """One simulated rollout rank: ``t`` decode steps done (and the fraction of the next one paid for), its rows in
-    slots as a heap by the step they end at, rows waiting for a slot, prefill seconds owed before its next step.
-    ``used``: the slots a step runs, as the built-in engine keeps them (``rollout.continuous``): a row takes the
-    lowest free slot, trailing free slots are dropped, and the live rows are packed to the front only once live +
-    waiting rows are at most half the slots in use, so a step can run free slots between live ones."""
-
-    slots: int
-    t: int = 0
-    carry: float = 0.0
-    debt: float = 0.0
-    live: list[tuple[int, int, SimRow]] = field(default_factory=list)
-    waiting: list[SimRow] = field(default_factory=list)
-    used: list[SimRow | None] = field(default_factory=list)
-
-    def fill(self) -> None:
-        free = [k for k, r in enumerate(self.used) if r is None]
-        free += range(len(self.used), self.slots)
-        for k in free:
-            if not self.waiting:
-                break
-            r = self.waiting.pop(0)
-            r.start, r.slot = self.t, k
-            self.used += [None] * (k + 1 - len(self.used))
-            self.used[k] = r
-            heapq.heappush(self.live, (self.t + r.need, id(r), r))
-
-    def end(self, rows: list[SimRow]) -> None:
-        """``rows`` ended at this step: their slots free, then the slots settle once, as the built-in engine's do."""
-        for r in rows:
-            self.used[r.slot] = None
-        while self.used and self.used[-1] is None:
-            self.used.pop()
-        live = [x for x in self.used if x is not None]
-        if len(live) < len(self.used) and len(live) + len(self.waiting) <= len(self.used) // 2:
-            for k, x in enumerate(live):
-                x.slot = k
-            self.used = live
-
-    def made(self, r: SimRow) -> int:
-        return min(r.need, self.t - r.start) if r.start >= 0 else 0
-
-
-class StreamSim:
-    """The fully_async methods of ``simulate.Sim`` (which holds the clock, prices, work, budget and books)."""
-
-    # fully_async: the real producer on the clock
-    def new_producer(self) -> Producer:
-        st, cost = self.setting, self.cost
-        budget = self.budget
-        queue = queue_for(st, budget)
-        sampler = EpochSampler(self.dataset_size, 1, seed=self.seed, shuffle=True)
+    def __init__(self, sim: StreamSim, version: int, take: Takeover | None = None):
+        st, cost, budget = sim.setting, sim.cost, sim.budget
+        self.sim, self.version, self.held = sim, version, Hold()
         capacities, max_groups = stream_concurrency(
-            cost.stream_rows, cost.n, self.prices.replicas, st.max_inflight_groups
+            cost.stream_rows, cost.n, sim.prices.replicas, st.max_inflight_groups
         )
         self.ranks = [SimRank(c) for c in capacities]
         self.scoring: list[tuple[Sample, Callable[[Sample], None]]] = []
-        return Producer(
-            budget,
-            queue,
-            sampler,
-            _sim_prompt,
-            cost.n,
-            capacities,
-            max_groups,
-            clock=lambda: self.clock.now,
-            complete=lambda sample, done: self.scoring.append((sample, done)),
-        )
+        sampler = EpochSampler(sim.dataset_size, 1, seed=sim.seed, shuffle=True)
+        complete = lambda sample, done: self.scoring.append((sample, done))  # noqa: E731
+        queue = queue_for(st, budget)
+        args = (budget, queue, sampler, _sim_prompt, cost.n, capacities, max_groups)
+        self.books = Producer(*args, clock=lambda: sim.clock.now, complete=complete)
+        if take is not None:
+            self.books.restore(take)
 
-    def _score(self, producer: Producer, life: int) -> None:
+    def hold(self) -> Hold:
+        return self.held
+
+    def turns(self) -> int:
+        return 0
+
+    def interrupt(self) -> None:
+        """Partial rollout: every rank's rows back to their groups, with what they have."""
+        for k, rank in enumerate(self.ranks):
+            back = []
+            for r in [r for _, _, r in rank.live] + rank.waiting:
+                made = rank.made(r)
+                back.append(_row(r, made, self.version, "eos" if made >= r.need else "interrupted"))
+            rank.live, rank.waiting, rank.used, rank.debt, rank.carry = [], [], [], 0.0, 0.0
+            self.books.returned(k, back)
+
+    def submit(self, rank: int, rows: list[Sample]) -> None:
+        """Rows enter rank ``rank`` (a slot at its next step, or wait for one): it owes their prefill (a blank group's
+        rows share one) before that step."""
+        prefixes, r = [], self.ranks[rank]
+        for x in rows:
+            p, lengths = self.sim.work.group(x.prompt.epoch, x.prompt.index)
+            done = len(x.response_ids)
+            r.waiting.append(SimRow(x, max(0, lengths[x.row] - done), -1))
+            prefixes.append((x.prompt.uid if done == 0 else None, p + done))
+        r.debt += self._admission_s(prefill_tokens(prefixes, self.sim.cost.engine), len(rows))
+        r.fill()
+
+    def advance(self) -> Steps[list[list[Sample]]]:
+        """Every rank decodes until the first row on any ends (at most ``PIECE_STEPS`` steps: a pause lands within
+        them); a Rollouter that died meanwhile loses that work."""
+        sim = self.sim
+        if not self.books.rows_out():
+            return [[] for _ in self.ranks]
+        t0, version, dt = sim.clock.now, self.version, self._next_event()
+        yield Compute(dt, sim.prices.gen_threads, sim.prices.pool)
+        if self.held.stop:
+            return [[] for _ in self.ranks]
+        sim.spans.append(Span("rollout", "generate", t0, sim.clock.now, len(sim.step_ends) + 1))
+        return self._advance(dt, version)
+
+    def decoding(self) -> bool:
+        return any(rank.live for rank in self.ranks)
+
+    def put(self) -> bool:
+        """The rows that ended go to the reward loop (and rows a restore handed to their completion again); the
+        finished groups to the queue: one of them may be the one the trainer waits for."""
         if self.scoring:
             batch, self.scoring = self.scoring, []
-            self.clock.spawn(self._scorer(producer, batch, life, len(self.step_ends) + 1))
+            self.sim.clock.spawn(self._scorer(batch, len(self.sim.step_ends) + 1))
+        return self._put()
 
-    def _scorer(self, producer: Producer, batch: list[tuple[Sample, Callable[[Sample], None]]], life: int, step: int):
+    def _put(self) -> bool:
+        queued = self.books.put_finished(0.0)
+        if queued:
+            self.sim.clock.fire(self.sim.queued)
+        return queued
+
+    def park(self) -> Steps[None]:
+        sim = self.sim
+        self._put()
+        sim.clock.fire(sim.parked)
+        Clock.clear(sim.resumed)
+        yield Wait(sim.resumed)
+
+    def idle(self) -> Steps[None]:
+        Clock.clear(self.sim.admission)
+        yield Wait(self.sim.admission)
+
+    def _scorer(self, batch: list[tuple[Sample, Callable[[Sample], None]]], step: int) -> Steps[None]:
         """The reward loop scoring the rows that ended at one decode step, on the pool's cores beside the decode
         (``Producer.complete``); their groups complete when it is done. Rows of a Rollouter that died meanwhile are
         the replacement's to score."""
-        reward = Compute(self.cost.reward(row=len(batch)), 1.0, self.prices.pool)
-        yield from self.busy("rollout", "reward", step, reward)
-        if self.state["life"] != life:
+        sim = self.sim
+        yield from sim.busy("rollout", "reward", step, Compute(sim.cost.reward(row=len(batch)), 1.0, sim.prices.pool))
+        if self.held.stop:
             return
         for sample, done in batch:
             done(sample)
-        if producer.put_finished(0.0):
-            self.clock.fire(self.queued)
-        self.clock.fire(self.admission)
+        self._put()
+        sim.clock.fire(sim.admission)
 
     def _step_s(self, rank: SimRank) -> float:
         """Seconds of one decode step of ``rank``: vLLM's runs its live rows, the built-in engine's every slot in use
         (free ones between live ones included)."""
-        rows = len(rank.live) if self.cost.engine == "vllm" else len(rank.used)
-        sc = self.cost.scaling
+        cost, prices = self.sim.cost, self.sim.prices
+        rows = len(rank.live) if cost.engine == "vllm" else len(rank.used)
+        sc = cost.scaling
         if sc.stream_step_s is not None and sc.stream_row_s is not None:  # probed: the streaming decoder's own
-            return (sc.stream_step_s + sc.stream_row_s * rows) * self.prices.stream_factor
-        return self.prices.segments_cost(Segment(1, rows, 0), 1)
-
-    def _submit(self, rank: SimRank, rows: list[Sample]) -> None:
-        """Rows enter ``rank`` (a slot at its next step, or wait for one): it owes their prefill (a blank group's rows
-        share one) before that step."""
-        prefixes = []
-        for x in rows:
-            p, lengths = self.work.group(x.prompt.epoch, x.prompt.index)
-            done = len(x.response_ids)
-            rank.waiting.append(SimRow(x, max(0, lengths[x.row] - done), -1))
-            prefixes.append((x.prompt.uid if done == 0 else None, p + done))
-        rank.debt += self._admission_s(prefill_tokens(prefixes, self.cost.engine), len(rows))
-        rank.fill()
+            return (sc.stream_step_s + sc.stream_row_s * rows) * prices.stream_factor
+        return prices.segments_cost(Segment(1, rows, 0), 1)
 
     def _admission_s(self, tokens: int, rows: int) -> float:
         """Seconds a streaming engine spends taking ``rows`` in: their prefill (``tokens``, one forward) and their
         place in the slots. Not the batch decoder's per-call cost (``decode.call``: the setup of a whole ``generate``
         call, which a running stream never pays again). Probed: what taking rows in cost the streaming decoder
         (``asyncrl probe``), scaled to the Rollouter's threads as the probe timed it."""
-        sc = self.cost.scaling
+        cost, prices = self.sim.cost, self.sim.prices
+        sc = cost.scaling
         if sc.stream_admit_s is not None and sc.stream_admit_token_s is not None:
             seconds = sc.stream_admit_s + sc.stream_admit_token_s * tokens + sc.stream_admit_row_s * rows
-            return seconds * self.prices.admit_factor
-        return self.cost.decode.get("prefill_token") * tokens * self.prices.stream_factor
+            return seconds * prices.admit_factor
+        return cost.decode.get("prefill_token") * tokens * prices.stream_factor
 
     def _advance(self, seconds: float, version: int) -> list[list[Sample]]:
         """Every rank decodes for ``seconds`` (its prefill debt first); returns the rows that ended, per rank."""
@@ -178,7 +175,7 @@ class StreamSim:
                 while rank.live and rank.live[0][0] <= rank.t:
                     done.append(heapq.heappop(rank.live)[2])
                 rank.end(done)
-                ended = [self._row(r, r.need, version, "eos") for r in done]
+                ended = [_row(r, r.need, version, "eos") for r in done]
                 rank.fill()
                 if not rank.live:
                     rank.carry = 0.0
@@ -196,83 +193,37 @@ class StreamSim:
                 best = min(best, rank.debt + steps * self._step_s(rank))
         return best
 
-    @staticmethod
-    def _row(r: SimRow, made: int, version: int, reason: str) -> Sample:
-        x = r.sample
-        n = len(x.response_ids) + made
-        versions = x.versions + [version] if made else x.versions
-        return Sample(x.prompt, range(n), [], versions, reason, x.start_version, row=x.row)
 
-    def _interrupt(self, producer: Producer, version: int) -> None:
-        """Partial rollout: every rank's rows back to their groups, with what they have."""
-        for k, rank in enumerate(self.ranks):
-            back = []
-            for r in [r for _, _, r in rank.live] + rank.waiting:
-                made = rank.made(r)
-                back.append(self._row(r, made, version, "eos" if made >= r.need else "interrupted"))
-            rank.live, rank.waiting, rank.used, rank.debt, rank.carry = [], [], [], 0.0, 0.0
-            producer.returned(k, back)
+def _row(r: SimRow, made: int, version: int, reason: str) -> Sample:
+    x = r.sample
+    n = len(x.response_ids) + made
+    versions = x.versions + [version] if made else x.versions
+    return Sample(x.prompt, range(n), [], versions, reason, x.start_version, row=x.row)
 
-    def rollouter(self, producer: Producer, life: int):
-        """The Rollouter's loop (``Rollouter._run`` over ``Producer.turn``) on the clock, each rank's engine priced
-        per step between row ends; it ends when a fault replaced it (``life``)."""
-        s = self.state
-        while not s["stop"] and s["life"] == life:
-            if s["park"]:
-                if s["interrupt"]:
-                    self._interrupt(producer, s["version"])
-                if not producer.rows_out():  # else: drain, placing nothing, until the live rows end
-                    if producer.put_finished(0.0):
-                        self.clock.fire(self.queued)
-                    self.clock.fire(self.parked)
-                    Clock.clear(self.resumed)
-                    yield Wait(self.resumed)
-                    continue
-            else:
-                for k, rows in producer.place():
-                    self._submit(self.ranks[k], rows)
-            if not producer.rows_out():
-                self._score(producer, life)  # rows a restore handed to their completion again
-                if producer.put_finished(0.0):
-                    self.clock.fire(self.queued)
-                    continue
-                Clock.clear(self.admission)
-                yield Wait(self.admission)
-                continue
-            t0, version = self.clock.now, s["version"]
-            dt = self._next_event()
-            yield Compute(dt, self.prices.gen_threads, self.prices.pool)
-            if s["life"] != life:  # died during the decode: its work is lost
-                return
-            self.spans.append(Span("rollout", "generate", t0, self.clock.now, len(self.step_ends) + 1))
-            for k, ended in enumerate(self._advance(dt, version)):
-                if ended:
-                    producer.returned(k, ended)
-            self._score(producer, life)  # the rows that ended go to the reward loop; the decode goes on
-            if producer.put_finished(0.0):  # a finished group may be the one the trainer waits for
-                self.clock.fire(self.queued)
 
-    def fully_async(self):
-        """The driver's loop of ``schedules.fully_async`` (``loop.consume``) over ports on the clock."""
-        s = self.state = {"version": 0, "park": False, "interrupt": False, "stop": False, "life": 0}
+class StreamSim:
+    """The fully_async methods of ``simulate.Sim`` (which holds the clock, prices, work, budget and spans)."""
+
+    def fully_async(self) -> Steps[None]:
+        """The driver's loop of ``schedules.fully_async`` (``loop.consume``) over ports on the clock, beside the
+        Rollouter's (``loop.produce``)."""
         self.parked, self.resumed = Signal("parked"), Signal("resumed")
         self.queued, self.admission = Signal("queued"), Signal("admission")
-        self.producer = self.new_producer()
-        self.clock.spawn(self.rollouter(self.producer, 0))
+        self._start_rollouter(0)
         yield from loop.consume(StreamSimPorts(self))  # looked up at run time: the loop the run runs today
-        s["stop"] = True
+        self.rollouter.held.stop = True
         self.clock.fire(self.resumed)
         self.clock.fire(self.admission)
 
-    def _replace_rollouter(self, take: Takeover, version: int) -> Producer:
-        s = self.state
-        s["life"] += 1
-        s["version"], s["park"] = version, False
-        producer = self.producer = self.new_producer()
-        producer.restore(take)
-        self.clock.spawn(self.rollouter(producer, s["life"]))
+    def _start_rollouter(self, version: int, take: Takeover | None = None) -> None:
+        self.rollouter = SimRollouter(self, version, take)
+        self.producer = self.rollouter.books
+        self.clock.spawn(loop.produce(self.rollouter))
+
+    def _replace_rollouter(self, take: Takeover, version: int) -> None:
+        self.rollouter.held.stop = True  # dead: what it decodes meanwhile is lost
+        self._start_rollouter(version, take)
         self.clock.fire(self.admission)
-        return producer
 
 
 def _sim_prompt(epoch: int, index: int) -> Prompt:
@@ -332,10 +283,10 @@ class StreamSimPorts:
         return self.updates % self.W == 0
 
     def push(self, step: int):
-        sim, s = self.sim, self.sim.state
+        sim, held = self.sim, self.sim.rollouter.held
         self.version += 1
         t1 = sim.clock.now
-        s["park"], s["interrupt"] = True, sim.setting.partial_rollout
+        held.park, held.interrupt = True, sim.setting.partial_rollout
         Clock.clear(sim.parked)
         sim.clock.fire(sim.admission)  # an idle Rollouter reaches its park point (the real one polls)
         yield Wait(sim.parked)
@@ -346,7 +297,7 @@ class StreamSimPorts:
         fault = sim.fault
         if fault and fault.kind == "kill" and self.updates >= fault.after_update and self.checkpoint is None:
             self.checkpoint = (copy.deepcopy(self.base), self.updates, self.version, len(sim.consumed))
-        s["version"], s["park"] = self.version, False
+        sim.rollouter.version, held.park = self.version, False
         sim.clock.fire(sim.resumed)
         sim.clock.fire(sim.admission)
 

@@ -2,11 +2,11 @@
 
 This package is the whole schedule: this module starts the run; ``loop.consume`` is the consumer's loop (the
 driver's, outlined below), run here over ``run_ports.StreamRunPorts`` and by the planner over simulated ports;
-``producer`` is the producer's books and loop in plain Python (``Producer.turn``), which ``rollouter.Rollouter`` runs
-on its generation thread; ``staleness``, ``queue``, ``ledger`` are the protocol it keeps, ``recovery`` and
-``supervisor`` replace a dead Rollouter, ``report`` writes the ledger's report. The Rollouter generates all the time,
-admitted by the staleness controller, and scores each group's rule reward as it finishes. Per trainer step, top to
-bottom:
+``loop.produce`` is the producer's, over its books in plain Python (``producer``), which ``rollouter.Rollouter``
+runs on its generation thread and the planner on its clock; ``staleness``, ``queue``, ``ledger`` are the protocol it
+keeps, ``recovery`` and ``supervisor`` replace a dead Rollouter, ``report`` writes the ledger's report. The
+Rollouter generates all the time, admitted by the staleness controller, and scores each group's rule reward as it
+finishes. Per trainer step, top to bottom:
 
     take B = require_batches x ppo_mini_batch_size groups (earliest deadline first)       timing_s/wait_batch
     prepare the batch                                                                     timing_s/prepare

@@ -3,7 +3,7 @@
 ``Producer`` is its books and its loop in plain Python: the prompt stream (an ``EpochSampler`` plus prompts to
 re-issue), the ``StalenessController`` that admits new groups, the ``MessageQueue`` the trainer pulls from, the
 ``PromptLedger`` that proves every prompt is trained on exactly once, and the groups in flight with the rollout rank
-each one's rows are on. Its loop (``Producer.turn``), one engine step at a time:
+each one's rows are on. Its loop (``loop.produce``, a ``loop.turn`` at a time), one engine step a turn:
 
     place: rows that wait to decode (interrupted at a sync, handed back by an agent's tool call, restored from a
         checkpoint) go back first, then new groups while the controller admits them, fewer than ``max_completing``
@@ -23,8 +23,8 @@ model uses too).
 
 ``rollouter.Rollouter`` runs the loop on its generation thread with its engines (``RankStream``: its own in-process,
 the other ranks' over calls), sleeping on ``wake`` when no rank decodes on its thread; the performance model's
-simulator (``asyncrl.planning.stream``) runs the same ``place`` / ``returned`` / ``put_finished`` / ``take`` on a
-virtual clock, its engines priced per step and its completions immediate.
+simulator (``asyncrl.planning.stream``) runs the same loop on a virtual clock, its engines priced per step and its
+rewards on the pool's cores.
 
 At a weight sync the Rollouter parks. With ``partial_rollout`` it interrupts every engine first (all asked at once):
 the rows come back with their tokens, log-probs and per-token versions, stay in their groups and are placed again
@@ -36,47 +36,18 @@ controller, the ledger and the prompt cursor together: restoring it loses and re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 
 from asyncrl.schedules.fully_async.books import Books, blank_row, queued_form
 from asyncrl.schedules.fully_async.recovery import InFlightGroup
-from asyncrl.schedules.fully_async.slots import RankStream
 from asyncrl.types import Sample
 
 
 class Producer(Books):
-    """The producer's loop over its books, in plain Python: no thread, no engine, no clock of its own.
-
-    ``turn`` is one step of the generation loop (the module docstring) over the ranks' ``RankStream``s. The Rollouter
-    runs it on its generation thread; the performance model's simulator runs its parts on a virtual clock. The
-    driver's side (``take``, ``on_sync``, ``snapshot``, ``restore``) is the books' (``books.Books``).
+    """What the producer's loop (``loop.produce``) does to its books, in plain Python: no thread, no engine, no clock
+    of its own. The driver's side (``take``, ``on_sync``, ``snapshot``, ``restore``) is the books' (``books.Books``).
     """
-
-    # ---- the loop --------------------------------------------------------------------------------------------------
-    def turn(
-        self,
-        ports: Sequence[RankStream],
-        put_timeout_s: float = 0.0,
-        stop: Callable[[], bool] = lambda: True,
-        admit: bool = True,
-    ) -> bool:
-        """One step of the loop: place rows on the ranks (new groups only with ``admit``; a drain places only the
-        rows of groups in flight: an agent's next turn), advance every rank,
-        hand the rows that ended to their completion, queue the groups whose last row completed. Returns whether to
-        turn again at once (something moved, or a rank decodes on the calling thread); False: the caller may sleep
-        on ``wake``, which a completion, a remote rank's answer or the driver sets."""
-        self.wake.clear()
-        for rank, rows in self.place(admit):
-            ports[rank].submit(rows)
-        moved = False
-        for rank, port in enumerate(ports):
-            ended = port.advance()
-            if ended:
-                moved = True
-                self.returned(rank, ended)
-        queued = self.put_finished(put_timeout_s, stop)
-        return queued or moved or any(port.holds_live_rows() for port in ports)
 
     def rows_out(self) -> int:
         """Rows on the engines (submitted, not yet returned)."""
@@ -208,17 +179,6 @@ class Producer(Books):
         else:
             self._finished_at[gid] = self.clock()
             self._done[gid] = self._order[gid]
-
-    def interrupted(self, ports: Sequence[RankStream]) -> None:
-        """Take every row back from every rank, partial (a sync with partial rollout): they stay in their groups and
-        are placed again by the next ``place``. Every rank is asked at once (``RankStream.request_interrupt``) and then
-        answers; a rank may hand back rows that had ended too: they go to their completion."""
-        for port in ports:
-            port.request_interrupt()
-        for rank, port in enumerate(ports):
-            self.returned(rank, port.interrupt())
-        if self.rows_out():
-            raise RuntimeError(f"Producer: {self.rows_out()} rows still on the engines after interrupt")
 
     def put_finished(self, timeout_s: float, stop: Callable[[], bool] = lambda: True) -> bool:
         """Queue finished groups in start order, each waiting up to ``timeout_s`` at a time for room until ``stop()``

@@ -1,16 +1,22 @@
 """The Rollouter's rollout ranks as ``slots.RankStream``s: its own engine, stepped on its generation thread, and the
 pool's other ranks, which step on threads of their own (``asyncrl.workers.stream_loop``) and are reached by calls:
 a submit it does not wait for, and one long poll at a time for the rows that ended, whose answer sets the
-Rollouter's ``wake`` event (its generation thread sleeps on it while only other ranks hold rows)."""
+Rollouter's ``wake`` event (its generation thread sleeps on it while only other ranks hold rows). ``RankPorts``: a
+turn of the producer's loop (``loop.turn``) over such ranks."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from asyncrl.calls import Handle, Pending
 from asyncrl.roles.clients import RolloutWorkerClient
 from asyncrl.rollout.streaming import StreamingEngine
+from asyncrl.schedules.fully_async.producer import Producer
+from asyncrl.schedules.fully_async.slots import RankStream
+from asyncrl.schedules.loops import clock_step
 from asyncrl.types import PrefillStats, Sample, SamplingParams
 from asyncrl.workers.stream_loop import BusySpan
 
@@ -132,3 +138,37 @@ class RemoteRank:
     def take_prefill(self) -> PrefillStats:
         out, self.prefill = self.prefill, PrefillStats()
         return out
+
+
+@dataclass
+class RankPorts:
+    """``loop.TurnPorts`` over ``RankStream``s, each advanced in turn on the calling thread; a finished group's put
+    waits up to ``put_timeout_s`` at a time for room in the queue until ``leave_put()`` (``Producer.put_finished``)."""
+
+    books: Producer
+    ranks: Sequence[RankStream]
+    put_timeout_s: float = 0.0
+    leave_put: Callable[[], bool] = lambda: True
+
+    def submit(self, rank: int, rows: list[Sample]) -> None:
+        self.ranks[rank].submit(rows)
+
+    @clock_step
+    def advance(self) -> list[list[Sample]]:
+        return [rank.advance() for rank in self.ranks]
+
+    def decoding(self) -> bool:
+        return any(rank.holds_live_rows() for rank in self.ranks)
+
+    def put(self) -> bool:
+        return self.books.put_finished(self.put_timeout_s, self.leave_put)
+
+    def interrupt(self) -> None:
+        """Every row back from every rank, partial: they stay in their groups, to be placed again. Every rank is asked
+        at once, then answers; a rank may hand back rows that had ended too: they go to their completion."""
+        for r in self.ranks:
+            r.request_interrupt()
+        for k, r in enumerate(self.ranks):
+            self.books.returned(k, r.interrupt())
+        if self.books.rows_out():
+            raise RuntimeError(f"Producer: {self.books.rows_out()} rows still on the engines after interrupt")

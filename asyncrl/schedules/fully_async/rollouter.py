@@ -1,4 +1,4 @@
-"""The ``fully_async`` Rollouter: the worker that runs the producer's loop (``producer.Producer.turn``) on a
+"""The ``fully_async`` Rollouter: the worker that runs the producer's loop (``loop.produce``) on a
 generation thread, one engine step a turn, with its own streaming engine (own model copy, weights received over the
 sync group), parking while the driver holds it (a weight sync, a checkpoint; ``rollouter/idle_ratio`` counts it).
 The driver calls in from Ray's actor threads (the actor is threaded); the books are guarded by the producer's lock.
@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from asyncrl import seeds
@@ -31,11 +32,13 @@ from asyncrl.rollout.agent.loop import AgentEngine
 from asyncrl.rollout.agent.tools import tool_schemas
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.schedules.fully_async.books import POLL_S
+from asyncrl.schedules.fully_async.loop import Hold, produce
 from asyncrl.schedules.fully_async.producer import Producer
 from asyncrl.schedules.fully_async.queue import QueueClosed
-from asyncrl.schedules.fully_async.ranks import OwnRank, RemoteRank
+from asyncrl.schedules.fully_async.ranks import OwnRank, RankPorts, RemoteRank
 from asyncrl.schedules.fully_async.recovery import PackedSnapshot, RollouterSnapshot, StreamBatch, Takeover
 from asyncrl.schedules.fully_async.slots import RankStream, budget_of, queue_for, stream_concurrency
+from asyncrl.schedules.loops import clock_step, run_to_end
 from asyncrl.types import PrefillStats, Sample
 from asyncrl.workers.rollout import RolloutWorker
 from asyncrl.workers.stream_loop import BusySpan
@@ -67,7 +70,7 @@ class Rollouter(RolloutWorker):
         self.budget, self.queue, self.sampler = budget, queue_for(at, budget), sampler
         self.books = self._books(1)
         self._cv = threading.Condition()
-        self._want_park = self._parked = self._stop = self._interrupt = False
+        self.held = Hold()  # the driver's hold on the generation thread, under ``_cv``
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._window_start = time.perf_counter()
@@ -78,7 +81,7 @@ class Rollouter(RolloutWorker):
         self._turns: list[Any] = [0, None]
         seed = seeds.sampling(spec.engine.seed)  # each row keys its own noise: as sync's rows
         self.own = OwnRank(self.engine, self.params, seed, BusySpan(self.timeline, self.name))
-        self.ports: list[RankStream] = [self.own]
+        self.streams: list[RankStream] = [self.own]
 
     def _books(self, ranks: int) -> Producer:
         r = self.spec.engine.rollout
@@ -110,7 +113,7 @@ class Rollouter(RolloutWorker):
         seed, timeout_s = seeds.sampling(self.spec.engine.seed), self.spec.async_training.pause_timeout_s
         self.books = self._books(len(self.ranks) + 1)  # before ``restore``: the books are still empty
         wake = self.books.wake
-        self.ports = [self.own, *(RemoteRank(h, self.params, seed, timeout_s, wake) for h in self.ranks)]
+        self.streams = [self.own, *(RemoteRank(h, self.params, seed, timeout_s, wake) for h in self.ranks)]
 
     # ---- the generation thread -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -122,43 +125,20 @@ class Rollouter(RolloutWorker):
 
     def _run(self) -> None:
         try:
-            while self._park_point():
-                self._check_turns()
-                draining = self._want_park  # no partial rollout: the live rows end before the thread parks
-                if not self.books.turn(self.ports, POLL_S, self._leave_put, admit=not draining):
-                    self.books.wake.wait(IDLE_WAIT_S)
+            run_to_end(produce(RollouterPorts(self)))
         except QueueClosed:
             pass
         except BaseException as e:  # surfaced to the driver by the next call
             self._error = e
         finally:
             with self._cv:
-                self._parked = True
+                self.held.parked = True
                 self._cv.notify_all()
-
-    def _park_point(self) -> bool:
-        """Wait here while the driver holds the thread; False when the thread should stop. A park interrupts every
-        rank first (partial rollout) or waits for the live rows to end (``_run`` places none meanwhile)."""
-        with self._cv:
-            if not self._want_park or self._stop:
-                return not self._stop
-            interrupt = self._interrupt
-        if interrupt:
-            self.books.interrupted(self.ports)
-        elif self.books.rows_out() or self._turns[0] or self.books.rows_waiting():
-            return True  # draining: the live rows, and the conversations whose tool call runs, go on to their end
-        self.books.put_finished(0.0)
-        with self._cv:
-            self._parked = True
-            self._cv.notify_all()
-            self._cv.wait_for(lambda: not self._want_park or self._stop)
-            self._parked = False
-            return not self._stop
 
     def _leave_put(self) -> bool:
         """A full queue's put gives way to the driver (a park or a stop); the group stays in flight, finished."""
         with self._cv:
-            return self._want_park or self._stop
+            return self.held.park or self.held.stop
 
     def _complete(self, sample: Sample, done: Callable[[Sample], None]) -> None:
         """A row that ended, off the decode: an agent's turn that may go on runs on the agent pool (``_turn``: its
@@ -227,13 +207,13 @@ class Rollouter(RolloutWorker):
         timeout_s = self.spec.async_training.pause_timeout_s
         t0 = time.perf_counter()
         with self._cv:
-            self._want_park, self._interrupt = True, interrupt
+            self.held.park, self.held.interrupt = True, interrupt
             self.books.wake.set()
         if interrupt:
-            for port in self.ports[1:]:  # the other ranks stop now, not when the generation thread gets there
-                port.stop_soon()  # type: ignore[attr-defined] - a RemoteRank
+            for rank in self.streams[1:]:  # the other ranks stop now, not when the generation thread gets there
+                rank.stop_soon()  # type: ignore[attr-defined] - a RemoteRank
         with self._cv:
-            ok = self._cv.wait_for(lambda: self._parked, timeout_s)
+            ok = self._cv.wait_for(lambda: self.held.parked, timeout_s)
         self._check_alive()
         if not ok:
             raise RollouterError(f"pause: the generation thread did not park within {timeout_s:g} s")
@@ -248,7 +228,7 @@ class Rollouter(RolloutWorker):
         snap = PackedSnapshot.pack(self.snapshot()) if snapshot else None
         self.books.on_sync(version)
         with self._cv:
-            self._want_park = False
+            self.held.park = False
             self._cv.notify_all()
         self.books.wake.set()
         return snap
@@ -257,7 +237,7 @@ class Rollouter(RolloutWorker):
         """Everything a resumed run needs, taken while parked (or before ``start``): queue, in-flight rows,
         controller, ledger, cursor."""
         with self._cv:
-            if self._thread is not None and not self._parked:
+            if self._thread is not None and not self.held.parked:
                 raise RollouterError("snapshot: call pause() first (a snapshot of a running loop is inconsistent)")
         return self.books.snapshot(self.engine.version)
 
@@ -289,8 +269,8 @@ class Rollouter(RolloutWorker):
         scored = self.scorer.take_metrics()  # its failures are counted from the step's samples (reward/failed_count)
         out.update({k: v for k, v in scored.items() if k != "reward/failed_count"})
         prefill = PrefillStats()
-        for port in self.ports:
-            prefill += port.take_prefill()
+        for rank in self.streams:
+            prefill += rank.take_prefill()
         out.update(prefill.metrics())  # a group's blank rows share one prompt's prefill
         return out
 
@@ -300,7 +280,7 @@ class Rollouter(RolloutWorker):
 
     def stop(self) -> None:
         with self._cv:
-            self._stop = True
+            self.held.stop = True
             self._cv.notify_all()
         self.books.wake.set()
         self.books.queue.close()
@@ -308,3 +288,38 @@ class Rollouter(RolloutWorker):
             self._thread.join(timeout=STOP_JOIN_S)
         if not self._thread or not self._thread.is_alive():
             self.engine.interrupt()  # rows still live when it stopped: their groups are in no snapshot after this
+
+
+class RollouterPorts(RankPorts):
+    """``loop.produce``'s ports on the Rollouter's generation thread: its ranks (``RankPorts``; a full queue's put
+    gives way to the driver), the driver's hold under the Rollouter's condition, its agent turns; an idle loop sleeps
+    on the books' ``wake``, which every event that gives it work sets."""
+
+    def __init__(self, r: Rollouter):
+        super().__init__(r.books, r.streams, POLL_S, r._leave_put)
+        self.r = r
+
+    def hold(self) -> Hold:
+        self.books.wake.clear()
+        with self.r._cv:
+            held = replace(self.r.held)
+        if not held.stop:
+            self.r._check_turns()  # a failed reward or agent turn stops the thread
+        return held
+
+    def turns(self) -> int:
+        return self.r._turns[0]
+
+    @clock_step
+    def park(self) -> None:
+        self.books.put_finished(0.0)
+        r = self.r
+        with r._cv:
+            r.held.parked = True
+            r._cv.notify_all()
+            r._cv.wait_for(lambda: not r.held.park or r.held.stop)
+            r.held.parked = False
+
+    @clock_step
+    def idle(self) -> None:
+        self.books.wake.wait(IDLE_WAIT_S)
