@@ -22,7 +22,7 @@ import torch
 
 from asyncrl import losses
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
-from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
+from asyncrl.algorithms.grpo import PolicyTarget, PPOClip
 from asyncrl.config import AlgorithmConfig, Config, check
 from asyncrl.config.rules import between
 from asyncrl.data.collate import ValueTarget, collate, rewards_of
