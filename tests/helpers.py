@@ -98,7 +98,7 @@ def ppo_update(model, optimizer, scheduler, batch, actor, correction, temperatur
     and, for a KL loss, ``ref_logp_BT`` filled), with the PPO-clip loss ``actor`` configures."""
     from dataclasses import replace
 
-    from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
+    from asyncrl.algorithms.grpo import PolicyTarget, PPOClip
     from asyncrl.trainer.update import fit
 
     target = PolicyTarget(batch.policy.advantages_BT, PPOClip.of(actor, correction, temperature))
@@ -107,7 +107,7 @@ def ppo_update(model, optimizer, scheduler, batch, actor, correction, temperatur
 
 def advantages(advantages_BT):
     """A ``PolicyTarget`` of ``advantages_BT`` with default knobs (``ppo_update`` puts the actor's in)."""
-    from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
+    from asyncrl.algorithms.grpo import PolicyTarget, PPOClip
     from asyncrl.config import ActorConfig, RolloutCorrectionConfig
 
     return PolicyTarget(advantages_BT, PPOClip.of(ActorConfig(), RolloutCorrectionConfig()))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.algorithms.ppo_clip import effective_correction
+from asyncrl.algorithms.grpo import effective_correction
 from asyncrl.config import ConfigError, load_config
 from asyncrl.models.fp8 import (
     FP8,

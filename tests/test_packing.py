@@ -13,9 +13,8 @@ import torch
 
 from asyncrl import losses
 from asyncrl.config import ActorConfig, Config, RolloutCorrectionConfig
-from asyncrl.data.collate import Batching, collate, micro_batches
+from asyncrl.data.collate import Batching, ValueTarget, collate, micro_batches
 from asyncrl.data.packing import TokenCount, sharing_pays
-from asyncrl.data.targets import ValueTarget
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.trainer.forward import forward_logits

@@ -22,11 +22,10 @@ import torch
 
 from asyncrl import losses
 from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
-from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
+from asyncrl.algorithms.grpo import PolicyTarget, PPOClip
 from asyncrl.config import AlgorithmConfig, Config, check
 from asyncrl.config.rules import between
-from asyncrl.data.collate import collate, rewards_of
-from asyncrl.data.targets import ValueTarget
+from asyncrl.data.collate import ValueTarget, collate, rewards_of
 from asyncrl.rewards.combine import combine_rewards, token_level_rewards
 from asyncrl.roles.team import PoolTurns
 from asyncrl.types import Sample

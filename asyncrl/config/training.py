@@ -22,7 +22,7 @@ from asyncrl.losses.correction import IS_LEVELS
 from asyncrl.losses.distill_loss import REVERSE_KL_ESTIMATORS, TAIL_MODES
 from asyncrl.losses.dpo import DPO_LOSSES
 from asyncrl.losses.kl import KL_KINDS
-from asyncrl.losses.utils import LOSS_AGG_MODES
+from asyncrl.losses.tokens import LOSS_AGG_MODES
 
 DISTILL_LOSSES = ("forward_kl", "jsd", "reverse_kl")
 # fully_async's admission: exact (every group within the bound) | budget (verl's: the window's budget alone)

@@ -22,9 +22,17 @@ from asyncrl.losses.distill_loss import (
     topk_forward_kl,
 )
 from asyncrl.losses.kl import KL_KINDS, kl_penalty
-from asyncrl.losses.logits import entropy_from_logits, logprobs_from_logits
 from asyncrl.losses.policy_loss import policy_loss_ppo_clip
-from asyncrl.losses.utils import LOSS_AGG_MODES, agg_loss, masked_mean, masked_sum, masked_var, zero_padding
+from asyncrl.losses.tokens import (
+    LOSS_AGG_MODES,
+    agg_loss,
+    entropy_from_logits,
+    logprobs_from_logits,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    zero_padding,
+)
 from asyncrl.losses.value import explained_variance, value_loss_clipped
 
 __all__ = [

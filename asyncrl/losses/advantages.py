@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from asyncrl.losses.utils import _float_mask, masked_mean, masked_var
+from asyncrl.losses.tokens import _float_mask, masked_mean, masked_var
 
 
 def _group_index(group_ids_B: Tensor) -> tuple[Tensor, int]:

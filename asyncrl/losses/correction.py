@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from asyncrl.losses.utils import _float_mask, masked_mean
+from asyncrl.losses.tokens import _float_mask, masked_mean
 
 IS_LEVELS: tuple[str, ...] = ("token", "sequence")
 # Log-ratio clamp for the *diagnostics* (raw weights, k3): e^20 ~ 4.9e8 is already "hopelessly off-policy".

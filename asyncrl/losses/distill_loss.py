@@ -21,8 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-from asyncrl.losses.logits import logsumexp_float32
-from asyncrl.losses.utils import _float_mask, agg_loss, check_loss_agg_mode, zero_padding
+from asyncrl.losses.tokens import _float_mask, agg_loss, check_loss_agg_mode, logsumexp_float32, zero_padding
 
 TAIL_MODES: tuple[str, ...] = ("renorm", "bucket")
 REVERSE_KL_ESTIMATORS: tuple[str, ...] = ("k1", "k3")

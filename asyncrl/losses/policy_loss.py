@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from asyncrl.losses.utils import agg_loss, check_loss_agg_mode, masked_mean, zero_padding
+from asyncrl.losses.tokens import agg_loss, check_loss_agg_mode, masked_mean, zero_padding
 
 # log-ratio clamp before exp, as verl: keeps exp() finite for wildly off-policy tokens (e^20 ~ 4.9e8).
 _LOG_RATIO_CLAMP = 20.0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from asyncrl.losses.utils import agg_loss, check_loss_agg_mode, masked_mean, masked_var, zero_padding
+from asyncrl.losses.tokens import agg_loss, check_loss_agg_mode, masked_mean, masked_var, zero_padding
 
 
 def value_loss_clipped(

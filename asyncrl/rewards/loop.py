@@ -23,6 +23,10 @@ Scoring runs on one asyncio loop in a daemon thread:
 Metrics: ``reward/latency_mean_s`` and ``reward/latency_max_s`` (from a sample's submission to its score),
 ``reward/in_flight_max``, ``reward/failed_count``, ``reward/timeouts``, and for a batch
 ``reward/scored_during_generation_frac`` (the share of samples already scored when the engine returned).
+
+``generate_scored`` is generation scored through this loop, what a rollout worker and the sync schedule's trainer do
+for every batch: the engine (any with ``generate``, ``version`` and ``last_prefill``, and ``last_segments`` where it
+measures its decode steps) and the timeline are passed in.
 """
 
 from __future__ import annotations
@@ -33,13 +37,15 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from asyncrl.config import RewardConfig
 from asyncrl.rewards.genrm import GenerativeReward
 from asyncrl.rewards.overlong import OverlongShaping
 from asyncrl.rewards.remote import RemoteReward, RewardServiceUnavailableError
 from asyncrl.rewards.reward_fn import RewardFn, build_reward_fn
-from asyncrl.types import Sample
+from asyncrl.types import Generation, PrefillStats, Prompt, Sample, SamplingParams
 
 
 class RewardLoop:
@@ -210,3 +216,62 @@ def build_scorer(cfg: RewardConfig) -> RewardLoop:
     the reward loop (the one call a scoring role needs)."""
     reward_fn = build_reward_fn(cfg.custom_function, binarize=cfg.binarize, overlong=OverlongShaping.of(cfg))
     return build_reward_loop(cfg, reward_fn)
+
+
+class GeneratingEngine(Protocol):
+    """What ``generate_scored`` uses of an engine (the built-in one, vLLM's, an ``AgentEngine`` over either):
+    ``on_samples`` is passed only where ``reports_finished_rows`` is true, ``last_segments`` read where it exists."""
+
+    version: int
+    last_prefill: PrefillStats
+
+    def generate(
+        self,
+        prompts: list[Prompt],
+        params: SamplingParams,
+        seed: int | None = None,
+        on_samples: Callable[[list[Sample]], None] | None = None,
+    ) -> list[Sample]: ...
+
+
+class Spans(Protocol):
+    """What ``generate_scored`` records on a timeline (``asyncrl.telemetry.timeline.Timeline``, a floor above)."""
+
+    def span(
+        self, name: str, step: int | None = None, worker: str | None = None, **args: object
+    ) -> AbstractContextManager[None]: ...
+
+    def instant(self, name: str, step: int | None = None, worker: str | None = None, **args: object) -> None: ...
+
+
+def generate_scored(
+    engine: GeneratingEngine,
+    scorer: RewardLoop,
+    timeline: Spans,
+    worker: str,
+    prompts: list[Prompt],
+    params: SamplingParams,
+    seed: int,
+    step: int,
+    score: bool,
+) -> Generation:
+    """Generate, then (``score``) fill each sample's rule reward; the seconds are this worker's wall time. An engine
+    that reports finished rows has them scored on the reward loop as their decode step ends, while the others decode;
+    the rest are scored when the call returns."""
+    t0 = time.perf_counter()
+    streams = score and getattr(engine, "reports_finished_rows", False)
+    with timeline.span("generate", step=step, worker=worker, version=engine.version):
+        if streams:
+            samples = engine.generate(prompts, params, seed=seed, on_samples=scorer.submit_all)
+        else:
+            samples = engine.generate(prompts, params, seed=seed)
+        # this call's measurements, read at once: the built-in engine's decode steps by batch size (``asyncrl
+        # profile`` fits them) and the prefill counts
+        segments, prefill = [list(s) for s in getattr(engine, "last_segments", ())], engine.last_prefill
+    if segments:
+        timeline.instant("decode_segments", step=step, worker=worker, segments=segments)
+    metrics: dict[str, float] = {}
+    if score:
+        with timeline.span("reward", step=step, worker=worker):
+            metrics = scorer.score(samples)
+    return Generation(samples, time.perf_counter() - t0, prefill, metrics)

@@ -90,7 +90,7 @@ class TrainerClient(RolloutClient):
         self.ranks: list[Handle] = [handle]
 
     def update(self, batch: TrainBatch, step: int, num_mini_batches: int | None = None) -> Pending[UpdateResult]:
-        """One training step on whatever target ``batch`` carries (``asyncrl.data.targets``)."""
+        """One training step on whatever target ``batch`` carries (``asyncrl.data.collate``)."""
         return self.handle.call("update", batch, step, num_mini_batches)
 
     def export_model(self, directory: str) -> Pending[None]:

@@ -23,8 +23,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from asyncrl.config.schema import LOGGERS, TrainerConfig
-from asyncrl.telemetry.backends import ConsoleBackend, PrometheusBackend, TensorBoardBackend
-from asyncrl.telemetry.jsonl import JsonlWriter, last_logged_step, read_metrics
+from asyncrl.telemetry.backends import (
+    ConsoleBackend,
+    JsonlWriter,
+    PrometheusBackend,
+    TensorBoardBackend,
+    last_logged_step,
+    read_metrics,
+)
 from asyncrl.telemetry.trackers import MlflowBackend, RunInfo, WandbBackend
 
 __all__ = ["ALLOWED_BACKENDS", "MetricsLogger", "last_logged_step", "machine_cpu", "merge_metrics", "read_metrics"]

@@ -19,7 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from asyncrl.telemetry.jsonl import read_metrics
+from asyncrl.telemetry.backends import read_metrics
 from asyncrl.telemetry.timeline import Event, read_chrome_trace
 
 if TYPE_CHECKING:

@@ -7,14 +7,38 @@ works, like the Rollouter), so calls to one worker run one at a time and calls t
 Ray actors; torch releases the GIL inside its kernels, so a rollout worker's decode and the trainer's update really do
 run at once. What in-process does not give: CPU reservations (every worker shares the process's torch threads) and
 isolation (a worker that crashes the interpreter takes the run with it).
+
+Where a worker's library chatter goes, on either backend: its log file in the run directory, not the run's console.
+
+The console of ``asyncrl train`` shows the run: the driver's step lines and its errors. The libraries a worker uses
+talk on their own (transformers' "Loading weights" and "Writing model shards" progress bars, FutureWarnings, vLLM's
+engine logs, NCCL's), and Ray forwards everything a worker process writes to the driver's console
+(``log_to_driver``), so these interleaved the step lines of every run.
+
+A Ray worker is a process of its own: before the worker is built, its stdout and stderr (file descriptors 1 and 2,
+so C libraries and the subprocesses it starts, such as vLLM's engine core, are included) are pointed at
+``RUN_DIR/logs/<worker>.log`` (:func:`send_output_to`). What a worker must say to the user still reaches the driver:
+its exceptions travel with the call that raised them (Ray re-raises them in the driver with the worker's traceback),
+and asyncrl's own warnings (loggers under ``asyncrl``) are written to the console the worker started with as well as
+to its file.
+
+In-process roles (``trainer.backend=in_process``) share the driver's process and console, which file descriptors
+cannot split: while they run, transformers' progress bars, Python warnings and transformers' logger write to
+``RUN_DIR/logs/in_process.log`` instead, and are put back when the roles stop (:func:`in_process_chatter_to`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
 
 from asyncrl.calls import wait_with_deadline
 from asyncrl.comm.groups import LOOPBACK
@@ -61,3 +85,80 @@ class LocalHandle:
             device=str(getattr(self.obj, "device", "cpu")),
             pid=os.getpid(),
         )
+
+
+IN_PROCESS_LOG = "in_process.log"
+
+
+def worker_log(log_dir: Path, worker: str) -> Path:
+    """``log_dir/<worker>.log``: one file per worker name (``trainer``, ``trainer.rank1``, ``rollout0``,
+    ``rollouter``), appended to, so a worker started again after a death writes below its predecessor."""
+    return log_dir / f"{worker}.log"
+
+
+def send_output_to(path: Path, worker: str) -> None:
+    """Point this process's stdout and stderr at ``path`` (appended to), keeping asyncrl's warnings on the console
+    as well. For a Ray worker's process, called before the worker is built. A file that cannot be opened (a node
+    of a multi-node cluster that cannot write the run directory) leaves the output where it was, and says so."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as e:
+        print(f"{worker}: cannot write its log file ({e}): its output stays on the console", file=sys.stderr)
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    console = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8")
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    if hasattr(sys.stdout, "reconfigure"):  # a killed worker loses no line it printed
+        sys.stdout.reconfigure(line_buffering=True)
+    print(f"--- {worker} (pid {os.getpid()}) started {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+    own = logging.getLogger("asyncrl")
+    for stream in (console, sys.stderr):  # sys.stderr now writes to the file
+        handler = logging.StreamHandler(stream)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter(f"{worker}: %(levelname)s %(name)s: %(message)s"))
+        own.addHandler(handler)
+    own.propagate = False  # each warning once on each stream, whatever handlers the root logger has here
+
+
+@contextmanager
+def in_process_chatter_to(path: Path) -> Iterator[None]:
+    """While in the block, this process's transformers progress bars, Python warnings and transformers' logger
+    write to ``path`` (appended to) instead of the console; put back at exit."""
+    from transformers.utils import logging as hf_logging
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", buffering=1, encoding="utf-8") as log:
+        log.write(f"--- in-process roles (pid {os.getpid()}) started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        shown = warnings.showwarning
+        handler = logging.StreamHandler(log)
+        warnings.showwarning = _show_in(log)
+        hf_logging.set_tqdm_hook(lambda make, args, kwargs: make(*args, **{**kwargs, "file": log}))
+        hf_logging.disable_default_handler()
+        hf_logging.add_handler(handler)
+        try:
+            yield
+        finally:
+            hf_logging.remove_handler(handler)
+            hf_logging.enable_default_handler()
+            hf_logging.set_tqdm_hook(None)
+            warnings.showwarning = shown
+
+
+def _show_in(log: TextIO) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that writes to ``log``."""
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        log.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    return show

@@ -18,7 +18,7 @@ from asyncrl.comm.transport import WorkerLocation
 from asyncrl.config import RayConfig
 from asyncrl.roles.placement import NodeCapacity, Placement, PlacementError, describe_nodes
 from asyncrl.trainer.data_parallel import rank_name
-from asyncrl.workers.logs import send_output_to, worker_log
+from asyncrl.workers.backends import send_output_to, worker_log
 from asyncrl.workers.reaper import start_reaper
 
 __all__ = ["PlacementError", "RayHandle", "RayPending", "RayPools", "cluster_nodes", "init_ray", "shutdown"]
@@ -139,7 +139,7 @@ def cluster_nodes() -> list[NodeCapacity]:
 @functools.cache
 def as_actor(cls: type) -> type:
     """``cls`` as a Ray actor runs it: built with its output sent to its log file first (``log_file``: the worker's
-    library chatter stays off the run's console, ``asyncrl.workers.logs``), and with one more call,
+    library chatter stays off the run's console, ``asyncrl.workers.backends``), and with one more call,
     ``ray_location``: where Ray put it (its node, the GPUs it was given)."""
 
     def __init__(self: Any, *args: Any, log_file: str | None = None, **kwargs: Any) -> None:

@@ -16,8 +16,7 @@ import torch
 
 from asyncrl.config.specs import RolloutSpec
 from asyncrl.models.device import resolve_device
-from asyncrl.rewards.generate import generate_scored
-from asyncrl.rewards.loop import build_reward_loop
+from asyncrl.rewards.loop import build_reward_loop, generate_scored
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.factory import rollout_engine
 from asyncrl.rollout.sampling import SamplingParams

@@ -30,9 +30,8 @@ from asyncrl.roles.clients import (
 from asyncrl.roles.placement import resolve_placement
 from asyncrl.roles.team import Roles, RolloutSide
 from asyncrl.trainer.data_parallel import rank_name
-from asyncrl.workers.backends import LocalHandle
+from asyncrl.workers.backends import IN_PROCESS_LOG, LocalHandle, in_process_chatter_to
 from asyncrl.workers.critic import CriticWorker
-from asyncrl.workers.logs import IN_PROCESS_LOG, in_process_chatter_to
 from asyncrl.workers.reward_model import RewardModelWorker
 from asyncrl.workers.rollout import RolloutWorker
 from asyncrl.workers.trainer import TrainerWorker
@@ -165,7 +164,7 @@ class _RayBackend:
 
 class _LocalBackend:
     """Roles as objects in this process, each with its own call thread(s); no Ray, no CPU reservation. Their
-    library chatter goes to ``RUN_DIR/logs/in_process.log`` while they run (``asyncrl.workers.logs``)."""
+    library chatter goes to ``RUN_DIR/logs/in_process.log`` while they run (``asyncrl.workers.backends``)."""
 
     def __init__(self, cfg: Config, needed: list[str], rollout_pool: bool):
         self.placement = resolve_placement(cfg, needed, rollout_pool, None)

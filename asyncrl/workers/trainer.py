@@ -35,8 +35,7 @@ from asyncrl.models.lora import (
     apply_lora,
     reference_policy,
 )
-from asyncrl.rewards.generate import generate_scored
-from asyncrl.rewards.loop import build_reward_loop
+from asyncrl.rewards.loop import build_reward_loop, generate_scored
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.factory import colocated_engine
 from asyncrl.rollout.sampling import SamplingParams

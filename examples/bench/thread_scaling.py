@@ -15,7 +15,7 @@ import time
 import torch
 
 from asyncrl import losses
-from asyncrl.algorithms.ppo_clip import PolicyTarget, PPOClip
+from asyncrl.algorithms.grpo import PolicyTarget, PPOClip
 from asyncrl.config import ActorConfig, RolloutCorrectionConfig
 from asyncrl.data.collate import collate, group_ids, rewards_of
 from asyncrl.data.dataset import PromptDataset

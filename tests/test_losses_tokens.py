@@ -1,4 +1,4 @@
-"""Masked reductions and loss aggregation (asyncrl.losses.utils). Expected values are worked out by hand below."""
+"""Masked reductions and loss aggregation (asyncrl.losses.tokens). Expected values are worked out by hand below."""
 
 import math
 import statistics
