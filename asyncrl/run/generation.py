@@ -83,9 +83,9 @@ class PromptStream:
         return SamplingParams.from_config(self.cfg.rollout)
 
     def gen_seed(self) -> int:
-        """The base of every row's sampling noise (``seeds.row_keys``): a row's tokens depend on trainer.seed, its
-        prompt's epoch and index and its number in the group, not on the step, so a resumed run samples what the
-        unbroken run did and every schedule samples what sync does."""
+        """The base of every row's sampling noise (``rollout.sampling.row_keys``): a row's tokens depend on
+        trainer.seed, its prompt's epoch and index and its number in the group, not on the step, so a resumed run
+        samples what the unbroken run did and every schedule samples what sync does."""
         return seeds.sampling(self.cfg.trainer.seed)
 
 
@@ -135,7 +135,7 @@ def launch_generation(
     workers = [i for i in range(k) if chunks[i]]
 
     def issue(i: int) -> Callable[[RolloutClient], Pending[Generation]]:
-        return lambda w: w.generate(chunks[i], params, seed, step)  # rows key their own noise (seeds.row_keys)
+        return lambda w: w.generate(chunks[i], params, seed, step)  # rows key their own noise (sampling.row_keys)
 
     again = [issue(i) for i in workers]
     return Launched([redo(rollouts[i]) for i, redo in zip(workers, again)], pool, workers, again)
