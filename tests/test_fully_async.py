@@ -113,7 +113,8 @@ def test_fully_async_at_staleness_0_draws_the_same_tokens_and_weights_as_sync(se
     """verl#6780's question: fully_async with no staleness budget is sync. Same data, same seed, in-process; a step
     of fully_async takes require_batches x ppo_mini_batch_size groups, so 2 x 2 matches sync's train_batch_size 4. Each
     row's sampling noise is its own (rollout.sampling.row_keys), so the Rollouter, decoding with weights synced into its
-    own engine, samples what sync's engine does; the trainer's weights after every step are then the same bit for bit."""
+    own engine, samples what sync's engine does; the trainer's weights after every step are then the same bit for
+    bit."""
     root, model, train, test = setup
     over = [
         "trainer.backend=in_process",
