@@ -15,7 +15,6 @@ from the call's fixed cost: without a probe a prefilled token is priced as a dec
 from __future__ import annotations
 
 import bisect
-import heapq
 import json
 import math
 from collections.abc import Hashable, Iterable, Sequence
@@ -124,17 +123,13 @@ def decode_segments(remaining: list[int], engine: str = "builtin", slots: int = 
     segs: list[Segment] = []
     rank.fill()
     while rank.live:
-        end, done = rank.live[0][0], []
-        while rank.live and rank.live[0][0] == end:
-            done.append(heapq.heappop(rank.live)[2])
-        seg = Segment(end - rank.t, len(rank.used), len(done))
+        start, live = rank.t, len(rank.used)
+        done = rank.step_to(rank.live[0][0])
+        seg = Segment(rank.t - start, live, len(done))
         if segs and segs[-1].live == seg.live:  # one constant batch across the end of rows that left no slot behind
             last = segs.pop()
             seg = Segment(last.tokens + seg.tokens, seg.live, last.finished + seg.finished)
         segs.append(seg)
-        rank.t = end
-        rank.end(done)
-        rank.fill()
     return segs
 
 

@@ -61,5 +61,16 @@ class SimRank:
                 x.slot = k
             self.used = live
 
+    def step_to(self, t: int) -> list[SimRow]:
+        """Decode up to step ``t``: the rows that ended by then leave their slots (``end``) and waiting rows take free
+        ones (``fill``); returns the rows that ended."""
+        self.t = t
+        done = []
+        while self.live and self.live[0][0] <= t:
+            done.append(heapq.heappop(self.live)[2])
+        self.end(done)
+        self.fill()
+        return done
+
     def made(self, r: SimRow) -> int:
         return min(r.need, self.t - r.start) if r.start >= 0 else 0

@@ -12,7 +12,6 @@ of ``simulate.Sim`` that runs them."""
 from __future__ import annotations
 
 import copy
-import heapq
 from collections.abc import Callable
 
 from asyncrl.data.sampler import EpochSampler
@@ -170,13 +169,7 @@ class SimRollouter:
                 steps = left / self._step_s(rank) + rank.carry
                 whole = int(steps + 1e-6)
                 rank.carry = max(0.0, steps - whole)
-                rank.t += whole
-                done = []
-                while rank.live and rank.live[0][0] <= rank.t:
-                    done.append(heapq.heappop(rank.live)[2])
-                rank.end(done)
-                ended = [_row(r, r.need, version, "eos") for r in done]
-                rank.fill()
+                ended = [_row(r, r.need, version, "eos") for r in rank.step_to(rank.t + whole)]
                 if not rank.live:
                     rank.carry = 0.0
             out.append(ended)
