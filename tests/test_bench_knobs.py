@@ -110,6 +110,25 @@ def test_remote_reward_scores_through_the_service_and_a_bad_request_fails_alone(
         _client(url).score_one(**_body(row, truth))
 
 
+def test_the_bench_runs_the_service_in_a_process_of_its_own(row):
+    """``ServiceProcess`` (what ``asyncrl bench --reward-delay-ms`` starts): the same service, answering from another
+    process (not on the trainer's interpreter lock), gone when the block ends."""
+    from asyncrl_lab.reward_service import ServiceProcess
+
+    truth = row["reward_model"]["ground_truth"]
+    with ServiceProcess(0) as svc:
+        client = _client(svc.url)
+        assert client.score_one(**_body(row, truth)) == (1.0, {})
+        [one, two] = client.score_many([tuple(_body(row, a).values()) for a in (truth, "no")])
+        assert one == (1.0, {}) and two == (0.0, {})
+        assert svc._proc is not None and svc._proc.pid != os.getpid() and svc._proc.poll() is None
+        proc = svc._proc
+        client.close()
+    assert proc.poll() is not None
+    with pytest.raises(RewardServiceUnavailableError, match="127.0.0.1"):
+        _client(svc.url).score_one(**_body(row, truth))
+
+
 # ---- the delayed tool ---------------------------------------------------------------------------------------------
 def test_delayed_calc_answers_as_calc_under_calcs_name_after_the_delay():
     tools = build_tools([bench_tools.tool_spec(50)])

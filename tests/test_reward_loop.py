@@ -48,6 +48,12 @@ async def slow_or_bad(data_source, solution_str, ground_truth, extra_info):
 
 def plain(data_source, solution_str, ground_truth, extra_info):
     return len(solution_str)
+
+
+def plain_or_bad(data_source, solution_str, ground_truth, extra_info):
+    if solution_str == "bad":
+        raise ValueError("cannot score this")
+    return len(solution_str)
 """
 
 
@@ -150,11 +156,15 @@ class _Service(BaseHTTPRequestHandler):
     """Scores chain_sum answers; ``fail_first`` 503s before answering; a solution "reject" gets a 400."""
 
     fail_first = 0
-    seen: list[dict] = []
+    short_batch = False  # a batch's reply one result short
+    seen: list[dict | list] = []
 
     def do_POST(self):  # noqa: N802 - http.server's name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).seen.append(body)
+        if isinstance(body, list):
+            scores = [{"score": float(b["solution_str"] == b["ground_truth"])} for b in body]
+            return self._reply(200, scores[:-1] if type(self).short_batch else scores)
         if type(self).fail_first > 0:
             type(self).fail_first -= 1
             return self._reply(503, {"error": {"message": "warming up"}})
@@ -177,7 +187,7 @@ class _Service(BaseHTTPRequestHandler):
 @pytest.fixture
 def service():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Service)
-    _Service.fail_first, _Service.seen = 0, []
+    _Service.fail_first, _Service.seen, _Service.short_batch = 0, [], False
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/score"
     server.shutdown()
@@ -204,6 +214,61 @@ def test_a_reward_service_that_stays_down_is_one_error_naming_its_url():
     with pytest.raises(
         RewardServiceUnavailableError, match=f"reward service at {root} unreachable after 1 retries: POST /score"
     ):
+        loop.score(_samples(["7", "8"]))
+    loop.close()
+
+
+def test_a_batching_loop_sends_rows_that_arrive_together_in_one_request_and_fails_items_alone(rewards_file):
+    """``reward.remote_batch_size``: the samples handed over together go in as few requests as the size allows, each
+    sample gets its own result, and an item the service's scorer fails fails that sample only."""
+    from asyncrl_lab.reward_service import RewardService
+
+    with RewardService(0, RewardFn(f"{rewards_file}:plain_or_bad")) as svc:
+        remote = RemoteReward(svc.url, timeout_s=5, max_retries=0, backoff_s=0.0)
+        loop = RewardLoop(RewardFn(), max_concurrency=16, timeout_s=10, remote=remote, batch_size=4)
+        samples = _samples(["a", "bb", "bad", "dddd", "eeeee", "ffffff"])
+        metrics = loop.score(samples)
+        assert svc.requests == 2  # 4 + 2
+        assert [s.reward for s in samples] == [1.0, 2.0, 0.0, 4.0, 5.0, 6.0]
+        assert [s.reward_failed for s in samples] == [False, False, True, False, False, False]
+        assert "item 2 of a batch" in loop.reward_fn.last_errors[0] and "cannot score" in loop.reward_fn.last_errors[0]
+        assert metrics["reward/samples_per_request"] == 3.0
+
+        back: list[Sample] = []
+        arrived = threading.Event()
+
+        def done(s: Sample) -> None:  # the per-row path (fully_async): one callback a sample
+            back.append(s)
+            if len(back) == 5:
+                arrived.set()
+
+        for s in _samples(["a", "bb", "ccc", "dddd", "bad"]):
+            loop.submit(s, done)
+        assert arrived.wait(10)
+        loop.check()
+        assert sorted((s.reward, s.reward_failed) for s in back) == [
+            (0.0, True), (1.0, False), (2.0, False), (3.0, False), (4.0, False)
+        ]  # fmt: skip
+        assert 3 <= svc.requests <= 2 + 5
+        loop.close()
+
+
+def test_a_batch_the_service_answers_wrongly_or_not_at_all_fails_its_samples(service):
+    _Service.short_batch = True  # one result fewer than the batch
+    loop = RewardLoop(RewardFn(), 8, 10, RemoteReward(service, 5, 0, 0.0), batch_size=8)
+    samples = _samples(["7", "8", "7"])
+    loop.score(samples)
+    assert all(s.reward_failed for s in samples)
+    assert "a batch of 3 needs a JSON array of 3" in loop.reward_fn.last_errors[0]
+    assert isinstance(_Service.seen[-1], list) and len(_Service.seen[-1]) == 3
+    _Service.short_batch = False
+    loop.score(samples)
+    assert [s.reward for s in samples] == [1.0, 0.0, 1.0] and not any(s.reward_failed for s in samples)
+    loop.close()
+
+    root = f"http://127.0.0.1:{find_free_port()}"  # nothing listens there
+    loop = RewardLoop(RewardFn(), 8, 10, RemoteReward(root + "/score", 5, 1, 0.01), batch_size=8)
+    with pytest.raises(RewardServiceUnavailableError, match=f"reward service at {root} unreachable after 1 retries"):
         loop.score(_samples(["7", "8"]))
     loop.close()
 
@@ -264,6 +329,8 @@ def test_bad_reward_keys_are_config_errors(setup):
     base = train_overrides(model, train, test, root / "bad", 1)
     with pytest.raises(ConfigError, match="reward.max_concurrency"):
         load_config(None, [*base, "reward.max_concurrency=0"])
+    with pytest.raises(ConfigError, match="reward.remote_batch_size"):
+        load_config(None, [*base, "reward.remote_batch_size=0"])
     with pytest.raises(ConfigError, match="reward.remote_url"):
         load_config(None, [*base, "reward.remote_url=127.0.0.1:9/score"])
     with pytest.raises(ConfigError, match="reward.remote_url"):

@@ -227,12 +227,14 @@ class RewardConfig(Checked):
     max_concurrency: int = 256  # samples scored at once (each as its row ends); more rows waiting hold admission
     timeout_s: float = 60.0  # per sample; a slower reward fails that sample
     remote_url: str | None = None  # a reward service (POST verl's fields as JSON, reply a score); implies the loop
+    remote_batch_size: int = 1  # samples a request to remote_url at most (>1: JSON arrays each way; docs/rewards.md)
     remote_max_retries: int = 3  # also the generative reward model's
     remote_backoff_s: float = 0.5  # first retry's wait, seconds; doubles each retry
     genrm: GenRMConfig = field(default_factory=GenRMConfig)
 
     RULES = {
         "max_concurrency": POSITIVE_INT,
+        "remote_batch_size": POSITIVE_INT,
         "timeout_s": POSITIVE,
         "remote_max_retries": NON_NEGATIVE,
         "remote_backoff_s": NON_NEGATIVE,

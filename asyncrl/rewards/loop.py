@@ -13,14 +13,18 @@ Two ways in:
 Scoring runs on one asyncio loop in a daemon thread:
 
 - a custom ``async def`` reward function (verl's signature) is awaited there; a plain function, the built-in
-  scorers and the HTTP reward service (``asyncrl.rewards.remote``) run on a thread pool of ``max_concurrency``;
+  scorers and the HTTP reward service (``asyncrl.rewards.remote``) run on a thread pool of ``max_concurrency``; with
+  ``batch_size`` > 1 (``reward.remote_batch_size``) the samples that reach the loop together (a decode step's rows)
+  go to the service in one request (the first waits ``BATCH_WAIT_S`` for the others), ``batch_size`` at most, and
+  each still has its own deadline and outcome;
 - at most ``max_concurrency`` samples are scored at once (a semaphore), each within ``timeout_s``: a scorer that
   raises, times out (a plain function keeps running on its thread, its result ignored) or returns garbage fails
   that sample only (``reward_failed``, counted), as in ``RewardFn.score``;
 - a reward service that stays down after its retries raises ``RewardServiceUnavailableError`` from ``score`` (or from
   ``check``, on the per-row path), naming the URL.
 
-Metrics: ``reward/latency_mean_s`` and ``reward/latency_max_s`` (from a sample's submission to its score),
+Metrics: ``reward/latency_mean_s`` and ``reward/latency_max_s`` (from a sample's submission to its score; absent
+in a step where no score arrived), ``reward/samples_per_request`` (a batching reward service),
 ``reward/in_flight_max``, ``reward/failed_count``, ``reward/timeouts``, and for a batch
 ``reward/scored_during_generation_frac`` (the share of samples already scored when the engine returned).
 
@@ -38,14 +42,19 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import Protocol
 
 from asyncrl.config import RewardConfig
 from asyncrl.rewards.genrm import GenerativeReward
 from asyncrl.rewards.overlong import OverlongShaping
-from asyncrl.rewards.remote import RemoteReward, RewardServiceUnavailableError
+from asyncrl.rewards.remote import Args, RemoteReward, RewardServiceError, RewardServiceUnavailableError
 from asyncrl.rewards.reward_fn import RewardFn, build_reward_fn
 from asyncrl.types import Generation, PrefillStats, Prompt, Sample, SamplingParams
+
+# how long the first sample of a reward service's request waits for more (``reward.remote_batch_size`` > 1): rows that
+# end in one decode step reach the loop within it, and it is small against any service's own latency
+BATCH_WAIT_S = 0.002
 
 
 class RewardLoop:
@@ -55,11 +64,19 @@ class RewardLoop:
         max_concurrency: int,
         timeout_s: float,
         remote: RemoteReward | GenerativeReward | None = None,
+        batch_size: int = 1,
     ) -> None:
-        if max_concurrency < 1 or timeout_s <= 0:
-            raise ValueError(f"RewardLoop: max_concurrency >= 1 and timeout_s > 0 (got {max_concurrency}, {timeout_s})")
+        if max_concurrency < 1 or timeout_s <= 0 or batch_size < 1:
+            raise ValueError(
+                "RewardLoop: max_concurrency >= 1, timeout_s > 0 and batch_size >= 1 "
+                f"(got {max_concurrency}, {timeout_s}, {batch_size})"
+            )
         self.reward_fn, self.remote = reward_fn, remote
         self.max_concurrency, self.timeout_s = max_concurrency, timeout_s
+        # the reward service's samples a request (``reward.remote_batch_size``), and those waiting for the next one
+        self.batch_size = batch_size if isinstance(remote, RemoteReward) else 1
+        self._pending: list[tuple[Args, asyncio.Future[tuple[float, dict[str, float]]]]] = []
+        self._timer: asyncio.TimerHandle | None = None
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="reward")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="reward-loop", daemon=True)
@@ -72,7 +89,7 @@ class RewardLoop:
     def _reset(self) -> None:
         self._futures: dict[int, Future] = {}
         self._latencies: list[float] = []
-        self._in_flight = self._in_flight_max = self._timeouts = 0
+        self._in_flight = self._in_flight_max = self._timeouts = self._requests = 0
 
     # ---- the rollout side's calls ----------------------------------------------------------------------------------
     def submit(self, sample: Sample, done: Callable[[Sample], None] | None = None) -> None:
@@ -80,18 +97,22 @@ class RewardLoop:
         arrives and ``done(sample)`` is called on the loop's thread (a row's completion: ``take_metrics`` closes the
         books); without it ``score`` collects the batch."""
         if done is not None:
-            asyncio.run_coroutine_threadsafe(self._score(sample, time.perf_counter(), done), self._loop)
+            self._loop.call_soon_threadsafe(self._start, [(sample, time.perf_counter(), done, None)])
         else:
             self.submit_all([sample])
 
     def submit_all(self, samples: list[Sample]) -> None:
-        """Start scoring those of ``samples`` not submitted yet; returns at once (``score`` collects the batch)."""
+        """Start scoring those of ``samples`` not submitted yet; returns at once (``score`` collects the batch). They
+        reach the loop together (one wake-up; one request to a batching reward service)."""
         submitted = time.perf_counter()
+        items: list[tuple[Sample, float, None, Future]] = []
         with self._lock:
             for s in samples:
                 if id(s) not in self._futures:
-                    coro = self._score(s, submitted, None)
-                    self._futures[id(s)] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+                    self._futures[id(s)] = fut = Future()
+                    items.append((s, submitted, None, fut))
+        if items:
+            self._loop.call_soon_threadsafe(self._start, items)
 
     def check(self) -> None:
         """Raise what stopped the per-row path: a reward service that stayed down, or a ``done`` that failed."""
@@ -104,17 +125,17 @@ class RewardLoop:
             metrics = self.reward_fn.finish_batch()
             self.reward_fn.last_errors = []
             metrics.update(self._loop_metrics())
-            self._latencies, self._in_flight_max, self._timeouts = [], self._in_flight, 0
+            self._latencies, self._in_flight_max, self._timeouts, self._requests = [], self._in_flight, 0, 0
         return metrics
 
     def _loop_metrics(self) -> dict[str, float]:
-        lat = self._latencies or [0.0]
-        return {
-            "reward/latency_mean_s": sum(lat) / len(lat),
-            "reward/latency_max_s": max(lat),
-            "reward/in_flight_max": float(self._in_flight_max),
-            "reward/timeouts": float(self._timeouts),
-        }
+        lat = self._latencies
+        metrics = {"reward/in_flight_max": float(self._in_flight_max), "reward/timeouts": float(self._timeouts)}
+        if lat:  # a step in which no score arrived has no latency (not one of 0 s)
+            metrics.update({"reward/latency_mean_s": sum(lat) / len(lat), "reward/latency_max_s": max(lat)})
+        if self.batch_size > 1 and self._requests:
+            metrics["reward/samples_per_request"] = len(self._latencies) / self._requests
+        return metrics
 
     def score(self, samples: list[Sample]) -> dict[str, float]:
         """Score every sample of a finished generation call (those not submitted yet are submitted now), wait for
@@ -147,6 +168,13 @@ class RewardLoop:
             self.remote.close()
 
     # ---- on the loop -------------------------------------------------------------------------------------------------
+    def _start(self, items: list[tuple[Sample, float, Callable[[Sample], None] | None, Future | None]]) -> None:
+        """A task per sample; its outcome, when it ends, into the sample's ``Future`` where ``score`` waits on one."""
+        for sample, submitted, done, fut in items:
+            task = self._loop.create_task(self._score(sample, submitted, done))
+            if fut is not None:
+                task.add_done_callback(partial(_settle, fut))
+
     async def _score(
         self, sample: Sample, submitted: float, done: Callable[[Sample], None] | None
     ) -> tuple[float, dict[str, float]] | BaseException:
@@ -184,12 +212,60 @@ class RewardLoop:
         p = sample.prompt
         args = (p.data_source, sample.response_text or "", p.ground_truth, p.extra_info)
         loop = asyncio.get_running_loop()
+        if self.batch_size > 1:
+            return await self._batched(args, loop)
         if self.remote is not None:
             return await loop.run_in_executor(self._pool, self.remote.score_one, *args)
         fn = self.reward_fn.scorer_for(p.data_source)
         if inspect.iscoroutinefunction(fn):
             return self.reward_fn.normalize(await self.reward_fn.call(*args), p.data_source)
         return await loop.run_in_executor(self._pool, self.reward_fn.score_one, *args)
+
+    def _batched(self, args: Args, loop: asyncio.AbstractEventLoop) -> asyncio.Future[tuple[float, dict[str, float]]]:
+        """A sample's place in the reward service's next request: samples that reach here in one turn of the loop (a
+        decode step's rows) go together, ``batch_size`` at most a request."""
+        waiter: asyncio.Future[tuple[float, dict[str, float]]] = loop.create_future()
+        self._pending.append((args, waiter))
+        if len(self._pending) >= self.batch_size:
+            self._send(loop)
+        elif len(self._pending) == 1:
+            self._timer = loop.call_later(BATCH_WAIT_S, self._send, loop)
+        return waiter
+
+    def _send(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        assert isinstance(self.remote, RemoteReward)
+        self._requests += 1
+        request = loop.run_in_executor(self._pool, self.remote.score_many, [args for args, _ in batch])
+
+        def hand_out(done: asyncio.Future[list[tuple[float, dict[str, float]] | RewardServiceError]]) -> None:
+            if done.cancelled():  # the loop is closing
+                for _, waiter in batch:
+                    waiter.cancel()
+                return
+            error = done.exception()
+            results = [error] * len(batch) if error is not None else done.result()
+            for (_, waiter), result in zip(batch, results):
+                if waiter.done():  # its sample timed out meanwhile
+                    continue
+                if isinstance(result, BaseException):
+                    waiter.set_exception(result)
+                else:
+                    waiter.set_result(result)
+
+        request.add_done_callback(hand_out)
+
+
+def _settle(fut: Future, task: asyncio.Task) -> None:
+    if task.cancelled():
+        fut.cancel()
+    else:
+        fut.set_result(task.result())
 
 
 def build_reward_loop(cfg: RewardConfig, reward_fn: RewardFn) -> RewardLoop:
@@ -208,7 +284,7 @@ def build_reward_loop(cfg: RewardConfig, reward_fn: RewardFn) -> RewardLoop:
         remote = RemoteReward(cfg.remote_url, cfg.timeout_s, cfg.remote_max_retries, cfg.remote_backoff_s)
     elif cfg.genrm.url:
         remote = GenerativeReward(cfg.genrm, cfg.timeout_s, cfg.remote_max_retries, cfg.remote_backoff_s)
-    return RewardLoop(reward_fn, cfg.max_concurrency, cfg.timeout_s, remote)
+    return RewardLoop(reward_fn, cfg.max_concurrency, cfg.timeout_s, remote, cfg.remote_batch_size)
 
 
 def build_scorer(cfg: RewardConfig) -> RewardLoop:

@@ -2,6 +2,8 @@
 
 Request body: ``{"data_source", "solution_str", "ground_truth", "extra_info"}``; the reply is a number or a JSON object
 with a numeric ``"score"`` (other numeric fields go to ``Sample.reward_extra``), as a custom reward function returns.
+With ``reward.remote_batch_size`` > 1 (``score_many``) the body is a JSON array of such objects and the reply an array
+of as many results, in order; a result ``{"error": message}`` fails its sample only.
 The transport (keep-alive, retries with back-off, timeouts) is ``asyncrl.http_json``'s.
 
 A service that stays down after every retry raises :class:`RewardServiceUnavailableError` naming the URL: the rollout
@@ -38,6 +40,19 @@ class RewardServiceResponseError(RewardServiceError):
     """The service answered, but not with a score."""
 
 
+# ``score_one``'s arguments: data source, response text, ground truth, extra info
+Args = tuple[str, str, str, dict[str, Any] | None]
+
+
+def _body(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "data_source": data_source,
+        "solution_str": solution_str,
+        "ground_truth": ground_truth,
+        "extra_info": dict(extra_info or {}),
+    }
+
+
 ERRORS = ErrorKinds(RewardServiceUnavailableError, RewardServiceRejectedError, RewardServiceResponseError)
 
 
@@ -51,17 +66,34 @@ class RemoteReward:
     def score_one(
         self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
     ) -> tuple[float, dict[str, float]]:
-        body = {
-            "data_source": data_source,
-            "solution_str": solution_str,
-            "ground_truth": ground_truth,
-            "extra_info": dict(extra_info or {}),
-        }
-        reply = self.http.request("POST", "", body)
+        reply = self.http.request("POST", "", _body(data_source, solution_str, ground_truth, extra_info))
         try:
             return normalize_result(reply, f"reward service at {self.url}")
         except ValueError as e:
             raise RewardServiceResponseError(str(e)) from None
+
+    def score_many(self, items: list[Args]) -> list[tuple[float, dict[str, float]] | RewardServiceError]:
+        """Several responses in one request (``score_one``'s arguments each): each one's result, or the error that
+        fails that one. A request that fails (the service down, a 4xx, a reply that is not an array of as many
+        results) raises, failing them all."""
+        reply = self.http.request("POST", "", [_body(*item) for item in items])
+        if not isinstance(reply, list) or len(reply) != len(items):
+            got = f"an array of {len(reply)}" if isinstance(reply, list) else type(reply).__name__
+            raise RewardServiceResponseError(
+                f"reward service at {self.url}: a batch of {len(items)} needs a JSON array of {len(items)} results "
+                f"back (got {got})"
+            )
+        out: list[tuple[float, dict[str, float]] | RewardServiceError] = []
+        for k, result in enumerate(reply):
+            if isinstance(result, dict) and "error" in result and "score" not in result:
+                message = f"reward service at {self.url} failed item {k} of a batch: {result['error']}"
+                out.append(RewardServiceRejectedError(message, 422))
+                continue
+            try:
+                out.append(normalize_result(result, f"reward service at {self.url}, item {k} of a batch"))
+            except ValueError as e:
+                out.append(RewardServiceResponseError(str(e)))
+        return out
 
     def close(self) -> None:
         self.http.close()

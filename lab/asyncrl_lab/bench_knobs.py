@@ -1,17 +1,20 @@
 """The latency knobs of ``asyncrl bench``: how much a slow reward service, or a slow tool, costs each schedule.
 
-``--reward-delay-ms 0,20,200`` runs every mode once per delay: 0 with the in-process reward (today's runs), each
-other delay d against a real HTTP reward service on loopback (``reward_service``) that waits d ms and then scores with
-the same built-in scorer. ``--tool-delay-ms 0,200`` does the same for the ``tool`` workload's ``calc``: 0 is the
-built-in tool, d a ``calc`` that sleeps d ms first (``bench_tools``). A setting's rows are named ``mode@reward20ms``
-(``mode@tool200ms``); each gets its delay (``reward_delay_ms`` / ``tool_delay_ms``), ``ratio_to_instant`` (samples/s
-over the same mode's delay-0 run of this invocation) and what the run measured of the latency (``reward_latency_s``,
-from a sample's submission to its score; ``tool_call_rate``, the share of samples that called the tool, without which
-a tool's delay costs nothing). ``ratio_to_sync`` stays within a setting: against sync at the same delay.
+``--reward-delay-ms 0,20,200`` runs every mode once per delay: 0 with the in-process reward (today's runs), each other
+delay d against a real HTTP reward service on loopback (``reward_service``, in a process of its own) that waits d ms and
+then scores with the same built-in scorer. ``--tool-delay-ms 0,200`` does the same for the ``tool`` workload's ``calc``:
+0 is the built-in tool, d a ``calc`` that sleeps d ms first (``bench_tools``). A setting's rows are named
+``mode@reward20ms`` (``mode@tool200ms``); each gets its delay (``reward_delay_ms`` / ``tool_delay_ms``),
+``ratio_to_instant`` (samples/s over the same mode's delay-0 run of this invocation) and what the run measured of the
+latency (``reward_latency_s``, from a sample's submission to its score; ``tool_call_rate``, the share of samples that
+called the tool, without which a tool's delay costs nothing). ``ratio_to_sync`` stays within a setting: against sync at
+the same delay.
 
 What a reward delay measures is the whole path a run takes to a remote reward: its client scores at most
 ``reward.max_concurrency`` samples at once (256 by default), so d ms cap a run at 256 samples per d ms whatever the
-schedule; lower it in the bench's overrides to see that cap bind.
+schedule; lower it in the bench's overrides to see that cap bind. Each request costs the client and the service CPU
+on these same cores; ``reward.remote_batch_size`` (in a mode's overrides: ``fully_async+reward.remote_batch_size=64``)
+sends the rows that end together in one request.
 """
 
 from __future__ import annotations
@@ -60,9 +63,9 @@ class Latency:
 
             yield [f"rollout.multi_turn.tools=[{tool_spec(self.delay_ms)}]"]
         elif self.delay_ms:
-            from asyncrl_lab.reward_service import RewardService
+            from asyncrl_lab.reward_service import ServiceProcess
 
-            with RewardService(self.delay_ms) as service:
+            with ServiceProcess(self.delay_ms) as service:
                 print(f"[bench] reward service at {service.url}: answers after {self.delay_ms} ms")
                 yield [f"reward.remote_url={service.url}"]
         else:
@@ -116,7 +119,8 @@ def run_latencies(
                 instant[mode] = row["samples_per_s"]
             row["ratio_to_instant"] = row["samples_per_s"] / instant[mode]
             _, body = step_metrics(Path(row["run_dir"]))
-            row[column] = mean_of(body, key) if any(key in m for m in body) else None
+            logged = [m for m in body if key in m]  # the steps that measured it (a step with no score has none)
+            row[column] = mean_of(logged, key) if logged else None
         results += rows
     return results
 

@@ -1,19 +1,29 @@
 """A reward service on loopback that answers after a fixed delay: ``asyncrl bench --reward-delay-ms`` and tests.
 
 It speaks ``asyncrl.rewards.remote``'s protocol (``reward.remote_url``): POST a JSON object ``{data_source,
-solution_str, ground_truth, extra_info}`` to ``/score``, get ``{"score": s, ...}`` back, scored by the same
+solution_str, ground_truth, extra_info}`` to ``/score``, get ``{"score": s, ...}`` back (or an array of such objects,
+``reward.remote_batch_size`` > 1: an array of replies, ``{"error": message}`` for one whose scorer raised), scored by
+the same
 ``RewardFn`` an in-process run uses (the registry's scorer for the row's data source), so a run against it learns
 from the same rewards as one without it. Each request waits ``delay_ms`` before it is scored, on its own thread
 (``ThreadingHTTPServer``: one thread per connection, and ``RemoteReward`` keeps one connection per calling thread):
 concurrent requests wait together, so the delay is latency, as a remote service's network and queueing would be,
 not a cap on throughput. A scorer that raises answers HTTP 422 with its message, which fails that sample only, as an
 in-process scorer that raises does.
+
+``ServiceProcess`` runs one in a process of its own, as ``asyncrl bench`` does: a remote service does not share the
+trainer's interpreter lock, so the bench measures the latency and the client's cost, not a server's Python work
+running on the trainer's lock (both still share this machine's cores).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import select
+import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -76,27 +86,88 @@ class RewardService:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def score(self, body: Any) -> dict[str, float]:
-        """The reply to one request body, after the delay. ``BadRequestError`` for a body without the protocol's
-        fields; whatever the scorer raises otherwise."""
-        if not isinstance(body, dict) or any(not isinstance(body.get(k), str) for k in FIELDS):
-            raise BadRequestError(f"POST {PATH} needs a JSON object with string fields {', '.join(FIELDS)}")
-        extra = body.get("extra_info") or {}
-        if not isinstance(extra, dict):
-            raise BadRequestError(f"POST {PATH}: extra_info must be a JSON object (got {type(extra).__name__})")
+    def score(self, body: Any) -> dict[str, float] | list[dict[str, Any]]:
+        """The reply to one request body, after the delay (once a request, however many items it holds).
+        ``BadRequestError`` for a body without the protocol's fields; a single item's scorer error is raised, a batch
+        item's answered as ``{"error": message}``."""
+        items = body if isinstance(body, list) else [body]
+        for item in items:
+            _check(item)
         with self._lock:
             self.in_flight += 1
             self.in_flight_max = max(self.in_flight_max, self.in_flight)
         try:
             time.sleep(self.delay_s)
-            reward, extras = self.reward_fn.score_one(
-                body["data_source"], body["solution_str"], body["ground_truth"], extra
-            )
+            if not isinstance(body, list):
+                return self._score(body)
+            replies: list[dict[str, Any]] = []
+            for item in items:
+                try:
+                    replies.append(self._score(item))
+                except Exception as e:  # noqa: BLE001 - fails that item only
+                    replies.append({"error": f"scorer failed: {type(e).__name__}: {e}"})
+            return replies
         finally:
             with self._lock:
                 self.in_flight -= 1
                 self.requests += 1
+
+    def _score(self, item: dict[str, Any]) -> dict[str, float]:
+        args = (item["data_source"], item["solution_str"], item["ground_truth"], item.get("extra_info") or {})
+        reward, extras = self.reward_fn.score_one(*args)
         return {**extras, "score": reward}
+
+
+def _check(item: Any) -> None:
+    if not isinstance(item, dict) or any(not isinstance(item.get(k), str) for k in FIELDS):
+        fields = ", ".join(FIELDS)
+        raise BadRequestError(f"POST {PATH} needs a JSON object (or an array of them) with string fields {fields}")
+    extra = item.get("extra_info") or {}
+    if not isinstance(extra, dict):
+        raise BadRequestError(f"POST {PATH}: extra_info must be a JSON object (got {type(extra).__name__})")
+
+
+class ServiceProcess:
+    """``with ServiceProcess(200) as svc:`` a ``RewardService`` in a process of its own (``python -m
+    asyncrl_lab.reward_service 200``), serving at ``svc.url`` until the block ends; the process is then stopped,
+    however the block ends."""
+
+    START_TIMEOUT_S = 60.0
+
+    def __init__(self, delay_ms: float) -> None:
+        if delay_ms < 0:
+            raise ValueError(f"reward service: delay_ms must be >= 0 (got {delay_ms})")
+        self.delay_ms = delay_ms
+        self.url = ""
+        self._proc: subprocess.Popen[str] | None = None
+
+    def __enter__(self) -> ServiceProcess:
+        cmd = [sys.executable, "-m", "asyncrl_lab.reward_service", str(self.delay_ms)]
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        try:
+            assert self._proc.stdout is not None
+            ready, _, _ = select.select([self._proc.stdout], [], [], self.START_TIMEOUT_S)
+            line = self._proc.stdout.readline().strip() if ready else ""
+            if not line.startswith("http://"):
+                raise RuntimeError(
+                    f"reward service process ({' '.join(cmd)}): no URL within {self.START_TIMEOUT_S:g} s "
+                    f"(exit code {self._proc.poll()}, printed {line!r})"
+                )
+            self.url = line
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
 
 
 class BadRequestError(ValueError):
@@ -144,3 +215,18 @@ class _Handler(JsonRequestHandler):
             self._send(422, {"detail": f"scorer failed: {type(e).__name__}: {e}"})
             return
         self._send(200, reply)
+
+
+def main() -> None:
+    """``python -m asyncrl_lab.reward_service DELAY_MS``: serve, print the URL, stop on SIGTERM or SIGINT."""
+    service = RewardService(float(sys.argv[1]))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(service.start(), flush=True)
+    stop.wait()
+    service.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -132,6 +132,7 @@ VERL_NAMES: dict[str, str] = {
     "reward.max_concurrency": "reward_model.num_workers (here: rewards in flight; more rows waiting hold admission)",
     "reward.timeout_s": NONE + "a deadline of our per-sample reward loop",
     "reward.remote_url": NONE + "ours: a reward service that the reward loop calls",
+    "reward.remote_batch_size": NONE + "ours: samples a request to reward.remote_url",
     "reward.remote_max_retries": NONE + "as reward.remote_url",
     "reward.remote_backoff_s": NONE + "as reward.remote_url",
     "reward.genrm.url": "reward_model (a generative reward model served by the reward loop's model server)",
