@@ -48,7 +48,7 @@ def replay(run_dir: str | Path) -> dict[str, Any]:
     from asyncrl.algorithms import algorithm_class
     from asyncrl.config import load_config
     from asyncrl.models.loading import load_tokenizer_from
-    from asyncrl.roles.team import RolloutSide
+    from asyncrl.roles.clients import RolloutSide
     from asyncrl.schedules import specs_for
     from asyncrl.telemetry.metrics import read_metrics
     from asyncrl.workers.start import start_roles

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.data.sampler import EpochSampler
+from asyncrl.data.dataset import EpochSampler
 
 
 def _draw(sampler, n):

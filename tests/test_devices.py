@@ -42,7 +42,7 @@ from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.trainer.forward import response_logprobs
-from asyncrl.trainer.precision import MasterWeightsAdamW, build_optimizer
+from asyncrl.trainer.update import MasterWeightsAdamW, build_optimizer
 from asyncrl.types import Prompt, Sample
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: make test-gpu runs it on a GPU")

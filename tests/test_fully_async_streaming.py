@@ -8,7 +8,7 @@ clock): what is checked is the producer's decisions, step by step, not a model's
 
 from __future__ import annotations
 
-from asyncrl.data.sampler import EpochSampler
+from asyncrl.data.dataset import EpochSampler
 from asyncrl.schedules.fully_async import loop
 from asyncrl.schedules.fully_async.producer import Producer
 from asyncrl.schedules.fully_async.queue import MessageQueue

@@ -86,7 +86,7 @@ def test_bytes_a_ddp_trainer_holds_per_parameter_match_the_memory_plan(capsys):
     from asyncrl.config import Config, ModelConfig, TrainerConfig
     from asyncrl.sizing.memory import trainer_memory
     from asyncrl.sizing.shape import model_shape
-    from asyncrl.trainer.precision import build_optimizer
+    from asyncrl.trainer.update import build_optimizer
 
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
@@ -182,7 +182,7 @@ def test_trainer_tokens_per_second_and_mfu_on_a_qwen2_5_0_5b_shape_in_bf16(capsy
     parameter per token (the attention's own FLOPs aside). Anchor: prime-rl reports 11.9k tokens/s for Qwen3-0.6B
     on one H100."""
     from asyncrl.config import Config
-    from asyncrl.trainer.precision import build_optimizer, grads_to_clip
+    from asyncrl.trainer.update import build_optimizer, grads_to_clip
 
     model = _qwen(checkpointing=True)
     opt = build_optimizer(model.parameters(), Config().actor.optim)

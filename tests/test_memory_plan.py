@@ -27,7 +27,7 @@ from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.sizing.check import MemoryPlanError, check_memory
 from asyncrl.sizing.memory import GB, plan_memory, saved_activation_bytes, trainer_memory
 from asyncrl.sizing.shape import model_shape, shape_of_config
-from asyncrl.trainer.precision import build_optimizer, grads_to_clip
+from asyncrl.trainer.update import build_optimizer, grads_to_clip
 
 FIXTURES = Path(__file__).parent / "fixtures" / "models"
 QWEN7B = FIXTURES / "qwen2.5-7b"

@@ -12,7 +12,7 @@ import pytest
 from torch import Tensor
 
 from asyncrl import losses
-from asyncrl.algorithms.base import Algorithm, Finish, Prepared
+from asyncrl.algorithms import Algorithm, Finish, Prepared
 from asyncrl.config import SCHEDULES, AlgorithmConfig, Config, ConfigError, check, load_config
 from asyncrl.config.rules import one_of
 from asyncrl.data.collate import Objective, TrainBatch, collate, rewards_of

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from asyncrl import losses
-from asyncrl.algorithms.base import Algorithm, Finish, Prepared
+from asyncrl.algorithms import Algorithm, Finish, Prepared
 from asyncrl.config import Config, DistillConfig, check
 from asyncrl.data.collate import Objective, TrainBatch, collate
 from asyncrl.losses.distill_loss import mix_on_policy

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained, TrainerNeeds
+from asyncrl.algorithms import Algorithm, Finish, Prepared, Trained, TrainerNeeds
 from asyncrl.config import Config, DpoConfig, check
 from asyncrl.data.collate import Objective, TrainBatch, collate
 from asyncrl.losses.dpo import dpo_loss, sequence_logratios

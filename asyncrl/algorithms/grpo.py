@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from asyncrl import losses
-from asyncrl.algorithms.base import Algorithm, Finish, Prepared
+from asyncrl.algorithms import Algorithm, Finish, Prepared
 from asyncrl.config import ActorConfig, AlgorithmConfig, Config, RolloutCorrectionConfig
 from asyncrl.data.collate import Objective, TrainBatch, collate, group_ids, rewards_of
 from asyncrl.types import Sample

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 import torch
 
 from asyncrl import losses
-from asyncrl.algorithms.base import Algorithm, Finish, Prepared, Trained
+from asyncrl.algorithms import Algorithm, Finish, Prepared, Trained
 from asyncrl.algorithms.grpo import PolicyTarget, PPOClip
 from asyncrl.config import AlgorithmConfig, Config, check
 from asyncrl.config.rules import between
 from asyncrl.data.collate import ValueTarget, collate, rewards_of
 from asyncrl.rewards.combine import combine_rewards, token_level_rewards
-from asyncrl.roles.team import PoolTurns
+from asyncrl.roles.clients import PoolTurns
 from asyncrl.types import Sample
 
 

@@ -3,9 +3,8 @@
 Importing this package is cheap: reasoning-gym is imported only when a task is generated.
 """
 
-from asyncrl.data.dataset import PromptDataset, tokenize_messages
+from asyncrl.data.dataset import EpochSampler, PromptDataset, tokenize_messages
 from asyncrl.data.rows import DatasetError, Rows, load_rows, validate_row, write_rows
-from asyncrl.data.sampler import EpochSampler
 from asyncrl.data.tasks import TASKS, TaskSpec, get_task, make_rows, register_task, write_task_dataset
 
 __all__ = [

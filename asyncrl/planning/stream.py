@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
-from asyncrl.data.sampler import EpochSampler
+from asyncrl.data.dataset import EpochSampler
 from asyncrl.planning.clock import Clock, Compute, Delay, Signal, Wait
 from asyncrl.planning.cost import Segment, prefill_tokens
 from asyncrl.planning.setting import Span

@@ -16,8 +16,7 @@ from asyncrl.calls import gather
 from asyncrl.comm.transport import transport_of
 from asyncrl.config import Config
 from asyncrl.errors import one_line
-from asyncrl.roles.clients import DataParallelRank, RolloutClient
-from asyncrl.roles.team import Roles
+from asyncrl.roles.clients import DataParallelRank, Roles, RolloutClient
 from asyncrl.sizing.check import MemoryPlanError, check_plan, gpu_roles, local_device_bytes
 from asyncrl.sizing.memory import GB, MemoryPlan, micro_batch_tokens, plan_memory
 from asyncrl.sizing.shape import model_shape

@@ -1,4 +1,6 @@
-"""Typed clients, one per role: what a schedule or an algorithm may ask of a worker, and what each call returns.
+"""Typed clients, one per role: what a schedule or an algorithm may ask of a worker, and what each call returns; and
+the run's roles as one team (``Roles``: every client, where each runs; ``PoolTurns``: how calls to roles on shared
+pools take turns), built whole by ``asyncrl.workers.start.start_roles``.
 
 A client wraps a ``Handle`` (Ray actor or in-process worker, ``asyncrl.workers.backends``) and returns ``Pending``
 results of the dataclasses in ``asyncrl.types``. Only the client modules name a worker method by string
@@ -9,7 +11,10 @@ one); ``asyncrl.schedules.fully_async.client``, the Rollouter's. The teacher's c
 
 from __future__ import annotations
 
+import enum
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -18,6 +23,7 @@ from asyncrl.calls import Handle, Pending
 from asyncrl.comm.probe import CollectiveProbe
 from asyncrl.comm.transport import WorkerLocation
 from asyncrl.data.collate import TrainBatch
+from asyncrl.roles.placement import Placement
 from asyncrl.types import Generation, PrefillStats, Prompt, Sample, SamplingParams, Scored, UpdateResult
 
 T = TypeVar("T")
@@ -198,3 +204,75 @@ class RewardModelClient(RoleClient):
     def score(self, samples: list[Sample], step: int) -> Pending[Scored]:
         """Reward-model logits [B]."""
         return self.handle.call("score", samples, step)
+
+
+class RolloutSide(enum.Enum):
+    """Where a schedule generates."""
+
+    ACTOR = "actor"  # on the trainer's own worker, with the weights it trains (sync)
+    POOL = "pool"  # on rollout.num_workers rollout workers, fed weights over the sync group (one/two_step_off)
+    STREAM = "stream"  # on one Rollouter that streams groups through a bounded queue (fully_async)
+
+
+@dataclass
+class Roles:
+    """Every role of a run, built whole when the workers start; afterwards only a supervisor changes a member, when
+    it replaces a dead rollout worker or Rollouter (``asyncrl.run.supervision``)."""
+
+    trainer: TrainerClient
+    rollouts: list[RolloutClient]  # who generates a batch: the trainer itself, or the rollout pool
+    placement: Placement
+    rollouter: ProducerClient | None = None  # fully_async's producer (its typed client: the schedule's own)
+    critic: CriticClient | None = None
+    reward_model: RewardModelClient | None = None
+    handles: list[Handle] = field(default_factory=list)  # every worker started, once
+    respawn: Callable[[int], Handle] | None = None  # a new rollout worker i (Ray's rollout pool: a dead one's stand-in)
+    rendezvous: dict[str, str] = field(default_factory=dict)  # group -> host:port of its store (the run's summary)
+    stream_ranks: list[Handle] = field(default_factory=list)  # the Rollouter's other rollout ranks (fully_async)
+
+    @property
+    def receivers(self) -> list[Handle]:
+        """The workers that receive weights from the trainer (none when the trainer's ranks generate themselves)."""
+        if self.rollouter is not None:
+            return [self.rollouter.handle, *self.stream_ranks]
+        return [r.handle for r in self.rollouts if not any(r.handle is h for h in self.trainer.ranks)]
+
+    @property
+    def checkpointed(self) -> dict[str, RoleClient]:
+        """Roles whose state a checkpoint holds (the rollout side is re-synced from the trainer's weights)."""
+        out: dict[str, RoleClient] = {"actor": self.trainer}
+        if self.critic is not None:
+            out["critic"] = self.critic
+        return out
+
+    def locations(self, timeout_s: float | None = None) -> list[WorkerLocation]:
+        """Where every worker runs (its node, its GPUs, its device), as the backend reports it."""
+        return [h.location(timeout_s) for h in self.handles]
+
+    def timelines(self) -> list[dict]:
+        return [e for h in self.handles for e in RoleClient(h).pop_timeline().result()]
+
+
+class PoolTurns:
+    """Calls to roles on different pools run at once; calls to roles sharing a pool take turns (they would fight
+    for its CPUs), in the order issued. ``join`` waits for all of them."""
+
+    def __init__(self, placement: Placement):
+        self.placement = placement
+        self.pending: dict[str, tuple[str, Any]] = {}
+        self.results: dict[str, Any] = {}
+
+    def issue(self, key: str, role: str, call: Callable[[], Pending[Any]]) -> None:
+        """Start ``call()`` on ``role``'s worker, after the calls already issued to its pool finished."""
+        pool = self.placement.pool_of(role)
+        for k, (p, pending) in list(self.pending.items()):
+            if p == pool:
+                self.results[k] = pending.result()
+                del self.pending[k]
+        self.pending[key] = (pool, call())
+
+    def join(self) -> dict[str, Any]:
+        for k, (_, pending) in self.pending.items():
+            self.results[k] = pending.result()
+        self.pending = {}
+        return self.results

@@ -33,8 +33,7 @@ from asyncrl.models.lora import is_lora, merged_update, synced_tensors
 from asyncrl.rollout.bucket_update import Applying, Items, Named, checked_buckets, checked_whole, copy_into
 from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow, supports_logits_to_keep
 from asyncrl.rollout.gate import EngineGate, GatedEngine
-from asyncrl.rollout.rows import check_prompts, extend_sample, resumable, row_streams
-from asyncrl.rollout.sampling import RowStreams, SamplingParams
+from asyncrl.rollout.sampling import RowStreams, SamplingParams, check_prompts, extend_sample, resumable, row_streams
 from asyncrl.types import PrefillStats, Prompt, Sample, engine_chunks
 
 logger = logging.getLogger(__name__)

@@ -14,6 +14,10 @@ taken BEFORE top-k/top-p truncation. That is the quantity the trainer can recomp
 the temperature but never re-applies truncation), so the behaviour and recomputed log-probs agree exactly when weights
 are equal, and importance ratios stay well defined even for tokens the truncated distribution could not pick. Greedy
 decoding (temperature 0) records ``log_softmax(logits)``, i.e. temperature 1.
+
+What continuing a row means, for both engines (the slot decoder's glue and vLLM's): ``row_streams`` (its noise goes
+on where its response stopped), ``resumable`` (``resume``'s triage) and ``extend_sample`` (the continued ``Sample``);
+and ``check_prompts``, both engines' prompt check.
 """
 
 from __future__ import annotations
@@ -23,16 +27,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
-from asyncrl.types import SamplingParams
+from asyncrl.types import Prompt, Sample, SamplingParams
 
 __all__ = [
     "RowStreams",
     "SamplingParams",
+    "check_prompts",
+    "extend_sample",
     "filter_top_k",
     "filter_top_p",
     "fresh",
+    "resumable",
     "row_keys",
+    "row_streams",
     "sample_rows",
     "sample_tokens",
     "uniform",
@@ -160,3 +169,62 @@ def sample_rows(
     if uniforms_B is not None:
         uniforms_B = uniforms_B.to(logits_BV.device)
     return sample_tokens(logits_BV, params, uniforms_B)
+
+
+def check_prompts(prompts: list[Prompt], owner: str) -> None:
+    """A prompt without tokens is an error naming its index (both engines' ``generate``)."""
+    for prompt in prompts:
+        if not prompt.prompt_ids:
+            raise ValueError(f"{owner}.generate: prompt index {prompt.index} has no tokens")
+
+
+def row_streams(samples: list[Sample], seed: int | None) -> RowStreams:
+    """Each sample's own noise, continuing where its response stopped (both engines' ``resume``)."""
+    rows = [(s.prompt.epoch, s.prompt.index, s.row) for s in samples]
+    return RowStreams.of(seed, rows, [len(s.response_ids) for s in samples])
+
+
+def resumable(
+    samples: list[Sample], params: SamplingParams, tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[Sample], list[int]]:
+    """``resume``'s triage, for both engines: (the output list with every sample that needs no decoding in its final
+    form, the indices still to decode). Samples that are not "interrupted" stay as they are; an interrupted one
+    already at ``max_new_tokens`` becomes "length"."""
+    out = list(samples)
+    todo: list[int] = []
+    for i, s in enumerate(samples):
+        if s.stop_reason != "interrupted":
+            continue
+        if len(s.response_ids) >= params.max_new_tokens:
+            out[i] = extend_sample(s, [], [], [], "length", tokenizer)
+        else:
+            todo.append(i)
+    return out, todo
+
+
+def extend_sample(
+    sample: Sample,
+    tokens: list[int],
+    logprobs: list[float],
+    versions: list[int],
+    stop_reason: str,
+    tokenizer: PreTrainedTokenizerBase,
+) -> Sample:
+    """A copy of ``sample`` with a continuation the model generated appended (reward fields reset: the response
+    changed; a multi-turn sample's mask and counters carried on); both engines build their continued samples with
+    it."""
+    response_ids = sample.response_ids + tokens
+    return Sample(
+        prompt=sample.prompt,
+        response_ids=response_ids,
+        logprobs=sample.logprobs + logprobs,
+        versions=sample.versions + versions,
+        stop_reason=stop_reason,
+        start_version=sample.start_version,
+        response_text=tokenizer.decode(response_ids, skip_special_tokens=True),
+        response_mask=None if sample.response_mask is None else sample.response_mask + [1] * len(tokens),
+        turns=sample.turns,
+        tool_calls=sample.tool_calls,
+        tool_errors=sample.tool_errors,
+        row=sample.row,
+    )

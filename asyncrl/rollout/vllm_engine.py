@@ -40,8 +40,7 @@ from asyncrl.models.loading import eos_token_ids
 from asyncrl.models.lora import LoraSpec, synced_tensors
 from asyncrl.rollout.bucket_update import Applying, Items, Pulled, checked_buckets, checked_whole
 from asyncrl.rollout.gate import EngineGate, GatedEngine
-from asyncrl.rollout.rows import check_prompts, extend_sample, resumable, row_streams
-from asyncrl.rollout.sampling import SamplingParams, uniform
+from asyncrl.rollout.sampling import SamplingParams, check_prompts, extend_sample, resumable, row_streams, uniform
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
 from asyncrl.rollout.vllm_model import (
     check_shard_fingerprints,

@@ -37,7 +37,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from asyncrl.rollout.gate import EngineGate
-from asyncrl.rollout.rows import extend_sample, resumable, row_streams
+from asyncrl.rollout.sampling import extend_sample, resumable, row_streams
 from asyncrl.types import PrefillStats, Sample, SamplingParams
 
 FINISH = {"stop": "eos", "length": "length", "abort": "interrupted"}  # vLLM's finish reason -> the row's stop reason

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.config import Config
 from asyncrl.data.collate import Prepared
 from asyncrl.rewards.reward_fn import RewardFn
-from asyncrl.roles.team import Roles
+from asyncrl.roles.clients import Roles
 from asyncrl.run.directory import Progress, RunDir
 from asyncrl.run.evaluation import held_out
 from asyncrl.run.generation import PromptStream

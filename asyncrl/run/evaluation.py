@@ -22,8 +22,7 @@ from typing import Any
 
 from asyncrl.config.rollout import ValKwargsConfig
 from asyncrl.rewards.reward_fn import RewardFn
-from asyncrl.roles.clients import RolloutClient, RolloutWorkerClient
-from asyncrl.roles.team import Roles
+from asyncrl.roles.clients import Roles, RolloutClient, RolloutWorkerClient
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Prompt, Sample

@@ -39,8 +39,7 @@ from dataclasses import asdict, dataclass, field
 from asyncrl import seeds
 from asyncrl.calls import Pending
 from asyncrl.config import Config
-from asyncrl.data.dataset import PromptDataset, load_rows
-from asyncrl.data.sampler import EpochSampler
+from asyncrl.data.dataset import EpochSampler, PromptDataset, load_rows
 from asyncrl.errors import UserInputError
 from asyncrl.rewards.filtering import filter_groups, group_by_prompt
 from asyncrl.roles.clients import RolloutClient

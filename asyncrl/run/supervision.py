@@ -27,8 +27,7 @@ from asyncrl.calls import Handle, Pending, error_text
 from asyncrl.weights.clients import SyncPeer
 
 if TYPE_CHECKING:
-    from asyncrl.roles.clients import RolloutClient
-    from asyncrl.roles.team import Roles
+    from asyncrl.roles.clients import Roles, RolloutClient
     from asyncrl.weights.stats import SyncStats
     from asyncrl.weights.weight_sync import WeightSync
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from asyncrl.config import Config
 from asyncrl.config.specs import TrainerPlan, default_old_policy
-from asyncrl.roles.team import RolloutSide
+from asyncrl.roles.clients import RolloutSide
 from asyncrl.schedules.run_ports import RunPorts, drive, open_run
 
 

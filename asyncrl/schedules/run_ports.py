@@ -23,7 +23,7 @@ from asyncrl.config.specs import TrainerPlan, role_specs
 from asyncrl.models.loading import check_model_dir
 from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
 from asyncrl.rewards.reward_fn import build_reward_fn
-from asyncrl.roles.team import Roles, RolloutSide
+from asyncrl.roles.clients import Roles, RolloutSide
 from asyncrl.rollout.agent.loop import check_agent_loop
 from asyncrl.run import Run
 from asyncrl.run.directory import RunDir

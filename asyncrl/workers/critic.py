@@ -22,8 +22,7 @@ from asyncrl.models.device import resolve_device, to_device
 from asyncrl.models.loading import load_model
 from asyncrl.telemetry.timeline import Event, get_timeline
 from asyncrl.trainer.forward import at_responses, batching, model_inputs
-from asyncrl.trainer.precision import build_optimizer
-from asyncrl.trainer.update import optimize
+from asyncrl.trainer.update import build_optimizer, optimize
 from asyncrl.types import Scored
 
 

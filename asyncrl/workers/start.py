@@ -23,12 +23,13 @@ from asyncrl.roles.clients import (
     DataParallelTrainerClient,
     ProducerClient,
     RewardModelClient,
+    Roles,
     RolloutClient,
+    RolloutSide,
     RolloutWorkerClient,
     TrainerClient,
 )
 from asyncrl.roles.placement import resolve_placement
-from asyncrl.roles.team import Roles, RolloutSide
 from asyncrl.trainer.data_parallel import rank_name
 from asyncrl.workers.backends import IN_PROCESS_LOG, LocalHandle, in_process_chatter_to
 from asyncrl.workers.critic import CriticWorker

@@ -43,8 +43,7 @@ from asyncrl.telemetry.timeline import Event, get_timeline
 from asyncrl.trainer import fsdp, gathered
 from asyncrl.trainer.data_parallel import DataParallel, rank_name
 from asyncrl.trainer.forward import batching, enable_checkpointing, response_logprobs, use_checkpointing
-from asyncrl.trainer.precision import build_optimizer
-from asyncrl.trainer.update import fit
+from asyncrl.trainer.update import build_optimizer, fit
 from asyncrl.types import Generation, Prompt, UpdateResult
 from asyncrl.weights.endpoints import SyncSenderMixin
 from asyncrl.workers.trainer_state import ActorStateMixin

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from asyncrl.config import Config
-from asyncrl.roles.team import Roles, RolloutSide
+from asyncrl.roles.clients import RoleClient, Roles, RolloutSide
 from asyncrl_lab.probe_corun import Job, loop_calls
 from asyncrl_lab.probe_stream import STREAM_STEPS, TimedStep, stream_steps
 
@@ -186,8 +186,6 @@ def training_step(cfg: Config, weights: Path, tokenizer: Any, samples: list) -> 
 
 def _on_this_thread(roles: Roles) -> Roles:
     """``roles`` with every training role's client calling its worker on the caller's thread."""
-    from asyncrl.roles.clients import RoleClient
-
     swapped = {
         f.name: type(client)(_OnThisThread(client.handle))
         for f in fields(roles)

@@ -39,7 +39,7 @@ from asyncrl.schedules.fully_async.recovery import ROLLOUTER_STATE
 
 if TYPE_CHECKING:  # imported where they are used, as in ``rollout_side``
     from asyncrl.algorithms import Algorithm
-    from asyncrl.roles.team import Roles, RolloutSide
+    from asyncrl.roles.clients import Roles, RolloutSide
     from asyncrl.run import Run
     from asyncrl.schedules.fully_async.client import RollouterClient
     from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
@@ -61,7 +61,7 @@ def rollout_side() -> tuple[RolloutSide, type]:
     ``open_stream`` starts its roles with (``asyncrl preflight`` starts the same)."""
     # imported here: the books (producer, staleness, queue, ledger) load without the engine and the run machinery,
     # so the performance model (asyncrl.planning) starts in a fraction of the time
-    from asyncrl.roles.team import RolloutSide
+    from asyncrl.roles.clients import RolloutSide
     from asyncrl.schedules.fully_async.rollouter import Rollouter
 
     return RolloutSide.STREAM, Rollouter

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from asyncrl.data.sampler import EpochSampler
+from asyncrl.data.dataset import EpochSampler
 from asyncrl.schedules.fully_async.ledger import PromptLedger
 from asyncrl.schedules.fully_async.queue import Group, MessageQueue, QueueClosed
 from asyncrl.schedules.fully_async.recovery import InFlightGroup, RollouterSnapshot, StreamBatch, Takeover, advance

@@ -25,8 +25,7 @@ from typing import Any
 from asyncrl import seeds
 from asyncrl.calls import Handle
 from asyncrl.config.specs import RollouterSpec
-from asyncrl.data.dataset import PromptDataset, load_rows
-from asyncrl.data.sampler import EpochSampler
+from asyncrl.data.dataset import EpochSampler, PromptDataset, load_rows
 from asyncrl.rewards.filtering import keep_group
 from asyncrl.rollout.agent.loop import AgentEngine
 from asyncrl.rollout.agent.tools import tool_schemas

@@ -35,7 +35,7 @@ from asyncrl.schedules.fully_async.staleness import StalenessBudget
 from asyncrl.weights.errors import WeightSyncError
 
 if TYPE_CHECKING:
-    from asyncrl.roles.team import Roles
+    from asyncrl.roles.clients import Roles
     from asyncrl.weights.weight_sync import SyncStats, WeightSync
 
 T = TypeVar("T")
