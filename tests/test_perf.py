@@ -375,6 +375,34 @@ def test_profile_and_plan_on_a_real_run(sync_run, tmp_path):
     assert "trainer.schedule=sync" in res.stdout
 
 
+def test_a_step_slowed_by_something_outside_the_run_is_left_out_of_every_fit(sync_run, tmp_path, caplog):
+    """A copy of the run whose step 3 took 20x its time (another job on the machine) fits the same cost as a copy
+    without step 3 at all; the step is named in a warning."""
+    import shutil
+
+    from asyncrl.planning.profile import profile_run
+
+    def copy(name: str, edit) -> Path:
+        run = tmp_path / name
+        shutil.copytree(sync_run, run)
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        out = [json.dumps(m) for m in (edit(json.loads(line)) for line in lines) if m is not None]
+        (run / "metrics.jsonl").write_text("\n".join(out) + "\n")
+        return run
+
+    def slowed(m: dict) -> dict:
+        if m.get("step") == 3 and "timing_s/step" in m:
+            m = {**m, "timing_s/step": 20 * m["timing_s/step"], "timing_s/train": 20 * m["timing_s/train"]}
+        return m
+
+    without = profile_run(copy("without", lambda m: None if m.get("step") == 3 else m))
+    with caplog.at_level("WARNING", logger="asyncrl.planning.profile"):
+        disturbed = profile_run(copy("disturbed", slowed))
+    for term in ("decode", "update", "train_other", "prepare", "reward", "step_other"):
+        assert getattr(disturbed, term).coef == getattr(without, term).coef, term
+    assert "steps 3 (" in caplog.text and "left out of the fits" in caplog.text
+
+
 def test_plan_command_prints_ranked_overrides(tmp_path):
     path = tmp_path / "cost.json"
     fixed_cost(0.1, 1.0).save(path)

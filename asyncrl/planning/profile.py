@@ -3,7 +3,8 @@
 Read from the run directory: ``config.yaml`` (the work per step, the threads or devices each role had),
 ``work.jsonl`` (every sample's prompt and response length, per step), ``metrics.jsonl`` (the driver's timings, the
 update's processed tokens) and ``timeline.json`` (each worker's ``generate``, ``reward`` and ``update_actor``
-spans). Fitted over the measured steps (the first, which pays one-off costs, left out):
+spans). Fitted over the measured steps (the first, which pays one-off costs, left out, and any step over
+``DISTURBED`` times the median step, slowed by something outside the run):
 
 - decode seconds per engine call ~ call + step x decode steps + token x positions run (live rows per step plus
   prefilled tokens), the regressors computed from each step's rows as the engine batches them (``cost``); the
@@ -22,6 +23,7 @@ command, which hands its measurement to ``profile_run``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
 from collections import defaultdict
@@ -91,6 +93,11 @@ def generation_regressors(
 
 
 DECODE_NAMES = ("call", "step", "token", "prefill_token")
+# a step that took this many times the median step's seconds was slowed by something outside the run (another job on
+# the machine): its observations are left out of every fit, where they would pull each term off (least squares is
+# pulled by a step 30x slow however many steady ones it has)
+DISTURBED = 5.0
+logger = logging.getLogger(__name__)
 
 
 def _fit_decode(
@@ -156,6 +163,7 @@ def profile_run(run_dir: str | Path, probe: Probe | None = None) -> CostModel:
         raise ProfileError(f"profile: {run / 'timeline.json'} not found (the run's timeline)")
     events = read_chrome_trace(run / "timeline.json")
     body = [m for m in (metrics[1:] if len(metrics) > 2 else metrics) if m["step"] in works]
+    body = _steady(body, run)
     if len(body) < 2:
         raise ProfileError(
             f"profile: {run} has {len(body)} measured steps with a work record ({WORK_FILE}); at least 2 are needed "
@@ -237,6 +245,20 @@ def profile_run(run_dir: str | Path, probe: Probe | None = None) -> CostModel:
         scaling = probe(cost, run)
         cost = replace(cost, scaling=scaling, decode=_fit_decode(X_dec, y_dec, scaling.prefill_token_s, measured))
     return cost
+
+
+def _steady(body: list[dict[str, Any]], run: Path) -> list[dict[str, Any]]:
+    """The measured steps less those ``DISTURBED`` times slower than the median step (named in a warning), unless
+    fewer than 2 would be left."""
+    if not body:
+        return body
+    limit = DISTURBED * statistics.median(m["timing_s/step"] for m in body)
+    steady = [m for m in body if m["timing_s/step"] <= limit]
+    if len(steady) < len(body) and len(steady) >= 2:
+        out = ", ".join(f"{m['step']} ({m['timing_s/step']:.2f} s)" for m in body if m["timing_s/step"] > limit)
+        logger.warning("profile: %s: steps %s took over %gx the median step; left out of the fits", run, out, DISTURBED)
+        return steady
+    return body
 
 
 def _keep(steps: list[tuple[float, int]]) -> float:
