@@ -286,7 +286,7 @@ def test_streamed_rows_draw_the_batch_decoders_tokens_on_the_device(tok, device)
         assert (s.response_ids, s.stop_reason) == (ref.response_ids, ref.stop_reason), (ref.prompt.index, ref.row)
         worst = max([worst, *(abs(a - b) for a, b in zip(s.logprobs, ref.logprobs))])
     # Other padding moves fp32 logits by the kernels' blocking: 1.3e-5 on an H200, 7e-6 on 2 CPU threads. Bounded as
-    # the trainer's and the engine's fp32 log-probs are (LOGPROB_TOLERANCE); issue 49's 1e-6 on one CPU thread is
+    # the trainer's and the engine's fp32 log-probs are (LOGPROB_TOLERANCE); the 1e-6 bound on one CPU thread is
     # tests/test_rollout_streaming.py's. The tokens stay exact.
     bound = LOGPROB_TOLERANCE[torch.float32]
     assert worst <= bound, f"streamed vs batched log-prob, worst {worst:.2e} on {device}"

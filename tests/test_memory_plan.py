@@ -56,7 +56,7 @@ def _model(hf, dtype: str) -> torch.nn.Module:
 
 def _cfg(*overrides: str, model: Path = QWEN7B):
     """A config as ``asyncrl plan`` loads it: each section's own checks and the ranks (not today's cross-key refusal
-    of FSDP2 with bf16, which the trainer of issue 50 lifts)."""
+    of FSDP2 with bf16)."""
 
     def checks(cfg) -> None:
         cfg.check_sections()

@@ -1,6 +1,6 @@
 """A decode step's seconds against its rows, at 1 and 2 threads: the built-in engine on a model directory (the ``tail``
 bench workload's SFT model by default), eos held down, 48 tokens from one prompt, the median of five paired
-rounds after a warm-up (BENCHMARKS.md, issue 49, "Where the budget rule's prediction goes wrong").
+rounds after a warm-up (BENCHMARKS.md, "Planner accuracy").
 
 From the repo root: ``HF_HUB_OFFLINE=1 .venv/bin/python examples/bench/decode_rows.py [MODEL_DIR]``
 """

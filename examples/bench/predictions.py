@@ -1,7 +1,7 @@
 """The planner's predictions on saved cost models, one JSON line each, for comparing two versions of the code on the
 same profiles (run it once per checkout, ``PYTHONPATH`` on each, and diff the outputs): every schedule, and
 fully_async four ways, each without a fault, with a late kill -9 and resume, and with a Rollouter takeover; the
-consumed groups are hashed with their two staleness accounts (BENCHMARKS.md, issue 51).
+consumed groups are hashed with their two staleness accounts (BENCHMARKS.md, "Restructures").
 
 From the repo root: ``.venv/bin/python examples/bench/predictions.py RUN_DIR/cost.json [...]``
 """

@@ -1,5 +1,5 @@
 """The route of one sync step through the package: which of asyncrl's files its calls enter, in order, and how often
-the route changes folder (issue 51's "a sample's route through sync"). A 2-step in-process GRPO run on the micro
+the route changes folder (BENCHMARKS.md, "Restructures"). A 2-step in-process GRPO run on the micro
 preset; only the second step is recorded, from the return of the first step's ``end_step`` to the return of the
 second's, on every thread (a profile hook, so nothing of the package is changed to be counted).
 

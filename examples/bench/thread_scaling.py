@@ -1,6 +1,6 @@
-"""Thread scaling of the demo's two phases, in one process: generation (32 prompts x 8, at most 16 new tokens) and
-the update (prefix sharing and packing on, as the new sync runs it), at 1 and 2 torch threads; median of 5 after a
-warm-up. The 1-thread costs bound what any overlap of the two can reach on 2 cores (BENCHMARKS.md, issue 17).
+"""Thread scaling of the demo's two phases, in one process: generation (32 prompts x 8, at most 16 new tokens) and the
+update (prefix sharing and packing on, as the new sync runs it), at 1 and 2 torch threads; median of 5 after a warm-up.
+The 1-thread costs bound what any overlap of the two can reach on 2 cores (BENCHMARKS.md, "Speed against sync").
 
 Needs the bench workload (``asyncrl bench --workload demo`` prepares it). From the repo root:
 ``HF_HUB_OFFLINE=1 .venv/bin/python examples/bench/thread_scaling.py``

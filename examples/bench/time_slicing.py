@@ -1,7 +1,7 @@
-"""Two roles time-sliced on this machine's cores: a one-thread decode beside a training loop of 1 or 2 threads, each
-in its own process for 12 s, against each alone (tiny preset, random weights; two rounds). The planner's clock prices
-a computation among others at its fair share, cores / threads running (BENCHMARKS.md, issue 49, "Time-slicing on
-these two cores").
+"""Two roles time-sliced on this machine's cores: a one-thread decode beside a training loop of 1 or 2 threads, each in
+its own process for 12 s, against each alone (tiny preset, random weights; two rounds). The planner's clock prices a
+computation among others at its fair share, cores / threads running (BENCHMARKS.md, "Speed against sync", "Time-slicing
+on these two cores").
 
 From the repo root: ``HF_HUB_OFFLINE=1 .venv/bin/python examples/bench/time_slicing.py [TRAIN_THREADS]``
 """

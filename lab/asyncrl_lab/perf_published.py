@@ -1,7 +1,8 @@
 """Validation (b) of the performance model: peers' published speed-ups, predicted from the phase times they published.
 
-``asyncrl bench --published`` prints the table (BENCHMARKS.md, issue 39). Every input is a number from a named file
-at a named commit (``SOURCES``); everything else is an assumption, named in ``ASSUMPTIONS`` and in the table.
+``asyncrl bench --published`` prints the table (BENCHMARKS.md, "Published speed-ups"). Every input is a number from a
+named file at a named commit (``SOURCES``); everything else is an assumption, named in ``ASSUMPTIONS`` and in the
+table.
 
 - verl ``one_step_off`` (Qwen2.5-Math-7B, 16 H20; 4 GPUs generate, 12 train): the async run's own phase times
   (generation on its 4 GPUs, old log-prob + update on its 12, the rest of the step) go into the simulator's
@@ -341,7 +342,5 @@ def print_occupancy(o: dict[str, Any]) -> None:
         f"median {o['median']:.0f} tokens, groups of {N}), a decode step priced 1 + 1/256 per live row"
     )
     print("| Rollouter | slot occupancy | rows per step-second | ratio |\n| --- | --- | --- | --- |")
-    print(
-        f"| batch calls of {o['slots']} rows (before issue 49) | {b['occupancy']:.3f} | {b['rows_per_s']:.4f} | 1.00x |"
-    )
-    print(f"| streaming (fully_async now) | {s['occupancy']:.3f} | {s['rows_per_s']:.4f} | {o['ratio']:.2f}x |")
+    print(f"| batch calls of {o['slots']} rows | {b['occupancy']:.3f} | {b['rows_per_s']:.4f} | 1.00x |")
+    print(f"| streaming (fully_async) | {s['occupancy']:.3f} | {s['rows_per_s']:.4f} | {o['ratio']:.2f}x |")

