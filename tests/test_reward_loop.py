@@ -311,7 +311,8 @@ def setup(tmp_path_factory):
 @pytest.mark.parametrize("schedule", ["sync", "one_step_off"])
 def test_runs_score_on_the_loop_and_on_the_service(setup, service, schedule):
     root, model, train, test = setup
-    for name, keys in [("loop", []), ("remote", [f"reward.remote_url={service}"])]:
+    batched = [f"reward.remote_url={service}", "reward.remote_batch_size=32"]
+    for name, keys in [("loop", []), ("remote", [f"reward.remote_url={service}"]), ("batched", batched)]:
         d = root / f"{name}_{schedule}"
         over = train_overrides(model, train, test, d, 2) + [
             "trainer.backend=in_process",
@@ -321,6 +322,9 @@ def test_runs_score_on_the_loop_and_on_the_service(setup, service, schedule):
         steps = [m for m in read_metrics(d / "metrics.jsonl") if "reward/mean" in m]
         assert len(steps) == 2 and all(m["reward/in_flight_max"] >= 1 for m in steps), name
         assert all(m["reward/failed_count"] == 0 for m in steps)
+        if name == "batched":  # 16 rows a step end within 6 decode steps: some end together and share a request
+            assert all(m["reward/samples_per_request"] > 1 for m in steps)
+            assert any(isinstance(body, list) and len(body) > 1 for body in _Service.seen)
     assert len(_Service.seen) >= 2 * 4 * 4  # the service scored every training sample
 
 

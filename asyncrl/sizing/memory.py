@@ -3,7 +3,7 @@
 It describes the GPU trainer (FSDP2 with fp32 shards as the masters and bf16 compute through
 torch's ``MixedPrecisionPolicy``; the reference and proximal models sharded or offloaded; no unsharded serving copy
 outside ``sync``; micro-batches by token budget and attention memory linear in the tokens; the weight receiver
-applying each bucket as it arrives), and is checked against the tensor bytes measured on today's code
+applying each bucket as it arrives), and is checked against the tensor bytes measured on this code
 (tests/test_memory_plan.py): parameters, gradients, masters, optimizer state and reference for DDP and FSDP2 in
 fp32, and the tensors autograd saves in a forward. Each term is a field whose ``doc`` metadata says where its
 number comes from; ``terms()`` lists them with their bytes.
