@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import select
 import signal
 import subprocess
@@ -154,6 +155,7 @@ class ServiceProcess:
                     f"(exit code {self._proc.poll()}, printed {line!r})"
                 )
             self.url = line
+            self._proc.stdout.close()
         except BaseException:
             self.__exit__()
             raise
@@ -224,6 +226,7 @@ def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     print(service.start(), flush=True)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nobody reads the pipe after the URL: a full one would block
     stop.wait()
     service.stop()
 
