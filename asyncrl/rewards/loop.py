@@ -89,7 +89,7 @@ class RewardLoop:
     def _reset(self) -> None:
         self._futures: dict[int, Future] = {}
         self._latencies: list[float] = []
-        self._in_flight = self._in_flight_max = self._timeouts = self._requests = 0
+        self._in_flight = self._in_flight_max = self._timeouts = self._requests = self._sent = 0
 
     # ---- the rollout side's calls ----------------------------------------------------------------------------------
     def submit(self, sample: Sample, done: Callable[[Sample], None] | None = None) -> None:
@@ -125,7 +125,8 @@ class RewardLoop:
             metrics = self.reward_fn.finish_batch()
             self.reward_fn.last_errors = []
             metrics.update(self._loop_metrics())
-            self._latencies, self._in_flight_max, self._timeouts, self._requests = [], self._in_flight, 0, 0
+            self._latencies, self._in_flight_max, self._timeouts = [], self._in_flight, 0
+            self._requests = self._sent = 0
         return metrics
 
     def _loop_metrics(self) -> dict[str, float]:
@@ -134,7 +135,7 @@ class RewardLoop:
         if lat:  # a step in which no score arrived has no latency (not one of 0 s)
             metrics.update({"reward/latency_mean_s": sum(lat) / len(lat), "reward/latency_max_s": max(lat)})
         if self.batch_size > 1 and self._requests:
-            metrics["reward/samples_per_request"] = len(self._latencies) / self._requests
+            metrics["reward/samples_per_request"] = self._sent / self._requests
         return metrics
 
     def score(self, samples: list[Sample]) -> dict[str, float]:
@@ -241,6 +242,7 @@ class RewardLoop:
             return
         assert isinstance(self.remote, RemoteReward)
         self._requests += 1
+        self._sent += len(batch)
         request = loop.run_in_executor(self._pool, self.remote.score_many, [args for args, _ in batch])
 
         def hand_out(done: asyncio.Future[list[tuple[float, dict[str, float]] | RewardServiceError]]) -> None:
