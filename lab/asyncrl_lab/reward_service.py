@@ -3,12 +3,11 @@
 It speaks ``asyncrl.rewards.remote``'s protocol (``reward.remote_url``): POST a JSON object ``{data_source,
 solution_str, ground_truth, extra_info}`` to ``/score``, get ``{"score": s, ...}`` back (or an array of such objects,
 ``reward.remote_batch_size`` > 1: an array of replies, ``{"error": message}`` for one whose scorer raised), scored by
-the same
-``RewardFn`` an in-process run uses (the registry's scorer for the row's data source), so a run against it learns
-from the same rewards as one without it. Each request waits ``delay_ms`` before it is scored, on its own thread
+the same ``RewardFn`` an in-process run uses (the registry's scorer for the row's data source), so a run against it
+learns from the same rewards as one without it. Each request waits ``delay_ms`` before it is scored, on its own thread
 (``ThreadingHTTPServer``: one thread per connection, and ``RemoteReward`` keeps one connection per calling thread):
-concurrent requests wait together, so the delay is latency, as a remote service's network and queueing would be,
-not a cap on throughput. A scorer that raises answers HTTP 422 with its message, which fails that sample only, as an
+concurrent requests wait together, so the delay is latency, as a remote service's network and queueing would be, not a
+cap on throughput. A scorer that raises answers HTTP 422 with its message, which fails that sample only, as an
 in-process scorer that raises does.
 
 ``ServiceProcess`` runs one in a process of its own, as ``asyncrl bench`` does: a remote service does not share the
@@ -46,9 +45,7 @@ class RewardService:
     requests overlap without timing them)."""
 
     def __init__(self, delay_ms: float, reward_fn: RewardFn | None = None, host: str = "127.0.0.1") -> None:
-        if delay_ms < 0:
-            raise ValueError(f"reward service: delay_ms must be >= 0 (got {delay_ms})")
-        self.delay_s = delay_ms / 1000.0
+        self.delay_s = _delay_s(delay_ms)
         self.reward_fn = reward_fn or RewardFn()
         self.host = host
         self.requests = self.in_flight = self.in_flight_max = 0
@@ -119,6 +116,12 @@ class RewardService:
         return {**extras, "score": reward}
 
 
+def _delay_s(delay_ms: float) -> float:
+    if delay_ms < 0:
+        raise ValueError(f"reward service: delay_ms must be >= 0 (got {delay_ms})")
+    return delay_ms / 1000.0
+
+
 def _check(item: Any) -> None:
     if not isinstance(item, dict) or any(not isinstance(item.get(k), str) for k in FIELDS):
         fields = ", ".join(FIELDS)
@@ -136,8 +139,7 @@ class ServiceProcess:
     START_TIMEOUT_S = 60.0
 
     def __init__(self, delay_ms: float) -> None:
-        if delay_ms < 0:
-            raise ValueError(f"reward service: delay_ms must be >= 0 (got {delay_ms})")
+        _delay_s(delay_ms)  # refused here, not as a child that never prints its URL
         self.delay_ms = delay_ms
         self.url = ""
         self._proc: subprocess.Popen[str] | None = None
