@@ -60,6 +60,12 @@ class Sample:
     tool_errors: int = 0  # tool calls that raised, timed out, named no known tool or did not parse
     row: int = 0  # its number in its group (0 .. n-1): with the prompt's epoch and index, what its noise is drawn from
 
+    @classmethod
+    def blank(cls, prompt: Prompt, version: int, row: int) -> Sample:
+        """Row ``row`` of ``prompt``'s group, not started: an engine's ``submit``/``resume`` decodes it from the
+        prompt."""
+        return cls(prompt, [], [], [], stop_reason="interrupted", start_version=version, row=row)
+
     @property
     def uid(self) -> str:
         return self.prompt.uid

@@ -106,22 +106,22 @@ def write_tool_data(root: Path, agent_name: str | None = None) -> Path:
 
 
 class ScriptedEngine(RolloutEngine):
-    """The built-in engine with its decode step scripted: every other part (generate/resume bookkeeping, versions,
-    the pause gate, weight updates) is the real ``RolloutEngine``'s, but each turn's tokens are what ``policy``
-    returns, whatever the model's weights would have chosen, so a test can assert exact tool calls on any CPU.
+    """The built-in engine with its decoding scripted: every other part (generate/resume and submit/step
+    bookkeeping, versions, the busy gate, weight updates) is the real ``RolloutEngine``'s, but each turn's tokens are
+    what ``policy`` returns, whatever the model's weights would have chosen, so a test can assert exact tool calls on
+    any CPU.
 
     ``policy(prompt_ids, response_ids)`` gives the text of the row's current assistant turn (eos is appended); a
-    turn interrupted part-way continues where it stopped. ``pause_at_token``: a turn decoded while a pause is
-    requested (as a weight sync does mid-decode) stops after that many of its tokens, "interrupted". Every emitted
-    token has log-prob ``LOGPROB``."""
+    turn interrupted part-way continues where it stopped. A streamed row (``submit``/``step``) decodes its whole turn
+    in one step. Every emitted token has log-prob ``LOGPROB``."""
 
     LOGPROB = -0.25
 
-    def __init__(self, model, tok, policy, prompts, pause_at_token: int = 0):
+    def __init__(self, model, tok, policy, prompts):
         super().__init__(model, tok)
         self.policy = policy
         self.prompt_ids = [tuple(p.prompt_ids) for p in prompts]
-        self.pause_at_token = pause_at_token
+        self._stream = ScriptedDecoder(self)
 
     def _turn(self, prefix: list[int]) -> list[int]:
         for ids in self.prompt_ids:
@@ -136,20 +136,49 @@ class ScriptedEngine(RolloutEngine):
                 return turn[done:]
         raise AssertionError(f"ScriptedEngine: no prompt starts {self.tokenizer.decode(prefix)!r}")
 
+    def _scripted(self, prefix: list[int], budget: int) -> tuple[list[int], str]:
+        turn = self._turn(prefix)
+        return (turn[:budget], "length") if len(turn) > budget else (turn, "eos")
+
     def _decode_all(self, prefixes, budgets, params, seed, refill=None, on_ended=None):
         out = DecodeResult([], [], [])
         for i, (prefix, budget) in enumerate(zip(prefixes, budgets)):
-            turn = self._turn(prefix)
-            if self._gate.pause_requested:
-                tokens, reason = turn[: self.pause_at_token], "interrupted"
-            elif len(turn) > budget:
-                tokens, reason = turn[:budget], "length"
-            else:
-                tokens, reason = turn, "eos"
+            tokens, reason = self._scripted(prefix, budget)
             out.tokens.append(tokens)
             out.logprobs.append([self.LOGPROB] * len(tokens))
             out.stop_reasons.append(reason)
-            if on_ended is not None and reason != "interrupted":
+            if on_ended is not None:
                 on_ended([(StreamRow(i, prefix, budget, 0, 0, tokens, out.logprobs[-1]), reason)])
         self.last_prefill = PrefillStats()
         return out
+
+
+class ScriptedDecoder:
+    """``ScriptedEngine``'s streaming decoder (the slot decoder's interface): every row held ends its turn at the
+    next step."""
+
+    def __init__(self, engine: ScriptedEngine):
+        self.engine, self.rows = engine, []
+
+    def check_supported(self) -> None:
+        pass
+
+    def submit(self, rows: list[StreamRow]) -> None:
+        self.rows += rows
+
+    def step(self, params, admit_below=None) -> list[tuple[StreamRow, str]]:
+        now = [r for r in self.rows if admit_below is None or r.tag < admit_below]
+        self.rows = [r for r in self.rows if admit_below is not None and r.tag >= admit_below]
+        ended = []
+        for row in now:
+            tokens, reason = self.engine._scripted(row.prefix, row.budget)
+            row.tokens, row.logprobs = tokens, [ScriptedEngine.LOGPROB] * len(tokens)
+            ended.append((row, reason))
+        return ended
+
+    def interrupt(self) -> list[StreamRow]:
+        out, self.rows = self.rows, []
+        return out
+
+    def take_prefill(self) -> PrefillStats:
+        return PrefillStats()

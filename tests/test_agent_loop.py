@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import math
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -134,28 +135,35 @@ def untrained_model(tmp_path_factory):
 
 
 class Recording:
-    """The real engine, recording each call's input prefixes and how many tokens it returned per sample."""
+    """The real engine, recording each row it was given (prompt and response so far) and how many tokens it returned
+    for each."""
 
     def __init__(self, engine):
-        self.engine, self.inputs, self.returned = engine, [], {}
+        self.engine, self.inputs, self.returned, self._given = engine, [], [], {}
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
     def generate(self, prompts, params, seed=None, on_samples=None):
         out = self.engine.generate(prompts, params, seed=seed, on_samples=on_samples)
-        self.inputs += [(id_, p.prompt_ids) for id_, p in enumerate(p for p in prompts for _ in range(params.n))]
-        for k, s in enumerate(out):
-            self.returned[k] = len(s.response_ids)
-        self._rows = list(range(len(out)))
+        self.inputs += [p.prompt_ids for p in prompts]
+        self.returned += [len(s.response_ids) for s in out]
         return out
 
-    def resume(self, samples, params, seed=None, refill=None):
-        out = self.engine.resume(samples, params, seed=seed, refill=refill)
-        for s, o in zip(samples, out):
-            key = next(k for k, p in self.inputs if p == s.prompt.prompt_ids)  # same prompt -> compared by prefix
-            self.inputs.append((key, s.prompt.prompt_ids + s.response_ids))
-            self.returned[("resume", id(o))] = len(o.response_ids) - len(s.response_ids)
+    def submit(self, rows, params, seed=None):
+        self.engine.submit(rows, params, seed)
+        for s in rows:
+            self.inputs.append(s.prompt.prompt_ids + s.response_ids)
+            self._given[id(s.prompt), s.row] = len(s.response_ids)
+
+    def step(self):
+        return self._took(self.engine.step())
+
+    def interrupt(self):
+        return self._took(self.engine.interrupt())
+
+    def _took(self, out):
+        self.returned += [len(s.response_ids) - self._given.pop((id(s.prompt), s.row)) for s in out]
         return out
 
 
@@ -169,7 +177,7 @@ def called(expression: str) -> str:
     return WRONG.get(expression, expression)
 
 
-def scripted_engine(model_dir, tools=("calc",), default="tool_agent", pause_at_token=0, **multi_turn):
+def scripted_engine(model_dir, tools=("calc",), default="tool_agent", **multi_turn):
     """An agent engine whose model calls ``calc`` on ``called(E)`` first, then answers ``E``'s value."""
     model, tok = load_model(model_dir, for_training=False)
     prompts = prompts_of(tok)
@@ -181,7 +189,7 @@ def scripted_engine(model_dir, tools=("calc",), default="tool_agent", pause_at_t
             return tool_call_text(called(e))
         return evaluate_arithmetic(e)
 
-    inner = Recording(ScriptedEngine(model, tok, policy, prompts, pause_at_token))
+    inner = Recording(ScriptedEngine(model, tok, policy, prompts))
     return AgentEngine(inner, MultiTurnConfig(tools=list(tools), **multi_turn), default), tok
 
 
@@ -197,7 +205,7 @@ def check_token_in_token_out(engine, tok, out):
     made = check_tool_turns(tok, out)
     for s in out:
         full = s.prompt.prompt_ids + s.response_ids
-        for prefix in [p for _, p in engine.engine.inputs if p[: len(s.prompt.prompt_ids)] == s.prompt.prompt_ids]:
+        for prefix in [p for p in engine.engine.inputs if p[: len(s.prompt.prompt_ids)] == s.prompt.prompt_ids]:
             assert full[: len(prefix)] == prefix
         mask = s.loss_mask
         if 0 in mask and s.stop_reason == "eos":
@@ -214,7 +222,7 @@ def check_token_in_token_out(engine, tok, out):
                 {"role": "assistant", "content": tok.decode(last[:-1])},
             ]
             assert tok.decode(full) == tok.apply_chat_template(conversation, tokenize=False)
-    total_returned = sum(engine.engine.returned.values())
+    total_returned = sum(engine.engine.returned)
     assert total_returned == sum(sum(s.loss_mask) for s in out)
     batch = collate(out, tok.pad_token_id)
     assert batch.response_mask_BT.sum().item() == total_returned  # the trainer's loss mask: the model's tokens only
@@ -334,14 +342,15 @@ def test_a_loop_of_ones_own_is_named_by_its_file_and_class(untrained_model, tmp_
         check_agent_loop("nope")
 
 
-def test_a_conversation_paused_at_a_weight_sync_resumes_mid_conversation(untrained_model):
+def test_a_conversation_paused_at_a_weight_sync_resumes_at_its_next_turn(untrained_model):
     reference, tok = scripted_engine(untrained_model)
     expected = reference.generate(prompts_of(tok), GREEDY, seed=0)
-    engine, tok = scripted_engine(untrained_model, tools=("tests.test_agent_loop:PausesTheEngine",), pause_at_token=1)
+    engine, tok = scripted_engine(untrained_model, tools=("tests.test_agent_loop:PausesTheEngine",))
     PausesTheEngine.engine = engine
     paused = engine.generate(prompts_of(tok), GREEDY, seed=0)
-    # the tool ran and its turn is appended; the model's next turn stopped after one token for the new weights
-    assert all(s.stop_reason == "interrupted" and s.tool_calls == 1 and s.response_mask[-2:] == [0, 1] for s in paused)
+    # every tool ran and its turn is appended; the model's next turn waits for the new weights
+    assert all(s.stop_reason == "interrupted" and s.tool_calls == 1 and s.response_mask[-1] == 0 for s in paused)
+    assert engine.live_rows() == 0  # the engine holds no row: a weight update may run
     engine.clear_pause()
     engine.update_weights(engine.state_dict_for_sync(), version=1)  # a weight sync: same weights, version 1
     done = engine.resume(paused, GREEDY, seed=0)
@@ -349,6 +358,41 @@ def test_a_conversation_paused_at_a_weight_sync_resumes_mid_conversation(untrain
         assert s.stop_reason == "eos" and s.response_ids == e.response_ids and s.response_mask == e.response_mask
         n_before = len(p.response_ids)
         assert set(s.versions[:n_before]) == {0} and set(s.versions[n_before:]) == {1}  # every token's version
+
+
+class HoldsOne(CalcTool):
+    """``calc`` that, for ``HoldsOne.expression``, returns only once ``HoldsOne.release`` is set (or 10 s passed)."""
+
+    expression = ""
+    release = threading.Event()
+    released_in_time: list[bool] = []
+
+    async def call(self, arguments):
+        if arguments.get("expression") == HoldsOne.expression:
+            HoldsOne.released_in_time.append(await asyncio.to_thread(HoldsOne.release.wait, 10))
+        return await super().call(arguments)
+
+
+def test_a_row_whose_tool_runs_holds_no_other_row(untrained_model):
+    """In every schedule's ``generate`` a conversation goes on by itself: while one prompt's tool call is held, the
+    others' tool turns return, their next turns decode and their conversations end (reported as they end)."""
+    engine, tok = scripted_engine(untrained_model, tools=("tests.test_agent_loop:HoldsOne",), tool_timeout_s=20)
+    prompts = prompts_of(tok)
+    HoldsOne.expression, HoldsOne.released_in_time[:] = called(EXPRESSIONS[prompts[0].index]), []
+    HoldsOne.release.clear()
+    reported = []
+
+    def on_samples(samples):
+        reported.extend(samples)
+        if sum(s.prompt.index != prompts[0].index for s in reported) == GREEDY.n * (len(prompts) - 1):
+            HoldsOne.release.set()  # every other conversation ended while the held call waited
+
+    out = engine.generate(prompts, GREEDY, seed=0, on_samples=on_samples)
+    assert HoldsOne.released_in_time == [True] * GREEDY.n
+    assert [s.prompt.index for s in reported[-GREEDY.n :]] == [prompts[0].index] * GREEDY.n
+    assert sorted(map(id, reported)) == sorted(map(id, out))  # each conversation reported once, as returned
+    assert all(s.stop_reason == "eos" and s.turns == 2 and s.tool_calls == 1 for s in out)
+    check_token_in_token_out(engine, tok, out)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

@@ -56,7 +56,7 @@ class MultiTurnConfig(Checked):
     tool_response_truncate_side: str = "middle"  # left (keep the start) | middle (both ends) | right (the end)
     tools: list[str] = field(default_factory=list)  # calc | python | package.module:ClassName (a Tool subclass)
     tool_timeout_s: float = 10.0  # wall-clock deadline of one tool call; past it the model gets an error message
-    max_concurrent_turns: int = 64  # fully_async: conversations whose tool calls run at once, off the decode
+    max_concurrent_turns: int = 64  # conversations whose tool calls run at once, off the decode
     format: str = "hermes"  # tool calls as <tool_call>{"name": ..., "arguments": {...}}</tool_call>
 
     RULES = {

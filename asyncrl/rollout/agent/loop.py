@@ -1,25 +1,24 @@
 """Agent loops: a rollout of several model turns with tool calls between them, over any engine, in any schedule.
 
 An agent loop decides what happens when a model turn ends (verl's ``AgentLoopBase`` does the same job with one
-coroutine per sample; here a loop decides for a whole batch of ended turns at once, so the engine keeps decoding in
-batches and one turn's tool calls run concurrently). Loops are registered by name and chosen per dataset row (its
-``agent_name`` column) or by ``rollout.agent.default_agent_loop``:
+coroutine per sample). Loops are registered by name and chosen per dataset row (its ``agent_name`` column) or by
+``rollout.agent.default_agent_loop``:
 
 - ``single_turn_agent``: one turn (asyncrl's behaviour without tools);
 - ``tool_agent``: a turn that calls tools (``rollout.multi_turn.tools``) gets their outputs and goes on; a turn
   without a call ends the rollout.
 
 ``AgentEngine`` wraps a rollout engine with the loops and has the engine's own interface (``generate``, ``resume``,
-weights, pause), so every schedule, the Rollouter's partial rollout included, runs multi-turn rollouts without a
-loop of its own. Streaming (``fully_async``), a row is a small state machine: its turn ends (``step`` hands it back
-and its slot is free) -> ``next_turn`` runs its tool calls on the Rollouter's agent pool, each under its deadline,
-while the engine decodes the others -> the tool's tokens appended, the row goes back into an engine's queue for its
-next turn; a row whose conversation ended goes to its reward. A loop is asked one row at a time there
-(``next_turns([sample], [text])``), so a loop written for batches runs unchanged. Token in, token out: the model's
-tokens are kept exactly as generated, a tool's output is appended as the chat template's tokens with response mask
-0, log-prob 0 and the weight version in force, and the next turn
-continues from the ids (never from re-tokenized text). A sample interrupted by a weight sync is "interrupted" like
-any other and ``resume`` continues it mid-conversation.
+``submit``/``step``, weights, pause), so every schedule runs multi-turn rollouts without a loop of its own. In every
+schedule a conversation is a small state machine on the engine's streaming interface: its turn ends (``step`` hands
+the row back and its slot is free) -> ``next_turn`` runs its tool calls on the agent pool, each under its deadline,
+while the engine decodes the others -> the tool's tokens appended, the row goes back into the engine's queue for its
+next turn; a row whose conversation ended goes to its reward (``generate``'s ``on_samples``; fully_async's
+Rollouter). A loop is asked one row at a time (``next_turns([sample], [text])``), so a loop written for batches runs
+unchanged. Token in, token out: the model's tokens are kept exactly as generated, a tool's output is appended as the
+chat template's tokens with response mask 0, log-prob 0 and the weight version in force, and the next turn continues
+from the ids (never from re-tokenized text). A sample interrupted by a weight sync is "interrupted" like any other
+and ``resume`` continues it mid-conversation.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ import dataclasses
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -35,6 +35,7 @@ from asyncrl.config.errors import ConfigError
 from asyncrl.named import load_named
 from asyncrl.rollout.agent.format import TurnEncoder, parse_hermes_tool_calls, truncate
 from asyncrl.rollout.agent.tools import Tool, build_tools, call_tools
+from asyncrl.rollout.sampling import check_prompts
 from asyncrl.types import PrefillStats, Prompt, Sample, SamplingParams
 
 if TYPE_CHECKING:
@@ -143,7 +144,19 @@ def check_agent_loop(name: str) -> None:
         raise ConfigError(f"config key rollout.agent.default_agent_loop: {e}") from None
 
 
-_OWN = frozenset({"engine", "multi_turn", "default_agent_loop", "_loops", "_tools", "last_prefill", "_lock"})
+_OWN = frozenset(
+    {
+        "engine",
+        "multi_turn",
+        "default_agent_loop",
+        "_loops",
+        "_tools",
+        "last_prefill",
+        "last_segments",
+        "_lock",
+        "_pool",
+    }
+)
 
 
 class AgentEngine:
@@ -165,8 +178,10 @@ class AgentEngine:
         self.default_agent_loop = default_agent_loop
         self._loops: dict[str, AgentLoop] = {}
         self._tools: dict[str, Tool] | None = None
-        self._lock = threading.Lock()  # loops and tools are built once, whichever thread asks first
+        self._lock = threading.Lock()  # loops, tools and the pool are built once, whichever thread asks first
+        self._pool: ThreadPoolExecutor | None = None
         self.last_prefill = PrefillStats()
+        self.last_segments: tuple[tuple[int, int, float], ...] = ()  # the engine's, after a single-turn call
 
     def __getattr__(self, name: str) -> Any:  # only for what this class does not define
         if name == "engine":
@@ -221,44 +236,94 @@ class AgentEngine:
         seed: int | None = None,
         on_samples: Callable[[list[Sample]], None] | None = None,
     ) -> list[Sample]:
-        """As the engine's ``generate``; ``on_samples`` gets samples whose whole conversation has ended: single-turn
-        rows as the engine reports them (a decode step's at once), the others when the call returns."""
-        for p in prompts:
-            self.loop_for(p)  # an unknown agent_name fails before any decoding
-        reported: set[int] = set()
-
-        def early(ended: list[Sample]) -> None:  # single-turn rows that ended: report them while the others decode
-            done = [s for s in ended if self._single_turn(s)]
-            reported.update(map(id, done))
-            if done:
-                on_samples(done)  # type: ignore[misc]
-
-        streams = on_samples is not None and getattr(self.engine, "reports_finished_rows", False)
-        if streams:
-            first = self.engine.generate(prompts, params, seed=seed, on_samples=early)
+        """As the engine's ``generate``; ``on_samples`` gets samples whose whole conversation ended, as they end.
+        Prompts whose loops are all single-turn are one engine call; otherwise every row is a conversation of its
+        own (``_converse``)."""
+        if any(not isinstance(self.loop_for(p), SingleTurnAgent) for p in prompts):  # an unknown name fails here
+            check_prompts(prompts, "AgentEngine")
+            version = self.engine.version
+            rows = [Sample.blank(p, version, j) for p in prompts for j in range(params.n)]
+            return self._converse(rows, params, seed, on_samples)
+        if on_samples is not None and getattr(self.engine, "reports_finished_rows", False):
+            out = self.engine.generate(prompts, params, seed=seed, on_samples=on_samples)
         else:
-            first = self.engine.generate(prompts, params, seed=seed)
+            out = self.engine.generate(prompts, params, seed=seed)
+            if on_samples is not None:
+                on_samples([s for s in out if s.stop_reason != "interrupted"])
         self.last_prefill = self.engine.last_prefill
-        out = self._converse(list(first), set(range(len(first))), params, seed, None)
-        rest = [s for s in out if s.stop_reason != "interrupted" and id(s) not in reported]
-        if on_samples is not None and rest:
-            on_samples(rest)
+        self.last_segments = getattr(self.engine, "last_segments", ())
         return out
 
-    def resume(
+    def resume(self, samples: list[Sample], params: SamplingParams, seed: int | None = None) -> list[Sample]:
+        """As the engine's ``resume``: interrupted samples continue, mid-turn or at the start of their next turn,
+        each to the end of its conversation (``_converse``)."""
+        return self._converse(list(samples), params, seed, None)
+
+    def _converse(
         self,
-        samples: list[Sample],
+        rows: list[Sample],
         params: SamplingParams,
-        seed: int | None = None,
-        refill: Callable[[int], bool] | None = None,
+        seed: int | None,
+        on_samples: Callable[[list[Sample]], None] | None,
     ) -> list[Sample]:
-        """As the engine's ``resume``: interrupted samples continue, mid-turn or at the start of their next turn."""
-        live = {i for i, s in enumerate(samples) if s.stop_reason == "interrupted"}
-        for i in live:
-            self.loop_for(samples[i].prompt)
-        first = self.engine.resume(samples, params, seed=seed, refill=refill)
-        self.last_prefill = self.engine.last_prefill
-        return self._converse(list(first), live, params, seed, refill)
+        """Every "interrupted" row of ``rows`` to the end of its conversation on the engine's streaming interface,
+        each on its own: a turn that ends frees the row's slot and its tool calls run on the agent pool
+        (``next_turn``) while the engine decodes the others; the row re-enters with the tool's tokens appended.
+        Rows come back in input order. A pause request (a weight sync) stops it between steps: the rows on the
+        engine come back "interrupted" mid-turn, those whose tools run when their calls return, at the start of their
+        next turn; ``resume`` goes on from there."""
+        engine, out = self.engine, list(rows)
+        where: dict[tuple[int, int], int] = {}
+        for i, s in enumerate(rows):
+            if (id(s.prompt), s.row) in where:  # a prompt twice in one call: each row keeps its own place
+                s = out[i] = dataclasses.replace(s, prompt=dataclasses.replace(s.prompt))
+            where[id(s.prompt), s.row] = i
+            self.loop_for(s.prompt)
+        turns: dict[Future[Sample], int] = {}
+        self.last_segments = ()
+        engine.submit([s for s in out if s.stop_reason == "interrupted"], params, seed)
+        try:
+            while (engine.live_rows() or turns) and not engine.pause_requested:
+                ended: list[Sample] = []
+                for s in engine.step() if engine.live_rows() else ():
+                    if self.multi_turn_row(s):
+                        turns[self.turn_pool().submit(self.next_turn, s, params)] = where[id(s.prompt), s.row]
+                    else:
+                        out[where[id(s.prompt), s.row]] = s
+                        ended.append(s)
+                if turns and not engine.live_rows():
+                    wait(turns, return_when=FIRST_COMPLETED)
+                again = self._returned(turns, out, ended)
+                engine.submit(again, params, seed)
+                if on_samples is not None and ended:
+                    on_samples(ended)
+        finally:
+            for s in engine.interrupt():
+                out[where[id(s.prompt), s.row]] = s
+        if turns:  # paused: the turns running end, their rows wait at the start of their next turn
+            wait(turns)
+            ended = []
+            self._returned(turns, out, ended)
+            if on_samples is not None and ended:
+                on_samples(ended)
+        self.last_prefill = engine.take_prefill()
+        return out
+
+    def _returned(self, turns: dict[Future[Sample], int], out: list[Sample], ended: list[Sample]) -> list[Sample]:
+        """Take the turns that returned off ``turns`` into ``out``: the rows whose next turn decodes (returned),
+        the conversations that ended (added to ``ended``). A loop's or tool's error is raised here."""
+        again: list[Sample] = []
+        for f in [f for f in turns if f.done()]:
+            s = out[turns.pop(f)] = f.result()
+            (again if s.stop_reason == "interrupted" else ended).append(s)
+        return again
+
+    def turn_pool(self) -> ThreadPoolExecutor:
+        """The agent pool: ``rollout.multi_turn.max_concurrent_turns`` threads running conversations' turns."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.multi_turn.max_concurrent_turns, thread_name_prefix="agent-turn")
+            return self._pool
 
     # ---- streaming (``asyncrl.rollout.streaming``; fully_async's Rollouter) ------------------------------------------
     def submit(self, rows: list[Sample], params: SamplingParams, seed: int | None = None) -> None:
@@ -270,8 +335,8 @@ class AgentEngine:
 
     def step(self) -> list[Sample]:
         """One engine step; returns the rows whose turn ended. What follows a turn (a tool call and the next turn,
-        or the end of the conversation) is ``next_turn``'s, which the Rollouter runs off the decode: a row waiting
-        for its tool holds no slot."""
+        or the end of the conversation) is ``next_turn``'s, which runs off the decode: a row waiting for its tool
+        holds no slot."""
         return self.engine.step()
 
     def interrupt(self) -> list[Sample]:
@@ -292,64 +357,24 @@ class AgentEngine:
     def next_turn(self, sample: Sample, params: SamplingParams) -> Sample:
         """What follows one row's ended turn (blocking: the tool calls run here, each under its deadline): the row
         "interrupted" with the tool's output appended, to decode its next turn, or the row ended with its
-        conversation's text. Thread-safe: rows' turns run at once on a pool."""
-        out = [sample]
-        if self._decide(out, [0] if sample.stop_reason == "eos" else [], params):
-            return out[0]
-        s = out[0]
+        conversation's text. Thread-safe: rows' turns run at once on a pool. The row's loop is asked about this row
+        alone (``next_turns([sample], [text])``)."""
+        s, loop = sample, self.loop_for(sample.prompt)
+        limit = self.multi_turn.max_assistant_turns
+        if s.stop_reason == "eos":
+            if s.response_mask is None and not isinstance(loop, SingleTurnAgent):
+                s = dataclasses.replace(s, response_mask=[1] * len(s.response_ids))  # a multi-turn sample
+            [c] = loop.next_turns([s], [self._last_turn_text(s)]) if limit is None or s.turns < limit else [None]
+            if c is not None:
+                s = dataclasses.replace(
+                    s, tool_calls=s.tool_calls + c.tool_calls, tool_errors=s.tool_errors + c.tool_errors
+                )
+                if len(s.response_ids) + len(c.tokens) < params.max_new_tokens:
+                    return self._append(s, c.tokens)
+                s = dataclasses.replace(s, stop_reason="length")  # no room for another turn
         if s.response_mask is not None:
             s.response_text = conversation_text(self.engine.tokenizer, s)
         return s
-
-    def _converse(
-        self,
-        out: list[Sample],
-        fresh: set[int],
-        params: SamplingParams,
-        seed: int | None,
-        refill: Callable[[int], bool] | None,
-    ) -> list[Sample]:
-        """Run the loops on the turns that just ended (``fresh``), continue those that go on, until none does or
-        the engine is paused (then they stay "interrupted", tool outputs already appended)."""
-        while True:
-            going = self._decide(out, sorted(i for i in fresh if out[i].stop_reason == "eos"), params)
-            if not going:
-                for i in fresh:
-                    if out[i].response_mask is not None:
-                        out[i].response_text = conversation_text(self.engine.tokenizer, out[i])
-                return out
-            cont = self.engine.resume([out[i] for i in going], params, seed=seed, refill=refill)
-            self.last_prefill = self.last_prefill + self.engine.last_prefill
-            for i, s in zip(going, cont):
-                out[i] = s
-            fresh = set(going)
-
-    def _decide(self, out: list[Sample], ended: list[int], params: SamplingParams) -> list[int]:
-        """Ask each ended sample's loop what follows; append the continuations that fit. Returns the samples that go
-        on (now "interrupted")."""
-        by_loop: dict[str, list[int]] = {}
-        limit = self.multi_turn.max_assistant_turns
-        for i in ended:
-            if out[i].response_mask is None and not self._single_turn(out[i]):
-                out[i].response_mask = [1] * len(out[i].response_ids)  # marks a multi-turn sample (agent_metrics)
-            if limit is None or out[i].turns < limit:
-                by_loop.setdefault(out[i].prompt.agent_name or self.default_agent_loop, []).append(i)
-        going: list[int] = []
-        for idx in by_loop.values():
-            texts = [self._last_turn_text(out[i]) for i in idx]
-            for i, c in zip(idx, self.loop_for(out[idx[0]].prompt).next_turns([out[i] for i in idx], texts)):
-                if c is None:
-                    continue
-                s = out[i]
-                counted = dataclasses.replace(
-                    s, tool_calls=s.tool_calls + c.tool_calls, tool_errors=s.tool_errors + c.tool_errors
-                )
-                if len(s.response_ids) + len(c.tokens) >= params.max_new_tokens:
-                    out[i] = dataclasses.replace(counted, stop_reason="length")  # no room for another turn
-                    continue
-                out[i] = self._append(counted, c.tokens)
-                going.append(i)
-        return going
 
     def _append(self, s: Sample, tokens: list[int]) -> Sample:
         ids = s.response_ids + tokens

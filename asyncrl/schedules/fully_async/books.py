@@ -232,8 +232,3 @@ def _completed_at_once(sample: Sample, done: Callable[[Sample], None]) -> None:
 
 def queued_form(g: InFlightGroup) -> Group:
     return Group(g.group_id, g.epoch, g.index, g.start_version, g.samples)
-
-
-def blank_row(prompt: Prompt, version: int, row: int) -> Sample:
-    """Row ``row`` of a group, not started yet: the engine's ``resume`` continues it from the prompt."""
-    return Sample(prompt, [], [], [], stop_reason="interrupted", start_version=version, row=row)

@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from asyncrl.schedules.fully_async.books import Books, blank_row, queued_form
+from asyncrl.schedules.fully_async.books import Books, queued_form
 from asyncrl.schedules.fully_async.recovery import InFlightGroup
 from asyncrl.types import Sample
 
@@ -106,7 +106,7 @@ class Producer(Books):
         gid = self.ledger.issue(epoch, index)
         version = self.controller.on_start(gid)
         prompt = replace(self.prompt_of(epoch, index), epoch=epoch)
-        blank = [blank_row(prompt, version, j) for j in range(self.n)]
+        blank = [Sample.blank(prompt, version, j) for j in range(self.n)]
         group = self.inflight[gid] = InFlightGroup(gid, epoch, index, version, self.clock(), blank)
         self._order[gid] = self.counts["started_groups"]
         self.counts["started_groups"] += 1

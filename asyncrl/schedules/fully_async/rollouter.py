@@ -18,7 +18,6 @@ import functools
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -74,9 +73,9 @@ class Rollouter(RolloutWorker):
         self._thread: threading.Thread | None = None
         self._window_start = time.perf_counter()
         self.ranks: list[Handle] = []  # the other rollout ranks this Rollouter streams to (``attach_ranks``)
-        # an agent's turns (tool calls) run on a pool, off the decode: [turns running, the first error]
+        # an agent's turns (tool calls) run on its pool (``AgentEngine.turn_pool``), off the decode: [turns running,
+        # the first error]
         self.agent = self.engine if isinstance(self.engine, AgentEngine) else None
-        self._turn_pool = ThreadPoolExecutor(r.multi_turn.max_concurrent_turns, thread_name_prefix="agent-turn")
         self._turns: list[Any] = [0, None]
         seed = seeds.sampling(spec.engine.seed)  # each row keys its own noise: as sync's rows
         self.own = OwnRank(self.engine, self.params, seed, BusySpan(self.timeline, self.name))
@@ -146,7 +145,7 @@ class Rollouter(RolloutWorker):
         if self.agent is not None and self.agent.multi_turn_row(sample):
             with self._cv:
                 self._turns[0] += 1
-            self._turn_pool.submit(self._turn, sample, done)
+            self.agent.turn_pool().submit(self._turn, sample, done)
         else:
             self.scorer.submit(sample, done)
 
