@@ -17,6 +17,8 @@ from asyncrl.rollout.agent.tools import ToolCall, parse_arguments
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from asyncrl.types import Sample
+
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
@@ -92,3 +94,15 @@ class TurnEncoder:
 
     def encode(self, results: list[str]) -> list[int]:
         return list(self.tokenizer(self.text(results), add_special_tokens=False)["input_ids"])
+
+
+def conversation_text(tokenizer: PreTrainedTokenizerBase, sample: Sample) -> str:
+    """A multi-turn response as the reward sees it: each run of the model's tokens and each tool turn decoded on its
+    own (special tokens skipped) and joined by newlines, so the final answer is the last line whatever the chat
+    template puts between turns."""
+    parts, start, mask = [], 0, sample.loss_mask
+    for k in range(1, len(mask) + 1):
+        if k == len(mask) or mask[k] != mask[start]:
+            parts.append(tokenizer.decode(sample.response_ids[start:k], skip_special_tokens=True).strip())
+            start = k
+    return "\n".join(p for p in parts if p)

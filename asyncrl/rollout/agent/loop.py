@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from asyncrl.config.errors import ConfigError
 from asyncrl.named import load_named
-from asyncrl.rollout.agent.format import TurnEncoder, parse_hermes_tool_calls, truncate
+from asyncrl.rollout.agent.format import TurnEncoder, conversation_text, parse_hermes_tool_calls, truncate
 from asyncrl.rollout.agent.tools import Tool, build_tools, call_tools
 from asyncrl.rollout.sampling import check_prompts
 from asyncrl.types import PrefillStats, Prompt, Sample, SamplingParams
@@ -326,29 +326,14 @@ class AgentEngine:
             return self._pool
 
     # ---- streaming (``asyncrl.rollout.streaming``; fully_async's Rollouter) ------------------------------------------
+    # ``step``, ``interrupt``, ``drain`` and ``live_rows`` are the engine's: ``step`` returns the rows whose turn
+    # ended; what follows a turn is ``next_turn``'s, off the decode (a row waiting for its tool holds no slot).
     def submit(self, rows: list[Sample], params: SamplingParams, seed: int | None = None) -> None:
         """As the engine's: the rows (blank, partial, or at the start of a turn after a tool's output) enter at its
         next step."""
         for s in rows:
             self.loop_for(s.prompt)  # an unknown agent_name fails here, not mid-stream
         self.engine.submit(rows, params, seed)
-
-    def step(self) -> list[Sample]:
-        """One engine step; returns the rows whose turn ended. What follows a turn (a tool call and the next turn,
-        or the end of the conversation) is ``next_turn``'s, which runs off the decode: a row waiting for its tool
-        holds no slot."""
-        return self.engine.step()
-
-    def interrupt(self) -> list[Sample]:
-        """Every row the engine holds, partial (mid-turn, or at the start of a turn with a tool's output appended)."""
-        return self.engine.interrupt()
-
-    def drain(self) -> list[Sample]:
-        """Steps until no row decodes; returns the rows whose turn ended."""
-        out: list[Sample] = []
-        while self.engine.live_rows():
-            out += self.step()
-        return out
 
     def multi_turn_row(self, sample: Sample) -> bool:
         """Whether a row that ended goes through ``next_turn`` (its loop may go on, or its text is a conversation's)."""
@@ -399,15 +384,3 @@ class AgentEngine:
             while start > 0 and mask[start - 1] == 1:
                 start -= 1
         return self.engine.tokenizer.decode(s.response_ids[start:], skip_special_tokens=False)
-
-
-def conversation_text(tokenizer: PreTrainedTokenizerBase, sample: Sample) -> str:
-    """A multi-turn response as the reward sees it: each run of the model's tokens and each tool turn decoded on its
-    own (special tokens skipped) and joined by newlines, so the final answer is the last line whatever the chat
-    template puts between turns."""
-    parts, start, mask = [], 0, sample.loss_mask
-    for k in range(1, len(mask) + 1):
-        if k == len(mask) or mask[k] != mask[start]:
-            parts.append(tokenizer.decode(sample.response_ids[start:k], skip_special_tokens=True).strip())
-            start = k
-    return "\n".join(p for p in parts if p)
