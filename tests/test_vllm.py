@@ -161,6 +161,22 @@ def test_a_batch_too_big_for_one_prefill_step_still_runs(models, engine):
     assert len(out) == 64 and all(len(s.logprobs) == len(s.response_ids) > 0 for s in out)
 
 
+def test_generate_reports_each_row_at_the_step_it_ends(models, engine):
+    """``on_samples`` (the reward loop's ``submit_all``) gets a step's ended rows as that step ends: each returned
+    sample once, the very object returned, and rows of different lengths in different calls."""
+    _, a, _, _, _ = models
+    _, tok = load_model(a, for_training=False)
+    calls: list[list[Sample]] = []
+    out = engine.generate(prompts(tok), SamplingParams(n=4, temperature=1.0, max_new_tokens=24), seed=2,
+                          on_samples=calls.append)  # fmt: skip
+    reported = [s for call in calls for s in call]
+    assert sorted(map(id, reported)) == sorted(id(s) for s in out if s.stop_reason != "interrupted")
+    lengths = {len(s.response_ids) for s in out}
+    assert len(lengths) > 1 and len(calls) > 1  # not all at the end
+    for earlier, later in zip(calls, calls[1:]):  # every row enters at the first step: a row ends after its tokens
+        assert max(len(s.response_ids) for s in earlier) <= min(len(s.response_ids) for s in later)
+
+
 def test_pause_from_another_thread_returns_interrupted_rows(models, engine):
     _, a, _, _, _ = models
     _, tok = load_model(a, for_training=False)

@@ -334,8 +334,8 @@ def generate_scored(
     score: bool,
 ) -> Generation:
     """Generate, then (``score``) fill each sample's rule reward; the seconds are this worker's wall time. An engine
-    that reports finished rows has them scored on the reward loop as their decode step ends, while the others decode;
-    the rest are scored when the call returns."""
+    that reports finished rows (both engines, and the agent loops over either) has them scored on the reward loop as
+    their decode step ends, while the others decode; an engine that does not has them scored when the call returns."""
     t0 = time.perf_counter()
     streams = score and getattr(engine, "reports_finished_rows", False)
     with timeline.span("generate", step=step, worker=worker, version=engine.version):

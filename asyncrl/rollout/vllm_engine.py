@@ -3,9 +3,10 @@
 vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the rollout worker is already its own process; with
 ``rollout.tensor_model_parallel_size`` N > 1 its N workers are processes of vLLM's "mp" executor, each holding a shard
 and loading its shard of every sync from the whole tensors, gathered in this process's RAM), driven
-request by request through ``LLMEngine.add_request`` / ``step`` so that a pause takes effect at the next decode step:
-the unfinished requests are aborted and come back "interrupted" with every token and log-prob produced so far, and
-``resume`` continues them from ``prompt + response`` with the remaining budget (the partial rollout of fully_async).
+request by request through ``LLMEngine.add_request`` / ``step``, so a row that ends is reported at its step
+(``generate``'s ``on_samples``: the reward loop) and a pause takes effect at the next decode step: the unfinished
+requests are aborted and come back "interrupted" with every token and log-prob produced so far, and ``resume``
+continues them from ``prompt + response`` with the remaining budget (the partial rollout of fully_async).
 The same requests serve the streaming contract (``asyncrl.rollout.streaming``: ``submit``/``step``/``interrupt``/
 ``drain``, fully_async's Producer): ``vllm_stream`` keeps one step loop going across calls, rows entering and leaving
 it between steps; ``update_weights`` refuses while it holds any row.
@@ -46,6 +47,7 @@ from asyncrl.rollout.vllm_model import (
     check_shard_fingerprints,
     eos_of,
     expected_params,
+    expected_reload_warnings,
     refresh_tied_cpu_layers,
     reload_and_fingerprint,
 )
@@ -80,7 +82,7 @@ def import_vllm() -> Any:
         import vllm
     except ImportError as e:
         raise VllmEngineError(f"rollout.engine=vllm: vLLM is not installed ({e}); {INSTALL_HINT}") from e
-    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_expected_reload_warnings)
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(expected_reload_warnings)
     version = getattr(vllm, "__version__", "unknown")
     if not version.startswith(SUPPORTED_VLLM):
         raise VllmEngineError(
@@ -90,16 +92,6 @@ def import_vllm() -> Any:
     return vllm
 
 
-def _expected_reload_warnings(record: logging.LogRecord) -> bool:
-    """Drop vLLM's "Failed to load weights" for the layers a sync never carries: the rotary cache (no weights) and a
-    tied lm_head (its weight is the embedding's; ``refresh_tied_cpu_layers`` re-packs it after every reload)."""
-    return not (
-        record.getMessage().endswith("Failed to load weights")
-        and record.args
-        and record.args[0] in ("RotaryEmbedding", "ParallelLMHead")
-    )
-
-
 class VllmEngine(VllmStreaming, GatedEngine):
     """Generates ``Sample``s with vLLM; same contract as ``RolloutEngine`` (see its docs for the threading model),
     batched (``generate``/``resume``) and streaming (``submit``/``step``/``interrupt``/``drain``: ``vllm_stream``).
@@ -107,6 +99,8 @@ class VllmEngine(VllmStreaming, GatedEngine):
     ``source``: a trainer's model in this process (the sync schedule, colocated). Setting ``version`` then marks the
     engine stale, and the next generate first copies the source's weights in (an in-process sync).
     """
+
+    reports_finished_rows = True  # generate(on_samples=...) reports a step's ended rows (the reward loop)
 
     def __init__(
         self,
@@ -159,21 +153,21 @@ class VllmEngine(VllmStreaming, GatedEngine):
         self._version = value
 
     # ---- generate / resume ----------------------------------------------------------------------------------------
-    def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int | None = None) -> list[Sample]:
+    def generate(
+        self,
+        prompts: list[Prompt],
+        params: SamplingParams,
+        seed: int | None = None,
+        on_samples: Callable[[list[Sample]], None] | None = None,
+    ) -> list[Sample]:
         """``len(prompts) * params.n`` samples, prompt-major; each row its own request, seeded by its own key
-        (``row_streams``: its prompt's epoch and index, its number in the group), as the built-in engine keys it."""
+        (``row_streams``), as the built-in engine keys it. ``on_samples`` gets the samples whose rows ended in an
+        engine step (the very objects returned) as it ends, while the others decode on."""
         check_prompts(prompts, "VllmEngine")
-        rows = [(prompt, j) for prompt in prompts for j in range(params.n)]
-        blank = [
-            Sample(prompt=p, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted", row=j)
-            for p, j in rows
-        ]
         self._sync_from_source()
-        start_version = self._version
-        out = self._run(blank, [params.max_new_tokens] * len(rows), params, seed, None)
-        for s in out:
-            s.start_version = start_version
-        return out
+        version = self._version
+        blank = [Sample.blank(prompt, version, j) for prompt in prompts for j in range(params.n)]
+        return self._run(blank, [params.max_new_tokens] * len(blank), params, seed, None, on_samples)
 
     def resume(
         self,
@@ -189,8 +183,7 @@ class VllmEngine(VllmStreaming, GatedEngine):
             return out
         self._sync_from_source()
         budgets = [budget_left(samples[i], params) for i in todo]
-        done = self._run([samples[i] for i in todo], budgets, params, seed, refill)
-        for i, s in zip(todo, done):
+        for i, s in zip(todo, self._run([samples[i] for i in todo], budgets, params, seed, refill)):
             out[i] = s
         return out
 
@@ -201,47 +194,52 @@ class VllmEngine(VllmStreaming, GatedEngine):
         params: SamplingParams,
         seed: int | None,
         refill: Callable[[int], bool] | None,
+        on_ended: Callable[[list[Sample]], None] | None = None,
     ) -> list[Sample]:
-        """One request per row (prefix = prompt + response so far), stepped until done or paused/refilled."""
+        """One request per row (prefix = prompt + response so far), stepped until done or paused/refilled;
+        ``on_ended``: a step's ended rows, continued, as the step ends."""
         with self._gate.running():  # refuses while streamed rows are held: this call would step their requests
             # OpenMP's thread count is per calling thread: vLLM's CPU attention plans with torch.get_num_threads() and
             # runs with this thread's OpenMP count, and aborts when they differ (a Rollouter decodes on its own thread)
             torch.set_num_threads(torch.get_num_threads())
             self._calls += 1
             version = self._version
-            ids = [f"c{self._calls}-r{j}" for j in range(len(rows))]
+            row_of = {f"c{self._calls}-r{j}": row for j, row in enumerate(rows)}
             streams = row_streams(rows, seed)
-            got: dict[str, tuple[list[int], list[float]]] = {rid: ([], []) for rid in ids}
-            reasons = dict.fromkeys(ids, "interrupted")
-            prefill = PrefillStats()
-            for j, (rid, row) in enumerate(zip(ids, rows)):
+            got: dict[str, tuple[list[int], list[float]]] = {rid: ([], []) for rid in row_of}
+            reasons, made = dict.fromkeys(row_of, "interrupted"), {}
+            for j, (rid, row) in enumerate(row_of.items()):
                 prefix = row.prompt.prompt_ids + row.response_ids
                 self._add_request(rid, prefix, budgets[j], params, streams.keys[j], streams.offsets[j])
-            open_ids = set(ids)
-            started: set[str] = set()
+            open_ids, started, prefill = set(row_of), set(), PrefillStats()
+
+            def continued(rid: str) -> Sample:
+                tokens, logps = got[rid]
+                return extend_sample(row_of[rid], tokens, logps, [version] * len(tokens), reasons[rid], self.tokenizer)
+
             while open_ids:
                 if self._gate.pause_requested or (refill is not None and refill(len(open_ids))):
                     self._abort_requests(sorted(open_ids))
                     break
+                ended: list[Sample] = []
                 for output in self._engine_step():
                     rid = output.request_id
                     if rid not in got:
                         continue
-                    tokens, logps = got[rid]
                     new, new_logps, reason, first = read_output(output, first=rid not in started)
                     started.add(rid)
-                    tokens += new
-                    logps += new_logps
+                    got[rid][0].extend(new)
+                    got[rid][1].extend(new_logps)
                     prefill += first
                     if reason is not None:
                         reasons[rid] = reason
                         open_ids.discard(rid)
+                        if on_ended is not None:
+                            ended.append(made.setdefault(rid, continued(rid)))
+                if ended:
+                    on_ended(ended)  # type: ignore[misc]
             self.last_prefill = prefill
-        out = []
-        for rid, row in zip(ids, rows):
-            tokens, logps = got[rid]
-            out.append(extend_sample(row, tokens, logps, [version] * len(tokens), reasons[rid], self.tokenizer))
-        return out
+        return [made.get(rid) or continued(rid) for rid in row_of]
 
     # ---- one request at a time (shared by _run and the stream) -------------------------------------------------------
     def _add_request(

@@ -1,9 +1,11 @@
 """What the vLLM engine knows of a model directory without loading it in transformers: the parameters a sync must
 carry (meta tensors), its eos ids, the CPU re-pack of tied vocabulary layers after a reload, and what a
-tensor-parallel worker runs of a sync (``reload_and_fingerprint``, checked by ``check_shard_fingerprints``)."""
+tensor-parallel worker runs of a sync (``reload_and_fingerprint``, checked by ``check_shard_fingerprints``), and the
+reload warnings a sync always causes."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -74,3 +76,13 @@ def check_shard_fingerprints(sent: dict[str, int], received: list[dict[str, int]
                 f"{where}: tensor-parallel worker {rank} received {len(bad)} tensor(s) other than sent "
                 f"(crc32 differs or missing: {', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
             )
+
+
+def expected_reload_warnings(record: logging.LogRecord) -> bool:
+    """Drop vLLM's "Failed to load weights" for the layers a sync never carries: the rotary cache (no weights) and a
+    tied lm_head (its weight is the embedding's; ``refresh_tied_cpu_layers`` re-packs it after every reload)."""
+    return not (
+        record.getMessage().endswith("Failed to load weights")
+        and record.args
+        and record.args[0] in ("RotaryEmbedding", "ParallelLMHead")
+    )
