@@ -251,11 +251,7 @@ def _eos_model(tok, device: str, eos_bias: float):
 
 
 def _blanks(prompts: list[Prompt], n: int) -> list[Sample]:
-    return [
-        Sample(prompt=p, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted", row=j)
-        for p in prompts
-        for j in range(n)
-    ]
+    return [Sample.blank(p, 0, j) for p in prompts for j in range(n)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -337,7 +337,7 @@ def test_a_decode_splits_whole_groups_over_the_ranks():
 
     def row(index: int) -> Sample:
         prompt = Prompt(index=index, prompt_ids=[1, 2], data_source="t", ground_truth="")
-        return Sample(prompt=prompt, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted")
+        return Sample.blank(prompt, 0, 0)
 
     rows = [row(g) for g in (0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4)]
     for n in (1, 2, 3, 5, 8):

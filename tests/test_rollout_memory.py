@@ -81,9 +81,7 @@ def test_a_calls_kv_cache_holds_its_rows_times_their_length_not_max_batch_size(e
 def test_the_streaming_decoders_kv_cache_grows_with_the_rows_it_holds_not_its_capacity(engine):
     per = _kv_bytes_per_token_row(engine)
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=8)
-    blank = [
-        Sample(prompt=p, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted") for p in _prompts(4, 100)
-    ]
+    blank = [Sample.blank(p, 0, 0) for p in _prompts(4, 100)]
 
     def stream():
         engine.submit(blank, params, seed=0)

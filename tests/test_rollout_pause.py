@@ -157,7 +157,7 @@ def test_refill_cuts_a_decode_short_and_greedy_continuation_is_unchanged(tok, mo
         polls.append(n_active)
         return len(polls) == 3  # after the 3rd decode step
 
-    blank = [Sample(prompt=p, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted") for p in prompts]
+    blank = [Sample.blank(p, 0, 0) for p in prompts]
     cut = engine.resume(blank, greedy, seed=0, refill=refill)
     assert all(s.stop_reason == "interrupted" and len(s.response_ids) == 3 for s in cut)
     assert polls == [len(prompts)] * 3  # polled with the number of running rows

@@ -61,11 +61,7 @@ def blanks(tok, texts=TEXTS, n=PARAMS.n) -> list[Sample]:
     prompts = [
         Prompt(index=i, prompt_ids=tok.encode(t), data_source="test", ground_truth="") for i, t in enumerate(texts)
     ]
-    return [
-        Sample(prompt=p, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted", row=j)
-        for p in prompts
-        for j in range(n)
-    ]
+    return [Sample.blank(p, 0, j) for p in prompts for j in range(n)]
 
 
 def key(sample: Sample) -> tuple[int, int]:

@@ -133,9 +133,7 @@ def test_pause_keeps_tokens_and_resume_continues_with_new_weights(models, engine
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=24)
     rows = [s for s in engine.generate(prompts(tok), SamplingParams(n=1, max_new_tokens=1), seed=0)]
     polls = iter(range(100))
-    blank = [
-        type(s)(prompt=s.prompt, response_ids=[], logprobs=[], versions=[], stop_reason="interrupted") for s in rows
-    ]
+    blank = [Sample.blank(s.prompt, 0, 0) for s in rows]
     cut = engine.resume(blank, params, seed=2, refill=lambda n: next(polls) >= 3)  # stop after 3 decode steps
     assert any(s.stop_reason == "interrupted" and s.response_ids for s in cut)
     engine.update_weights({n: p.detach() for n, p in new.named_parameters()}, version=1)
@@ -223,7 +221,7 @@ STREAM = SamplingParams(n=2, temperature=1.0, max_new_tokens=16)
 
 
 def blank_rows(tok, n_prompts: int = 3, n: int = 2) -> list[Sample]:
-    return [Sample(p, [], [], [], "interrupted", row=j) for p in prompts(tok, n_prompts) for j in range(n)]
+    return [Sample.blank(p, 0, j) for p in prompts(tok, n_prompts) for j in range(n)]
 
 
 @pytest.fixture

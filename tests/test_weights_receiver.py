@@ -200,7 +200,7 @@ def test_a_busy_engine_takes_no_bucket_and_the_group_stays_in_step(tok):
     sent = synced_tensors(micro(tok, 0))
     engine = RolloutEngine(micro(tok, 1), tok)
     before = weights(engine.model)
-    blank = Sample(prompt=prompts(tok)[0], response_ids=[], logprobs=[], versions=[], stop_reason="interrupted")
+    blank = Sample.blank(prompts(tok)[0], 0, 0)
     engine.submit([blank], PARAMS, seed=0)  # a streamed row held: no update until interrupt/drain
     sender, workers = connect(sent, [engine])
     try:
