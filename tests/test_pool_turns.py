@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -60,6 +61,22 @@ class Meeter:
         return False
 
 
+@pytest.fixture(params=["in_process", pytest.param("ray", marks=pytest.mark.ray)])
+def handles(request) -> Iterator[dict[str, Handle]]:
+    """The actor's and the critic's workers, sharing one board; stopped afterwards (Ray: the actors killed, so none
+    outlives the test on the session's cluster)."""
+    made, board = _workers(request.param)
+    try:
+        yield made
+    finally:
+        for h in made.values():
+            h.kill()
+        if request.param == "ray":
+            import ray
+
+            ray.kill(board)
+
+
 def _workers(backend: str) -> tuple[dict[str, Handle], object]:
     if backend == "in_process":
         board = Board()
@@ -81,18 +98,14 @@ def _placement(critic_pool: str) -> Placement:
     return Placement(pools=pools, roles={"actor": "actor_pool", "critic": critic_pool}, rollout=None)
 
 
-@pytest.mark.parametrize("backend", ["in_process", pytest.param("ray", marks=pytest.mark.ray)])
-def test_calls_to_roles_on_different_pools_run_at_once(backend):
-    handles, _ = _workers(backend)
+def test_calls_to_roles_on_different_pools_run_at_once(handles):
     turns = PoolTurns(_placement("critic_pool"))
     turns.issue("critic", "critic", lambda: handles["critic"].call("meet", "critic", "actor", MEET_S))
     turns.issue("actor", "actor", lambda: handles["actor"].call("meet", "actor", "critic", MEET_S))
     assert turns.join() == {"critic": True, "actor": True}  # each saw the other while it ran
 
 
-@pytest.mark.parametrize("backend", ["in_process", pytest.param("ray", marks=pytest.mark.ray)])
-def test_calls_to_roles_sharing_a_pool_take_turns_in_the_order_issued(backend):
-    handles, _ = _workers(backend)
+def test_calls_to_roles_sharing_a_pool_take_turns_in_the_order_issued(handles):
     turns = PoolTurns(_placement("actor_pool"))
     turns.issue("critic", "critic", lambda: handles["critic"].call("meet", "critic", "actor", ALONE_S))
     turns.issue("actor", "actor", lambda: handles["actor"].call("meet", "actor", "critic", ALONE_S))
