@@ -22,8 +22,9 @@ from asyncrl.config.schema import MultiTurnConfig
 from asyncrl.data.collate import collate
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.models.loading import load_model
+from asyncrl.rollout.agent.engine import AgentEngine
 from asyncrl.rollout.agent.format import TurnEncoder, parse_hermes_tool_calls, truncate
-from asyncrl.rollout.agent.loop import AgentEngine, check_agent_loop
+from asyncrl.rollout.agent.loop import check_agent_loop
 from asyncrl.rollout.agent.tools import CalcTool, PythonTool, Tool, ToolCall, ToolError, call_tools, evaluate_arithmetic
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams

@@ -14,7 +14,7 @@ from asyncrl.config import load_config  # noqa: E402
 from asyncrl.config.schema import MultiTurnConfig  # noqa: E402
 from asyncrl.data.dataset import PromptDataset  # noqa: E402
 from asyncrl.models.loading import load_model  # noqa: E402
-from asyncrl.rollout.agent.loop import AgentEngine  # noqa: E402
+from asyncrl.rollout.agent.engine import AgentEngine  # noqa: E402
 from asyncrl.rollout.sampling import SamplingParams  # noqa: E402
 from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions  # noqa: E402
 from asyncrl.run.step_log import agent_metrics  # noqa: E402

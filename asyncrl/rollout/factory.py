@@ -8,7 +8,7 @@ from transformers import PreTrainedModel
 from asyncrl.config.specs import EngineSpec
 from asyncrl.models.loading import load_model, load_tokenizer_from
 from asyncrl.models.lora import LoraSpec, apply_lora
-from asyncrl.rollout.agent.loop import AgentEngine
+from asyncrl.rollout.agent.engine import AgentEngine
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.vllm_options import engine_dtype
 

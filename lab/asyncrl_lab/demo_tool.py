@@ -99,7 +99,7 @@ def held_out_tool_use(model_dir: Path, test: Path, n: int = 200) -> dict[str, fl
     """Greedy rollouts of the trained tool model on held-out prompts: tool-call rate and turns per sample."""
     from asyncrl.config.schema import MultiTurnConfig
     from asyncrl.data.dataset import PromptDataset
-    from asyncrl.rollout.agent.loop import AgentEngine
+    from asyncrl.rollout.agent.engine import AgentEngine
     from asyncrl.rollout.engine import RolloutEngine
     from asyncrl.rollout.sampling import SamplingParams
     from asyncrl.run.step_log import agent_metrics

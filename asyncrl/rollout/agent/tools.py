@@ -1,9 +1,11 @@
 """Tools a multi-turn rollout can call: the interface, two real tools, and the runner that bounds every call.
 
 A tool has a name, a JSON schema for its arguments (the OpenAI function format that chat templates render, and verl's
-``tool_schema``) and an ``async`` call. ``call_tools`` runs one turn's calls of a whole batch concurrently, each
-under a deadline; a tool that raises, times out, is unknown or gets bad arguments returns an error message into the
-conversation (counted as an error) and never ends the rollout.
+``tool_schema``) and an ``async`` call, awaited on the agent's event loop beside every other row's calls: a tool
+awaits what it waits for (``asyncio.sleep``, an async HTTP client, ``asyncio.to_thread`` for blocking work) and never
+blocks the loop. ``call_each`` runs one turn's calls concurrently (``call_tools`` a batch's), each under a deadline;
+a tool that raises, times out, is unknown or gets bad arguments returns an error message into the conversation
+(counted as an error) and never ends the rollout.
 
 Built-in tools:
 
@@ -246,17 +248,16 @@ async def _call_one(tools: dict[str, Tool], call: ToolCall, timeout_s: float) ->
         return ToolResult(f"Error: {call.name} failed: {type(e).__name__}: {e}", False)
 
 
+async def call_each(tools: dict[str, Tool], calls: list[ToolCall], timeout_s: float) -> list[ToolResult]:
+    """One turn's calls at once, each under ``timeout_s``; results in call order."""
+    return list(await asyncio.gather(*(_call_one(tools, c, timeout_s) for c in calls)))
+
+
 def call_tools(tools: dict[str, Tool], calls: list[list[ToolCall]], timeout_s: float) -> list[list[ToolResult]]:
     """Every call of every sample at once (one event loop, each call under ``timeout_s``); results in call order."""
 
     async def run_all() -> list[list[ToolResult]]:
-        flat = [c for per_sample in calls for c in per_sample]
-        done = await asyncio.gather(*(_call_one(tools, c, timeout_s) for c in flat))
-        out, i = [], 0
-        for per_sample in calls:
-            out.append(list(done[i : i + len(per_sample)]))
-            i += len(per_sample)
-        return out
+        return list(await asyncio.gather(*(call_each(tools, per_sample, timeout_s) for per_sample in calls)))
 
     return run_to_completion(run_all())
 

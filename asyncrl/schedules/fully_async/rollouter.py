@@ -18,6 +18,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +27,7 @@ from asyncrl.calls import Handle
 from asyncrl.config.specs import RollouterSpec
 from asyncrl.data.dataset import EpochSampler, PromptDataset, load_rows
 from asyncrl.rewards.filtering import keep_group
-from asyncrl.rollout.agent.loop import AgentEngine
+from asyncrl.rollout.agent.engine import AgentEngine
 from asyncrl.rollout.agent.tools import tool_schemas
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.schedules.fully_async.books import POLL_S
@@ -73,8 +74,7 @@ class Rollouter(RolloutWorker):
         self._thread: threading.Thread | None = None
         self._window_start = time.perf_counter()
         self.ranks: list[Handle] = []  # the other rollout ranks this Rollouter streams to (``attach_ranks``)
-        # an agent's turns (tool calls) run on its pool (``AgentEngine.turn_pool``), off the decode: [turns running,
-        # the first error]
+        # an agent's turns (tool calls) run off the decode (``AgentEngine.start_turn``): [running, the first error]
         self.agent = self.engine if isinstance(self.engine, AgentEngine) else None
         self._turns: list[Any] = [0, None]
         seed = seeds.sampling(spec.engine.seed)  # each row keys its own noise: as sync's rows
@@ -139,19 +139,20 @@ class Rollouter(RolloutWorker):
             return self.held.park or self.held.stop
 
     def _complete(self, sample: Sample, done: Callable[[Sample], None]) -> None:
-        """A row that ended, off the decode: an agent's turn that may go on runs on the agent pool (``_turn``: its
-        tool calls, then back to the books to decode its next turn, its slot free meanwhile); a row whose rollout
-        ended is scored on the reward loop. ``done`` hands it back to the books; the generation thread steps on."""
+        """A row that ended, off the decode: an agent's turn that may go on is started (``AgentEngine.start_turn``:
+        its tool calls; then ``_turn`` hands it back to the books to decode its next turn, its slot free meanwhile); a
+        row whose rollout ended is scored on the reward loop. ``done`` hands it back to the books; the generation
+        thread steps on."""
         if self.agent is not None and self.agent.multi_turn_row(sample):
             with self._cv:
                 self._turns[0] += 1
-            self.agent.turn_pool().submit(self._turn, sample, done)
+            self.agent.start_turn(sample, self.params).add_done_callback(lambda turn: self._turn(turn, done))
         else:
             self.scorer.submit(sample, done)
 
-    def _turn(self, sample: Sample, done: Callable[[Sample], None]) -> None:
+    def _turn(self, turn: Future[Sample], done: Callable[[Sample], None]) -> None:
         try:
-            row = self.agent.next_turn(sample, self.params)  # type: ignore[union-attr]
+            row = turn.result()
             if row.stop_reason == "interrupted":
                 done(row)  # its next turn: placed again at the generation thread's next turn
             else:

@@ -1,0 +1,314 @@
+"""``AgentEngine``: a rollout engine whose samples may be several turns long, over any engine, in any schedule.
+
+It wraps a rollout engine with the agent loops (``asyncrl.rollout.agent.loop``) and has the engine's own interface
+(``generate``, ``resume``, ``submit``/``step``, weights, pause), so every schedule runs multi-turn rollouts without a
+loop of its own. In every schedule a conversation is a small state machine on the engine's streaming interface: its
+turn ends (``step`` hands the row back and its slot is free) -> ``start_turn`` asks the row's loop what follows, off
+the decode (a loop's coroutine on the agent's event loop, its tool calls each under their deadline, beside every other
+row's; a blocking loop on the agent pool) -> the tool's tokens appended, the row goes back into the engine's queue for
+its next turn; a row whose conversation ended goes to its reward (``generate``'s ``on_samples``; fully_async's
+Rollouter). A loop is asked one row at a time, so a loop written for batches runs unchanged. Token in, token out: the
+model's tokens are kept exactly as generated, a tool's output is appended as the chat template's tokens with response
+mask 0, log-prob 0 and the weight version in force, and the next turn continues from the ids (never from
+re-tokenized text). A sample interrupted by a weight sync is "interrupted" like any other and ``resume`` continues it
+mid-conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.rollout.agent.format import conversation_text
+from asyncrl.rollout.agent.loop import AgentContext, AgentLoop, Continuation, SingleTurnAgent, agent_loop_class
+from asyncrl.rollout.agent.tools import Tool, build_tools
+from asyncrl.rollout.sampling import check_prompts
+from asyncrl.types import PrefillStats, Prompt, Sample, SamplingParams
+
+if TYPE_CHECKING:
+    from asyncrl.config.rollout import MultiTurnConfig
+    from asyncrl.rollout.engine import RolloutEngine
+    from asyncrl.rollout.vllm_engine import VllmEngine
+
+_OWN = frozenset(
+    {
+        "engine",
+        "multi_turn",
+        "default_agent_loop",
+        "_loops",
+        "_tools",
+        "last_prefill",
+        "last_segments",
+        "_lock",
+        "_pool",
+        "_events",
+        "_slots",
+    }
+)
+
+
+class AgentEngine:
+    """A rollout engine whose samples may be several turns long; see the module docstring.
+
+    Everything not defined here (weights, pause, model, tokenizer, ...) is the wrapped engine's.
+    """
+
+    reports_finished_rows = True
+
+    def __init__(
+        self,
+        engine: RolloutEngine | VllmEngine,
+        multi_turn: MultiTurnConfig,
+        default_agent_loop: str = "single_turn_agent",
+    ):
+        self.engine = engine
+        self.multi_turn = multi_turn
+        self.default_agent_loop = default_agent_loop
+        self._loops: dict[str, AgentLoop] = {}
+        self._tools: dict[str, Tool] | None = None
+        self._lock = threading.Lock()  # loops, tools, the pool and the event loop are built once, by whoever asks first
+        self._pool: ThreadPoolExecutor | None = None
+        self._events: asyncio.AbstractEventLoop | None = None  # the agent's event loop, on a thread of its own
+        self._slots = asyncio.Semaphore(multi_turn.max_concurrent_turns)  # turns on it at once
+        self.last_prefill = PrefillStats()
+        self.last_segments: tuple[tuple[int, int, float], ...] = ()  # the engine's, after a single-turn call
+
+    def __getattr__(self, name: str) -> Any:  # only for what this class does not define
+        if name == "engine":
+            raise AttributeError(name)
+        return getattr(self.engine, name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        """Own state and properties here; anything else (``eos_token_ids``, ...) is set on the wrapped engine, so
+        the wrapper never shadows what the engine reads."""
+        if name in _OWN or isinstance(getattr(type(self), name, None), property):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.engine, name, value)
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.engine.version = value
+
+    # ---- which loop ------------------------------------------------------------------------------------------------
+    def loop_for(self, prompt: Prompt) -> AgentLoop:
+        name = prompt.agent_name or self.default_agent_loop
+        loop = self._loops.get(name)
+        if loop is not None:
+            return loop
+        with self._lock:
+            return self._build_loop(name, prompt)
+
+    def _build_loop(self, name: str, prompt: Prompt) -> AgentLoop:
+        loop = self._loops.get(name)
+        if loop is None:
+            try:
+                cls = agent_loop_class(name)
+            except ValueError as e:
+                raise ValueError(f"prompt index {prompt.index}: agent_name {e}") from None
+            if self._tools is None:
+                self._tools = build_tools(list(self.multi_turn.tools))
+            loop = self._loops[name] = cls(AgentContext(self.engine.tokenizer, self.multi_turn, self._tools))
+        return loop
+
+    def _single_turn(self, sample: Sample) -> bool:
+        return isinstance(self.loop_for(sample.prompt), SingleTurnAgent)
+
+    # ---- the engine interface --------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: list[Prompt],
+        params: SamplingParams,
+        seed: int | None = None,
+        on_samples: Callable[[list[Sample]], None] | None = None,
+    ) -> list[Sample]:
+        """As the engine's ``generate``; ``on_samples`` gets samples whose whole conversation ended, as they end.
+        Prompts whose loops are all single-turn are one engine call; otherwise every row is a conversation of its
+        own (``_converse``)."""
+        if any(not isinstance(self.loop_for(p), SingleTurnAgent) for p in prompts):  # an unknown name fails here
+            check_prompts(prompts, "AgentEngine")
+            version = self.engine.version
+            rows = [Sample.blank(p, version, j) for p in prompts for j in range(params.n)]
+            return self._converse(rows, params, seed, on_samples)
+        if on_samples is not None and getattr(self.engine, "reports_finished_rows", False):
+            out = self.engine.generate(prompts, params, seed=seed, on_samples=on_samples)
+        else:
+            out = self.engine.generate(prompts, params, seed=seed)
+            if on_samples is not None:
+                on_samples([s for s in out if s.stop_reason != "interrupted"])
+        self.last_prefill = self.engine.last_prefill
+        self.last_segments = getattr(self.engine, "last_segments", ())
+        return out
+
+    def resume(self, samples: list[Sample], params: SamplingParams, seed: int | None = None) -> list[Sample]:
+        """As the engine's ``resume``: interrupted samples continue, mid-turn or at the start of their next turn,
+        each to the end of its conversation (``_converse``)."""
+        return self._converse(list(samples), params, seed, None)
+
+    def _converse(
+        self,
+        rows: list[Sample],
+        params: SamplingParams,
+        seed: int | None,
+        on_samples: Callable[[list[Sample]], None] | None,
+    ) -> list[Sample]:
+        """Every "interrupted" row of ``rows`` to the end of its conversation on the engine's streaming interface,
+        each on its own: a turn that ends frees the row's slot and its tool calls run on the agent pool
+        (``next_turn``) while the engine decodes the others; the row re-enters with the tool's tokens appended.
+        Rows come back in input order. A pause request (a weight sync) stops it between steps: the rows on the
+        engine come back "interrupted" mid-turn, those whose tools run when their calls return, at the start of their
+        next turn; ``resume`` goes on from there."""
+        engine, out = self.engine, list(rows)
+        where: dict[tuple[int, int], int] = {}
+        for i, s in enumerate(rows):
+            if (id(s.prompt), s.row) in where:  # a prompt twice in one call: each row keeps its own place
+                s = out[i] = dataclasses.replace(s, prompt=dataclasses.replace(s.prompt))
+            where[id(s.prompt), s.row] = i
+            self.loop_for(s.prompt)
+        turns: dict[Future[Sample], int] = {}
+        self.last_segments = ()
+        engine.submit([s for s in out if s.stop_reason == "interrupted"], params, seed)
+        try:
+            while (engine.live_rows() or turns) and not engine.pause_requested:
+                ended: list[Sample] = []
+                for s in engine.step() if engine.live_rows() else ():
+                    if self.multi_turn_row(s):
+                        turns[self.start_turn(s, params)] = where[id(s.prompt), s.row]
+                    else:
+                        out[where[id(s.prompt), s.row]] = s
+                        ended.append(s)
+                if turns and not engine.live_rows():
+                    wait(turns, return_when=FIRST_COMPLETED)
+                again = self._returned(turns, out, ended)
+                engine.submit(again, params, seed)
+                if on_samples is not None and ended:
+                    on_samples(ended)
+        finally:
+            for s in engine.interrupt():
+                out[where[id(s.prompt), s.row]] = s
+        if turns:  # paused: the turns running end, their rows wait at the start of their next turn
+            wait(turns)
+            ended = []
+            self._returned(turns, out, ended)
+            if on_samples is not None and ended:
+                on_samples(ended)
+        self.last_prefill = engine.take_prefill()
+        return out
+
+    def _returned(self, turns: dict[Future[Sample], int], out: list[Sample], ended: list[Sample]) -> list[Sample]:
+        """Take the turns that returned off ``turns`` into ``out``: the rows whose next turn decodes (returned),
+        the conversations that ended (added to ``ended``). A loop's or tool's error is raised here."""
+        again: list[Sample] = []
+        for f in [f for f in turns if f.done()]:
+            s = out[turns.pop(f)] = f.result()
+            (again if s.stop_reason == "interrupted" else ended).append(s)
+        return again
+
+    def turn_pool(self) -> ThreadPoolExecutor:
+        """The agent pool: ``rollout.multi_turn.max_concurrent_turns`` threads running blocking loops' turns."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.multi_turn.max_concurrent_turns, thread_name_prefix="agent-turn")
+            return self._pool
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The agent's event loop, running on a daemon thread of its own from the first turn on."""
+        with self._lock:
+            if self._events is None:
+                self._events = asyncio.new_event_loop()
+                threading.Thread(target=self._events.run_forever, name="agent-events", daemon=True).start()
+            return self._events
+
+    # ---- streaming (``asyncrl.rollout.streaming``; fully_async's Rollouter) ------------------------------------------
+    # ``step``, ``interrupt``, ``drain`` and ``live_rows`` are the engine's: ``step`` returns the rows whose turn
+    # ended; what follows a turn is ``start_turn``'s, off the decode (a row waiting for its tool holds no slot).
+    def submit(self, rows: list[Sample], params: SamplingParams, seed: int | None = None) -> None:
+        """As the engine's: the rows (blank, partial, or at the start of a turn after a tool's output) enter at its
+        next step."""
+        for s in rows:
+            self.loop_for(s.prompt)  # an unknown agent_name fails here, not mid-stream
+        self.engine.submit(rows, params, seed)
+
+    def multi_turn_row(self, sample: Sample) -> bool:
+        """Whether a row that ended goes through ``next_turn`` (its loop may go on, or its text is a conversation's)."""
+        return not self._single_turn(sample)
+
+    def start_turn(self, sample: Sample, params: SamplingParams) -> Future[Sample]:
+        """``next_turn`` of a row whose turn ended, started off the caller's thread: a loop's coroutine
+        (``next_turn_async``) on the agent's event loop, a blocking loop's ``next_turns`` on the agent pool; at most
+        ``rollout.multi_turn.max_concurrent_turns`` of either at once. The future holds the row (or the error)."""
+        if self.loop_for(sample.prompt).awaits():
+            return asyncio.run_coroutine_threadsafe(self._next_turn_async(sample, params), self._event_loop())
+        return self.turn_pool().submit(self.next_turn, sample, params)
+
+    def next_turn(self, sample: Sample, params: SamplingParams) -> Sample:
+        """What follows one row's ended turn (blocking: the tool calls run here, each under its deadline): the row
+        "interrupted" with the tool's output appended, to decode its next turn, or the row ended with its
+        conversation's text. Thread-safe. The row's loop is asked about this row alone (``next_turns([sample],
+        [text])``)."""
+        s, text = self._ended_turn(sample)
+        c = self.loop_for(s.prompt).next_turns([s], [text])[0] if text is not None else None
+        return self._after_turn(s, c, params)
+
+    async def _next_turn_async(self, sample: Sample, params: SamplingParams) -> Sample:
+        async with self._slots:
+            s, text = self._ended_turn(sample)
+            c = await self.loop_for(s.prompt).next_turn_async(s, text) if text is not None else None
+            return self._after_turn(s, c, params)
+
+    def _ended_turn(self, sample: Sample) -> tuple[Sample, str | None]:
+        """The row as a multi-turn sample (its mask), and the text of the turn that ended when its loop is to be asked
+        (eos, fewer than ``max_assistant_turns`` turns); None: the conversation ends."""
+        s, loop = sample, self.loop_for(sample.prompt)
+        if s.stop_reason != "eos":
+            return s, None
+        if s.response_mask is None and not isinstance(loop, SingleTurnAgent):
+            s = dataclasses.replace(s, response_mask=[1] * len(s.response_ids))
+        limit = self.multi_turn.max_assistant_turns
+        return s, (self._last_turn_text(s) if limit is None or s.turns < limit else None)
+
+    def _after_turn(self, s: Sample, c: Continuation | None, params: SamplingParams) -> Sample:
+        """The row with the loop's continuation appended (its next turn to decode), or ended with its conversation's
+        text (no continuation, or no room for another turn)."""
+        if c is not None:
+            s = dataclasses.replace(
+                s, tool_calls=s.tool_calls + c.tool_calls, tool_errors=s.tool_errors + c.tool_errors
+            )
+            if len(s.response_ids) + len(c.tokens) < params.max_new_tokens:
+                return self._append(s, c.tokens)
+            s = dataclasses.replace(s, stop_reason="length")  # no room for another turn
+        if s.response_mask is not None:
+            s.response_text = conversation_text(self.engine.tokenizer, s)
+        return s
+
+    def _append(self, s: Sample, tokens: list[int]) -> Sample:
+        ids = s.response_ids + tokens
+        return dataclasses.replace(
+            s,
+            response_ids=ids,
+            logprobs=s.logprobs + [0.0] * len(tokens),
+            versions=s.versions + [self.engine.version] * len(tokens),
+            response_mask=s.loss_mask + [0] * len(tokens),
+            stop_reason="interrupted",
+            turns=s.turns + 1,
+            reward=0.0,
+            reward_failed=False,
+            reward_extra={},
+        )
+
+    def _last_turn_text(self, s: Sample) -> str:
+        """The text of the model's last turn: the trailing run of its own tokens (mask 1; no mask: one turn, all)."""
+        start, mask = 0, s.response_mask
+        if mask is not None:
+            start = len(mask)
+            while start > 0 and mask[start - 1] == 1:
+                start -= 1
+        return self.engine.tokenizer.decode(s.response_ids[start:], skip_special_tokens=False)
