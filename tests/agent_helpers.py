@@ -10,6 +10,7 @@ so that it calls the tool, reads the answer and repeats it; greedy decoding then
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from asyncrl.models.loading import load_model
 from asyncrl.models.presets import init_model_dir
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rollout.agent.format import TurnEncoder, parse_hermes_tool_calls
-from asyncrl.rollout.agent.tools import CalcTool, call_tools, evaluate_arithmetic
+from asyncrl.rollout.agent.tools import CalcTool, call_each, evaluate_arithmetic
 from asyncrl.rollout.continuous import StreamRow
 from asyncrl.rollout.engine import DecodeResult, RolloutEngine
 from asyncrl.types import PrefillStats
@@ -89,7 +90,7 @@ def check_tool_turns(tok, samples) -> list[list[str | None]]:
         first = mask.index(0) if 0 in mask else len(mask)
         calls = parse_hermes_tool_calls(tok.decode(s.response_ids[:first], skip_special_tokens=False))
         if 0 in mask:
-            [results] = call_tools({"calc": CalcTool()}, [calls], timeout_s=5)
+            results = asyncio.run(call_each({"calc": CalcTool()}, calls, timeout_s=5))
             tool_ids = [t for t, m in zip(s.response_ids, mask) if m == 0]
             assert tool_ids == TurnEncoder(tok).encode([r.text for r in results])
             assert s.tool_calls == len(calls) and s.turns == 2

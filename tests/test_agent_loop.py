@@ -25,7 +25,7 @@ from asyncrl.models.loading import load_model
 from asyncrl.rollout.agent.engine import AgentEngine
 from asyncrl.rollout.agent.format import TurnEncoder, parse_hermes_tool_calls, truncate
 from asyncrl.rollout.agent.loop import check_agent_loop
-from asyncrl.rollout.agent.tools import CalcTool, PythonTool, Tool, ToolCall, ToolError, call_tools, evaluate_arithmetic
+from asyncrl.rollout.agent.tools import CalcTool, PythonTool, Tool, ToolCall, ToolError, call_each, evaluate_arithmetic
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.run.step_log import agent_metrics
@@ -64,7 +64,7 @@ def test_python_tool_runs_code_under_limits_and_the_deadline_kills_it():
     with pytest.raises(ToolError, match="MemoryError|limit"):
         asyncio.run(tool.call({"code": "x = bytearray(2**30)"}))
     t0 = time.perf_counter()
-    [[res]] = call_tools({"python": tool}, [[ToolCall("python", {"code": "while True: pass"})]], timeout_s=1.0)
+    [res] = asyncio.run(call_each({"python": tool}, [ToolCall("python", {"code": "while True: pass"})], timeout_s=1.0))
     assert not res.ok and "timed out after 1 s" in res.text and time.perf_counter() - t0 < 5
 
 
@@ -100,10 +100,10 @@ def test_every_tool_failure_is_a_message_and_counted():
         [ToolCall("", {}, "could not parse")],
         [ToolCall("calc", {"expression": "2+2"}), ToolCall("calc", {})],
     ]
-    res = call_tools({"calc": CalcTool()}, calls, timeout_s=5)
+    res = [asyncio.run(call_each({"calc": CalcTool()}, per, timeout_s=5)) for per in calls]
     assert [[r.ok for r in per] for per in res] == [[False], [False], [False], [True, False]]
     assert "cannot parse" in res[0][0].text and "no tool named 'nope'" in res[1][0].text and res[3][0].text == "4"
-    [[boom]] = call_tools({"calc": Boom()}, [[ToolCall("calc", {})]], timeout_s=5)
+    [boom] = asyncio.run(call_each({"calc": Boom()}, [ToolCall("calc", {})], timeout_s=5))
     assert not boom.ok and "RuntimeError: the service is down" in boom.text
 
 
@@ -213,7 +213,7 @@ def check_token_in_token_out(engine, tok, out):
             first = mask.index(0)
             tool_text = [t for t, m in zip(s.response_ids, mask) if m == 0]
             calls = parse_hermes_tool_calls(tok.decode(s.response_ids[:first], skip_special_tokens=False))
-            [results] = call_tools({"calc": CalcTool()}, [calls], timeout_s=5)
+            results = asyncio.run(call_each({"calc": CalcTool()}, calls, timeout_s=5))
             assert tool_text == TurnEncoder(tok).encode([r.text for r in results])
             last = [t for t, m in zip(s.response_ids[first:], mask[first:]) if m == 1]
             conversation = [

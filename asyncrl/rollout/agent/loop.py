@@ -123,14 +123,14 @@ def agent_loop_class(name: str) -> type[AgentLoop]:
     """A registered loop's class, or an ``AgentLoop`` subclass of the user's named ``"path/to/file.py:ClassName"``
     or ``"package.module:ClassName"`` (as a custom reward function is): imported where the engine runs, so a loop of
     one's own reaches Ray workers without registering there. ``ValueError`` names what is wrong."""
-    if name in AGENT_LOOPS:
-        return AGENT_LOOPS[name]
-    if ":" not in name:
+    cls = AGENT_LOOPS.get(name)
+    if cls is None and ":" not in name:
         raise ValueError(
             f"{name!r} is not a registered agent loop (registered: {', '.join(sorted(AGENT_LOOPS))}; "
             "or 'path/to/file.py:ClassName' for an AgentLoop subclass)"
         )
-    cls = load_named(name, "agent loop", kind="class")
+    if cls is None:
+        cls = load_named(name, "agent loop", kind="class")
     if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
         raise ValueError(f"agent loop {name!r} is not a subclass of asyncrl.rollout.agent.loop.AgentLoop")
     if not cls.awaits() and cls.next_turns is AgentLoop.next_turns:

@@ -3,9 +3,9 @@
 A tool has a name, a JSON schema for its arguments (the OpenAI function format that chat templates render, and verl's
 ``tool_schema``) and an ``async`` call, awaited on the agent's event loop beside every other row's calls: a tool
 awaits what it waits for (``asyncio.sleep``, an async HTTP client, ``asyncio.to_thread`` for blocking work) and never
-blocks the loop. ``call_each`` runs one turn's calls concurrently (``call_tools`` a batch's), each under a deadline;
-a tool that raises, times out, is unknown or gets bad arguments returns an error message into the conversation
-(counted as an error) and never ends the rollout.
+blocks the loop. ``call_each`` runs one turn's calls concurrently, each under a deadline; a tool that raises, times
+out, is unknown or gets bad arguments returns an error message into the conversation (counted as an error) and never
+ends the rollout.
 
 Built-in tools:
 
@@ -251,15 +251,6 @@ async def _call_one(tools: dict[str, Tool], call: ToolCall, timeout_s: float) ->
 async def call_each(tools: dict[str, Tool], calls: list[ToolCall], timeout_s: float) -> list[ToolResult]:
     """One turn's calls at once, each under ``timeout_s``; results in call order."""
     return list(await asyncio.gather(*(_call_one(tools, c, timeout_s) for c in calls)))
-
-
-def call_tools(tools: dict[str, Tool], calls: list[list[ToolCall]], timeout_s: float) -> list[list[ToolResult]]:
-    """Every call of every sample at once (one event loop, each call under ``timeout_s``); results in call order."""
-
-    async def run_all() -> list[list[ToolResult]]:
-        return list(await asyncio.gather(*(call_each(tools, per_sample, timeout_s) for per_sample in calls)))
-
-    return run_to_completion(run_all())
 
 
 def run_to_completion(coro: Coroutine[Any, Any, Any]) -> Any:
