@@ -161,8 +161,8 @@ class AgentEngine:
         on_samples: Callable[[list[Sample]], None] | None,
     ) -> list[Sample]:
         """Every "interrupted" row of ``rows`` to the end of its conversation on the engine's streaming interface,
-        each on its own: a turn that ends frees the row's slot and its tool calls run on the agent pool
-        (``next_turn``) while the engine decodes the others; the row re-enters with the tool's tokens appended.
+        each on its own: a turn that ends frees the row's slot and what follows runs off the decode (``start_turn``:
+        its tool calls) while the engine decodes the others; the row re-enters with the tool's tokens appended.
         Rows come back in input order. A pause request (a weight sync) stops it between steps: the rows on the
         engine come back "interrupted" mid-turn, those whose tools run when their calls return, at the start of their
         next turn; ``resume`` goes on from there."""
