@@ -123,10 +123,6 @@ class TrainerSpec:
     def model(self) -> ModelConfig:
         return self.engine.model
 
-    @property
-    def seed(self) -> int:
-        return self.engine.seed
-
 
 @dataclass(frozen=True)
 class CriticSpec:

@@ -75,7 +75,7 @@ class TrainerWorker(ActorStateMixin, SyncSenderMixin):
         self.name = rank_name(name, rank)
         self.rank, self.world_size = rank, world_size
         self.dp: DataParallel | None = None
-        torch.manual_seed(seeds.model_init(spec.seed))
+        torch.manual_seed(seeds.model_init(spec.engine.seed))
         m = spec.model
         self.device = resolve_device(spec.engine.device, self.name)
         self.model, self.tokenizer = load_model(m.path, dtype=m.dtype, overrides=m.override_config)
@@ -237,7 +237,7 @@ class TrainerWorker(ActorStateMixin, SyncSenderMixin):
         if not isinstance(objective, Objective):
             raise TypeError(f"{self.name}.update: a batch needs an Objective as its policy target (got {objective!r})")
         num_mini = num_mini_batches or self.spec.default_mini_batches
-        seed = seeds.update(self.spec.seed, step)
+        seed = seeds.update(self.spec.engine.seed, step)
         batch = replace(batch)  # filled below; the caller's batch stays as it was sent
         timings: dict[str, float] = {}
         if objective.needs_ref:
