@@ -10,26 +10,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from asyncrl.losses.tokens import _float_mask, masked_mean, masked_var
-
-
-def _group_index(group_ids_B: Tensor) -> tuple[Tensor, int]:
-    """Dense group index 0..G-1 for each response, and G. Groups need not be contiguous or sorted."""
-    if group_ids_B.dim() != 1:
-        raise ValueError(f"group_ids_B must be 1-D [B] (got shape {tuple(group_ids_B.shape)})")
-    _, inverse_B = torch.unique(group_ids_B, return_inverse=True)
-    num_groups = int(inverse_B.max().item()) + 1 if inverse_B.numel() > 0 else 0
-    return inverse_B, num_groups
+from asyncrl.losses.tokens import _float_mask, check_same_shape, masked_mean, masked_var
 
 
 def _group_stats(rewards_B: Tensor, group_ids_B: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-response group index, and per-group count, mean and unbiased std (0 for groups of size 1)."""
-    if rewards_B.shape != group_ids_B.shape:
-        raise ValueError(
-            f"rewards_B and group_ids_B must have the same shape (got {tuple(rewards_B.shape)} "
-            f"and {tuple(group_ids_B.shape)})"
-        )
-    inverse_B, G = _group_index(group_ids_B)
+    """Per-response dense group index 0..G-1 (groups need not be contiguous or sorted), and per-group count, mean and
+    unbiased std (0 for groups of size 1)."""
+    check_same_shape(rewards_B=rewards_B, group_ids_B=group_ids_B)
+    if group_ids_B.dim() != 1:
+        raise ValueError(f"group_ids_B must be 1-D [B] (got shape {tuple(group_ids_B.shape)})")
+    _, inverse_B = torch.unique(group_ids_B, return_inverse=True)
+    G = int(inverse_B.max().item()) + 1 if inverse_B.numel() > 0 else 0
     r = rewards_B.to(torch.float32) if not rewards_B.is_floating_point() else rewards_B
     count_G = torch.zeros(G, dtype=r.dtype, device=r.device).index_add_(0, inverse_B, torch.ones_like(r))
     mean_G = torch.zeros(G, dtype=r.dtype, device=r.device).index_add_(0, inverse_B, r) / count_G
@@ -102,11 +93,7 @@ def compute_gae(
     (verl whitens them inside; call :func:`whiten` yourself), and both outputs are 0 on padding. Runs in float32 or
     the input dtype if wider. Returns ``(advantages_BT, returns_BT)``, both detached, in reward units.
     """
-    if not (rewards_BT.shape == values_BT.shape == mask_BT.shape):
-        raise ValueError(
-            f"rewards_BT, values_BT and mask_BT must have the same [B, T] shape (got {tuple(rewards_BT.shape)}, "
-            f"{tuple(values_BT.shape)}, {tuple(mask_BT.shape)})"
-        )
+    check_same_shape(rewards_BT=rewards_BT, values_BT=values_BT, mask_BT=mask_BT)
     with torch.no_grad():
         dtype = torch.promote_types(torch.promote_types(rewards_BT.dtype, values_BT.dtype), torch.float32)
         m = mask_BT.to(dtype)

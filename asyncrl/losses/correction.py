@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from asyncrl.losses.tokens import _float_mask, masked_mean
+from asyncrl.losses.tokens import _float_mask, check_one_of, check_same_shape, masked_mean
 
 IS_LEVELS: tuple[str, ...] = ("token", "sequence")
 # Log-ratio clamp for the *diagnostics* (raw weights, k3): e^20 ~ 4.9e8 is already "hopelessly off-policy".
@@ -50,15 +50,10 @@ def truncated_importance_weights(
         per token (samples come from behav, so this is unbiased for it);
       - ``rollout_corr/k3_kl``: the k3 estimate r - 1 - log r with r = pi_cur / pi_behav, same KL, always >= 0.
     """
-    if level not in IS_LEVELS:
-        raise ValueError(f"level must be one of {', '.join(IS_LEVELS)} (got {level!r})")
+    check_one_of("level", level, IS_LEVELS)
     if not threshold > 0:
         raise ValueError(f"threshold must be > 0 (got {threshold})")
-    if not (behav_logp_BT.shape == cur_logp_BT.shape == mask_BT.shape):
-        raise ValueError(
-            f"behav_logp_BT, cur_logp_BT and mask_BT must have the same [B, T] shape (got "
-            f"{tuple(behav_logp_BT.shape)}, {tuple(cur_logp_BT.shape)}, {tuple(mask_BT.shape)})"
-        )
+    check_same_shape(behav_logp_BT=behav_logp_BT, cur_logp_BT=cur_logp_BT, mask_BT=mask_BT)
     with torch.no_grad():
         cur = cur_logp_BT.detach()
         dtype = torch.promote_types(cur.dtype, torch.float32)

@@ -21,7 +21,14 @@ import math
 import torch
 from torch import Tensor
 
-from asyncrl.losses.tokens import _float_mask, agg_loss, check_loss_agg_mode, logsumexp_float32, zero_padding
+from asyncrl.losses.tokens import (
+    _float_mask,
+    agg_loss,
+    check_one_of,
+    check_same_shape,
+    logsumexp_float32,
+    zero_padding,
+)
 
 TAIL_MODES: tuple[str, ...] = ("renorm", "bucket")
 REVERSE_KL_ESTIMATORS: tuple[str, ...] = ("k1", "k3")
@@ -53,18 +60,13 @@ def _coarse_logprobs(
     On padding positions the teacher row is replaced by a harmless uniform one: padding may hold NaN or all -inf,
     and even though the per-token value is masked out afterwards, NaN would leak into the student's gradient.
     """
-    if tail not in TAIL_MODES:
-        raise ValueError(f"tail must be one of {', '.join(TAIL_MODES)} (got {tail!r})")
+    check_one_of("tail", tail, TAIL_MODES)
     if student_logp_BTV.dim() != 3 or teacher_topk_ids_BTK.dim() != 3:
         raise ValueError(
             f"student_logp_BTV must be [B, T, V] and teacher_topk_ids_BTK [B, T, K] (got "
             f"{tuple(student_logp_BTV.shape)} and {tuple(teacher_topk_ids_BTK.shape)})"
         )
-    if teacher_topk_ids_BTK.shape != teacher_topk_logp_BTK.shape:
-        raise ValueError(
-            f"teacher_topk_ids_BTK and teacher_topk_logp_BTK must have the same shape (got "
-            f"{tuple(teacher_topk_ids_BTK.shape)} and {tuple(teacher_topk_logp_BTK.shape)})"
-        )
+    check_same_shape(teacher_topk_ids_BTK=teacher_topk_ids_BTK, teacher_topk_logp_BTK=teacher_topk_logp_BTK)
     if teacher_topk_ids_BTK.shape[:2] != student_logp_BTV.shape[:2]:
         raise ValueError(
             f"teacher top-k and student must share [B, T] (got {tuple(teacher_topk_ids_BTK.shape[:2])} and "
@@ -119,7 +121,6 @@ def topk_forward_kl(
     apply any distillation temperature before calling. Computed in float32 (float64 stays float64); gradients flow to
     the student only.
     """
-    check_loss_agg_mode(loss_agg_mode)
     log_p, log_q = _coarse_logprobs(student_logp_BTV, teacher_topk_ids_BTK, teacher_topk_logp_BTK, mask_BT, tail, eps)
     return _finish(_kl_last_dim(log_p, log_q), mask_BT, loss_agg_mode)
 
@@ -148,7 +149,6 @@ def generalized_jsd_topk(
     KL(q || p) as beta -> 1 -- so the endpoints are the *rescaled* limits and the loss scale jumps there
     (beta = 0.01 gives roughly 0.01 * KL(p || q), beta = 0 gives KL(p || q)). Returns ``(loss, jsd_BT)``.
     """
-    check_loss_agg_mode(loss_agg_mode)
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must be in [0, 1] (got {beta})")
     log_p, log_q = _coarse_logprobs(student_logp_BTV, teacher_topk_ids_BTK, teacher_topk_logp_BTK, mask_BT, tail, eps)
@@ -197,16 +197,9 @@ def reverse_kl_sampled(
     same q that ``student_logp_BT`` comes from. For stale or engine-sampled tokens, pass -kl_BT.detach() as the
     advantage to :func:`asyncrl.losses.policy_loss_ppo_clip` together with truncated importance weights instead.
     """
-    check_loss_agg_mode(loss_agg_mode)
-    if estimator not in REVERSE_KL_ESTIMATORS:
-        raise ValueError(f"estimator must be one of {', '.join(REVERSE_KL_ESTIMATORS)} (got {estimator!r})")
-    if gradient not in REVERSE_KL_GRADIENTS:
-        raise ValueError(f"gradient must be one of {', '.join(REVERSE_KL_GRADIENTS)} (got {gradient!r})")
-    if student_logp_BT.shape != teacher_logp_BT.shape or student_logp_BT.shape != mask_BT.shape:
-        raise ValueError(
-            f"student_logp_BT, teacher_logp_BT and mask_BT must have the same [B, T] shape (got "
-            f"{tuple(student_logp_BT.shape)}, {tuple(teacher_logp_BT.shape)}, {tuple(mask_BT.shape)})"
-        )
+    check_one_of("estimator", estimator, REVERSE_KL_ESTIMATORS)
+    check_one_of("gradient", gradient, REVERSE_KL_GRADIENTS)
+    check_same_shape(student_logp_BT=student_logp_BT, teacher_logp_BT=teacher_logp_BT, mask_BT=mask_BT)
     log_q = zero_padding(student_logp_BT, mask_BT)
     log_p = zero_padding(teacher_logp_BT.detach(), mask_BT)
     k1_BT = log_q - log_p

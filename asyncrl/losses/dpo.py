@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from asyncrl.losses.tokens import check_one_of
+
 DPO_LOSSES = ("sigmoid", "ipo")
 
 
@@ -32,8 +34,7 @@ def dpo_loss(
 ) -> tuple[Tensor, dict[str, float]]:
     """The mean loss over pairs (``weight_P``: each pair's weight, 0 for a placeholder pair; mean over the weights)
     and its statistics. ``chosen_P``/``rejected_P``: the log-ratios of each pair's responses."""
-    if loss_type not in DPO_LOSSES:
-        raise ValueError(f"dpo_loss: loss_type {loss_type!r} (allowed: {', '.join(DPO_LOSSES)})")
+    check_one_of("dpo_loss: loss_type", loss_type, DPO_LOSSES)
     if beta <= 0:
         raise ValueError(f"dpo_loss: beta must be > 0 (got {beta})")
     h = chosen_P - rejected_P

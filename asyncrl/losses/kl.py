@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from asyncrl.losses.tokens import check_one_of
+
 KL_KINDS: tuple[str, ...] = ("k1", "kl", "k2", "mse", "k3", "low_var_kl")
 
 _ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
@@ -32,9 +34,8 @@ def kl_penalty(logp_BT: Tensor, ref_logp_BT: Tensor, kind: str = "low_var_kl") -
     (e.g. pass them through :func:`asyncrl.losses.zero_padding`): a NaN there is masked out of the value by
     ``agg_loss`` but would still reach the gradient through k2/k3.
     """
+    check_one_of("kind", kind, KL_KINDS)
     canonical = _ALIASES.get(kind, kind)
-    if canonical not in ("k1", "k2", "k3"):
-        raise ValueError(f"kind must be one of {', '.join(KL_KINDS)} (got {kind!r})")
     ref_logp_BT = ref_logp_BT.detach()
     if canonical == "k1":
         return logp_BT - ref_logp_BT

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from asyncrl.losses.tokens import agg_loss, check_loss_agg_mode, masked_mean, zero_padding
+from asyncrl.losses.tokens import agg_loss, check_same_shape, masked_mean, zero_padding
 
 # log-ratio clamp before exp, as verl: keeps exp() finite for wildly off-policy tokens (e^20 ~ 4.9e8).
 _LOG_RATIO_CLAMP = 20.0
@@ -43,14 +43,11 @@ def policy_loss_ppo_clip(
       - ``ppo_kl``: mean over real tokens of old_logp - logp, a k1 estimate of KL(pi_old || pi) in nats;
       - ``pg_clipfrac_lower``: fraction of real tokens where the dual clip was active (0 if ``clip_ratio_c`` is None).
     """
-    check_loss_agg_mode(loss_agg_mode)
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0 for the dual clip (got {clip_ratio_c})")
-    if not (logp_BT.shape == old_logp_BT.shape == adv_BT.shape == mask_BT.shape):
-        raise ValueError(
-            f"logp_BT, old_logp_BT, adv_BT and mask_BT must have the same [B, T] shape (got {tuple(logp_BT.shape)}, "
-            f"{tuple(old_logp_BT.shape)}, {tuple(adv_BT.shape)}, {tuple(mask_BT.shape)})"
-        )
+    check_same_shape(logp_BT=logp_BT, old_logp_BT=old_logp_BT, adv_BT=adv_BT, mask_BT=mask_BT)
+    if is_weights_BT is not None:
+        check_same_shape(is_weights_BT=is_weights_BT, logp_BT=logp_BT)
     # Padding may hold anything (even NaN); zero it before exp so it cannot poison the gradient.
     old_logp_BT = zero_padding(old_logp_BT.detach(), mask_BT)
     adv_BT = zero_padding(adv_BT.detach(), mask_BT)
@@ -72,11 +69,6 @@ def policy_loss_ppo_clip(
         dual_active_BT = torch.zeros_like(clip_active_BT)
 
     if is_weights_BT is not None:
-        if is_weights_BT.shape != loss_BT.shape:
-            raise ValueError(
-                f"is_weights_BT must have the [B, T] shape of logp_BT (got {tuple(is_weights_BT.shape)} "
-                f"and {tuple(loss_BT.shape)})"
-            )
         loss_BT = loss_BT * zero_padding(is_weights_BT.detach(), mask_BT)
 
     loss = agg_loss(loss_BT, mask_BT, loss_agg_mode)

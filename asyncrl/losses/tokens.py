@@ -15,6 +15,8 @@ contributes nothing instead of poisoning the whole step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -29,6 +31,20 @@ def _float_mask(mask: Tensor, like: Tensor) -> Tensor:
     """
     dtype = torch.promote_types(like.dtype, torch.float32) if like.is_floating_point() else torch.float32
     return mask.to(dtype)
+
+
+def check_one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    """Raise a ValueError naming ``name`` and the allowed values unless ``value`` is one of them."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)} (got {value!r})")
+
+
+def check_same_shape(**tensors: Tensor) -> None:
+    """Raise a ValueError naming the tensors and their shapes unless they all have the same shape."""
+    shapes = [tuple(t.shape) for t in tensors.values()]
+    if any(shape != shapes[0] for shape in shapes):
+        *rest, last = tensors
+        raise ValueError(f"{', '.join(rest)} and {last} must have the same shape (got {', '.join(map(str, shapes))})")
 
 
 def zero_padding(x: Tensor, mask: Tensor) -> Tensor:
@@ -80,12 +96,6 @@ def masked_var(x: Tensor, mask: Tensor, dim: int | None = None, keepdim: bool = 
     return torch.where(ok, var * bessel, torch.zeros_like(var))
 
 
-def check_loss_agg_mode(loss_agg_mode: str) -> None:
-    """Raise a ValueError naming the allowed values if ``loss_agg_mode`` is unknown."""
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)} (got {loss_agg_mode!r})")
-
-
 def agg_loss(loss_BT: Tensor, mask_BT: Tensor, loss_agg_mode: str = "token-mean") -> Tensor:
     """Reduce a per-token loss ``[B, T]`` to a scalar, as verl's ``agg_loss`` does.
 
@@ -100,7 +110,7 @@ def agg_loss(loss_BT: Tensor, mask_BT: Tensor, loss_agg_mode: str = "token-mean"
     sequences (verl divides 0/0 = NaN for seq-mean-token-mean and counts them as 0 for seq-mean-token-sum). An
     all-empty batch gives 0. Units: whatever ``loss_BT`` is in (per token).
     """
-    check_loss_agg_mode(loss_agg_mode)
+    check_one_of("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
     if loss_agg_mode == "token-mean":
         return masked_mean(loss_BT, mask_BT)
     m = _float_mask(mask_BT, loss_BT)
@@ -113,8 +123,18 @@ def agg_loss(loss_BT: Tensor, mask_BT: Tensor, loss_agg_mode: str = "token-mean"
     return masked_mean(seq_loss_B, seq_valid_B)
 
 
-def _needs_upcast(logits_BTV: Tensor) -> bool:
-    return logits_BTV.dtype not in (torch.float32, torch.float64)
+def _float32_rows(fn: Callable[..., Tensor], logits_BTV: Tensor, *per_row: Tensor) -> Tensor:
+    """``fn(logits_BTV, *per_row)`` in at least float32: on the whole batch when it is float32/64, else one upcast
+    batch row at a time (``per_row`` tensors are split by rows alongside)."""
+    if logits_BTV.dtype in (torch.float32, torch.float64):
+        return fn(logits_BTV, *per_row)
+    rows = zip(logits_BTV.unbind(0), *(t.unbind(0) for t in per_row))
+    return torch.stack([fn(row_TV.float(), *rest) for row_TV, *rest in rows], dim=0)
+
+
+def _picked_logprobs(logits_TV: Tensor, labels_T: Tensor) -> Tensor:
+    picked_T = logits_TV.gather(-1, labels_T.long().unsqueeze(-1)).squeeze(-1)
+    return picked_T - torch.logsumexp(logits_TV, dim=-1)
 
 
 def logprobs_from_logits(logits_BTV: Tensor, labels_BT: Tensor) -> Tensor:
@@ -128,22 +148,12 @@ def logprobs_from_logits(logits_BTV: Tensor, labels_BT: Tensor) -> Tensor:
             f"labels_BT must match logits_BTV without its vocab dim (got {tuple(labels_BT.shape)} "
             f"and {tuple(logits_BTV.shape)})"
         )
-    if not _needs_upcast(logits_BTV):
-        picked_BT = logits_BTV.gather(-1, labels_BT.long().unsqueeze(-1)).squeeze(-1)
-        return picked_BT - torch.logsumexp(logits_BTV, dim=-1)
-    out = []
-    for row_TV, labels_T in zip(logits_BTV.unbind(0), labels_BT.unbind(0)):
-        row_TV = row_TV.float()
-        picked_T = row_TV.gather(-1, labels_T.long().unsqueeze(-1)).squeeze(-1)
-        out.append(picked_T - torch.logsumexp(row_TV, dim=-1))
-    return torch.stack(out, dim=0)
+    return _float32_rows(_picked_logprobs, logits_BTV, labels_BT)
 
 
 def logsumexp_float32(x_BTV: Tensor) -> Tensor:
     """``logsumexp`` over the last dim in at least float32 (row by row for low-precision input): ``[B, T]``."""
-    if not _needs_upcast(x_BTV):
-        return torch.logsumexp(x_BTV, dim=-1)
-    return torch.stack([torch.logsumexp(row_TV.float(), dim=-1) for row_TV in x_BTV.unbind(0)], dim=0)
+    return _float32_rows(lambda x: torch.logsumexp(x, dim=-1), x_BTV)
 
 
 def _entropy_rows(logits_TV: Tensor) -> Tensor:
@@ -159,6 +169,4 @@ def entropy_from_logits(logits_BTV: Tensor) -> Tensor:
     Logits must be finite: a -inf logit (a vocab entry masked out) gives 0 * -inf = NaN; mask with a large negative
     finite value instead.
     """
-    if not _needs_upcast(logits_BTV):
-        return _entropy_rows(logits_BTV)
-    return torch.stack([_entropy_rows(row_TV.float()) for row_TV in logits_BTV.unbind(0)], dim=0)
+    return _float32_rows(_entropy_rows, logits_BTV)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from asyncrl.losses.tokens import agg_loss, check_loss_agg_mode, masked_mean, masked_var, zero_padding
+from asyncrl.losses.tokens import agg_loss, check_same_shape, masked_mean, masked_var, zero_padding
 
 
 def value_loss_clipped(
@@ -30,13 +30,7 @@ def value_loss_clipped(
     Returns ``(loss, stats)`` with ``stats["vf_clipfrac"]`` (detached 0-d tensor): fraction of real tokens where the
     clipped branch was strictly larger, i.e. the clip changed the loss.
     """
-    check_loss_agg_mode(loss_agg_mode)
-    if not (vpreds_BT.shape == old_values_BT.shape == returns_BT.shape == mask_BT.shape):
-        raise ValueError(
-            f"vpreds_BT, old_values_BT, returns_BT and mask_BT must have the same [B, T] shape (got "
-            f"{tuple(vpreds_BT.shape)}, {tuple(old_values_BT.shape)}, {tuple(returns_BT.shape)}, "
-            f"{tuple(mask_BT.shape)})"
-        )
+    check_same_shape(vpreds_BT=vpreds_BT, old_values_BT=old_values_BT, returns_BT=returns_BT, mask_BT=mask_BT)
     if cliprange_value < 0:
         raise ValueError(f"cliprange_value must be >= 0 (got {cliprange_value})")
     old_values_BT = zero_padding(old_values_BT.detach(), mask_BT)
