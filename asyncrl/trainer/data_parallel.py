@@ -49,21 +49,6 @@ def rank_name(name: str, rank: int) -> str:
     return name if rank == 0 else f"{name}.rank{rank}"
 
 
-def prompt_groups(batch: TrainBatch) -> torch.Tensor:
-    """A group id per row: rows with the same prompt (the same padded prompt ids) share one: [B]."""
-    if batch.size == 0:
-        return torch.zeros(0, dtype=torch.long)
-    return torch.unique(batch.input_ids_BL[:, : batch.prompt_width], dim=0, return_inverse=True)[1]
-
-
-def row_costs(batch: TrainBatch, groups: torch.Tensor) -> torch.Tensor:
-    """What a row adds to a forward: its response tokens, plus its share of its group's (``prompt_groups``)
-    prompt: [B]."""
-    sizes = torch.bincount(groups)[groups].double() if batch.size else torch.zeros(0, dtype=torch.float64)
-    prompt = batch.attention_mask_BL[:, : batch.prompt_width].sum(dim=1).double()
-    return batch.response_lengths().double() + prompt / sizes
-
-
 def group_shares(group_B: torch.Tensor, cost_B: torch.Tensor, world: int) -> list[torch.Tensor]:
     """Split rows into ``world`` shares of whole groups: rows in group order, cut at the group boundaries nearest to
     equal cumulative cost. Every row lands in exactly one share; a share may be empty (fewer groups than ranks)."""
@@ -148,10 +133,15 @@ class DataParallel:
         return torch.arange(n).tensor_split(self.world_size)[self.rank]
 
     def share(self, batch: TrainBatch) -> torch.Tensor:
-        """This rank's rows of ``batch``: whole prompt groups (so a shared prompt is packed and prefilled once per
-        rank, not once on every rank), balanced by tokens; see ``group_shares``."""
-        groups = prompt_groups(batch)
-        return group_shares(groups, row_costs(batch, groups), self.world_size)[self.rank]
+        """This rank's rows of ``batch``: whole prompt groups (rows with the same padded prompt ids; so a shared prompt
+        is packed and prefilled once per rank, not once on every rank), balanced by tokens (a row's response tokens
+        plus its share of its group's prompt); see ``group_shares``."""
+        if batch.size == 0:
+            return torch.zeros(0, dtype=torch.long)
+        group_B = torch.unique(batch.input_ids_BL[:, : batch.prompt_width], dim=0, return_inverse=True)[1]
+        prompt_B = batch.attention_mask_BL[:, : batch.prompt_width].sum(dim=1).double()
+        cost_B = batch.response_lengths().double() + prompt_B / torch.bincount(group_B)[group_B].double()
+        return group_shares(group_B, cost_B, self.world_size)[self.rank]
 
     # ---- lockstep (FSDP2) ----------------------------------------------------------------------------------------
     def rounds(self, n: int) -> int:
@@ -167,13 +157,10 @@ class DataParallel:
         (logits.sum() * 0.0).backward()
 
     # ---- collectives ---------------------------------------------------------------------------------------------
-    def _deadline(self) -> groups.Deadline:
-        return groups.Deadline(self.timeout_s)
-
     def _all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
         """``t`` (same shape on every rank) from every rank, in rank order, on the group's device (``t`` is moved
         there first)."""
-        d = self._deadline()
+        d = groups.Deadline(self.timeout_s)
         t = t.to(self.device)
         out = [torch.empty_like(t) for _ in range(self.world_size)]
         opts = AllgatherOptions()
@@ -230,7 +217,7 @@ class DataParallel:
         """One all-reduce per bucket on the group's device, summed in fp32 whatever the gradients' dtype (copied back
         in theirs, on theirs)."""
         flat = torch.cat([p.grad.reshape(-1).to(self.device, torch.float32) for p in bucket])
-        groups.allreduce_sum(self.pg, flat, self._deadline())
+        groups.allreduce_sum(self.pg, flat, groups.Deadline(self.timeout_s))
         flat = flat.to(bucket[0].grad.device)  # one copy back, where the gradients live (a no-op on a GPU rank)
         offset = 0
         for p in bucket:

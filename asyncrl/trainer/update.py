@@ -50,21 +50,6 @@ class FitStats:
     skipped_nonfinite: int
 
 
-class Means:
-    """Running means of named metrics over a call's mini-batches."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.counts: dict[str, int] = {}
-
-    def add(self, key: str, value: float) -> None:
-        self.sums[key] = self.sums.get(key, 0.0) + float(value)
-        self.counts[key] = self.counts.get(key, 0) + 1
-
-    def result(self) -> dict[str, float]:
-        return {k: self.sums[k] / self.counts[k] for k in self.sums}
-
-
 def fit(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -157,7 +142,8 @@ def optimize(
     model.train()
     gen = torch.Generator().manual_seed(seed)
     weight = weight or (lambda b: count_weight(b, role.loss_agg_mode))
-    means = Means()
+    means: dict[str, list[float]] = {}  # each metric's value per mini-batch, averaged at the end
+    clip = role.optim.grad_clip if role.optim.grad_clip > 0 else float("inf")
     params = [p for p in model.parameters() if p.requires_grad]
     device = model_device(model)  # a GPU's even where offloaded shards live on the host
     steps = skipped = rows_left_out = 0
@@ -202,11 +188,24 @@ def optimize(
                     for k, v in mb_stats.items():
                         stats[k] = stats.get(k, 0.0) + share * v
             lockstep.finish(model)
-            if finish_mini_batch(params, optimizer, scheduler, role, dp, finite, stats, weights, means, prefix):
-                steps += 1
-            else:
+            # the ranks' gradients summed, ``stats`` recorded (weighted sums, divided by ``weights``), clipped, stepped
+            if dp is not None:
+                finite, stats, weights = across_ranks(dp, finite, stats, weights)
+                if finite and not dp.sharded:  # FSDP2 reduced the gradients inside backward
+                    dp.all_reduce_grads(params)
+            for k, v in stats.items():  # weighted as the loss is: the same whatever the micro-batches
+                means.setdefault(k, []).append(float(v / weights if weights > 0 else v))
+            norm = torch.nn.utils.clip_grad_norm_(grads_to_clip(params, optimizer), clip)  # fp32 masters' gradients
+            grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # FSDP2: the whole norm
+            if not finite or not math.isfinite(grad_norm):
+                optimizer.zero_grad(set_to_none=True)
                 skipped += 1
-    metrics = means.result()
+                continue
+            means.setdefault(f"{prefix}/grad_norm", []).append(grad_norm)
+            optimizer.step()
+            scheduler.step()
+            steps += 1
+    metrics = {k: sum(v) / len(v) for k, v in means.items()}
     metrics[f"{prefix}/lr"] = float(scheduler.get_last_lr()[0])
     metrics[f"{prefix}/nonfinite_skipped_steps"] = float(skipped)
     metrics.update(count.metrics(prefix))
@@ -252,47 +251,14 @@ def across_ranks(
     return all(f for f, _, _ in parts), merged, sum(w for _, _, w in parts)
 
 
-def finish_mini_batch(
-    params: list[torch.nn.Parameter],
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    role: ActorConfig | CriticConfig,
-    dp: DataParallel | None,
-    finite: bool,
-    stats: dict[str, float],
-    weights: float,
-    means: Means,
-    prefix: str,
-) -> bool:
-    """After a mini-batch's backward passes: sum the ranks' gradients, record ``stats`` (weighted sums, divided by
-    ``weights``), clip, and step. Returns whether the optimizer stepped."""
-    if dp is not None:
-        finite, stats, weights = across_ranks(dp, finite, stats, weights)
-        if finite and not dp.sharded:  # FSDP2 reduced the gradients inside backward
-            dp.all_reduce_grads(params)
-    for k, v in stats.items():  # weighted as the loss is: the same whatever the micro-batches
-        means.add(k, v / weights if weights > 0 else v)
-    clip = role.optim.grad_clip if role.optim.grad_clip > 0 else float("inf")
-    clipped = grads_to_clip(params, optimizer)  # fp32 masters' gradients in mixed precision
-    norm = torch.nn.utils.clip_grad_norm_(clipped, clip)
-    grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # sharded (FSDP2): the whole norm
-    if not finite or not math.isfinite(grad_norm):
-        optimizer.zero_grad(set_to_none=True)
-        return False
-    means.add(f"{prefix}/grad_norm", grad_norm)
-    optimizer.step()
-    scheduler.step()
-    return True
-
-
+@dataclass
 class LogprobGap:
     """|trainer log-prob - rollout log-prob| per response token, over the forwards made with the weights an update
     started from (verl's rollout/trainer probability difference): engine numerics plus the policy's staleness."""
 
-    def __init__(self) -> None:
-        self.total = 0.0
-        self.tokens = 0
-        self.max = 0.0
+    total: float = 0.0
+    tokens: int = 0
+    max: float = 0.0
 
     def add(self, logp_BT: torch.Tensor, behav_BT: torch.Tensor, mask_BT: torch.Tensor) -> None:
         real = mask_BT.bool()
@@ -306,10 +272,7 @@ class LogprobGap:
     @classmethod
     def merged(cls, parts: list[LogprobGap]) -> LogprobGap:
         """One gap over the tokens of several (the data-parallel ranks' shares)."""
-        out = cls()
-        out.total, out.tokens = sum(p.total for p in parts), sum(p.tokens for p in parts)
-        out.max = max((p.max for p in parts), default=0.0)
-        return out
+        return cls(sum(p.total for p in parts), sum(p.tokens for p in parts), max((p.max for p in parts), default=0.0))
 
     def metrics(self) -> dict[str, float]:
         if not self.tokens:
@@ -376,10 +339,9 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], optim: OptimConfig) ->
     """AdamW over ``params`` with ``optim``'s lr, betas and weight decay (an ``OptimConfig``); with fp32 masters
     when any parameter is in a lower precision."""
     params = list(params)
+    adamw = MasterWeightsAdamW if any(p.dtype != torch.float32 for p in params) else torch.optim.AdamW
     beta1, beta2 = optim.betas
-    if any(p.dtype != torch.float32 for p in params):
-        return MasterWeightsAdamW(params, lr=optim.lr, betas=(beta1, beta2), weight_decay=optim.weight_decay)
-    return torch.optim.AdamW(params, lr=optim.lr, betas=(beta1, beta2), weight_decay=optim.weight_decay)
+    return adamw(params, lr=optim.lr, betas=(beta1, beta2), weight_decay=optim.weight_decay)
 
 
 def grads_to_clip(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> Sequence[torch.Tensor]:
