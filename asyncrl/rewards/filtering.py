@@ -44,10 +44,8 @@ def metric_value(sample: Sample, metric: str) -> float:
     extra = sample.reward_extra
     if metric in ("seq_reward", "seq_final_reward"):
         return sample.reward
-    if metric == "score":
-        return extra.get("score", sample.reward)
-    if metric == "acc":  # without an "acc" of the function's or the penalty's, the reward is unshaped
-        return extra.get("acc", sample.reward)
+    if metric in ("score", "acc"):  # without the function's or the penalty's own, the reward is unshaped
+        return extra.get(metric, sample.reward)
     if metric in extra:
         return extra[metric]
     raise FilterMetricError(

@@ -66,11 +66,7 @@ class RewardLoop:
         remote: RemoteReward | GenerativeReward | None = None,
         batch_size: int = 1,
     ) -> None:
-        if max_concurrency < 1 or timeout_s <= 0 or batch_size < 1:
-            raise ValueError(
-                "RewardLoop: max_concurrency >= 1, timeout_s > 0 and batch_size >= 1 "
-                f"(got {max_concurrency}, {timeout_s}, {batch_size})"
-            )
+        """``max_concurrency``, ``timeout_s`` (seconds) and ``batch_size``: ``reward.*``'s, checked positive there."""
         self.reward_fn, self.remote = reward_fn, remote
         self.max_concurrency, self.timeout_s = max_concurrency, timeout_s
         # the reward service's samples a request (``reward.remote_batch_size``), and those waiting for the next one
@@ -292,8 +288,7 @@ def build_reward_loop(cfg: RewardConfig, reward_fn: RewardFn) -> RewardLoop:
 def build_scorer(cfg: RewardConfig) -> RewardLoop:
     """What scores a role's samples, from its reward spec alone: the reward function with the manager's shaping, on
     the reward loop (the one call a scoring role needs)."""
-    reward_fn = build_reward_fn(cfg.custom_function, binarize=cfg.binarize, overlong=OverlongShaping.of(cfg))
-    return build_reward_loop(cfg, reward_fn)
+    return build_reward_loop(cfg, build_reward_fn(cfg.custom_function, binarize=cfg.binarize))
 
 
 class GeneratingEngine(Protocol):

@@ -49,16 +49,13 @@ class OverlongShaping:
         ob = reward.overlong_buffer
         return cls(reward.max_resp_len, ob.len, ob.penalty_factor, ob.log)
 
-    def penalty(self, length: int) -> float:
-        return overlong_penalty(length, self.max_resp_len, self.buffer_len, self.penalty_factor)
-
     def apply(self, sample: Sample, reward: float, extra: dict[str, float]) -> tuple[float, dict[str, float]]:
         """``(reward + penalty, extra)`` for a scored sample (``reward`` after ``reward.binarize``). ``extra`` keeps
         what the penalty hides: ``score``, the function's own score (verl's reward_extra_info holds it too; binarize
         already put the raw one there), and ``acc``, the unshaped reward, unless the function returned an ``acc``
         of its own (verl's DAPO manager logs a plain number as acc); with ``log``, ``overlong_reward`` is the
         penalty and ``overlong`` 1.0 when it is below 0 (verl's two keys)."""
-        penalty = self.penalty(len(sample.response_ids))
+        penalty = overlong_penalty(len(sample.response_ids), self.max_resp_len, self.buffer_len, self.penalty_factor)
         extra = {"score": reward, "acc": reward, **extra}
         if self.log:
             extra.update(overlong_reward=penalty, overlong=float(penalty < 0))

@@ -125,13 +125,6 @@ def reasoning_gym_score(data_source: str, solution_str: str, ground_truth: str, 
     return float(dataset.score_answer(answer, entry))
 
 
-def _math_verify_timeouts() -> dict[str, Any]:
-    """math-verify's timeouts use ``signal.alarm``, which only works in the main thread; elsewhere run without."""
-    if threading.current_thread() is threading.main_thread():
-        return {}
-    return {"parsing_timeout": None}
-
-
 def math_verify_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]) -> float:
     """1.0 if the response's answer is mathematically equal to ``ground_truth`` (math-verify), else 0.0.
 
@@ -141,7 +134,8 @@ def math_verify_score(data_source: str, solution_str: str, ground_truth: str, ex
     """
     from math_verify import parse, verify
 
-    timeouts = _math_verify_timeouts()
+    # math-verify's timeouts use ``signal.alarm``, which only works in the main thread; elsewhere run without
+    timeouts = {} if threading.current_thread() is threading.main_thread() else {"parsing_timeout": None}
     gold = parse(ground_truth, **timeouts) or parse(f"${ground_truth}$", **timeouts)
     if not gold:
         raise ValueError(f"data_source {data_source!r}: math-verify cannot parse ground truth {ground_truth!r}")
