@@ -143,7 +143,11 @@ def check_config(cfg: Config) -> None:
     cls = algorithm_class(cfg)
     name = cfg.algorithm.name
     cls.check_config(cfg)
-    _check_rewards_used(cfg, cls)
+    if not cls.learns_from_rewards:  # dynamic sampling and the overlong penalty shape what it learns from rewards
+        why = f"false when algorithm.name={name} (it does not learn from rewards; they are only logged)"
+        check(not cfg.algorithm.filter_groups.enable, "algorithm.filter_groups.enable", True, why)
+        ob = cfg.reward_model.reward_kwargs.overlong_buffer_cfg
+        check(not ob.enable, "reward_model.reward_kwargs.overlong_buffer_cfg.enable", True, why)
     rm = cfg.reward_model
     if "reward_model" not in cls.sections and rm.reward_model_part != type(rm)().reward_model_part:
         raise ConfigError(
@@ -174,16 +178,6 @@ def check_config(cfg: Config) -> None:
             if est == "gae":
                 allowed += " (gae needs a critic: set algorithm.name=ppo)"
         check(False, "algorithm.adv_estimator", est, allowed)
-
-
-def _check_rewards_used(cfg: Config, cls: type[Algorithm]) -> None:
-    """Dynamic sampling and the overlong penalty shape what an algorithm learns from rewards."""
-    if cls.learns_from_rewards:
-        return
-    why = f"false when algorithm.name={cfg.algorithm.name} (it does not learn from rewards; they are only logged)"
-    check(not cfg.algorithm.filter_groups.enable, "algorithm.filter_groups.enable", True, why)
-    ob = cfg.reward_model.reward_kwargs.overlong_buffer_cfg
-    check(not ob.enable, "reward_model.reward_kwargs.overlong_buffer_cfg.enable", True, why)
 
 
 def _readers(section: str) -> str:

@@ -129,15 +129,12 @@ class Distill(Algorithm):
         for _ in range(start_step - 1):  # one on/off-policy draw per batch
             mix_on_policy(self.cfg.distill.lmbda, self.on_policy_gen)
 
-    def mix(self, samples: list[Sample]) -> tuple[list[Sample], bool]:
-        """GKD's data mix: (samples, on_policy)."""
-        if self.cfg.distill.lmbda >= 1.0 or mix_on_policy(self.cfg.distill.lmbda, self.on_policy_gen):
-            return samples, True
-        tok = self.tokenizer
-        return dataset_responses(samples, tok, tok.eos_token_id, self.cfg.rollout.response_length), False
-
     def prepare(self, samples: list[Sample], step: int) -> Finish:
-        samples, on_policy = self.mix(samples)  # drawn here, in batch order, so the mix is reproducible
+        # GKD's data mix, drawn here, in batch order, so that it is reproducible
+        on_policy = self.cfg.distill.lmbda >= 1.0 or mix_on_policy(self.cfg.distill.lmbda, self.on_policy_gen)
+        if not on_policy:
+            tok = self.tokenizer
+            samples = dataset_responses(samples, tok, tok.eos_token_id, self.cfg.rollout.response_length)
         client, endpoint = self.teacher.client, self.teacher.endpoint
 
         def finish() -> Prepared:

@@ -122,8 +122,7 @@ class PolicyTarget(Objective):
         )
         loss = pg_loss
         stats["actor/pg_loss"] = float(pg_loss.detach())
-        for k, v in pg_stats.items():
-            stats[f"actor/{k}"] = float(v)
+        stats.update({f"actor/{k}": float(v) for k, v in pg_stats.items()})
         with torch.set_grad_enabled(s.entropy_coeff != 0):
             entropy_BT = losses.entropy_from_logits(logits_BTV if s.entropy_coeff != 0 else logits_BTV.detach())
             entropy = losses.agg_loss(entropy_BT, mask, agg)
