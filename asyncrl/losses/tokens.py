@@ -60,9 +60,7 @@ def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None, keepdim: bool = 
     """Sum of ``x * mask``, ignoring whatever (even NaN/inf) sits where ``mask == 0``."""
     m = _float_mask(mask, x)
     xm = torch.where(m != 0, x * m, torch.zeros((), dtype=m.dtype, device=x.device))
-    if dim is None:
-        return xm.sum()
-    return xm.sum(dim=dim, keepdim=keepdim)
+    return xm.sum() if dim is None else xm.sum(dim=dim, keepdim=keepdim)
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:

@@ -199,12 +199,11 @@ class DataParallel:
 
     def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         """Sum the gradients of ``params`` over the ranks, in place (a missing gradient counts as zero)."""
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
         bucket: list[torch.nn.Parameter] = []
         size = 0
         for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
             bucket.append(p)
             size += p.grad.numel() * p.grad.element_size()
             if size >= GRAD_BUCKET_BYTES:
