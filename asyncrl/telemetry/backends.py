@@ -45,8 +45,7 @@ class TensorBoardBackend:
     def __init__(self, log_dir: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.log_dir = Path(log_dir)
-        self._writer = SummaryWriter(log_dir=str(self.log_dir))
+        self._writer = SummaryWriter(log_dir=str(log_dir))
 
     def log(self, step: int, metrics: dict[str, float], walltime_s: float) -> None:
         for key, value in metrics.items():
@@ -108,8 +107,12 @@ class PrometheusBackend:
         self._thread.join(timeout=5.0)
 
 
-def _fmt_number(value: float) -> str:
-    return f"{value:.4g}" if math.isfinite(value) else str(value)
+_CONSOLE_FIELDS = (  # metric key, its label, the format of a finite value (a non-finite one shows as nan/inf)
+    ("reward/mean", "reward {}", "{:.4g}"),
+    ("val/accuracy", "val_acc {}", "{:.4g}"),
+    ("timing_s/step", "time {}", "{:.2f}s"),
+    ("perf/throughput_tokens_per_s", "{} tok/s", "{:,.0f}"),
+)
 
 
 def format_console_line(step: int, metrics: dict[str, float], run_name: str = "", total: int | None = None) -> str:
@@ -119,16 +122,10 @@ def format_console_line(step: int, metrics: dict[str, float], run_name: str = ""
     """
     parts = [f"[{run_name}]"] if run_name else []
     parts.append(f"step {step}" + (f"/{total}" if total else ""))
-    if "reward/mean" in metrics:
-        parts.append(f"reward {_fmt_number(metrics['reward/mean'])}")
-    if "val/accuracy" in metrics:
-        parts.append(f"val_acc {_fmt_number(metrics['val/accuracy'])}")
-    if "timing_s/step" in metrics:
-        value = metrics["timing_s/step"]
-        parts.append(f"time {value:.2f}s" if math.isfinite(value) else f"time {value}")
-    if "perf/throughput_tokens_per_s" in metrics:
-        value = metrics["perf/throughput_tokens_per_s"]
-        parts.append(f"{value:,.0f} tok/s" if math.isfinite(value) else f"{value} tok/s")
+    for key, label, fmt in _CONSOLE_FIELDS:
+        if key in metrics:
+            value = metrics[key]
+            parts.append(label.format(fmt.format(value) if math.isfinite(value) else value))
     return "  ".join(parts)
 
 
