@@ -58,19 +58,9 @@ def machine_cpu() -> dict[str, float]:
     return {"perf/machine_busy_core_s": float(busy), "perf/monotonic_s": time.monotonic()}
 
 
-def _to_float(key: str, value: object) -> float:
-    """``value`` as a float; real numbers, numpy scalars and 0-d arrays/tensors pass, anything else names ``key``."""
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        item = value.item()
-        if isinstance(item, numbers.Real):
-            return float(item)
-    raise ValueError(f"MetricsLogger.log: metric {key!r} must be a real number, got {type(value).__name__}: {value!r}")
-
-
 def validate_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
-    """Metrics as ``{str: float}``, NaN/inf kept (each backend decides how to store them)."""
+    """Metrics as ``{str: float}``, NaN/inf kept (each backend decides how to store them). Real numbers, numpy
+    scalars and 0-d arrays/tensors pass; anything else is an error naming its key."""
     if not isinstance(metrics, dict):
         raise ValueError(f"MetricsLogger.log: metrics must be a dict, got {type(metrics).__name__}")
     clean: dict[str, float] = {}
@@ -79,7 +69,12 @@ def validate_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
             raise ValueError(f"MetricsLogger.log: metric keys must be non-empty strings, got {key!r}")
         if key in RESERVED_KEYS:
             raise ValueError(f"MetricsLogger.log: metric key {key!r} is reserved (the record's own {key!r} field)")
-        clean[key] = _to_float(key, value)
+        number = value.item() if getattr(value, "ndim", None) == 0 and hasattr(value, "item") else value
+        if not isinstance(number, numbers.Real):
+            raise ValueError(
+                f"MetricsLogger.log: metric {key!r} must be a real number, got {type(value).__name__}: {value!r}"
+            )
+        clean[key] = float(number)
     return clean
 
 
@@ -136,11 +131,6 @@ class MetricsLogger:
         except BaseException:
             self.close()  # do not leak a bound port or open files when a later backend fails
             raise
-
-    @property
-    def metrics_path(self) -> Path:
-        """Where the jsonl backend writes (whether or not it is enabled)."""
-        return self.out_dir / METRICS_FILE
 
     def set_total(self, total_steps: int) -> None:
         """Total training steps, for the console progress bar (no bar when stdout is not a terminal)."""
