@@ -56,7 +56,7 @@ class Timeline:
         self._events: list[Event] = []
         self._lock = threading.Lock()
 
-    def _event(
+    def _add(
         self,
         name: str,
         kind: str,
@@ -65,8 +65,8 @@ class Timeline:
         step: int | None,
         worker: str | None,
         args: dict[str, object],
-    ) -> Event:
-        return {
+    ) -> None:
+        event: Event = {
             "name": name,
             "kind": kind,
             "worker": worker or self.worker,
@@ -76,6 +76,8 @@ class Timeline:
             "step": step,
             "args": args,
         }
+        with self._lock:
+            self._events.append(event)
 
     @contextmanager
     def span(self, name: str, step: int | None = None, worker: str | None = None, **args: object) -> Iterator[None]:
@@ -88,16 +90,12 @@ class Timeline:
             args["error"] = type(e).__name__
             raise
         finally:
-            event = self._event(name, "span", start_s, self._clock(), step, worker, args)
-            with self._lock:
-                self._events.append(event)
+            self._add(name, "span", start_s, self._clock(), step, worker, args)
 
     def instant(self, name: str, step: int | None = None, worker: str | None = None, **args: object) -> None:
         """Record a point in time (e.g. "weights_updated")."""
         now_s = self._clock()
-        event = self._event(name, "instant", now_s, now_s, step, worker, args)
-        with self._lock:
-            self._events.append(event)
+        self._add(name, "instant", now_s, now_s, step, worker, args)
 
     def add_span(
         self,
@@ -111,9 +109,7 @@ class Timeline:
         """Record a span measured elsewhere (Unix seconds), e.g. timings reported by an inference engine."""
         if end_s < start_s:
             raise ValueError(f"Timeline.add_span({name!r}): end_s={end_s} is before start_s={start_s}")
-        event = self._event(name, "span", float(start_s), float(end_s), step, worker, args)
-        with self._lock:
-            self._events.append(event)
+        self._add(name, "span", float(start_s), float(end_s), step, worker, args)
 
     def events(self) -> list[Event]:
         """A copy of all events so far (picklable plain dicts)."""
@@ -137,10 +133,6 @@ class Timeline:
             incoming.append(cast(Event, {"kind": "span", "thread": "main", "step": None, "args": {}, **e}))
         with self._lock:
             self._events.extend(incoming)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._events.clear()
 
 
 _GLOBAL: Timeline | None = None
@@ -258,11 +250,6 @@ def read_chrome_trace(path: str | os.PathLike[str]) -> list[Event]:
     return events
 
 
-def is_busy(event: Event) -> bool:
-    """A span counts as work unless its name starts with "wait" or "idle" (instants are never busy)."""
-    return event.get("kind", "span") == "span" and not str(event["name"]).lower().startswith(IDLE_PREFIXES)
-
-
 def span_totals(events: Iterable[Event], step: int | None = None, worker: str | None = None) -> dict[str, float]:
     """Total seconds per span name (summed over workers and threads), optionally for one step and/or one worker."""
     totals: dict[str, float] = {}
@@ -286,23 +273,18 @@ def idle_fraction(events: Iterable[Event], worker: str, t0: float, t1: float) ->
     intervals = [
         (max(e["start_s"], t0), min(e["end_s"], t1))
         for e in events
-        if e["worker"] == worker and is_busy(e) and e["end_s"] > t0 and e["start_s"] < t1
+        if e["worker"] == worker and e.get("kind", "span") == "span" and e["end_s"] > t0 and e["start_s"] < t1
+        if not str(e["name"]).lower().startswith(IDLE_PREFIXES)
     ]
     return 1.0 - union_seconds(intervals) / (t1 - t0)
 
 
 def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
     """Seconds covered by the union of ``(start, end)`` intervals (overlaps counted once)."""
-    total = 0.0
-    cur_start: float | None = None
-    cur_end = 0.0
+    blocks: list[list[float]] = []  # the union's disjoint [start, end] blocks, in order
     for start, end in sorted(intervals):
-        if cur_start is None or start > cur_end:
-            if cur_start is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
+        if blocks and start <= blocks[-1][1]:
+            blocks[-1][1] = max(blocks[-1][1], end)
         else:
-            cur_end = max(cur_end, end)
-    if cur_start is not None:
-        total += cur_end - cur_start
-    return total
+            blocks.append([start, end])
+    return sum((end - start for start, end in blocks), 0.0)
