@@ -158,13 +158,13 @@ class StepLog:
         metrics["perf/throughput_tokens_per_s"] = float(batch.attention_mask_BL.sum()) / step_s
         metrics["perf/samples_per_s"] = len(samples) / step_s
         metrics.update(machine_cpu())
-        trace.append_work(self.dir, trace.work_record(tm.step, samples))
+        trace.append(self.dir / trace.WORK_FILE, [trace.work_record(tm.step, samples)])
         t = self.cfg.rollout.trace
         if t.enable:  # a few of the step's samples, as consumed, in rollout_trace.jsonl
             recs = trace.records(
                 tm.step, samples, consumed_version, self.tokenizer, t.max_samples_per_step, t.token2text
             )
-            trace.append(self.dir, recs)
+            trace.append(self.dir / trace.TRACE_FILE, recs)
         return metrics
 
     def due(self, freq: int, step: int) -> bool:

@@ -97,11 +97,8 @@ def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
     return text if isinstance(text, str) else "".join(text)
 
 
-def append(run_dir: Path, recs: list[TraceRecord]) -> None:
-    _append_jsonl(run_dir / TRACE_FILE, recs)
-
-
-def _append_jsonl(path: Path, recs: Sequence[TraceRecord | WorkRecord]) -> None:
+def append(path: Path, recs: Sequence[TraceRecord | WorkRecord]) -> None:
+    """``recs`` as JSON lines at the end of ``path`` (the run directory's ``TRACE_FILE`` or ``WORK_FILE``)."""
     with open(path, "a", encoding="utf-8") as f:
         for r in recs:
             f.write(json.dumps(asdict(r)) + "\n")
@@ -151,10 +148,6 @@ def work_record(step: int, samples: list[Sample]) -> WorkRecord:
         response_len=[len(s.response_ids) for s in samples],
         versions=[len(set(s.versions)) for s in samples],
     )
-
-
-def append_work(run_dir: Path, rec: WorkRecord) -> None:
-    _append_jsonl(run_dir / WORK_FILE, [rec])
 
 
 def format_step(recs: list[TraceRecord], width: int = 100) -> str:
