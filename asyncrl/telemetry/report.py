@@ -40,14 +40,8 @@ def _figure(width_in: float, height_in: float) -> Figure:
 
 def _series(records: list[dict[str, float | None]], key: str) -> tuple[list[int], list[float]]:
     """(steps, values) for ``key``, skipping records without it or with null (non-finite) values."""
-    steps: list[int] = []
-    values: list[float] = []
-    for r in records:
-        step, value = r.get("step"), r.get(key)
-        if step is not None and value is not None:
-            steps.append(int(step))
-            values.append(float(value))
-    return steps, values
+    kept = [r for r in records if r.get("step") is not None and r.get(key) is not None]
+    return [int(r["step"]) for r in kept], [float(r[key]) for r in kept]
 
 
 def _plot_curves(ax: Axes, records: list[dict[str, float | None]]) -> None:
