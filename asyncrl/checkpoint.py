@@ -26,16 +26,13 @@ from asyncrl.errors import UserInputError
 
 CKPT_DIR = "checkpoints"
 DRIVER_STATE = "driver_state.pt"
-
+MANIFEST = "MANIFEST.json"  # every file's size and crc32, written last: a checkpoint that fails it is not resumed
 
 logger = logging.getLogger(__name__)
 
 
 class CheckpointError(UserInputError, RuntimeError):
-    pass
-
-
-MANIFEST = "MANIFEST.json"  # every file's size and crc32, written last: a checkpoint that fails it is not resumed
+    """A checkpoint that cannot be written, read or exported; names it and why."""
 
 
 def _crc32(path: Path) -> int:
@@ -49,7 +46,7 @@ def _crc32(path: Path) -> int:
 def write_manifest(ckpt: Path) -> None:
     files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != MANIFEST)
     entries = {str(p.relative_to(ckpt)): {"bytes": p.stat().st_size, "crc32": _crc32(p)} for p in files}
-    _atomic_write_text(ckpt / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
+    atomic_write_bytes(ckpt / MANIFEST, json.dumps({"files": entries}, indent=1).encode() + b"\n")
 
 
 def verify_manifest(ckpt: Path) -> str | None:
@@ -89,10 +86,6 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
 
 
 def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -136,7 +129,7 @@ class CheckpointManager:
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_dir(self.root)
-        _atomic_write_text(self.root / "latest", final.name + "\n")
+        atomic_write_bytes(self.root / "latest", f"{final.name}\n".encode())
         self._prune()
         return final
 
@@ -148,14 +141,8 @@ class CheckpointManager:
     def list_steps(self) -> list[int]:
         if not self.root.is_dir():
             return []
-        out = []
-        for p in self.root.iterdir():
-            if p.is_dir() and p.name.startswith("step_") and (p / DRIVER_STATE).is_file():
-                try:
-                    out.append(int(p.name.removeprefix("step_")))
-                except ValueError:
-                    continue
-        return out
+        names = [p.name for p in self.root.iterdir() if (p / DRIVER_STATE).is_file()]
+        return [int(n.removeprefix("step_")) for n in names if n.startswith("step_") and n[5:].isdecimal()]
 
     def latest(self) -> Path | None:
         """The newest checkpoint that passes its manifest; a newer one that fails is skipped with a warning."""
