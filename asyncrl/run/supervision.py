@@ -35,8 +35,8 @@ T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
-# what Ray raises when the actor's process is gone (by class name: this module must not import Ray)
 PING_TIMEOUT_S = 10.0  # a live worker answers a ping at once (between its calls, as after a failed sync)
+# what Ray raises when the actor's process is gone (by class name: this module must not import Ray)
 DEATH_ERRORS = ("ActorDiedError", "RayActorError", "ActorUnavailableError", "WorkerCrashedError", "OwnerDiedError")
 
 
@@ -104,9 +104,6 @@ class Supervisor:
 class RolloutPool(Supervisor):
     """The rollout pool of ``one_step_off`` / ``two_step_off`` (the module docstring)."""
 
-    def client(self, i: int) -> RolloutClient:
-        return self.roles.rollouts[i]
-
     def wait(self, i: int, call: Pending[T], again: Callable[[RolloutClient], Pending[T]]) -> T:
         """``call``'s result from worker ``i``; if the worker died or hung, replace it and run ``again`` on the new
         one, as often as the restart budget allows."""
@@ -129,17 +126,13 @@ class RolloutPool(Supervisor):
             try:
                 return self.sync.push(version)
             except WeightSyncError as e:
-                dead = self.dead_workers()
+                # the dead or hung: a ping answered by Ray's error for a dead actor, or not answered at once
+                found = [(i, ping_failure(r.handle)) for i, r in enumerate(self.roles.rollouts)]
+                dead = [(i, cause) for i, cause in found if cause is not None]
                 if not dead:
                     raise
                 for i, cause in dead:
                     self.replace(i, f"{cause} (found at the weight sync of version {version}: {str(e)[:200]})")
-
-    def dead_workers(self, timeout_s: float = PING_TIMEOUT_S) -> list[tuple[int, str]]:
-        """The rollout workers whose process is gone or hung: a ping answered by Ray's error for a dead actor, or
-        not answered within ``timeout_s`` (a ping is instant on a live worker between its calls)."""
-        found = [(i, ping_failure(r.handle, timeout_s)) for i, r in enumerate(self.roles.rollouts)]
-        return [(i, cause) for i, cause in found if cause is not None]
 
     def replace(self, i: int, cause: str) -> RolloutClient:
         from asyncrl.roles.clients import RolloutClient
