@@ -38,8 +38,8 @@ class RolloutSkipError(UserInputError, RuntimeError):
 
 def generation_key(cfg: Config) -> dict[str, object]:
     """The config fields that decide which samples a step generates."""
-    d, r, t = cfg.data, cfg.rollout, cfg.trainer
-    return {
+    d, r, t, fg = cfg.data, cfg.rollout, cfg.trainer, cfg.algorithm.filter_groups
+    key: dict[str, object] = {
         "model.path": str(cfg.model.path),
         "model.lora_rank": cfg.model.lora_rank,
         "data.train_files": [str(f) for f in d.train_files],
@@ -57,17 +57,12 @@ def generation_key(cfg: Config) -> dict[str, object]:
         "trainer.schedule": t.schedule,
         "trainer.seed": t.seed,
         "trainer.num_workers": t.num_workers,
-        # dynamic sampling decides which prompts each later step draws: named only when on, so a dump directory
-        # written before these keys existed still matches a run without them
-        **_dynamic_sampling_key(cfg),
     }
-
-
-def _dynamic_sampling_key(cfg: Config) -> dict[str, object]:
-    fg = cfg.algorithm.filter_groups
-    if not fg.enable:
-        return {}
-    return {"algorithm.filter_groups.metric": fg.metric, "data.gen_batch_size": cfg.data.prompts_per_generation}
+    # dynamic sampling decides which prompts each later step draws: named only when on, so a dump directory written
+    # before these keys existed still matches a run without them
+    if fg.enable:
+        key.update({"algorithm.filter_groups.metric": fg.metric, "data.gen_batch_size": d.prompts_per_generation})
+    return key
 
 
 class _Dumping(Launched):
@@ -89,11 +84,7 @@ class RolloutSkip:
     generation key."""
 
     def __init__(self, cfg: Config):
-        s = cfg.rollout.skip
-        if not s.enable:
-            raise ValueError("RolloutSkip: rollout.skip.enable is false (a run without it generates every batch)")
-        self.action = s.action
-        self.dir = Path(s.dump_dir)
+        self.action, self.dir = cfg.rollout.skip.action, Path(cfg.rollout.skip.dump_dir)
         self._claim(generation_key(cfg))
 
     def _claim(self, key: dict[str, object]) -> None:
