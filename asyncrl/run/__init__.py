@@ -16,8 +16,9 @@ order of events is the schedule's; ``Run`` ends every schedule's step the same w
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asyncrl.config import Config
 from asyncrl.data.collate import Prepared
@@ -31,33 +32,24 @@ from asyncrl.run.supervision import RolloutPool
 from asyncrl.types import Sample, Trained
 from asyncrl.weights.weight_sync import WeightSync
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
-
+@dataclass(eq=False)
 class Run:
     """One run's parts: ``dir`` (the run directory), ``prompts`` (the data), ``progress`` (the step it started at,
     the trainer's version, samples trained), ``log`` (the metrics), the started ``roles``, and on a schedule with a
     rollout side the weight ``sync`` and who replaces a dead rollout worker: the pool's supervisor (``pool``) or
     fully_async's stream supervisor (``stream``)."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        dir: RunDir,
-        prompts: PromptStream,
-        progress: Progress,
-        log: StepLog,
-        roles: Roles,
-        reward_fn: RewardFn,
-        tokenizer: PreTrainedTokenizerBase,
-        sync: WeightSync | None = None,
-        pool: RolloutPool | None = None,
-        stream: Any = None,  # asyncrl.schedules.fully_async.supervisor.StreamSupervisor
-    ):
-        self.cfg, self.dir, self.prompts, self.progress, self.log = cfg, dir, prompts, progress, log
-        self.roles, self.reward_fn, self.tokenizer = roles, reward_fn, tokenizer
-        self.sync, self.pool, self.stream = sync, pool, stream
+    cfg: Config
+    dir: RunDir
+    prompts: PromptStream
+    progress: Progress
+    log: StepLog
+    roles: Roles
+    reward_fn: RewardFn
+    sync: WeightSync | None = None
+    pool: RolloutPool | None = None
+    stream: Any = None  # asyncrl.schedules.fully_async.supervisor.StreamSupervisor
 
     @property
     def version(self) -> int:
@@ -115,7 +107,7 @@ class Run:
         )
         metrics.update(last or {})
         if self.log.due(self.cfg.trainer.test_freq, step):
-            metrics.update(held_out(self, self.roles, step))
+            metrics.update(held_out(self, step))
         self.log.log(step, metrics)
         if self.log.due(self.cfg.trainer.save_freq, step):
             self.save(step, sampler_state, extra_files)
@@ -140,7 +132,7 @@ class Run:
         summary = self.dir.summary
         if "accuracy_before" in summary or self.prompts.val is None or not self.cfg.trainer.val_before_train:
             return
-        acc = held_out(self, self.roles, step=0)
+        acc = held_out(self, step=0)
         summary["accuracy_before"] = acc["val/accuracy"]
         self.log.log(0, acc)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from asyncrl.config.rollout import ValKwargsConfig
 from asyncrl.rewards.reward_fn import RewardFn
-from asyncrl.roles.clients import Roles, RolloutClient, RolloutWorkerClient
+from asyncrl.roles.clients import RolloutClient, RolloutWorkerClient
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.types import Prompt, Sample
@@ -90,7 +90,7 @@ def score_samples(samples: list[Sample], reward_fn: RewardFn, group_of: Callable
     return result
 
 
-def held_out(run: Any, roles: Roles, step: int) -> dict[str, float]:
+def held_out(run: Any, step: int) -> dict[str, float]:
     """Held-out accuracy at ``rollout.val_kwargs`` (``n`` responses per prompt, greedy unless ``do_sample``), on
     the engine that generates the training batches (``evaluators``); ``val/version`` is the weight version the
     responses were decoded with (the oldest, if the engines differ)."""
@@ -115,13 +115,13 @@ def held_out(run: Any, roles: Roles, step: int) -> dict[str, float]:
             if samples is None:  # the Rollouter died on the way (replaced): nothing evaluated this step
                 return {}
         else:
-            samples = decode(evaluators(run, roles, step))
+            samples = decode(evaluators(run, step))
         res = score_samples(samples, run.reward_fn)
     version = min((s.start_version for s in samples), default=run.progress.version)
     return {"val/accuracy": res["accuracy"], "val/n": res["n"], "val/version": float(version)}
 
 
-def evaluators(run: Any, roles: Roles, step: int) -> list[RolloutClient]:
+def evaluators(run: Any, step: int) -> list[RolloutClient]:
     """Who decodes the held-out prompts: the rollout pool where the schedule has one (one/two_step_off: vLLM when
     configured, no trainer memory spent on a KV cache), else the trainer (sync: its engine is the rollout). A pool
     worker takes the call after
@@ -129,6 +129,7 @@ def evaluators(run: Any, roles: Roles, step: int) -> list[RolloutClient]:
     generate batch t+1); at the last step (nothing in flight) the pool first gets the final weights. A resumed
     run's pool is not synced before training: the trainer evaluates then. fully_async: the Rollouter, before its
     stream starts (step 0) and, once it streams, parked (``held_out``), with the last sync's weights."""
+    roles = run.roles
     if roles.rollouter is not None:
         return [RolloutClient(roles.rollouter.handle)] if run.progress.version == 0 else [roles.trainer]
     trainer_ranks = roles.trainer.ranks

@@ -112,7 +112,7 @@ def open_run(
         log = StepLog(cfg, directory.path, tokenizer, directory.summary["placement"], resumed)
         failed = True  # until the block ends normally: the trackers' runs marked failed; a resume continues them
         try:
-            run = Run(cfg, directory, prompts, progress, log, roles, reward_fn, tokenizer, sync, pool, supervisor)
+            run = Run(cfg, directory, prompts, progress, log, roles, reward_fn, sync, pool, supervisor)
             run.evaluate_before_training()
             yield run, algorithm
             failed = False
