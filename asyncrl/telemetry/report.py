@@ -120,10 +120,7 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
     drawn and the title says so. A missing ``metrics.jsonl`` means this is not a run directory, so that raises.
     """
     run = Path(run_dir)
-    metrics_path = run / METRICS_FILE
-    if not metrics_path.exists():
-        raise FileNotFoundError(f"write_report: no {METRICS_FILE} at {metrics_path}")
-    records = read_metrics(metrics_path)
+    records = read_metrics(run / METRICS_FILE)
     timeline_path = run / TIMELINE_FILE
     events = read_chrome_trace(timeline_path) if timeline_path.exists() else None
 
