@@ -34,7 +34,7 @@ batch) and ``groups_trained``; generated = kept + filtered and kept = trained + 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from asyncrl import seeds
 from asyncrl.calls import Pending
@@ -72,11 +72,7 @@ class PromptStream:
 
     def next_prompts(self) -> list[Prompt]:
         """The next generation batch's prompts (``data.gen_batch_size``, or ``data.train_batch_size``)."""
-        out = []
-        for epoch, index in self.sampler.next_batch():
-            p = self.train[index]
-            out.append(Prompt(**{**asdict(p), "epoch": epoch}))
-        return out
+        return [self.train.get(index, epoch) for epoch, index in self.sampler.next_batch()]
 
     def sampling(self) -> SamplingParams:
         return SamplingParams.from_config(self.cfg.rollout)
@@ -132,11 +128,8 @@ def launch_generation(
     k = len(rollouts)
     chunks = [prompts[i::k] for i in range(k)]
     workers = [i for i in range(k) if chunks[i]]
-
-    def issue(i: int) -> Callable[[RolloutClient], Pending[Generation]]:
-        return lambda w: w.generate(chunks[i], params, seed, step)  # rows key their own noise (sampling.row_keys)
-
-    again = [issue(i) for i in workers]
+    # each worker's call, to issue again on a replacement; rows key their own noise (sampling.row_keys)
+    again = [lambda w, chunk=chunks[i]: w.generate(chunk, params, seed, step) for i in workers]
     return Launched([redo(rollouts[i]) for i, redo in zip(workers, again)], pool, workers, again)
 
 
