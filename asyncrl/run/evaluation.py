@@ -107,9 +107,7 @@ def held_out(run: Any, step: int) -> dict[str, float]:
         return [s for call in calls for s in call.result().samples]
 
     with get_timeline().span("validate", step=step, worker="driver"):
-        if (
-            run.stream is not None and run.stream.streaming
-        ):  # fully_async, streaming: its Rollouter decodes them while parked
+        if run.stream is not None and run.stream.streaming:  # fully_async, streaming: its Rollouter, parked, decodes
             interrupt = run.cfg.async_training.partial_rollout
             samples = run.stream.parked(lambda r: decode([RolloutClient(r.handle)]), interrupt)
             if samples is None:  # the Rollouter died on the way (replaced): nothing evaluated this step

@@ -85,11 +85,8 @@ class RolloutSkip:
 
     def __init__(self, cfg: Config):
         self.action, self.dir = cfg.rollout.skip.action, Path(cfg.rollout.skip.dump_dir)
-        self._claim(generation_key(cfg))
-
-    def _claim(self, key: dict[str, object]) -> None:
+        key, path = generation_key(cfg), self.dir / "key.json"
         self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / "key.json"
         if path.exists():
             theirs = json.loads(path.read_text())
             differ = sorted(k for k in set(key) | set(theirs) if key.get(k) != theirs.get(k))
