@@ -57,7 +57,8 @@ def replay(run_dir: str | Path) -> dict[str, Any]:
     if not (run / "config.yaml").is_file():
         raise ReplayError(f"{run}: no config.yaml (not a run directory)")
     cfg = load_config(str(run / "config.yaml"), [])
-    if not algorithm_class(cfg).replayable:
+    cls = algorithm_class(cfg)
+    if not cls.replayable:
         raise ReplayError(
             f"{run}: algorithm.name={cfg.algorithm.name} is not replayable (its batch depends on another role's "
             "state; an algorithm declares Algorithm.replayable when its batch is a function of the samples alone)"
@@ -77,7 +78,6 @@ def replay(run_dir: str | Path) -> dict[str, Any]:
     compared: list[int] = []
     fingerprinted: list[int] = []
     first_diff: tuple[int, str] | None = None
-    cls = algorithm_class(cfg)
     with start_roles(cfg, RolloutSide.ACTOR, specs_for(cfg), cls.roles_needed(cfg)) as roles:  # the run's trainer
         algorithm = cls(cfg, load_tokenizer_from(cfg.model.path), roles)
         for step, path in zip(steps, recorded):
