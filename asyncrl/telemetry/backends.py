@@ -245,16 +245,13 @@ class JsonlWriter:
 
     def write(self, record: Mapping[str, float | None]) -> None:
         """Append ``record`` as one line; NaN/inf must already be replaced (JSON has none), so they raise here."""
-        if self._file.closed:
-            raise RuntimeError(f"JsonlWriter({self.path}): write after close")
         line = json.dumps(record, allow_nan=False, separators=(", ", ": "))
         self._file.write(line + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+        self._file.close()
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, float | None]]:

@@ -103,7 +103,6 @@ class MetricsLogger:
         if unknown:
             raise ValueError(f"MetricsLogger: unknown backend(s) {unknown}; allowed: {list(ALLOWED_BACKENDS)}")
         self.out_dir = Path(out_dir)
-        self.run_name = run_name
         self.backends: list[str] = list(dict.fromkeys(backends))
         self.prometheus_port: int | None = None
         self._lock = threading.Lock()
