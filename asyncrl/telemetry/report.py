@@ -38,20 +38,20 @@ def _figure(width_in: float, height_in: float) -> Figure:
     return fig
 
 
-def _series(records: list[dict[str, float | None]], key: str) -> tuple[list[int], list[float]]:
-    """(steps, values) for ``key``, skipping records without it or with null (non-finite) values."""
-    kept = [r for r in records if r.get("step") is not None and r.get(key) is not None]
-    return [int(r["step"]) for r in kept], [float(r[key]) for r in kept]
+_CURVES = {  # what the learning-curves panel draws, and how
+    "reward/mean": {"color": "tab:blue", "linewidth": 1.5},
+    "val/accuracy": {"color": "tab:orange", "marker": "o", "linestyle": "--"},
+}
 
 
 def _plot_curves(ax: Axes, records: list[dict[str, float | None]]) -> None:
-    steps, reward = _series(records, "reward/mean")
-    if steps:
-        ax.plot(steps, reward, label="reward/mean", color="tab:blue", linewidth=1.5)
-    val_steps, val = _series(records, "val/accuracy")
-    if val_steps:
-        ax.plot(val_steps, val, label="val/accuracy", color="tab:orange", marker="o", linestyle="--")
-    if not steps and not val_steps:
+    plotted = False
+    for key, style in _CURVES.items():  # records without the key or with null (non-finite) values are skipped
+        kept = [r for r in records if r.get("step") is not None and r.get(key) is not None]
+        if kept:
+            ax.plot([int(r["step"]) for r in kept], [float(r[key]) for r in kept], label=key, **style)
+            plotted = True
+    if not plotted:
         ax.text(0.5, 0.5, "no reward/mean or val/accuracy logged", ha="center", va="center", transform=ax.transAxes)
     else:
         ax.legend(loc="best", fontsize="small")
