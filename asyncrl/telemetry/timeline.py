@@ -179,26 +179,17 @@ def to_chrome_trace(events: Iterable[Event]) -> dict[str, object]:
         trace.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
     for e in sorted(events, key=lambda e: e["start_s"]):
         worker, thread = str(e["worker"]), str(e.get("thread", "main"))
-        pid = pids[worker]
-        if (worker, thread) not in tids:
-            tids[(worker, thread)] = tid = sum(1 for w, _ in tids if w == worker) + 1
+        pid, tid = pids[worker], tids.get((worker, thread))
+        if tid is None:
+            tid = tids[(worker, thread)] = sum(1 for w, _ in tids if w == worker) + 1
             trace.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": thread}})
         args = {str(k): _jsonable(v) for k, v in (e.get("args") or {}).items()}
         if e.get("step") is not None:
             args["step"] = e["step"]
-        out: dict[str, object] = {
-            "name": e["name"],
-            "cat": "asyncrl",
-            "pid": pid,
-            "tid": tids[(worker, thread)],
-            "ts": _us(e["start_s"]),
-        }
-        if e.get("kind", "span") == "instant":
-            out.update(ph="i", s="t")
-        else:
-            out.update(ph="X", dur=max(0, _us(e["end_s"]) - _us(e["start_s"])))
-        out["args"] = args
-        trace.append(out)
+        ts = _us(e["start_s"])
+        instant = e.get("kind", "span") == "instant"
+        phase = {"ph": "i", "s": "t"} if instant else {"ph": "X", "dur": max(0, _us(e["end_s"]) - ts)}
+        trace.append({"name": e["name"], "cat": "asyncrl", "pid": pid, "tid": tid, "ts": ts, **phase, "args": args})
     return {"traceEvents": trace, "displayTimeUnit": "ms"}
 
 
