@@ -132,17 +132,14 @@ class RunDir:
 
     def _truncate(self, last_step: int) -> None:
         trace.truncate(self.path, last_step)
-        consumed = self.path / CONSUMED_DIR
-        for p in consumed.glob("step_*") if consumed.is_dir() else []:  # a resumed run records them again
+        for p in (self.path / CONSUMED_DIR).glob("step_*"):  # a resumed run records them again
             if step_of(p) > last_step:
                 p.unlink()
         path = self.path / "metrics.jsonl"
         if not path.exists():
             return
         keep = [m for m in read_metrics(path) if int(m.get("step") or 0) <= last_step] if last_step > 0 else []
-        tmp = path.with_name("metrics.jsonl.tmp")
-        tmp.write_text("".join(json.dumps(m) + "\n" for m in keep))
-        tmp.replace(path)
+        atomic_write_bytes(path, "".join(json.dumps(m) + "\n" for m in keep).encode())
 
     # ---- what asyncrl replay reads (trainer.record_consumed) -------------------------------------------------------
     def record_consumed(self, step: int, samples: list[Sample]) -> None:
