@@ -95,10 +95,7 @@ def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{directory}: no *.safetensors")
-    tensors: dict[str, torch.Tensor] = {}
-    for f in files:
-        tensors.update(load_file(str(f)))
-    return tensors
+    return {name: t for f in files for name, t in load_file(str(f)).items()}
 
 
 class CheckpointManager:

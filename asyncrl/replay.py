@@ -69,8 +69,7 @@ def replay(run_dir: str | Path) -> dict[str, Any]:
     steps = [step_of(p) for p in recorded]
     if steps != list(range(1, len(steps) + 1)):
         raise ReplayError(f"{run}: recorded steps {steps[:3]}...{steps[-3:]} are not 1..N")
-    recorded_threads = [m.get("perf/trainer_threads") for m in read_metrics(run / "metrics.jsonl")]
-    threads = [int(t) for t in recorded_threads if t]
+    threads = [int(t) for m in read_metrics(run / "metrics.jsonl") if (t := m.get("perf/trainer_threads"))]
     if threads:
         torch.set_num_threads(threads[0])  # the run's trainer's own count: float sums depend on it
     cfg.trainer = replace(cfg.trainer, backend="in_process", num_workers=1)

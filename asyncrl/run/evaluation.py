@@ -62,9 +62,7 @@ def evaluate_prompts(
     ``prompts``; see ``score_samples``."""
     if params is None:
         params = SamplingParams(n=1, temperature=temperature, max_new_tokens=response_length)
-    samples: list[Sample] = []
-    for seed, chunk in chunks(prompts, batch_size):
-        samples += generate(chunk, params, seed)
+    samples = [s for seed, chunk in chunks(prompts, batch_size) for s in generate(chunk, params, seed)]
     return score_samples(samples, reward_fn, group_of)
 
 
