@@ -120,10 +120,9 @@ def held_out(run: Any, step: int) -> dict[str, float]:
 def evaluators(run: Any, step: int) -> list[RolloutClient]:
     """Who decodes the held-out prompts: the rollout pool where the schedule has one (one/two_step_off: vLLM when
     configured, no trainer memory spent on a KV cache), else the trainer (sync: its engine is the rollout). A pool
-    worker takes the call after
-    the generation it runs, so it decodes with the last sync's weights (one_step_off at step t: v(t-1), which
-    generate batch t+1); at the last step (nothing in flight) the pool first gets the final weights. A resumed
-    run's pool is not synced before training: the trainer evaluates then. fully_async: the Rollouter, before its
+    worker takes the call after the generation it runs, so it decodes with the last sync's weights (one_step_off at step
+    t: v(t-1), which generate batch t+1); at the last step (nothing in flight) the pool first gets the final weights. A
+    resumed run's pool is not synced before training: the trainer evaluates then. fully_async: the Rollouter, before its
     stream starts (step 0) and, once it streams, parked (``held_out``), with the last sync's weights."""
     roles = run.roles
     if roles.rollouter is not None:
