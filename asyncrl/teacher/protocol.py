@@ -68,7 +68,6 @@ class RequestError(ValueError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
         self.param = param
-        self.message = message
 
 
 def error_body(message: str, param: str | None, err_type: str = "invalid_request_error", code: int = 400) -> dict:
@@ -176,25 +175,6 @@ def parse_completion_request(
     return CompletionRequest(prompts, model, max_tokens, echo, prompt_logprobs, logprobs, float(temperature), seed)
 
 
-def logprob_entry(
-    actual_id: int,
-    actual_logp: float,
-    actual_rank: int,
-    top_ids: list[int],
-    top_logp: list[float],
-    decode: Callable[[int], str],
-) -> dict[str, LogprobEntry]:
-    """One position's ``{id: {logprob, rank, decoded_token}}``: the actual token first, then the top k by rank.
-
-    As in vLLM, an actual token that is also in the top k keeps its first place in the key order but takes its
-    top-k rank (the second insertion overwrites the value).
-    """
-    entry = {str(actual_id): _lp(actual_logp, actual_rank, decode(actual_id))}
-    for r, (tid, lp) in enumerate(zip(top_ids, top_logp), start=1):
-        entry[str(tid)] = _lp(lp, r, decode(tid))
-    return entry
-
-
 class LogprobEntry(TypedDict):
     """One token of a position's ``prompt_logprobs`` / ``logprobs`` entry, as vLLM writes it."""
 
@@ -203,8 +183,23 @@ class LogprobEntry(TypedDict):
     decoded_token: str
 
 
-def _lp(logp: float, rank: int, decoded: str) -> LogprobEntry:
-    return {"logprob": max(logp, LOGPROB_FLOOR), "rank": rank, "decoded_token": decoded}
+# What the teacher computed at one position, as Python values: (the token's id, its log-prob, its 1-based rank over
+# the vocabulary, the top k ids most likely first, their log-probs).
+Scored = tuple[int, float, int, list[int], list[float]]
+
+
+def logprob_entry(scored: Scored, decode: Callable[[int], str]) -> dict[str, LogprobEntry]:
+    """One position's ``{id: {logprob, rank, decoded_token}}``: the actual token first, then the top k by rank.
+
+    As in vLLM, an actual token that is also in the top k keeps its first place in the key order but takes its
+    top-k rank (the second insertion overwrites the value).
+    """
+    actual_id, actual_logp, actual_rank, top_ids, top_logp = scored
+    ranked = [(actual_id, actual_logp, actual_rank), *zip(top_ids, top_logp, range(1, len(top_ids) + 1))]
+    return {
+        str(tid): {"logprob": max(lp, LOGPROB_FLOOR), "rank": rank, "decoded_token": decode(tid)}
+        for tid, lp, rank in ranked
+    }
 
 
 def openai_logprobs(
@@ -238,53 +233,10 @@ def openai_logprobs(
 
 @dataclass
 class SequenceScores:
-    """What the teacher computed for one prompt, as Python lists; prompt row ``t`` is about token ``t + 1``."""
+    """What the teacher computed for one prompt."""
 
-    actual_logp: list[float]  # log-prob of each actual next token (empty when prompt_logprobs was not asked)
-    actual_rank: list[int]  # its 1-based rank over the vocabulary
-    top_ids: list[list[int]]  # top ``prompt_logprobs`` ids per row, most likely first
-    top_logp: list[list[float]]
-    gen: tuple[int, float, int, list[int], list[float]] | None  # generated (id, logp, rank, top ids, top logps)
-
-
-def render_choice(
-    index: int,
-    req: CompletionRequest,
-    tokens: list[int],
-    s: SequenceScores,
-    tokenizer: PreTrainedTokenizerBase,
-    eos_ids: set[int],
-    decode_one: Callable[[int], str],
-) -> dict[str, object]:
-    """One ``choices[i]`` in vLLM's shape: text, OpenAI ``logprobs``, finish reason and ``prompt_logprobs``."""
-    prompt_entries: list[dict[str, LogprobEntry] | None] | None = None
-    if req.prompt_logprobs is not None:
-        prompt_entries = [None] + [
-            logprob_entry(tokens[t + 1], s.actual_logp[t], s.actual_rank[t], s.top_ids[t], s.top_logp[t], decode_one)
-            for t in range(len(tokens) - 1)
-        ]
-    gen_ids: list[int] = []
-    gen_entries: list[dict[str, LogprobEntry] | None] = []
-    if s.gen is not None:
-        tok, lp, rank, ids, lps = s.gen
-        gen_ids, gen_entries = [tok], [logprob_entry(tok, lp, rank, ids, lps, decode_one)]
-    text = decode_text(tokenizer, gen_ids)
-    logprobs = None
-    if req.echo:  # vLLM: echo prepends the prompt to the text and, with ``logprobs``, to the logprobs object
-        text = decode_text(tokenizer, tokens) + text
-    if req.logprobs is not None:
-        ids, entries = gen_ids, gen_entries
-        if req.echo:
-            ids, entries = tokens + gen_ids, (prompt_entries or []) + gen_entries
-        logprobs = openai_logprobs(ids, entries, req.logprobs, decode_one)
-    return {
-        "index": index,
-        "text": text,
-        "logprobs": logprobs,
-        "finish_reason": "stop" if gen_ids and gen_ids[0] in eos_ids else "length",
-        "stop_reason": None,
-        "prompt_logprobs": prompt_entries,
-    }
+    prompt: list[Scored] | None  # row ``t`` is about token ``t + 1``; None when prompt_logprobs was not asked
+    gen: Scored | None  # the generated token (max_tokens=1)
 
 
 def completion_response(
@@ -295,10 +247,34 @@ def completion_response(
     eos_ids: set[int],
     decode_one: Callable[[int], str],
 ) -> dict[str, object]:
-    """The whole ``/v1/completions`` reply: one choice per prompt, in order, plus id, created and usage."""
-    choices = [
-        render_choice(i, req, p, s, tokenizer, eos_ids, decode_one) for i, (p, s) in enumerate(zip(req.prompts, scores))
-    ]
+    """The whole ``/v1/completions`` reply: id, created, usage and one choice per prompt, in order, in vLLM's shape
+    (text, OpenAI ``logprobs``, finish reason and ``prompt_logprobs``)."""
+    choices: list[dict[str, object]] = []
+    for index, (tokens, s) in enumerate(zip(req.prompts, scores)):
+        prompt_entries: list[dict[str, LogprobEntry] | None] | None = None
+        if s.prompt is not None:
+            prompt_entries = [None] + [logprob_entry(row, decode_one) for row in s.prompt]
+        gen_ids = [s.gen[0]] if s.gen else []
+        gen_entries: list[dict[str, LogprobEntry] | None] = [logprob_entry(s.gen, decode_one)] if s.gen else []
+        text = decode_text(tokenizer, gen_ids)
+        logprobs = None
+        if req.echo:  # vLLM: echo prepends the prompt to the text and, with ``logprobs``, to the logprobs object
+            text = decode_text(tokenizer, tokens) + text
+        if req.logprobs is not None:
+            ids, entries = gen_ids, gen_entries
+            if req.echo:
+                ids, entries = tokens + gen_ids, (prompt_entries or []) + gen_entries
+            logprobs = openai_logprobs(ids, entries, req.logprobs, decode_one)
+        choices.append(
+            {
+                "index": index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": "stop" if gen_ids and gen_ids[0] in eos_ids else "length",
+                "stop_reason": None,
+                "prompt_logprobs": prompt_entries,
+            }
+        )
     n_prompt = sum(len(p) for p in req.prompts)
     n_gen = req.max_tokens * len(req.prompts)
     return {

@@ -21,6 +21,7 @@ limits, status codes, connection tracking) is :mod:`asyncrl.teacher.transport`.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from asyncrl.config import TeacherConfig
 from asyncrl.models.loading import ModelLoadError, eos_token_ids, load_model
 from asyncrl.teacher.protocol import (
     RequestError,
+    Scored,
     SequenceScores,
     completion_response,
     decode_text,
@@ -63,20 +65,18 @@ class _Job:
     future: Future = field(default_factory=Future)
 
 
+def _scored(logp_NV: torch.Tensor, ids: list[int], k: int) -> list[Scored]:
+    """Each row's token in ``ids``: its log-prob and rank, and the row's top k (``logp_NV``: [N, V])."""
+    actual_N1 = logp_NV.gather(1, torch.tensor(ids, dtype=torch.long).unsqueeze(1))
+    rank_N = (logp_NV >= actual_N1).sum(dim=1)  # 1-based: ids at least as likely, itself included
+    values, indices = logp_NV.topk(k, dim=-1)
+    return list(zip(ids, actual_N1.squeeze(1).tolist(), rank_N.tolist(), indices.tolist(), values.tolist()))
+
+
 def _score(logp_LV: torch.Tensor, job: _Job) -> SequenceScores:
-    """Actual-token log-prob and rank, and the top k, at every position of one sequence (``logp_LV``: [L, V])."""
-    rows = logp_LV[:-1]
-    n = rows.shape[0]
-    actual_logp, actual_rank, top_ids, top_logp = [], [], [[]] * n, [[]] * n
-    if job.prompt_k is not None and n > 0:
-        targets = torch.tensor(job.tokens[1:], dtype=torch.long).unsqueeze(1)
-        actual = rows.gather(1, targets)
-        actual_logp = actual.squeeze(1).tolist()
-        actual_rank = (rows >= actual).sum(dim=1).tolist()  # 1-based: ids at least as likely, itself included
-        if job.prompt_k > 0:
-            values, indices = rows.topk(job.prompt_k, dim=-1)
-            top_ids, top_logp = indices.tolist(), values.tolist()
-    gen = None
+    """What ``job`` asks of one sequence's log-probs (``logp_LV``: [L, V]); row ``t`` predicts token ``t + 1``."""
+    prompt = None if job.prompt_k is None else _scored(logp_LV[:-1], job.tokens[1:], job.prompt_k)
+    gen: Scored | None = None
     if job.generate:
         last = logp_LV[-1]
         if job.temperature == 0:
@@ -84,9 +84,8 @@ def _score(logp_LV: torch.Tensor, job: _Job) -> SequenceScores:
         else:
             gen_rng = torch.Generator().manual_seed(job.seed) if job.seed is not None else None
             tok = int(torch.multinomial(torch.softmax(last / job.temperature, -1), 1, generator=gen_rng))
-        values, indices = last.topk(job.gen_k) if job.gen_k > 0 else (last[:0], last[:0].long())
-        gen = (tok, float(last[tok]), int((last >= last[tok]).sum()), indices.tolist(), values.tolist())
-    return SequenceScores(actual_logp, actual_rank, top_ids, top_logp, gen)
+        (gen,) = _scored(logp_LV[-1:], [tok], job.gen_k)
+    return SequenceScores(prompt, gen)
 
 
 class TeacherServer:
@@ -129,7 +128,7 @@ class TeacherServer:
         self._stopping = False
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._decoded: dict[int, str] = {}
+        self._decode_one = functools.cache(lambda tid: decode_text(self.tokenizer, [tid]))
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     @property
@@ -185,13 +184,6 @@ class TeacherServer:
         self.stop()
 
     # ---- batching --------------------------------------------------------------------------------------------
-    def _submit(self, job: _Job) -> Future:
-        with self._lock:
-            if self._stopping:
-                raise ServerStoppingError("teacher server is shutting down")
-            self._queue.put(job)
-        return job.future
-
     def _batch_loop(self) -> None:
         stop = False
         while not stop:
@@ -237,12 +229,6 @@ class TeacherServer:
             job.future.set_result(res)
 
     # ---- endpoints (each takes the decoded JSON body and returns the JSON reply) ------------------------------
-    def _decode_one(self, tid: int) -> str:
-        text = self._decoded.get(tid)
-        if text is None:
-            text = self._decoded[tid] = decode_text(self.tokenizer, [tid])
-        return text
-
     def _tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
@@ -266,12 +252,16 @@ class TeacherServer:
         req = parse_completion_request(
             body, self.vocab_size, self.max_model_len, lambda text: self._tokenize(text, bool(add_special))
         )
-        gen_k = req.logprobs or 0
         jobs = [
-            _Job(p, req.prompt_logprobs, req.max_tokens == 1, gen_k, req.temperature, req.seed) for p in req.prompts
+            _Job(p, req.prompt_logprobs, req.max_tokens == 1, req.logprobs or 0, req.temperature, req.seed)
+            for p in req.prompts
         ]
-        futures = [self._submit(job) for job in jobs]
-        scores = [fut.result() for fut in futures]
+        with self._lock:
+            if self._stopping:
+                raise ServerStoppingError("teacher server is shutting down")
+            for job in jobs:
+                self._queue.put(job)
+        scores = [job.future.result() for job in jobs]
         return completion_response(
             req, scores, req.model or self.model_id, self.tokenizer, self.eos_ids, self._decode_one
         )
@@ -288,7 +278,7 @@ class TeacherServer:
         try:
             (tokens,) = parse_prompts(body.get("tokens"), self.vocab_size, self._tokenize)
         except RequestError as e:
-            raise RequestError("tokens", e.message.replace("prompt", "tokens")) from None
+            raise RequestError("tokens", str(e).replace("prompt", "tokens")) from None
         return {"prompt": decode_text(self.tokenizer, tokens)}
 
 
@@ -310,9 +300,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
-def serve(server: TeacherServer) -> None:
-    """Start ``server``, print one JSON line with its URL, and serve until Ctrl-C / SIGTERM."""
-    server.start()
+def run_from_args(a: argparse.Namespace) -> None:
+    """Build and start from parsed flags, print one JSON line with the URL, and serve until Ctrl-C / SIGTERM; a bad
+    model dir or a busy port prints one line and exits with status 2."""
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    try:
+        server = TeacherServer(a.model, a.host, a.port, a.max_batch, a.max_wait_ms, a.served_model_name, a.dtype)
+        server.start()
+    except (ModelLoadError, OSError, ValueError) as e:
+        print(f"asyncrl serve-teacher: error: {e}", file=sys.stderr)
+        sys.exit(2)
     print(json.dumps({"teacher": server.url, "model": server.model_id}), flush=True)
     try:
         server.wait()
@@ -320,18 +318,6 @@ def serve(server: TeacherServer) -> None:
         pass
     finally:
         server.stop()
-
-
-def run_from_args(a: argparse.Namespace) -> None:
-    """Build and serve from parsed flags; a bad model dir or a busy port prints one line and exits with status 2."""
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    try:
-        server = TeacherServer(a.model, a.host, a.port, a.max_batch, a.max_wait_ms, a.served_model_name, a.dtype)
-        serve(server)
-    except (ModelLoadError, OSError, ValueError) as e:
-        print(f"asyncrl serve-teacher: error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -92,7 +92,7 @@ class _Handler(JsonRequestHandler):
                 raise RequestError("body", f"request body is not valid JSON ({e})") from None
             self._send(200, handler(body))
         except RequestError as e:
-            self._send(400, error_body(e.message, e.param))
+            self._send(400, error_body(str(e), e.param))
         except ServerStoppingError as e:
             self._send(503, error_body(str(e), None, "service_unavailable", 503))
         except Exception as e:
