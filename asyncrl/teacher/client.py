@@ -6,10 +6,8 @@ The teacher is anything that speaks vLLM's ``/v1/completions`` with ``prompt_log
 ``max_tokens=0`` without ``echo``; the one generated token is ignored (so sequences must be shorter than the teacher's
 ``max_model_len``).
 
-Failure policy, per request: connection errors, timeouts and HTTP 5xx/408/429 are retried up to ``max_retries`` times
-with exponential back-off (``backoff_s``, then x2 each retry), then raise :class:`TeacherUnavailableError` naming the
-URL; HTTP 4xx means the request itself is wrong and raises :class:`TeacherRequestError` at once, with the server's
-message. Connections are kept alive, one per worker thread.
+The failure policy (retries with back-off, then :class:`TeacherUnavailableError` naming the URL; HTTP 4xx at once as
+:class:`TeacherRequestError`) and the kept-alive connections, one per worker thread, are :mod:`asyncrl.http_json`'s.
 """
 
 from __future__ import annotations
@@ -73,9 +71,8 @@ class TeacherClient:
             )
         except ValueError as e:
             raise ValueError(f"TeacherClient: {e}") from None
-        self.url = self._http.url
-        self.top_k, self.max_in_flight, self.timeout_s = top_k, max_in_flight, timeout_s
-        self.max_retries, self.backoff_s, self.model = max_retries, backoff_s, model
+        self.url, self.top_k, self.max_in_flight = self._http.url, top_k, max_in_flight
+        self._model = {"model": model} if model is not None else {}  # in every POST body
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
 
@@ -101,15 +98,8 @@ class TeacherClient:
         """The teacher's top-k for one sequence (blocking, in the caller's thread)."""
         if not tokens:
             raise ValueError("TeacherClient.score: a sequence needs at least one token")
-        body: dict[str, object] = {
-            "prompt": [int(t) for t in tokens],
-            "max_tokens": 1,
-            "temperature": 0.0,
-            "prompt_logprobs": self.top_k,
-        }
-        if self.model is not None:
-            body["model"] = self.model
-        reply = self._request("POST", "/v1/completions", body)
+        body = {"prompt": [int(t) for t in tokens], "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": self.top_k}
+        reply = self._http.request("POST", "/v1/completions", {**self._model, **body})
         choices = reply.get("choices") if isinstance(reply, dict) else None
         if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
             raise TeacherResponseError(f"teacher at {self.url}: /v1/completions reply has no single choice")
@@ -118,7 +108,7 @@ class TeacherClient:
 
     def models(self) -> dict[str, object]:
         """The first entry of ``GET /v1/models`` (id, ``max_model_len``; our server adds vocabulary fields)."""
-        reply = self._request("GET", "/v1/models")
+        reply = self._http.request("GET", "/v1/models")
         data = reply.get("data") if isinstance(reply, dict) else None
         if not isinstance(data, list) or not data or not isinstance(data[0], dict):
             raise TeacherResponseError(f"teacher at {self.url}: /v1/models lists no model")
@@ -163,14 +153,14 @@ class TeacherClient:
         limit = max(1, (max_len if isinstance(max_len, int) and max_len else PROBE_TOKENS + 2) - 2)
         probe = (list(range(0, size, step))[: PROBE_TOKENS - 1] + [size - 1])[-limit:]
         try:
-            self._request("POST", "/v1/completions", {**self._model_field(), "prompt": probe, "max_tokens": 1})
+            self._http.request("POST", "/v1/completions", {**self._model, "prompt": probe, "max_tokens": 1})
         except TeacherRequestError as e:
             raise TokenizerMismatchError(
                 f"{teacher} rejects token ids of the {student} ({size} tokens); its vocabulary is smaller? {e}"
             ) from e
         checked.append(f"student ids 0..{size - 1} accepted")
         try:
-            reply = self._request("POST", "/detokenize", {**self._model_field(), "tokens": probe})
+            reply = self._http.request("POST", "/detokenize", {**self._model, "tokens": probe})
             text = reply.get("prompt") if isinstance(reply, dict) else None
         except TeacherRequestError as e:
             if e.status != 404:
@@ -199,11 +189,3 @@ class TeacherClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ---- transport ---------------------------------------------------------------------------------------------
-    def _model_field(self) -> dict[str, str]:
-        return {"model": self.model} if self.model is not None else {}
-
-    def _request(self, method: str, path: str, body: dict | None = None) -> object:
-        """JSON request with the retry policy of the module docstring; returns the decoded JSON reply."""
-        return self._http.request(method, path, body)
