@@ -83,38 +83,34 @@ def teacher_endpoint(cfg: TeacherConfig, log_dir: str | os.PathLike[str]) -> Ite
     proc = _spawn(spec, port=0)
     supervisor = TeacherSupervisor(spec, proc, _await_url(proc, spec), cfg.max_restarts).start()
     try:
-        yield TeacherEndpoint(supervisor.url, supervisor)
+        yield supervisor
     finally:
         supervisor.stop()
 
 
-@dataclass(frozen=True)
 class TeacherEndpoint:
-    """Where the teacher answers and, for a server started here, what happened to it."""
+    """Where the teacher answers: a given ``teacher.url``, not ours to restart or wait for; a server started here is
+    a :class:`TeacherSupervisor`, which says what happened to it."""
 
-    url: str
-    supervisor: TeacherSupervisor | None = None  # None for a given ``teacher.url`` (not ours to restart)
+    gave_up: str | None = None  # why the server is no longer restarted (it died more than teacher.max_restarts times)
+
+    def __init__(self, url: str) -> None:
+        self.url = url
 
     @property
     def pid(self) -> int | None:
-        """The server process started here now (a restart changes it); None for a given ``teacher.url``."""
-        return self.supervisor.pid if self.supervisor else None
+        """The server process started here now (a restart changes it)."""
+        return None
 
     @property
     def restarts(self) -> list[TeacherRestart]:
-        return self.supervisor.restarts if self.supervisor else []
-
-    @property
-    def gave_up(self) -> str | None:
-        """Why the server is no longer restarted (died more than ``teacher.max_restarts`` times), or None."""
-        return self.supervisor.gave_up if self.supervisor else None
+        return []
 
     def wait_up(self, timeout_s: float) -> bool:
-        """``TeacherSupervisor.wait_up``; a given ``teacher.url`` is not ours to wait for (True at once)."""
-        return self.supervisor.wait_up(timeout_s) if self.supervisor else True
+        return True
 
 
-class TeacherSupervisor:
+class TeacherSupervisor(TeacherEndpoint):
     """Restarts the server started here on its port when it exits while the run still needs it (module docstring).
 
     Threading: one daemon thread (``_watch``) polls and restarts; ``stop`` may come from any thread at any moment, a
@@ -129,8 +125,8 @@ class TeacherSupervisor:
         if not port:
             stop_process(proc)
             raise TeacherStartError(f"teacher server for {spec.model_dir} reported {url!r}, a URL without a port")
-        self.spec, self.url, self.port, self.max_restarts, self.poll_s = spec, url, port, max_restarts, poll_s
-        self.gave_up: str | None = None
+        super().__init__(url)
+        self.spec, self.port, self.max_restarts, self.poll_s = spec, port, max_restarts, poll_s
         self._proc = proc
         self._restarts: list[TeacherRestart] = []
         self._lock = threading.Lock()
