@@ -63,7 +63,7 @@ class JsonHttpClient:
             raise ValueError(f"{what} url {url!r} must look like http://host:port")
         self.url = f"{parts.scheme}://{parts.netloc}"
         path = parts.path.rstrip("/")
-        self.prefix = path.removesuffix(strip_suffix) if strip_suffix else path
+        self.prefix = path.removesuffix(strip_suffix)
         self._https = parts.scheme == "https"
         self._host, self._port = parts.hostname, parts.port
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
@@ -114,17 +114,14 @@ class JsonHttpClient:
         raise self.errors.unavailable(f"{self.what} at {self.url} unreachable after {self.max_retries} retries: {last}")
 
     # ---- connections -----------------------------------------------------------------------------------------------
-    def _connection(self, fresh: bool) -> http.client.HTTPConnection:
+    def _connection(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
-        if conn is not None and not fresh:
-            return conn
-        if conn is not None:
-            self._drop(conn)
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port, timeout=self.timeout_s)
-        self._local.conn, self._local.used = conn, False
-        with self._lock:
-            self._conns.add(conn)
+        if conn is None:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            conn = cls(self._host, self._port, timeout=self.timeout_s)
+            self._local.conn, self._local.used = conn, False
+            with self._lock:
+                self._conns.add(conn)
         return conn
 
     def _drop(self, conn: http.client.HTTPConnection) -> None:
@@ -134,28 +131,24 @@ class JsonHttpClient:
             self._conns.discard(conn)
 
     def _once(self, method: str, path: str, data: bytes | None) -> tuple[int, bytes]:
-        """One HTTP exchange. A kept-alive connection the server closed meanwhile is re-opened once, not counted."""
+        """One HTTP exchange. A kept-alive connection the server closed meanwhile is re-opened once, not counted (the
+        new one is not reused, so it is not re-opened again)."""
         headers = {"Content-Type": "application/json"} if data is not None else {}
-        for attempt in (0, 1):
-            conn = self._connection(fresh=attempt == 1)
-            reused = self._local.used
-            try:
-                conn.request(method, path, body=data, headers=headers)
-                resp = conn.getresponse()
-                payload = resp.read()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                self._drop(conn)
-                if reused and attempt == 0:
-                    continue
-                raise
-            except BaseException:
-                self._drop(conn)
-                raise
-            self._local.used = True
-            if resp.will_close:
-                self._drop(conn)
-            return resp.status, payload
-        raise AssertionError("unreachable")
+        conn = self._connection()
+        reused = self._local.used
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            payload = resp.read()
+        except BaseException as e:
+            self._drop(conn)
+            if reused and isinstance(e, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError):
+                return self._once(method, path, data)
+            raise
+        self._local.used = True
+        if resp.will_close:
+            self._drop(conn)
+        return resp.status, payload
 
 
 def server_message(payload: bytes) -> str:
