@@ -19,6 +19,7 @@ vocabulary at temperature 1, with ``-inf`` sent as ``-9999.0`` (vLLM's clamp: JS
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import time
@@ -208,26 +209,20 @@ def openai_logprobs(
     """The OpenAI completions ``logprobs`` object (tokens, token_logprobs, top_logprobs, text_offset) from entries.
 
     ``top_logprobs`` is keyed by decoded text and holds at most k+1 entries (the actual token and the top k), as in
-    OpenAI's API; a ``None`` entry (the first prompt token) gives a null log-prob.
+    OpenAI's API; a ``None`` entry (the first prompt token) gives a null log-prob. ``decode`` is the one that wrote
+    the entries' ``decoded_token``.
     """
-    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
-    offset = 0
-    for tid, entry in zip(token_ids, entries, strict=True):
-        if entry is None:
-            token, lp, top = decode(tid), None, None
-        else:
-            token, lp = entry[str(tid)]["decoded_token"], entry[str(tid)]["logprob"]
-            top = {e["decoded_token"]: e["logprob"] for i, e in enumerate(entry.values()) if i <= k}
-        tokens.append(token)
-        token_logprobs.append(lp)
-        top_logprobs.append(top)
-        text_offset.append(offset)
-        offset += len(tokens[-1])
+    tokens = [decode(tid) for tid in token_ids]
     return {
-        "text_offset": text_offset,
-        "token_logprobs": token_logprobs,
+        "text_offset": list(itertools.accumulate((len(t) for t in tokens), initial=0))[:-1],
+        "token_logprobs": [
+            None if e is None else e[str(tid)]["logprob"] for tid, e in zip(token_ids, entries, strict=True)
+        ],
         "tokens": tokens,
-        "top_logprobs": top_logprobs,
+        "top_logprobs": [
+            None if e is None else {x["decoded_token"]: x["logprob"] for x in list(e.values())[: k + 1]}
+            for e in entries
+        ],
     }
 
 
