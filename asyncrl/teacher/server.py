@@ -47,7 +47,7 @@ from asyncrl.teacher.protocol import (
     parse_prompts,
     tokenizer_fingerprint,
 )
-from asyncrl.teacher.transport import ServerStoppingError, TeacherHTTPServer
+from asyncrl.teacher.transport import Route, ServerStoppingError, TeacherHTTPServer
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class TeacherServer:
 
     def start(self) -> TeacherServer:
         try:
-            self._httpd = TeacherHTTPServer((self.host, self._requested_port), self)
+            self._httpd = TeacherHTTPServer((self.host, self._requested_port), self.routes())
         except OSError as e:
             raise OSError(f"serve-teacher: cannot listen on {self.host}:{self._requested_port} ({e})") from e
         if self.host not in ("127.0.0.1", "localhost", "::1"):
@@ -185,11 +185,7 @@ class TeacherServer:
 
     # ---- batching --------------------------------------------------------------------------------------------
     def _batch_loop(self) -> None:
-        stop = False
-        while not stop:
-            job = self._queue.get()
-            if job is None:
-                break
+        while (job := self._queue.get()) is not None:
             batch, deadline = [job], time.monotonic() + self.max_wait_s
             while len(batch) < self.max_batch:
                 remaining = deadline - time.monotonic()
@@ -197,8 +193,8 @@ class TeacherServer:
                     nxt = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if nxt is None:
-                    stop = True
+                if nxt is None:  # stop, after this batch (nothing is queued after the None)
+                    self._queue.put(None)
                     break
                 batch.append(nxt)
             self._run_batch(batch)
@@ -229,6 +225,15 @@ class TeacherServer:
             job.future.set_result(res)
 
     # ---- endpoints (each takes the decoded JSON body and returns the JSON reply) ------------------------------
+    def routes(self) -> dict[str, Route]:
+        return {
+            "GET /health": lambda _: {"status": "ok", "model": self.model_id},
+            "GET /v1/models": lambda _: self.models_payload(),
+            "POST /v1/completions": self.complete,
+            "POST /tokenize": self.tokenize,
+            "POST /detokenize": self.detokenize,
+        }
+
     def _tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
