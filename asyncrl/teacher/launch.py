@@ -81,7 +81,7 @@ def teacher_endpoint(cfg: TeacherConfig, log_dir: str | os.PathLike[str]) -> Ite
         cfg.startup_timeout_s,
     )
     proc = _spawn(spec, port=0)
-    supervisor = TeacherSupervisor(spec, proc, _await_url(proc, spec), cfg.max_restarts).start()
+    supervisor = TeacherSupervisor(spec, proc, _await_url(proc, spec), cfg.max_restarts)
     try:
         yield supervisor
     finally:
@@ -118,15 +118,13 @@ class TeacherSupervisor(TeacherEndpoint):
     process is spawned, so the process ``stop`` ends last is the final one.
     """
 
-    def __init__(
-        self, spec: ServerSpec, proc: subprocess.Popen, url: str, max_restarts: int, poll_s: float = POLL_S
-    ) -> None:
+    def __init__(self, spec: ServerSpec, proc: subprocess.Popen, url: str, max_restarts: int) -> None:
         port = urlsplit(url).port
         if not port:
             stop_process(proc)
             raise TeacherStartError(f"teacher server for {spec.model_dir} reported {url!r}, a URL without a port")
         super().__init__(url)
-        self.spec, self.port, self.max_restarts, self.poll_s = spec, port, max_restarts, poll_s
+        self.spec, self.port, self.max_restarts = spec, port, max_restarts
         self._proc = proc
         self._restarts: list[TeacherRestart] = []
         self._lock = threading.Lock()
@@ -134,6 +132,7 @@ class TeacherSupervisor(TeacherEndpoint):
         self._up = threading.Event()  # clear from a death seen until the restart listens (or none will come)
         self._up.set()
         self._thread = threading.Thread(target=self._watch, name="teacher-supervisor", daemon=True)
+        self._thread.start()
 
     @property
     def pid(self) -> int:
@@ -145,17 +144,13 @@ class TeacherSupervisor(TeacherEndpoint):
         with self._lock:
             return list(self._restarts)
 
-    def start(self) -> TeacherSupervisor:
-        self._thread.start()
-        return self
-
     def wait_up(self, timeout_s: float) -> bool:
         """Wait (up to ``timeout_s``) while the server is being restarted; True when one listens. The client calls
         this before each retry, so its retries are spent on a server that is up, not on the restart's start-up."""
         with self._lock:
             dead_unseen = self._proc.poll() is not None and self._up.is_set()
         if dead_unseen:  # the watcher sees the exit within one poll
-            self._stopping.wait(2 * self.poll_s)
+            self._stopping.wait(2 * POLL_S)
         return self._up.wait(timeout_s)
 
     def stop(self) -> None:
@@ -169,7 +164,7 @@ class TeacherSupervisor(TeacherEndpoint):
         stop_process(self._proc)  # the final process: the thread may have started it before _stopping was set
 
     def _watch(self) -> None:
-        while not self._stopping.wait(self.poll_s):
+        while not self._stopping.wait(POLL_S):
             with self._lock:
                 proc = self._proc
             code = proc.poll()
