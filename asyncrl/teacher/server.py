@@ -12,10 +12,8 @@ batched and unbatched scores agree to float rounding.
 
 Endpoints: ``GET /health``, ``GET /v1/models`` (vLLM's list plus ``vocab_size`` and ``tokenizer_fingerprint``, which
 the client uses to check the student shares the vocabulary), ``POST /v1/completions``, ``POST /tokenize`` and
-``POST /detokenize`` (vLLM's shapes). There is no authentication: it binds 127.0.0.1 unless told otherwise.
-
-This module is the engine (model, batcher, endpoint logic) and the command line; the HTTP plumbing (routing, body
-limits, status codes, connection tracking) is :mod:`asyncrl.teacher.transport`.
+``POST /detokenize`` (vLLM's shapes; the HTTP plumbing is :mod:`asyncrl.teacher.transport`). There is no
+authentication: it binds 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
