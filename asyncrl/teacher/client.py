@@ -13,7 +13,6 @@ The failure policy (retries with back-off, then :class:`TeacherUnavailableError`
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
@@ -71,21 +70,16 @@ class TeacherClient:
             )
         except ValueError as e:
             raise ValueError(f"TeacherClient: {e}") from None
-        self.url, self.top_k, self.max_in_flight = self._http.url, top_k, max_in_flight
+        self.url, self.top_k = self._http.url, top_k
         self._model = {"model": model} if model is not None else {}  # in every POST body
-        self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool = ThreadPoolExecutor(max_in_flight, thread_name_prefix="teacher-client")  # threads start on demand
 
     # ---- public API --------------------------------------------------------------------------------------------
     def topk(self, prompts_and_responses: list[list[int]]) -> list[TopK]:
         """One :class:`TopK` per sequence (in order), requested concurrently, at most ``max_in_flight`` at a time."""
         if not prompts_and_responses:
             return []
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="teacher-client")
-            pool = self._pool
-        futures = [pool.submit(self.score, seq) for seq in prompts_and_responses]
+        futures = [self._pool.submit(self.score, seq) for seq in prompts_and_responses]
         done, pending = wait(futures, return_when=FIRST_EXCEPTION)
         for f in pending:
             f.cancel()
@@ -178,10 +172,7 @@ class TeacherClient:
 
     def close(self) -> None:
         """Stop the worker threads and close kept-alive connections."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
         self._http.close()
 
     def __enter__(self) -> TeacherClient:
