@@ -62,8 +62,7 @@ class JsonHttpClient:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{what} url {url!r} must look like http://host:port")
         self.url = f"{parts.scheme}://{parts.netloc}"
-        path = parts.path.rstrip("/")
-        self.prefix = path.removesuffix(strip_suffix)
+        self.prefix = parts.path.rstrip("/").removesuffix(strip_suffix)
         self._https = parts.scheme == "https"
         self._host, self._port = parts.hostname, parts.port
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
