@@ -99,7 +99,7 @@ class TeacherEndpoint:
 
     @property
     def pid(self) -> int | None:
-        """The server process started here now (a restart changes it)."""
+        """The server process started here now (a restart changes it); none for a given ``teacher.url``."""
         return None
 
     @property
@@ -260,7 +260,11 @@ def _await_url(proc: subprocess.Popen, spec: ServerSpec) -> str:
     if not line or not line[0].strip():
         stop_process(proc)
         status = f"did not start within {spec.startup_timeout_s:.0f} s" if not line else "exited during start-up"
-        raise TeacherStartError(f"{where} {status}: {_tail(spec.stderr_path)}")
+        try:
+            tail = spec.stderr_path.read_text(errors="replace")[-1500:].strip() or "(empty)"
+        except OSError:
+            tail = "(no stderr file)"
+        raise TeacherStartError(f"{where} {status}: {tail}")
     try:
         return json.loads(line[0])["teacher"]
     except (ValueError, KeyError, TypeError):
@@ -288,10 +292,3 @@ def _note(path: Path, what: str) -> None:
             f.write(f"--- asyncrl {time.strftime('%Y-%m-%d %H:%M:%S')}: teacher server {what} ---\n")
     except OSError:
         pass
-
-
-def _tail(path: Path, n: int = 1500) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:].strip() or "(empty)"
-    except OSError:
-        return "(no stderr file)"
