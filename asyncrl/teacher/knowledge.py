@@ -42,9 +42,7 @@ def get_teacher_knowledge(client: TeacherClient, samples: list[Sample]) -> Teach
     token = torch.zeros((B, T), dtype=torch.float32)
     for b, (s, tk) in enumerate(zip(samples, scored)):
         P, R = len(s.prompt.prompt_ids), len(s.response_ids)
-        if R == 0:
-            continue
-        rows = slice(P - 1, P - 1 + R)  # row P-1 predicts the first response token
+        rows = slice(P - 1, P - 1 + R)  # row P-1 predicts the first response token (none when R = 0)
         ids[b, :R] = tk.ids_TK[rows]
         logp[b, :R] = tk.logp_TK[rows]
         token[b, :R] = tk.token_logp_T[rows]
