@@ -142,7 +142,7 @@ class TeacherServer:
 
     def start(self) -> TeacherServer:
         try:
-            self._httpd = TeacherHTTPServer((self.host, self._requested_port), self.routes())
+            self._httpd = TeacherHTTPServer((self.host, self._requested_port), self._routes())
         except OSError as e:
             raise OSError(f"serve-teacher: cannot listen on {self.host}:{self._requested_port} ({e})") from e
         if self.host not in ("127.0.0.1", "localhost", "::1"):
@@ -223,7 +223,7 @@ class TeacherServer:
             job.future.set_result(res)
 
     # ---- endpoints (each takes the decoded JSON body and returns the JSON reply) ------------------------------
-    def routes(self) -> dict[str, Route]:
+    def _routes(self) -> dict[str, Route]:
         return {
             "GET /health": lambda _: {"status": "ok", "model": self.model_id},
             "GET /v1/models": lambda _: self.models_payload(),
