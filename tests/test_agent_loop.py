@@ -18,7 +18,7 @@ import pytest
 
 from asyncrl.config import SCHEDULES, load_config
 from asyncrl.config.errors import ConfigError
-from asyncrl.config.schema import MultiTurnConfig
+from asyncrl.config.rollout import MultiTurnConfig
 from asyncrl.data.collate import collate
 from asyncrl.data.dataset import PromptDataset
 from asyncrl.models.loading import load_model

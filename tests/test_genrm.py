@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from asyncrl.config import ConfigError, load_config
-from asyncrl.config.schema import GenRMConfig
+from asyncrl.config.rollout import GenRMConfig
 from asyncrl.models.loading import load_model
 from asyncrl.models.presets import init_model_dir
 from asyncrl.models.tokenizer import build_char_tokenizer

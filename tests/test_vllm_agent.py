@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("vllm", reason="the vllm extra is not installed (pip install -e '.[vllm]', or make test-vllm)")
 
 from asyncrl.config import load_config  # noqa: E402
-from asyncrl.config.schema import MultiTurnConfig  # noqa: E402
+from asyncrl.config.rollout import MultiTurnConfig  # noqa: E402
 from asyncrl.data.dataset import PromptDataset  # noqa: E402
 from asyncrl.models.loading import load_model  # noqa: E402
 from asyncrl.rollout.agent.engine import AgentEngine  # noqa: E402

@@ -4,33 +4,34 @@
 from asyncrl.config.checks import validate
 from asyncrl.config.errors import ConfigError, check, choice
 from asyncrl.config.loading import load_config, to_dict
+from asyncrl.config.rollout import RewardConfig, RolloutConfig
 from asyncrl.config.schema import (
     BACKENDS,
     SCHEDULES,
-    ActorConfig,
-    AlgorithmConfig,
-    AsyncTrainingConfig,
     Config,
-    CriticConfig,
-    CriticModelConfig,
     DataConfig,
-    DistillConfig,
-    DpoConfig,
-    FilterGroupsConfig,
     ModelConfig,
-    OptimConfig,
-    OverlongBufferConfig,
     PlacementConfig,
     PoolConfig,
     RayConfig,
-    RewardConfig,
-    RewardKwargsConfig,
-    RewardModelConfig,
-    RolloutConfig,
-    RolloutCorrectionConfig,
-    TeacherConfig,
     TrainerConfig,
     WeightSyncConfig,
+)
+from asyncrl.config.training import (
+    ActorConfig,
+    AlgorithmConfig,
+    AsyncTrainingConfig,
+    CriticConfig,
+    CriticModelConfig,
+    DistillConfig,
+    DpoConfig,
+    FilterGroupsConfig,
+    OptimConfig,
+    OverlongBufferConfig,
+    RewardKwargsConfig,
+    RewardModelConfig,
+    RolloutCorrectionConfig,
+    TeacherConfig,
 )
 
 __all__ = [

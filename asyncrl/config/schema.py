@@ -16,35 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config.errors import ConfigError, check
-from asyncrl.config.rollout import (
-    DTYPES,
-    AgentConfig,
-    GenRMConfig,
-    MultiTurnConfig,
-    RewardConfig,
-    RolloutConfig,
-    SkipConfig,
-    TraceConfig,
-    ValKwargsConfig,
-)
+from asyncrl.config.rollout import DTYPES, RewardConfig, RolloutConfig
 from asyncrl.config.rules import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Checked, at_least, one_of, or_null, rule
 from asyncrl.config.training import (
     ActorConfig,
     AlgorithmConfig,
     AsyncTrainingConfig,
     CriticConfig,
-    CriticModelConfig,
     DistillConfig,
     DpoConfig,
-    FilterGroupsConfig,
-    FsdpConfig,
-    OptimConfig,
-    OverlongBufferConfig,
     RefConfig,
-    RefFsdpConfig,
-    RewardKwargsConfig,
     RewardModelConfig,
-    RolloutCorrectionConfig,
     TeacherConfig,
 )
 
@@ -250,42 +232,3 @@ class Config:
 # the sections only some algorithm reads (it declares them: ``Algorithm.sections``), at their defaults: set in a run of
 # another algorithm, each is an error naming it (``reward_model`` is checked apart: its reward manager is everyone's)
 SECTION_DEFAULTS = {"critic": CriticConfig, "teacher": TeacherConfig, "distill": DistillConfig, "dpo": DpoConfig}
-
-__all__ = [
-    "SECTION_DEFAULTS",
-    "BACKENDS",
-    "SCHEDULES",
-    "ActorConfig",
-    "AgentConfig",
-    "AlgorithmConfig",
-    "AsyncTrainingConfig",
-    "Config",
-    "CriticConfig",
-    "CriticModelConfig",
-    "DataConfig",
-    "DistillConfig",
-    "DpoConfig",
-    "FilterGroupsConfig",
-    "FsdpConfig",
-    "GenRMConfig",
-    "ModelConfig",
-    "MultiTurnConfig",
-    "OptimConfig",
-    "OverlongBufferConfig",
-    "PlacementConfig",
-    "PoolConfig",
-    "RayConfig",
-    "RefConfig",
-    "RefFsdpConfig",
-    "RewardConfig",
-    "RewardKwargsConfig",
-    "RewardModelConfig",
-    "RolloutConfig",
-    "RolloutCorrectionConfig",
-    "SkipConfig",
-    "WeightSyncConfig",
-    "TeacherConfig",
-    "TraceConfig",
-    "TrainerConfig",
-    "ValKwargsConfig",
-]

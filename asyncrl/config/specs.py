@@ -11,19 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from asyncrl.config.schema import (
+from asyncrl.config.rollout import RewardConfig, RolloutConfig
+from asyncrl.config.schema import Config, DataConfig, ModelConfig
+from asyncrl.config.training import (
     ActorConfig,
     AsyncTrainingConfig,
-    Config,
     CriticConfig,
-    DataConfig,
     FilterGroupsConfig,
-    ModelConfig,
     OverlongBufferConfig,
     RefConfig,
-    RewardConfig,
     RewardModelConfig,
-    RolloutConfig,
 )
 
 OLD_POLICIES = ("behaviour", "actor", "prox")

@@ -97,7 +97,7 @@ def rl(config: str, model: Path, run_dir: Path, agent: str, steps: int, extra: l
 
 def held_out_tool_use(model_dir: Path, test: Path, n: int = 200) -> dict[str, float]:
     """Greedy rollouts of the trained tool model on held-out prompts: tool-call rate and turns per sample."""
-    from asyncrl.config.schema import MultiTurnConfig
+    from asyncrl.config.rollout import MultiTurnConfig
     from asyncrl.data.dataset import PromptDataset
     from asyncrl.rollout.agent.engine import AgentEngine
     from asyncrl.rollout.engine import RolloutEngine
