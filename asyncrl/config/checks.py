@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from asyncrl.config.algorithm_section import check_algorithm_name
 from asyncrl.config.errors import ConfigError, check
-from asyncrl.config.model_checks import check_lora, check_quantization, check_rollout_dtype, check_trainer_ranks
 from asyncrl.config.resources import resolve_ranks
 from asyncrl.config.schema import AsyncTrainingConfig, Config
 
@@ -27,10 +26,8 @@ def validate(cfg: Config) -> None:
         allowed = f"a divisor of data.train_batch_size ({d.train_batch_size})"
         ok = d.train_batch_size % a.ppo_mini_batch_size == 0
         check(ok, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size, allowed)
-    check_lora(cfg)
-    check_quantization(cfg)
-    check_rollout_dtype(cfg)
-    check_trainer_ranks(cfg)
+    _check_rollout_model(cfg)
+    _check_trainer_ranks(cfg)
     _check_async_training(cfg)
     _check_dynamic_sampling(cfg)
     _check_reward_shaping(cfg)
@@ -155,3 +152,89 @@ def _check_async_training(cfg: Config) -> None:
         at.compute_prox_log_prob,
         "false when actor.use_rollout_log_probs is true (bypass and decoupled PPO are alternatives)",
     )
+
+
+def _check_trainer_ranks(cfg: Config) -> None:
+    t, r = cfg.trainer, cfg.rollout
+    _check_offload(cfg)
+    check(
+        t.num_workers == 1 or t.schedule != "sync" or r.engine != "vllm",
+        "trainer.num_workers",
+        t.num_workers,
+        "1 with rollout.engine=vllm in the sync schedule (each data-parallel rank would start a vLLM engine of its "
+        "own, which is not implemented; a separate rollout pool, trainer.schedule=one_step_off, works with any "
+        "number of ranks)",
+    )
+    fs = cfg.actor.fsdp_config.fsdp_size
+    check(
+        fs in (-1, t.num_workers),
+        "actor.fsdp_config.fsdp_size",
+        fs,
+        f"-1 or trainer.num_workers ({t.num_workers}): every trainer rank in one shard group (hybrid sharding, "
+        "shards replicated across groups, is not built)",
+    )
+    if t.strategy == "fsdp2" and t.num_workers > 1:
+        check(
+            t.backend == "ray",
+            "trainer.strategy",
+            t.strategy,
+            "ddp with trainer.backend=in_process: FSDP2 needs a default process group per rank, so its ranks must "
+            "be processes (trainer.backend=ray), not threads of the driver",
+        )
+        check(
+            not cfg.model.lora_rank,
+            "trainer.strategy",
+            t.strategy,
+            "ddp with LoRA (model.lora_rank > 0): sharding a LoRA model with FSDP2 is not implemented (DDP "
+            "replicates only the small adapter's gradients and optimizer state)",
+        )
+
+
+def _check_offload(cfg: Config) -> None:
+    """verl's actor offload keys act on FSDP2's shards: refused by name where nothing is sharded, or where torch
+    cannot do what they ask. (``ref.fsdp_config.param_offload`` works either way: an unsharded reference waits on the
+    host and is moved in for its pass.)"""
+    t, fc = cfg.trainer, cfg.actor.fsdp_config
+    sharded = t.strategy == "fsdp2" and t.num_workers > 1
+    for key, on in (
+        ("actor.fsdp_config.param_offload", fc.param_offload),
+        ("actor.fsdp_config.optimizer_offload", fc.optimizer_offload),
+    ):
+        check(
+            not on or sharded,
+            key,
+            on,
+            "false unless trainer.strategy=fsdp2 with trainer.num_workers > 1: it offloads FSDP2's shards (DDP and "
+            "one rank keep their weights and optimizer state where they train)",
+        )
+    check(
+        fc.optimizer_offload == fc.param_offload,
+        "actor.fsdp_config.optimizer_offload",
+        fc.optimizer_offload,
+        f"equal to actor.fsdp_config.param_offload ({fc.param_offload}): torch's FSDP2 CPUOffloadPolicy keeps a "
+        "module's parameter, gradient and optimizer-state shards on the host together (the step runs there), so one "
+        "cannot be offloaded without the other",
+    )
+
+
+def _check_rollout_model(cfg: Config) -> None:
+    """An fp8 rollout syncs the whole base model; the sync schedule's built-in engine decodes from the trainer's own
+    weights, in ``model.dtype``."""
+    r, m = cfg.rollout, cfg.model
+    sync_builtin = cfg.trainer.schedule == "sync" and r.engine == "builtin"
+    if r.quantization is not None and m.lora_rank:
+        raise ConfigError(
+            "rollout.quantization=fp8 with model.lora_rank > 0 is not implemented (a LoRA sync carries only the "
+            "adapter; quantizing the base for the rollout is not built)"
+        )
+    if r.quantization is not None and sync_builtin:
+        raise ConfigError(
+            "rollout.quantization=fp8 with trainer.schedule=sync needs rollout.engine=vllm: the built-in engine "
+            "decodes with the trainer's own weights in sync (use a schedule with a rollout pool, or vLLM)"
+        )
+    if sync_builtin and r.dtype not in (None, m.dtype):
+        raise ConfigError(
+            f"rollout.dtype={r.dtype}: the sync schedule's built-in engine decodes from the trainer's own weights, in "
+            f"model.dtype={m.dtype}; set rollout.dtype to null or {m.dtype}, or use rollout.engine=vllm (its own copy, "
+            "in rollout.dtype) or a schedule with a rollout pool"
+        )

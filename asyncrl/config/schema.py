@@ -17,7 +17,7 @@ from typing import Any
 
 from asyncrl.config.errors import ConfigError, check
 from asyncrl.config.rollout import DTYPES, RewardConfig, RolloutConfig
-from asyncrl.config.rules import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Checked, at_least, one_of, or_null, rule
+from asyncrl.config.rules import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Checked, above, at_least, one_of, or_null, rule
 from asyncrl.config.training import (
     ActorConfig,
     AlgorithmConfig,
@@ -73,6 +73,10 @@ class DataConfig(Checked):
         return self.gen_batch_size or self.train_batch_size
 
 
+def _module_names(t: object) -> bool:
+    return t == "all-linear" or (isinstance(t, list) and bool(t) and all(isinstance(x, str) and x for x in t))
+
+
 @dataclass
 class ModelConfig(Checked):
     path: str = MISSING  # a local Hugging Face causal-LM directory
@@ -84,7 +88,19 @@ class ModelConfig(Checked):
     # config changes for the policy in trainer AND rollout: attn_implementation, rope_scaling, any config attribute
     override_config: dict[str, Any] = field(default_factory=dict)
 
-    RULES = {"dtype": one_of(DTYPES)}  # the LoRA keys: asyncrl.config.model_checks
+    RULES = {
+        "dtype": one_of(DTYPES),
+        "lora_rank": at_least(0, " (0 = full fine-tuning)"),
+        "lora_alpha": above(0),
+        "target_modules": rule(_module_names, '"all-linear" or a non-empty list of module names'),
+    }
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        if self.lora_adapter_path is not None and not self.lora_rank:
+            raise ConfigError(
+                "model.lora_adapter_path is set but model.lora_rank is 0 (LoRA off): set the adapter's rank"
+            )
 
 
 @dataclass

@@ -61,7 +61,7 @@ def colocated_engine(spec: EngineSpec, model: PreTrainedModel, tokenizer, is_rol
     with vLLM fed in-process from ``model`` when ``rollout.engine=vllm`` (in ``rollout.dtype``, on the trainer's GPU:
     a colocated share of it); else it only evaluates, with the built-in loop over ``model``, in the trainer's own
     dtype (it decodes from the trained weights themselves: a ``rollout.dtype`` other than ``model.dtype`` is refused
-    at load for the sync schedule's built-in engine, ``asyncrl.config.model_checks``)."""
+    at load for the sync schedule's built-in engine, ``asyncrl.config.checks``)."""
     r = spec.rollout
     if r.engine == "vllm" and is_rollout:
         from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
