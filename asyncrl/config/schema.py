@@ -162,22 +162,19 @@ class TrainerConfig(Checked):
         super().check(key)
         for b in self.logger:
             check(b in LOGGERS, f"{key}.logger", b, "one of " + ", ".join(LOGGERS))
-            missing = missing_tracker_package(b)
-            if missing:
-                raise ConfigError(f"config key {key}.logger lists {b}, but {missing}")
-
-
-def missing_tracker_package(logger: str) -> str | None:
-    """Why ``logger`` cannot run here (its package is not installed, and what to install), or None. Checked when the
-    config loads, so a run that lists ``wandb`` without it fails before any worker starts, not at its first step."""
-    if logger not in TRACKER_PACKAGES:
-        return None
-    module, install = TRACKER_PACKAGES[logger]
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # ValueError: a module in sys.modules without a spec (or set to None)
-        found = False
-    return None if found else f"the {module} package is not installed: {install}, or pip install 'asyncrl[{logger}]'"
+            if b not in TRACKER_PACKAGES:
+                continue
+            # a run that lists wandb without it fails here, before any worker starts, not at its first step
+            module, install = TRACKER_PACKAGES[b]
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):  # ValueError: a module in sys.modules without a spec (or set to None)
+                found = False
+            if not found:
+                raise ConfigError(
+                    f"config key {key}.logger lists {b}, but the {module} package is not installed: "
+                    f"{install}, or pip install 'asyncrl[{b}]'"
+                )
 
 
 @dataclass

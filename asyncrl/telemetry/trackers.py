@@ -12,7 +12,7 @@ W&B follows its own environment (``WANDB_MODE=offline``, ``WANDB_API_KEY``, ``WA
 under ``WANDB_DIR``, else the run directory. MLflow logs to ``MLFLOW_TRACKING_URI``, else to a file store in the run
 directory (``mlruns/``; MLflow 3 keeps its file store behind ``MLFLOW_ALLOW_FILE_STORE``, which is set for it). A
 package is imported only when its logger is chosen, and the config check names a missing one before a run starts
-(``asyncrl.config.schema.missing_tracker_package``).
+(``asyncrl.config.schema.TrainerConfig.check``).
 """
 
 from __future__ import annotations
