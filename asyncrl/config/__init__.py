@@ -3,7 +3,7 @@
 
 from asyncrl.config.checks import validate
 from asyncrl.config.errors import ConfigError, check, choice
-from asyncrl.config.loading import load_config, to_dict
+from asyncrl.config.loading import load_config, load_schema, to_dict
 from asyncrl.config.rollout import RewardConfig, RolloutConfig
 from asyncrl.config.schema import (
     BACKENDS,
@@ -65,6 +65,7 @@ __all__ = [
     "check",
     "choice",
     "load_config",
+    "load_schema",
     "to_dict",
     "validate",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, overload
+from typing import TYPE_CHECKING, TypeVar
 
 from asyncrl.config import algorithm_section
 from asyncrl.config.checks import validate
@@ -35,42 +35,21 @@ RENAMED = {
 }
 
 
-def _renamed_key(layer: DictConfig | ListConfig, where: str) -> None:
-    from omegaconf import OmegaConf
-
-    for key, message in RENAMED.items():
-        if OmegaConf.select(layer, key, default=None) is not None:
-            raise ConfigError(f"{where}: config key {message}")
-
-
-@overload
 def load_config(
     path: str | Path | Mapping[str, object] | None = None,
     overrides: list[str] | None = None,
-    *,
-    validate_fn: Callable[[Config], None] | None = None,
-) -> Config: ...
-@overload
-def load_config(
+    validate_fn: Callable[[Config], None] = validate,
+) -> Config:
+    """The run's ``Config``: ``load_schema`` of the config tree, checked by ``validate_fn`` (the run's checks)."""
+    return load_schema(Config, path, overrides, validate_fn)
+
+
+def load_schema(
+    schema: type[T],
     path: str | Path | Mapping[str, object] | None,
     overrides: list[str] | None,
-    schema: type[T],
-    validate_fn: Callable[[T], None] | None = None,
-) -> T: ...
-@overload
-def load_config(
-    path: str | Path | Mapping[str, object] | None = None,
-    overrides: list[str] | None = None,
-    *,
-    schema: type[T],
-    validate_fn: Callable[[T], None] | None = None,
-) -> T: ...
-def load_config(
-    path: str | Path | Mapping[str, object] | None = None,
-    overrides: list[str] | None = None,
-    schema: type[DataclassInstance] = Config,
-    validate_fn: Callable[..., None] | None = None,
-) -> object:
+    validate_fn: Callable[[T], None],
+) -> T:
     """Merge a YAML file (or a nested dict of the same keys) and ``key=value`` overrides onto the dataclass defaults
     and validate.
 
@@ -96,8 +75,12 @@ def load_config(
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"command-line override {item!r}: expected key=value (e.g. rollout.n=8)")
+        # ``+key=value`` / ``++key=value`` as ``key=value``: verl's scripts add keys its YAML lacks with Hydra's ``+``
+        # (``+reward_model.reward_kwargs.max_resp_len=...``); every key exists in this tree, so adding and setting are
+        # one, and a key the tree does not have is still an unknown key
+        plain = item.removeprefix("+").removeprefix("+")
         try:
-            layers.append((f"override {item!r}", OmegaConf.from_dotlist([_without_hydra_prefix(item)])))
+            layers.append((f"override {item!r}", OmegaConf.from_dotlist([plain])))
         except Exception as e:  # the value is parsed as YAML: an unbalanced brace or quote fails there
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ConfigError(
@@ -105,7 +88,9 @@ def load_config(
             ) from None
     merged: Container = _base(schema, layers)
     for where, layer in layers:
-        _renamed_key(layer, where)
+        for key, message in RENAMED.items():
+            if OmegaConf.select(layer, key, default=None) is not None:
+                raise ConfigError(f"{where}: config key {message}")
         try:
             merged = OmegaConf.merge(merged, layer)
         except OmegaConfBaseException as e:
@@ -114,11 +99,11 @@ def load_config(
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise ConfigError(_describe(e, "config")) from None
-    (validate_fn or validate)(cfg)
+    validate_fn(cfg)
     return cfg
 
 
-def _base(schema: type[DataclassInstance], layers: list[tuple[str, DictConfig | ListConfig]]) -> DictConfig:
+def _base(schema: type[T], layers: list[tuple[str, DictConfig | ListConfig]]) -> DictConfig:
     """``schema``'s defaults, its ``algorithm:`` section as the class of the algorithm the layers choose (the last
     ``algorithm.name`` set: ``algorithm_section``), and each layer's keys of other algorithms at their defaults
     removed from it."""
@@ -141,13 +126,6 @@ def _base(schema: type[DataclassInstance], layers: list[tuple[str, DictConfig | 
             for key in algorithm_section.other_algorithms_defaults(plain, section, name):  # type: ignore[arg-type]
                 del given[key]
     return base
-
-
-def _without_hydra_prefix(item: str) -> str:
-    """``+key=value`` / ``++key=value`` as ``key=value``: verl's scripts add keys its YAML lacks with Hydra's ``+``
-    (``+reward_model.reward_kwargs.max_resp_len=...``); every key exists in this tree, so adding and setting are one,
-    and a key the tree does not have is still an unknown key."""
-    return item[2:] if item.startswith("++") else item[1:] if item.startswith("+") else item
 
 
 def _describe(e: Exception, where: str) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from asyncrl.config import ConfigError, check, load_config
+from asyncrl.config import ConfigError, check, load_schema
 from asyncrl.data.dataset import PromptDataset, load_rows, tokenize_messages
 from asyncrl.models.loading import load_model, set_seed_all
 from asyncrl.models.presets import PRESETS, init_model_dir
@@ -84,7 +84,7 @@ class SFTConfig:
 
 
 def load_sft_config(path: str | None, overrides: list[str] | None = None) -> SFTConfig:
-    cfg = load_config(path, overrides, schema=SFTConfig, validate_fn=validate_sft)
+    cfg = load_schema(SFTConfig, path, overrides, validate_sft)
     return cfg
 
 
