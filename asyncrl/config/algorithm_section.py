@@ -42,11 +42,6 @@ def check_algorithm_name(name: str) -> None:
     )
 
 
-def module_name(name: str) -> str:
-    """The module an ``algorithm.name`` names: a built-in name's module, or the user's dotted import path."""
-    return name if "." in name else f"{BUILTIN}.{name}"
-
-
 @cache
 def builtin_classes() -> dict[str, Any]:
     """The built-in algorithms: the built-in package's modules that name an ``ALGORITHM``, by module name, with that
@@ -64,7 +59,7 @@ def builtin_classes() -> dict[str, Any]:
 def algorithm_module(name: str) -> ModuleType:
     """The module of ``algorithm.name`` (imported); a name with no module is one error naming the built-in ones."""
     check_algorithm_name(name)
-    target = module_name(name)
+    target = name if "." in name else f"{BUILTIN}.{name}"  # a built-in name's module, or the user's import path
     try:
         return importlib.import_module(target)
     except ModuleNotFoundError as e:
