@@ -92,7 +92,14 @@ def train(
     from asyncrl.schedules import run_training  # the schedules import torch and the workers: only when training
     from asyncrl.telemetry.metrics import read_metrics
 
-    cfg = _config_for(config, overrides)
+    if isinstance(config, Config):  # a copy to fill in: the caller's Config is not changed
+        if overrides:
+            raise ConfigError("train(): overrides apply to a config path or dict; set fields on a Config directly")
+        cfg = copy.deepcopy(config)
+    elif isinstance(config, str | Path | Mapping):  # checked below, once train_data may have set data.train_files
+        cfg = _load_config(config, list(overrides), validate_fn=lambda cfg: None)
+    else:
+        raise ConfigError(f"train(): config must be a Config, a YAML path or a dict (got {type(config).__name__})")
     inputs = Path(cfg.trainer.default_local_dir) / INPUTS_DIR
     if train_data is not None:
         cfg.data.train_files = [_data_file(train_data, inputs / "train.jsonl", "train_data")]
@@ -108,18 +115,6 @@ def train(
     metrics = read_metrics(run_dir / "metrics.jsonl")
     last = max((m for m in metrics if (m.get("step") or 0) >= 1), key=lambda m: m.get("step") or 0, default={})
     return TrainResult(run_dir, Path(str(summary["final_model"])), dict(last), summary)
-
-
-def _config_for(config: Config | str | Path | Mapping[str, object], overrides: Sequence[str]) -> Config:
-    """A copy of ``config`` to fill in (a ``Config`` is not changed), not yet checked: ``data.train_files`` may be
-    set by ``train_data`` only."""
-    if isinstance(config, Config):
-        if overrides:
-            raise ConfigError("train(): overrides apply to a config path or dict; set fields on a Config directly")
-        return copy.deepcopy(config)
-    if not isinstance(config, str | Path | Mapping):
-        raise ConfigError(f"train(): config must be a Config, a YAML path or a dict (got {type(config).__name__})")
-    return _load_config(config, list(overrides), validate_fn=lambda cfg: None)
 
 
 def _data_file(data: Rows | str | Path, path: Path, what: str) -> str:
