@@ -17,13 +17,6 @@ import sys
 from typing import Any
 
 
-def _offline_env() -> None:
-    # Nothing this tool runs may reach a model hub; users loading a local directory never need it.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
 def _parse_task_args(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
@@ -68,16 +61,8 @@ def cmd_train(a: argparse.Namespace) -> None:
     from asyncrl.config import load_config
     from asyncrl.schedules import run_training
 
-    cfg = load_config(a.config, a.overrides)
-    print(json.dumps(run_training(cfg)))
-
-
-def cmd_distill(a: argparse.Namespace) -> None:
-    from asyncrl.config import load_config
-    from asyncrl.schedules import run_training
-
-    cfg = load_config(a.config, ["algorithm.name=distill", *a.overrides])
-    print(json.dumps(run_training(cfg)))
+    preset = ["algorithm.name=distill"] if a.command == "distill" else []
+    print(json.dumps(run_training(load_config(a.config, [*preset, *a.overrides]))))
 
 
 def cmd_preflight(a: argparse.Namespace) -> None:
@@ -120,7 +105,8 @@ def cmd_trace(a: argparse.Namespace) -> None:
     step = a.step if a.step is not None else (steps[-1] if steps else None)
     chosen = [r for r in recs if r.step == step]
     if not chosen:
-        raise SystemExit(f"{a.run_dir}: no traced samples at step {step} (traced steps: {_span(steps)})")
+        span = f"{steps[0]}..{steps[-1]}" if steps else "none"
+        raise SystemExit(f"{a.run_dir}: no traced samples at step {step} (traced steps: {span})")
     print(trace.format_step(chosen[: a.max] if a.max else chosen))
 
 
@@ -131,10 +117,6 @@ def cmd_replay(a: argparse.Namespace) -> None:
     print(result["line"])
     if not result["identical"]:
         sys.exit(1)
-
-
-def _span(steps: list[int]) -> str:
-    return f"{steps[0]}..{steps[-1]}" if steps else "none"
 
 
 def cmd_report(a: argparse.Namespace) -> None:
@@ -178,6 +160,8 @@ def cmd_convert_gguf(a: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import entry_points
+
     from asyncrl.config import TeacherConfig
 
     p = argparse.ArgumentParser(prog="asyncrl", description=__doc__.splitlines()[0])
@@ -207,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, helptext in (
         ("sft", cmd_sft, "supervised warm start (question -> answer)"),
         ("train", cmd_train, "RL training: algorithm.name on the schedule trainer.schedule"),
-        ("distill", cmd_distill, "on-policy distillation from a teacher server (algorithm.name=distill)"),
+        ("distill", cmd_train, "on-policy distillation from a teacher server (algorithm.name=distill)"),
         ("preflight", cmd_preflight, "check a run's cluster in minutes: placement, memory, groups, sync, decode, step"),
     ):
         s = sub.add_parser(name, help=helptext)
@@ -293,23 +277,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="replace a non-empty --out")
     s.set_defaults(fn=cmd_convert_gguf)
 
-    add_plugin_commands(sub)
-    return p
-
-
-def add_plugin_commands(sub: argparse._SubParsersAction) -> None:
-    """Commands other distributions register under the ``asyncrl.commands`` entry points (asyncrl's lab: ``bench``,
-    ``demo``, ``demo-real``): each entry is a function that adds its subparser, with ``fn`` as its default. asyncrl
-    imports none of them by name; a command whose distribution is not installed is simply absent."""
-    from importlib.metadata import entry_points
-
+    # Commands other distributions register under the ``asyncrl.commands`` entry points (asyncrl's lab: ``bench``,
+    # ``demo``, ``demo-real``): each entry is a function that adds its subparser, with ``fn`` as its default. asyncrl
+    # imports none of them by name; a command whose distribution is not installed is simply absent.
     for ep in sorted(entry_points(group="asyncrl.commands"), key=lambda e: e.name):
         if ep.name not in sub.choices:
             ep.load()(sub)
+    return p
 
 
 def main(argv: list[str] | None = None) -> None:
-    _offline_env()
+    # Nothing this tool runs may reach a model hub; users loading a local directory never need it.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # SIGTERM (kill, a scheduler's stop) unwinds like Ctrl-C: pipelines' finally blocks kill their Ray actors and
     # the local cluster shuts down, instead of leaving workers computing for a driver that is gone.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
