@@ -2,7 +2,7 @@
 (``loading``) and checked at load (``checks``), so a bad key fails before any worker starts, naming the key."""
 
 from asyncrl.config.checks import validate
-from asyncrl.config.errors import ConfigError, check, choice
+from asyncrl.config.errors import ConfigError, check
 from asyncrl.config.loading import load_config, load_schema, to_dict
 from asyncrl.config.rollout import RewardConfig, RolloutConfig
 from asyncrl.config.schema import (
@@ -63,7 +63,6 @@ __all__ = [
     "Config",
     "ConfigError",
     "check",
-    "choice",
     "load_config",
     "load_schema",
     "to_dict",

@@ -1,4 +1,4 @@
-"""The one error type of the config, and the two checks every section uses."""
+"""The one error type of the config, and the check every section uses."""
 
 from __future__ import annotations
 
@@ -12,7 +12,3 @@ class ConfigError(UserInputError, ValueError):
 def check(ok: bool, key: str, value: object, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"config key {key} must be {allowed} (got {value!r})")
-
-
-def choice(key: str, value: object, choices: tuple) -> None:
-    check(value in choices, key, value, "one of " + ", ".join(str(c) for c in choices))
