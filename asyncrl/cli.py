@@ -17,22 +17,18 @@ import sys
 from typing import Any
 
 
-def _parse_task_args(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
+def cmd_data(a: argparse.Namespace) -> None:
+    from asyncrl.data.tasks import write_task_dataset
+
+    task_args: dict[str, Any] = {}
+    for item in a.task_arg:
         if "=" not in item:
             raise SystemExit(f"--task-arg {item!r}: expected key=value (e.g. max_terms=3)")
         k, v = item.split("=", 1)
         try:
-            out[k] = json.loads(v)
+            task_args[k] = json.loads(v)
         except json.JSONDecodeError:
-            out[k] = v
-    return out
-
-
-def cmd_data(a: argparse.Namespace) -> None:
-    from asyncrl.data.tasks import write_task_dataset
-
+            task_args[k] = v
     train, test = write_task_dataset(
         a.task,
         a.size,
@@ -40,7 +36,7 @@ def cmd_data(a: argparse.Namespace) -> None:
         a.out,
         test_size=a.test_size,
         prompt_template=a.prompt_template,
-        **_parse_task_args(a.task_arg),
+        **task_args,
     )
     print(json.dumps({"train": str(train), "test": str(test)}))
 
