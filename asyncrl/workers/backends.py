@@ -40,9 +40,30 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+import torch
+
 from asyncrl.calls import wait_with_deadline
 from asyncrl.comm.groups import LOOPBACK
 from asyncrl.comm.transport import WorkerLocation
+from asyncrl.telemetry.timeline import Event, get_timeline
+
+
+class RoleWorker:
+    """What every role worker is given and answers, on either backend: ``num_threads`` torch threads (its slot's,
+    ``Placement.slot``), its name, and its timeline (the spans the report draws) and process id."""
+
+    def __init__(self, name: str, num_threads: int | None) -> None:
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.name = name
+        self.timeline = get_timeline()
+        self.timeline.worker = name
+
+    def pop_timeline(self) -> list[Event]:
+        return self.timeline.drain()
+
+    def pid(self) -> int:
+        return os.getpid()
 
 
 class LocalPending:

@@ -8,7 +8,6 @@ token is chosen, as in verl. A plain Python class; a backend runs it on the pool
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -20,10 +19,10 @@ from asyncrl.config.specs import CriticSpec
 from asyncrl.data.collate import TrainBatch, micro_batches
 from asyncrl.models.device import resolve_device, to_device
 from asyncrl.models.loading import load_model
-from asyncrl.telemetry.timeline import Event, get_timeline
 from asyncrl.trainer.forward import at_responses, batching, model_inputs
 from asyncrl.trainer.update import build_optimizer, optimize
 from asyncrl.types import Scored
+from asyncrl.workers.backends import RoleWorker
 
 
 class ValueModel(torch.nn.Module):
@@ -42,12 +41,10 @@ class ValueModel(torch.nn.Module):
         return self.value_head(at_responses(h, mb).float()).squeeze(-1)
 
 
-class CriticWorker:
+class CriticWorker(RoleWorker):
     def __init__(self, spec: CriticSpec, name: str = "critic", num_threads: int | None = None):
-        if num_threads:
-            torch.set_num_threads(num_threads)
+        super().__init__(name, num_threads)
         self.spec = spec
-        self.name = name
         torch.manual_seed(seeds.critic_init(spec.seed))
         path = spec.critic.model.path or spec.model.path
         self.device = resolve_device(spec.device, name)
@@ -60,8 +57,6 @@ class CriticWorker:
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0
         )
         self.updates = 0
-        self.timeline = get_timeline()
-        self.timeline.worker = name
 
     def compute_values(self, batch: TrainBatch, step: int = -1) -> Scored:
         """Values [B, T] (0 on padding) and the seconds spent on this worker (``timing_s/values``)."""
@@ -131,9 +126,3 @@ class CriticWorker:
         self.updates = int(state["updates"])
         set_rng_state(state["rng"])
         return self.updates
-
-    def pop_timeline(self) -> list[Event]:
-        return self.timeline.drain()
-
-    def pid(self) -> int:
-        return os.getpid()

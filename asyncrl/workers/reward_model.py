@@ -3,29 +3,22 @@
 
 from __future__ import annotations
 
-import os
 import time
-
-import torch
 
 from asyncrl.config.specs import RewardModelSpec
 from asyncrl.models.device import resolve_device
 from asyncrl.models.reward_model import load_reward_model, score_ids
-from asyncrl.telemetry.timeline import Event, get_timeline
 from asyncrl.types import Sample, Scored
+from asyncrl.workers.backends import RoleWorker
 
 
-class RewardModelWorker:
+class RewardModelWorker(RoleWorker):
     def __init__(self, spec: RewardModelSpec, name: str = "reward_model", num_threads: int | None = None):
-        if num_threads:
-            torch.set_num_threads(num_threads)
-        self.name = name
+        super().__init__(name, num_threads)
         self.micro = spec.reward_model.micro_batch_size
         self.device = resolve_device(spec.device, name)
         self.model, self.tokenizer = load_reward_model(spec.reward_model.path, spec.policy_path)
         self.model.to(self.device)
-        self.timeline = get_timeline()
-        self.timeline.worker = name
 
     def score(self, samples: list[Sample], step: int = -1) -> Scored:
         """Reward-model logits [B] for ``samples`` and the seconds spent here."""
@@ -40,9 +33,3 @@ class RewardModelWorker:
 
     def load_checkpoint(self, directory: str) -> int:
         return 0
-
-    def pop_timeline(self) -> list[Event]:
-        return self.timeline.drain()
-
-    def pid(self) -> int:
-        return os.getpid()

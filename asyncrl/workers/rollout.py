@@ -10,33 +10,25 @@ trainer's critical path.
 
 from __future__ import annotations
 
-import os
-
-import torch
-
 from asyncrl.config.specs import RolloutSpec
 from asyncrl.models.device import resolve_device
 from asyncrl.rewards.loop import build_reward_loop, generate_scored
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.factory import rollout_engine
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.telemetry.timeline import Event, get_timeline
 from asyncrl.types import Generation, PrefillStats, Prompt, Sample
 from asyncrl.weights.endpoints import SyncReceiverMixin
+from asyncrl.workers.backends import RoleWorker
 from asyncrl.workers.stream_loop import StreamLoop
 
 
-class RolloutWorker(SyncReceiverMixin):
+class RolloutWorker(SyncReceiverMixin, RoleWorker):
     def __init__(self, spec: RolloutSpec, name: str = "rollout0", num_threads: int | None = None):
-        if num_threads:
-            torch.set_num_threads(num_threads)
-        self.name = name
+        super().__init__(name, num_threads)
         self.device = resolve_device(spec.engine.device, name)
         self.engine = rollout_engine(spec.engine, self.device)
         self.reward_fn = build_reward_fn(spec.reward.custom_function, binarize=spec.reward.binarize)
         self.scorer = build_reward_loop(spec.reward, self.reward_fn)
-        self.timeline = get_timeline()
-        self.timeline.worker = name
 
     def generate(
         self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int = -1, score: bool = True
@@ -74,9 +66,3 @@ class RolloutWorker(SyncReceiverMixin):
 
     def load_checkpoint(self, directory: str) -> None:
         return None
-
-    def pop_timeline(self) -> list[Event]:
-        return self.timeline.drain()
-
-    def pid(self) -> int:
-        return os.getpid()

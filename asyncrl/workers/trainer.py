@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import resource
 import time
 from collections.abc import Iterator
@@ -30,22 +29,18 @@ from asyncrl.config.specs import TrainerSpec
 from asyncrl.data.collate import Objective, TrainBatch
 from asyncrl.models.device import resolve_device
 from asyncrl.models.loading import load_model
-from asyncrl.models.lora import (
-    LoraSpec,
-    apply_lora,
-    reference_policy,
-)
+from asyncrl.models.lora import LoraSpec, apply_lora, reference_policy
 from asyncrl.rewards.loop import build_reward_loop, generate_scored
 from asyncrl.rewards.reward_fn import build_reward_fn
 from asyncrl.rollout.factory import colocated_engine
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.telemetry.timeline import Event, get_timeline
 from asyncrl.trainer import fsdp, gathered
 from asyncrl.trainer.data_parallel import DataParallel, rank_name
 from asyncrl.trainer.forward import batching, enable_checkpointing, response_logprobs, use_checkpointing
 from asyncrl.trainer.update import build_optimizer, fit
 from asyncrl.types import Generation, Prompt, UpdateResult
 from asyncrl.weights.endpoints import SyncSenderMixin
+from asyncrl.workers.backends import RoleWorker
 from asyncrl.workers.trainer_state import ActorStateMixin
 
 
@@ -53,7 +48,7 @@ def _warmup_lambda(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
-class TrainerWorker(ActorStateMixin, SyncSenderMixin):
+class TrainerWorker(ActorStateMixin, SyncSenderMixin, RoleWorker):
     """``rank``/``world_size``: one of ``trainer.num_workers`` data-parallel ranks (``init_data_parallel`` joins
     them, and shards ``model`` under ``trainer.strategy=fsdp2``); ``serving`` holds the full weights on every rank
     (the trained model itself; under FSDP2 an unsharded copy where the engine is the rollout, else None: the full
@@ -68,11 +63,10 @@ class TrainerWorker(ActorStateMixin, SyncSenderMixin):
         rank: int = 0,
         world_size: int = 1,
     ):
-        if num_threads:
-            torch.set_num_threads(num_threads)
+        super().__init__(rank_name(name, rank), num_threads)
+        self.timeline.worker = name
         self.spec = spec
         self.state_file = f"{name}_state.pt"  # the same on every rank: any rank (and any number of them) resumes it
-        self.name = rank_name(name, rank)
         self.rank, self.world_size = rank, world_size
         self.dp: DataParallel | None = None
         torch.manual_seed(seeds.model_init(spec.engine.seed))
@@ -104,8 +98,6 @@ class TrainerWorker(ActorStateMixin, SyncSenderMixin):
         self.sync_quantization = spec.engine.rollout.quantization  # fp8: the weights a sync sends are quantized
         self.updates = 0  # training steps applied
         self.version = 0  # weight version = updates // updates_per_version (a sync window's steps share one)
-        self.timeline = get_timeline()
-        self.timeline.worker = name
 
     @property
     def sharded(self) -> bool:
@@ -292,12 +284,6 @@ class TrainerWorker(ActorStateMixin, SyncSenderMixin):
         else:
             for t in targets:
                 t.load_state_dict(self.model.state_dict())
-
-    def pop_timeline(self) -> list[Event]:
-        return self.timeline.drain()
-
-    def pid(self) -> int:
-        return os.getpid()
 
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
