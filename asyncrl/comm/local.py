@@ -28,20 +28,6 @@ class _LocalHub:
         self.left = 0
         self.joined = 0
 
-    @classmethod
-    def join(cls, key: tuple[str, int, str], rank: int, world_size: int) -> LocalProcessGroup:
-        """Join the hub of ``key``; a hub every rank already joined belongs to an earlier group on the same address
-        (a local group binds no port, so a later ``find_free_port`` may hand the same one out again): a new one
-        starts."""
-        with cls._lock:
-            hub = cls._hubs.get(key)
-            if hub is None or hub.joined >= hub.world:
-                hub = cls._hubs[key] = cls(key, world_size)
-            if hub.world != world_size:
-                raise RuntimeError(f"local group {key}: world size {world_size}, the group has {hub.world}")
-            hub.joined += 1
-        return LocalProcessGroup(hub, rank)
-
     def wait_for(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
         """Wait (holding ``cond``) until ``ready()``; RuntimeError on the deadline or when a rank aborted."""
         end = time.monotonic() + timeout_s
@@ -137,5 +123,14 @@ class LocalProcessGroup:
 
 
 def join_local(key: tuple[str, int, str], rank: int, world_size: int) -> LocalProcessGroup:
-    """Rank ``rank`` of the in-process group ``key`` (host, port, name), once all ``world_size`` threads joined."""
-    return _LocalHub.join(key, rank, world_size)
+    """Rank ``rank`` of the in-process group ``key`` (host, port, name). A hub every rank already joined belongs to an
+    earlier group on the same address (a local group binds no port, so a later ``find_free_port`` may hand the same
+    one out again): a new one starts."""
+    with _LocalHub._lock:
+        hub = _LocalHub._hubs.get(key)
+        if hub is None or hub.joined >= hub.world:
+            hub = _LocalHub._hubs[key] = _LocalHub(key, world_size)
+        if hub.world != world_size:
+            raise RuntimeError(f"local group {key}: world size {world_size}, the group has {hub.world}")
+        hub.joined += 1
+    return LocalProcessGroup(hub, rank)

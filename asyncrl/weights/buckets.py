@@ -8,6 +8,7 @@ bucket size gets a bucket of its own rather than being split.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,10 +28,7 @@ class ParamMeta:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -165,11 +163,6 @@ def checksum(flat: torch.Tensor) -> int:
     if raw.device.type != "cpu":
         raw = raw.cpu()
     return zlib.crc32(memoryview(raw.numpy())) & 0xFFFFFFFF
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float32`` -> ``"float32"`` (for JSON)."""
-    return str(dtype).removeprefix("torch.")
 
 
 def dtype_from_name(name: str) -> torch.dtype:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asyncrl.weights.buckets import Bucket, ParamMeta, dtype_from_name, dtype_name, metas_of, plan_buckets
+from asyncrl.weights.buckets import Bucket, ParamMeta, dtype_from_name, metas_of, plan_buckets
 from asyncrl.weights.errors import HandshakeError
 
 PROTOCOL = 1  # bumped when the wire format (plan JSON, header layout) changes
@@ -59,7 +59,7 @@ class SyncPlan:
         doc = {
             "protocol": PROTOCOL,
             "bucket_mb": self.bucket_mb,
-            "params": [[m.name, list(m.shape), dtype_name(m.dtype)] for m in self.metas],
+            "params": [[m.name, list(m.shape), str(m.dtype).removeprefix("torch.")] for m in self.metas],
             "buckets": [[index[e.name] for e in b.entries] for b in self.buckets],
         }
         return json.dumps(doc, separators=(",", ":")).encode()
