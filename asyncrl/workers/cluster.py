@@ -68,8 +68,7 @@ class RayHandle:
         """Asked once: an actor does not move."""
         if self._location is None:
             ref = self.actor.ray_location.remote(self.name)
-            got = wait_with_deadline(lambda t: ray.get(ref, timeout=t), timeout_s, self.call_timeout_s, self.name)
-            self._location = got
+            self._location = RayPending(ref, self.call_timeout_s, self.name).result(timeout_s)
         return self._location
 
 
@@ -198,9 +197,7 @@ class RayPools:
             self.release()
             raise
 
-    def spawn(
-        self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, ranks: int = 1, **kwargs: Any
-    ) -> RayHandle:
+    def spawn(self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, **kwargs: Any) -> RayHandle:
         """Start ``cls`` for a training role (``actor`` rank ``rank``, ``critic``, ``reward_model``) or for the
         rollout pool's worker ``rollout:<i>`` on its slot. ``concurrency > 1`` makes a threaded actor (calls run on
         a thread pool), for a worker with a background loop that must still answer calls (the fully_async

@@ -48,24 +48,21 @@ def start_roles(
     """Start every worker of the run (``needed``: the training roles the algorithm declared; fails before any starts
     when they do not fit), yield their clients, and stop them all at exit, whatever happened. ``producer``: the
     worker class of a ``STREAM`` schedule's producer, which that schedule owns (fully_async's Rollouter)."""
-    make = _RayBackend if cfg.trainer.backend == "ray" else _LocalBackend
-    backend = make(cfg, needed, side is not RolloutSide.ACTOR)
+    backend = _Backend(cfg, needed, side is not RolloutSide.ACTOR)
     try:
         yield _spawn(cfg, side, specs, backend, producer)
     finally:
         backend.close()
 
 
-def _spawn(
-    cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: _RayBackend | _LocalBackend, producer: type | None
-) -> Roles:
+def _spawn(cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: _Backend, producer: type | None) -> Roles:
     p = backend.placement
     trainer = _spawn_trainer(cfg, specs, backend)
     rollouts: list[RolloutClient] = [trainer, *(RolloutClient(h) for h in trainer.ranks[1:])]  # sync: every rank
     rollouter: ProducerClient | None = None
     stream_ranks: list[Handle] = []
     respawn: Callable[[int], Handle] | None = None
-    ray = isinstance(backend, _RayBackend)  # an in-process worker cannot die alone (nor be killed when hung)
+    ray = backend.ray  # an in-process worker cannot die alone (nor be killed when hung)
     if side is RolloutSide.POOL:
 
         def rollout_worker(i: int) -> Handle:
@@ -117,14 +114,12 @@ def _spawn(
     )
 
 
-def _spawn_trainer(cfg: Config, specs: RoleSpecs, backend: _RayBackend | _LocalBackend) -> TrainerClient:
+def _spawn_trainer(cfg: Config, specs: RoleSpecs, backend: _Backend) -> TrainerClient:
     """The trainer: one worker, or ``trainer.num_workers`` data-parallel ranks joined in one group."""
     n, spec = cfg.trainer.num_workers, specs.trainer
     if n == 1:
         return TrainerClient(backend.spawn("actor", TrainerWorker, spec, name="trainer"))
-    ranks = [
-        backend.spawn("actor", TrainerWorker, spec, name="trainer", ranks=n, rank=r, world_size=n) for r in range(n)
-    ]
+    ranks = [backend.spawn("actor", TrainerWorker, spec, name="trainer", rank=r, world_size=n) for r in range(n)]
     timeout = cfg.trainer.role_start_timeout_s
     where = [h.location(timeout) for h in ranks]
     host = where[0].address  # rank 0's node, as the backend knows it: never a loopback constant
@@ -137,55 +132,42 @@ def _spawn_trainer(cfg: Config, specs: RoleSpecs, backend: _RayBackend | _LocalB
     return DataParallelTrainerClient(ranks, sharded=cfg.trainer.strategy == "fsdp2")
 
 
-class _RayBackend:
-    """Roles as Ray actors on reserved placement groups of a local (or the configured) cluster."""
+class _Backend:
+    """Roles as Ray actors on reserved placement groups of a local (or the configured) cluster, or (``in_process``)
+    as objects in this process, each with its own call thread(s): no Ray, no CPU reservation, and their library
+    chatter goes to ``RUN_DIR/logs/in_process.log`` while they run (``asyncrl.workers.backends``)."""
 
     def __init__(self, cfg: Config, needed: list[str], rollout_pool: bool):
+        self.ray = cfg.trainer.backend == "ray"
+        self.call_timeout_s = cfg.trainer.call_timeout_s
+        self.handles: list[Handle] = []
+        self.rendezvous: dict[str, str] = {}
+        self._chatter = ExitStack()
+        if not self.ray:
+            self.placement = resolve_placement(cfg, needed, rollout_pool, None)
+            self._chatter.enter_context(in_process_chatter_to(_log_dir(cfg) / IN_PROCESS_LOG))
+            return
         from asyncrl.workers.cluster import RayPools, cluster_nodes, init_ray
 
         init_ray(cfg.ray)
         self.placement = resolve_placement(cfg, needed, rollout_pool, cluster_nodes())  # before any worker starts
-        log_dir = _log_dir(cfg)
-        self.pools = RayPools(self.placement, ready_timeout_s=cfg.ray.placement_timeout_s, log_dir=log_dir)
-        self.call_timeout_s = cfg.trainer.call_timeout_s
-        self.handles: list[Handle] = []
-        self.rendezvous: dict[str, str] = {}
+        self.pools = RayPools(self.placement, ready_timeout_s=cfg.ray.placement_timeout_s, log_dir=_log_dir(cfg))
 
     def spawn(self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, **kwargs: Any) -> Handle:
-        h = self.pools.spawn(role, cls, *args, name=name, concurrency=concurrency, **kwargs)
-        h.call_timeout_s = self.call_timeout_s
+        if self.ray:
+            h = self.pools.spawn(role, cls, *args, name=name, concurrency=concurrency, **kwargs)
+            h.call_timeout_s = self.call_timeout_s
+        else:
+            worker = cls(*args, name=name, **kwargs)
+            h = LocalHandle(worker, rank_name(name, kwargs.get("rank", 0)), concurrency, self.call_timeout_s)
         self.handles.append(h)
         return h
 
     def close(self) -> None:
         for h in self.handles:
             h.kill()  # frees their CPUs for whatever runs next on this cluster
-        self.pools.release()
-
-
-class _LocalBackend:
-    """Roles as objects in this process, each with its own call thread(s); no Ray, no CPU reservation. Their
-    library chatter goes to ``RUN_DIR/logs/in_process.log`` while they run (``asyncrl.workers.backends``)."""
-
-    def __init__(self, cfg: Config, needed: list[str], rollout_pool: bool):
-        self.placement = resolve_placement(cfg, needed, rollout_pool, None)
-        self.call_timeout_s = cfg.trainer.call_timeout_s
-        self.handles: list[Handle] = []
-        self.rendezvous: dict[str, str] = {}
-        self._chatter = ExitStack()
-        self._chatter.enter_context(in_process_chatter_to(_log_dir(cfg) / IN_PROCESS_LOG))
-
-    def spawn(
-        self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, ranks: int = 1, **kwargs: Any
-    ) -> Handle:
-        worker = cls(*args, name=name, **kwargs)
-        h = LocalHandle(worker, rank_name(name, kwargs.get("rank", 0)), concurrency, self.call_timeout_s)
-        self.handles.append(h)
-        return h
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.kill()
+        if self.ray:
+            self.pools.release()
         self._chatter.close()
 
 
