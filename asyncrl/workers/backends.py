@@ -8,12 +8,10 @@ Ray actors; torch releases the GIL inside its kernels, so a rollout worker's dec
 run at once. What in-process does not give: CPU reservations (every worker shares the process's torch threads) and
 isolation (a worker that crashes the interpreter takes the run with it).
 
-Where a worker's library chatter goes, on either backend: its log file in the run directory, not the run's console.
-
-The console of ``asyncrl train`` shows the run: the driver's step lines and its errors. The libraries a worker uses
-talk on their own (transformers' "Loading weights" and "Writing model shards" progress bars, FutureWarnings, vLLM's
-engine logs, NCCL's), and Ray forwards everything a worker process writes to the driver's console
-(``log_to_driver``), so these interleaved the step lines of every run.
+Where a worker's library chatter (transformers' "Loading weights" and "Writing model shards" progress bars,
+FutureWarnings, vLLM's engine logs, NCCL's) goes, on either backend: its log file in the run directory, not the
+console of ``asyncrl train``, which shows the run (the driver's step lines and its errors) and to which Ray forwards
+everything a worker process writes (``log_to_driver``).
 
 A Ray worker is a process of its own: before the worker is built, its stdout and stderr (file descriptors 1 and 2,
 so C libraries and the subprocesses it starts, such as vLLM's engine core, are included) are pointed at

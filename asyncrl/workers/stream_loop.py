@@ -85,11 +85,7 @@ class StreamLoop:
     def interrupt(self, timeout_s: float) -> list[Sample]:
         """Every row not yet taken: the ended ones, then the live ones as partial "interrupted" rows. Interrupts
         that arrive together (a pause's early stop and its own) run one after the other."""
-        with self._interrupting:
-            return self._interrupt(timeout_s)
-
-    def _interrupt(self, timeout_s: float) -> list[Sample]:
-        with self._cv:
+        with self._interrupting, self._cv:
             self._released = True
             self._cv.notify_all()
             if self._thread is None or not self._thread.is_alive():
