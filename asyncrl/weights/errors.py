@@ -16,3 +16,8 @@ class SyncTimeoutError(WeightSyncError, TimeoutError):
 
     The group is unusable afterwards (its ranks are out of step); create a new one.
     """
+
+
+def rank_label(rank: int) -> str:
+    """How an error names a member of the sync group."""
+    return "trainer (rank 0)" if rank == 0 else f"rollout worker rank {rank}"

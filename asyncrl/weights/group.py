@@ -5,15 +5,11 @@ rank calls ``WeightSyncGroup.create`` at about the same time; rank 0 plans the b
 plan against their model (see ``asyncrl.weights.handshake``). Each sync is then, per bucket, a 5-int64 header
 ``(version, bucket index, crc32, has_crc, nbytes)`` and the bucket's bytes, both broadcast from rank 0.
 
-A receiver takes the buckets one at a time as they arrive (``receive_stream``, ``asyncrl.weights.incoming``): each is
-checked (header, and CRC32 with ``verify``) and handed over to be applied before the next is needed, so a rollout
-worker holds at most two buckets beyond its model, never a second copy of the weights.
-
-Failure behaviour: a checksum or header mismatch stops the hand-over at that bucket (it is never applied) and is
-reported after the receiver took part in every bucket, so the ranks stay in step and the group stays usable; the
-buckets handed over before it may have been applied (the rollout engines then refuse to generate until the next
-complete sync). A transport failure or timeout (a peer absent or dead) leaves the ranks out of step, so the group is
-marked broken and every later call raises until a new group is created.
+A receiver takes the buckets one at a time as they arrive, each checked (header, and CRC32 with ``verify``) before it
+is handed over to be applied, so a rollout worker holds at most two buckets beyond its model, never a second copy of
+the weights (``receive_stream``; ``asyncrl.weights.incoming`` says how, and why a checksum or header mismatch leaves
+the group usable). A transport failure or timeout (a peer absent or dead) leaves the ranks out of step, so the group
+is marked broken and every later call raises until a new group is created.
 
 One group object is used from one thread at a time. Several groups may coexist in one process (no default
 process group is involved, see ``asyncrl.comm.groups``).
@@ -25,13 +21,14 @@ import atexit
 import time
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from asyncrl.comm import groups
 from asyncrl.config import WeightSyncConfig
 from asyncrl.weights.buckets import ParamMeta, as_bytes, checksum, metas_of, pack
-from asyncrl.weights.errors import HandshakeError, SyncTimeoutError, WeightSyncError
+from asyncrl.weights.errors import HandshakeError, SyncTimeoutError, WeightSyncError, rank_label
 from asyncrl.weights.handshake import SyncPlan, validate_plan
 from asyncrl.weights.incoming import Incoming
 from asyncrl.weights.stats import SyncStats
@@ -47,32 +44,21 @@ def _close_open_groups() -> None:
         group.close()
 
 
-def rank_label(rank: int) -> str:
-    return "trainer (rank 0)" if rank == 0 else f"rollout worker rank {rank}"
-
-
+@dataclass(eq=False, repr=False)
 class WeightSyncGroup:
     """One sync group seen from one rank; build it with :meth:`create` on every rank."""
 
-    def __init__(
-        self,
-        pg: torch.distributed.ProcessGroup,
-        store: torch.distributed.Store,
-        rank: int,
-        world_size: int,
-        plan: SyncPlan,
-        backend: str,
-        timeout_s: float,
-    ) -> None:
-        self._pg: torch.distributed.ProcessGroup | None = pg
-        self._store = store
-        self.rank = rank
-        self.world_size = world_size
-        self.plan = plan
-        self.backend = backend
-        self.timeout_s = timeout_s
-        self.device = groups.backend_device(backend)
-        self.broken: str | None = None  # why the group is unusable, once it is
+    _pg: torch.distributed.ProcessGroup | None
+    _store: torch.distributed.Store | None
+    rank: int
+    world_size: int
+    plan: SyncPlan
+    backend: str
+    timeout_s: float
+    broken: str | None = field(default=None, init=False)  # why the group is unusable, once it is
+
+    def __post_init__(self) -> None:
+        self.device = groups.backend_device(self.backend)
         _OPEN_GROUPS.add(self)
 
     # ----------------------------------------------------------------------------------------------------- set-up
@@ -255,30 +241,6 @@ class WeightSyncGroup:
                     f"weight sync version {version}: the trainer's parameter {m.name!r} is {got}, "
                     f"the group was set up with {list(m.shape)} {m.dtype}; nothing was sent"
                 )
-
-    def _check_header(self, i: int, v: int, idx: int, nbytes: int, version: int, expected: int | None) -> list[str]:
-        where = rank_label(self.rank)
-        if idx != i or nbytes != self.plan.buckets[i].nbytes:
-            return [f"bucket {i} on {where}: header says bucket {idx} of {nbytes} bytes (sender and plan disagree)"]
-        if v != version:
-            return [f"bucket {i} on {where}: header says version {v}, bucket 0 said {version}"]
-        if expected is not None and v != expected:
-            return [f"bucket {i} on {where}: received version {v}, expected {expected}"]
-        return []
-
-    def _check_crc(self, i: int, payload: torch.Tensor, sent: int, has_crc: bool) -> list[str]:
-        where = rank_label(self.rank)
-        if not has_crc:
-            return [f"bucket {i} on {where}: verify=True but the trainer sent no checksum (send(verify=False))"]
-        got = checksum(payload)
-        if got == sent:
-            return []
-        names = self.plan.buckets[i].names
-        shown = ", ".join(names[:3]) + (f", ... ({len(names)} parameters)" if len(names) > 3 else "")
-        return [
-            f"bucket {i} checksum mismatch on {where} (sent crc32 {sent:#010x}, received {got:#010x}; "
-            f"parameters {shown})"
-        ]
 
     def _transport_failure(
         self, e: RuntimeError, version: int | str | None, i: int, n: int, deadline: groups.Deadline, doing: str

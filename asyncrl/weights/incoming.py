@@ -25,8 +25,8 @@ from typing import Any, Protocol
 import torch
 
 from asyncrl.comm import groups
-from asyncrl.weights.buckets import Bucket, unpack
-from asyncrl.weights.errors import WeightSyncError
+from asyncrl.weights.buckets import Bucket, checksum, unpack
+from asyncrl.weights.errors import WeightSyncError, rank_label
 from asyncrl.weights.handshake import SyncPlan
 from asyncrl.weights.stats import SyncStats
 
@@ -37,12 +37,9 @@ class ReceivingGroup(Protocol):
     """What :class:`Incoming` uses of its ``WeightSyncGroup`` (which imports this module)."""
 
     plan: SyncPlan
+    rank: int
     device: torch.device
     _pg: Any
-
-    def _check_header(self, i: int, v: int, idx: int, nbytes: int, version: int, expected: int | None) -> list[str]: ...
-
-    def _check_crc(self, i: int, payload: torch.Tensor, sent: int, has_crc: bool) -> list[str]: ...
 
     def _transport_failure(
         self, e: RuntimeError, version: int | str | None, i: int, n: int, deadline: groups.Deadline, doing: str
@@ -162,14 +159,34 @@ class Incoming:
             shown = self.version if self.version is not None else self.expected
             self._failure = self.group._transport_failure(e, shown, at, len(self.buckets), self.deadline, "receiving")
             raise self._failure from e
-        v, idx, crc, has_crc, nbytes = header.tolist()
-        self.version = v if self.version is None else self.version
-        found = self.group._check_header(bucket.index, v, idx, nbytes, self.version, self.expected)
-        if self.verify and not found:
-            found = self.group._check_crc(bucket.index, payload, crc, bool(has_crc))
-        self.problems += found
+        self.problems += self._check(bucket, header.tolist(), payload)
         self._transport_s += time.perf_counter() - start
         return (bucket, payload) if not self.problems else None
+
+    def _check(self, bucket: Bucket, header: list[int], payload: torch.Tensor) -> list[str]:
+        """What is wrong with a received bucket: its header (index, size, version), then (``verify``) its CRC32."""
+        v, idx, crc, has_crc, nbytes = header
+        self.version = v if self.version is None else self.version
+        i, where = bucket.index, rank_label(self.group.rank)
+        if idx != i or nbytes != bucket.nbytes:
+            return [f"bucket {i} on {where}: header says bucket {idx} of {nbytes} bytes (sender and plan disagree)"]
+        if v != self.version:
+            return [f"bucket {i} on {where}: header says version {v}, bucket 0 said {self.version}"]
+        if self.expected is not None and v != self.expected:
+            return [f"bucket {i} on {where}: received version {v}, expected {self.expected}"]
+        if not self.verify:
+            return []
+        if not has_crc:
+            return [f"bucket {i} on {where}: verify=True but the trainer sent no checksum (send(verify=False))"]
+        got = checksum(payload)
+        if got == crc:
+            return []
+        names = bucket.names
+        shown = ", ".join(names[:3]) + (f", ... ({len(names)} parameters)" if len(names) > 3 else "")
+        return [
+            f"bucket {i} checksum mismatch on {where} (sent crc32 {crc:#010x}, received {got:#010x}; "
+            f"parameters {shown})"
+        ]
 
 
 def _use_count(buffer: torch.Tensor) -> int | None:
