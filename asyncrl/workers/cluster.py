@@ -21,8 +21,6 @@ from asyncrl.trainer.data_parallel import rank_name
 from asyncrl.workers.backends import send_output_to, worker_log
 from asyncrl.workers.reaper import start_reaper
 
-__all__ = ["PlacementError", "RayHandle", "RayPending", "RayPools", "cluster_nodes", "init_ray", "shutdown"]
-
 # Passed to every worker process, so nothing on any worker reaches a model hub and thread counts stay ours.
 WORKER_ENV = {
     "HF_HUB_OFFLINE": "1",

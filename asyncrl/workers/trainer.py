@@ -23,7 +23,6 @@ import torch
 
 from asyncrl import seeds
 from asyncrl.checkpoint import fingerprint
-from asyncrl.comm.groups import find_free_port
 from asyncrl.comm.probe import CollectiveProbe, probe_group
 from asyncrl.config.specs import TrainerSpec
 from asyncrl.data.collate import Objective, TrainBatch
@@ -110,10 +109,8 @@ class TrainerWorker(ActorStateMixin, SyncSenderMixin, RoleWorker):
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_lambda(o.lr_warmup_steps))
 
     # ---- data parallelism ----------------------------------------------------------------------------------------
-    def data_parallel_endpoint(self, host: str) -> tuple[str, int]:
-        """(host, port) for the ranks' rendezvous: a free port on ``host``, this rank's node address (the driver
-        asks the backend where this worker runs)."""
-        return host, find_free_port(host)
+    # (host, port) for the ranks' rendezvous: a free port on ``host``, this rank's node, as for the sync group's store
+    data_parallel_endpoint = SyncSenderMixin.weight_sync_endpoint
 
     def init_data_parallel(self, host: str, port: int, timeout_s: float, backend: str = "gloo") -> None:
         """Join the trainer's data-parallel group (every rank calls this at once, with the same ``backend``: nccl for
