@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
@@ -109,12 +109,6 @@ class LocalHandle:
 IN_PROCESS_LOG = "in_process.log"
 
 
-def worker_log(log_dir: Path, worker: str) -> Path:
-    """``log_dir/<worker>.log``: one file per worker name (``trainer``, ``trainer.rank1``, ``rollout0``,
-    ``rollouter``), appended to, so a worker started again after a death writes below its predecessor."""
-    return log_dir / f"{worker}.log"
-
-
 def send_output_to(path: Path, worker: str) -> None:
     """Point this process's stdout and stderr at ``path`` (appended to), keeping asyncrl's warnings on the console
     as well. For a Ray worker's process, called before the worker is built. A file that cannot be opened (a node
@@ -154,7 +148,9 @@ def in_process_chatter_to(path: Path) -> Iterator[None]:
         log.write(f"--- in-process roles (pid {os.getpid()}) started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         shown = warnings.showwarning
         handler = logging.StreamHandler(log)
-        warnings.showwarning = _show_in(log)
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: log.write(
+            warnings.formatwarning(message, category, filename, lineno, line)
+        )
         hf_logging.set_tqdm_hook(lambda make, args, kwargs: make(*args, **{**kwargs, "file": log}))
         hf_logging.disable_default_handler()
         hf_logging.add_handler(handler)
@@ -165,19 +161,3 @@ def in_process_chatter_to(path: Path) -> Iterator[None]:
             hf_logging.enable_default_handler()
             hf_logging.set_tqdm_hook(None)
             warnings.showwarning = shown
-
-
-def _show_in(log: TextIO) -> Callable[..., None]:
-    """A ``warnings.showwarning`` that writes to ``log``."""
-
-    def show(
-        message: Warning | str,
-        category: type[Warning],
-        filename: str,
-        lineno: int,
-        file: TextIO | None = None,
-        line: str | None = None,
-    ) -> None:
-        log.write(warnings.formatwarning(message, category, filename, lineno, line))
-
-    return show

@@ -18,7 +18,7 @@ from asyncrl.comm.transport import WorkerLocation
 from asyncrl.config import RayConfig
 from asyncrl.roles.placement import NodeCapacity, Placement, PlacementError, describe_nodes
 from asyncrl.trainer.data_parallel import rank_name
-from asyncrl.workers.backends import send_output_to, worker_log
+from asyncrl.workers.backends import send_output_to
 from asyncrl.workers.reaper import start_reaper
 
 # Passed to every worker process, so nothing on any worker reaches a model hub and thread counts stay ours.
@@ -167,7 +167,9 @@ class RayPools:
     Reserving the pools up front means a run's workers either all fit or fail at start with a clear message, and
     roles on different pools never compete for the same CPUs or GPUs. Each role runs its slot's torch threads, so a
     lone role uses its whole part of the pool and colocated roles time-share it. ``log_dir``: where each worker's
-    output goes, ``<log_dir>/<worker>.log`` (null: Ray forwards it to the driver's console)."""
+    output goes, ``<log_dir>/<worker>.log`` (``trainer``, ``trainer.rank1``, ``rollout0``, ``rollouter``; appended
+    to, so a worker started again after a death writes below its predecessor), or null: Ray forwards it to the
+    driver's console."""
 
     def __init__(self, placement: Placement, ready_timeout_s: float, log_dir: Path | None = None):
         self.placement, self.log_dir = placement, log_dir
@@ -211,7 +213,7 @@ class RayPools:
             opts["runtime_env"] = self.env
         worker = rank_name(name, kwargs.get("rank", 0))
         if self.log_dir is not None:
-            kwargs["log_file"] = str(worker_log(self.log_dir, worker))
+            kwargs["log_file"] = str(self.log_dir / f"{worker}.log")
         actor = ray.remote(as_actor(cls)).options(**opts).remote(*args, name=name, num_threads=slot.threads, **kwargs)
         return RayHandle(actor, worker)
 
