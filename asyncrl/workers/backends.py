@@ -95,15 +95,13 @@ class LocalHandle:
 
     def location(self, timeout_s: float | None = None) -> WorkerLocation:
         """This process, on this machine; the worker's device is its own choice (``trainer.device``)."""
-        return WorkerLocation(
-            name=self.name,
-            address=LOOPBACK,
-            node_id="local",
-            gpu_ids=(),
-            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-            device=str(getattr(self.obj, "device", "cpu")),
-            pid=os.getpid(),
-        )
+        return located(self.obj, self.name, LOOPBACK, "local", ())
+
+
+def located(worker: object, name: str, address: str, node_id: str, gpu_ids: tuple[str, ...]) -> WorkerLocation:
+    """Where ``worker`` runs, asked in its own process: there, its device and pid and the CUDA devices it sees."""
+    cuda = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return WorkerLocation(name, address, node_id, gpu_ids, cuda, str(getattr(worker, "device", "cpu")), os.getpid())
 
 
 IN_PROCESS_LOG = "in_process.log"

@@ -18,7 +18,7 @@ from asyncrl.comm.transport import WorkerLocation
 from asyncrl.config import RayConfig
 from asyncrl.roles.placement import NodeCapacity, Placement, PlacementError, describe_nodes
 from asyncrl.trainer.data_parallel import rank_name
-from asyncrl.workers.backends import send_output_to
+from asyncrl.workers.backends import located, send_output_to
 from asyncrl.workers.reaper import start_reaper
 
 # Passed to every worker process, so nothing on any worker reaches a model hub and thread counts stay ours.
@@ -145,16 +145,8 @@ def as_actor(cls: type) -> type:
         cls.__init__(self, *args, **kwargs)
 
     def ray_location(self: Any, name: str) -> WorkerLocation:
-        ctx = ray.get_runtime_context()
-        return WorkerLocation(
-            name=name,
-            address=ray.util.get_node_ip_address(),
-            node_id=ctx.get_node_id(),
-            gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
-            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-            device=str(getattr(self, "device", "cpu")),
-            pid=os.getpid(),
-        )
+        node, gpus = ray.get_runtime_context().get_node_id(), tuple(str(g) for g in ray.get_gpu_ids())
+        return located(self, name, ray.util.get_node_ip_address(), node, gpus)
 
     return type(cls.__name__, (cls,), {"__init__": __init__, "ray_location": ray_location, "__module__": __name__})
 
