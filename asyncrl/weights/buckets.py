@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,10 +33,6 @@ class ParamMeta:
     @property
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
-
-    @classmethod
-    def of(cls, name: str, tensor: torch.Tensor) -> ParamMeta:
-        return cls(name, tuple(tensor.shape), tensor.dtype)
 
 
 @dataclass(frozen=True)
@@ -85,10 +81,9 @@ class Bucket:
         return cls(index, dtype, tuple(entries))
 
 
-def metas_of(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> list[ParamMeta]:
+def metas_of(named_tensors: Mapping[str, torch.Tensor]) -> list[ParamMeta]:
     """``ParamMeta`` of every (name, tensor), in order."""
-    items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-    return [ParamMeta.of(name, t) for name, t in items]
+    return [ParamMeta(name, tuple(t.shape), t.dtype) for name, t in named_tensors.items()]
 
 
 def plan_buckets(metas: Sequence[ParamMeta], bucket_mb: float) -> list[Bucket]:

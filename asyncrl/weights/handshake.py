@@ -9,12 +9,10 @@ corrupting weights or hanging mid-run. After that, syncs send only a small heade
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
-from asyncrl.weights.buckets import Bucket, ParamMeta, dtype_from_name, metas_of, plan_buckets
+from asyncrl.weights.buckets import Bucket, ParamMeta, dtype_from_name, plan_buckets
 from asyncrl.weights.errors import HandshakeError
 
 PROTOCOL = 1  # bumped when the wire format (plan JSON, header layout) changes
@@ -77,14 +75,13 @@ class SyncPlan:
         return cls(metas, buckets, float(doc["bucket_mb"]))
 
 
-def validate_plan(plan: SyncPlan, expected: Mapping[str, torch.Tensor] | Sequence[ParamMeta], rank: int) -> None:
+def validate_plan(plan: SyncPlan, metas: Sequence[ParamMeta], rank: int) -> None:
     """Raise HandshakeError naming the first differing parameter and ``rank`` unless names and shapes match.
 
-    ``expected`` is what the rollout worker's model needs (``RolloutEngine.state_dict_for_sync()``): every sent
+    ``metas`` is what the rollout worker's model needs (``RolloutEngine.state_dict_for_sync()``): every sent
     parameter must exist there with the same shape, and every expected one must be sent (a partial sync would leave
     stale weights behind). Dtypes may differ: the copy into the rollout model casts (e.g. fp32 trainer, bf16 rollout).
     """
-    metas = metas_of(expected) if isinstance(expected, Mapping) else list(expected)
     want = {m.name: m for m in metas}
     sent = {m.name for m in plan.metas}
     where = f"rollout worker rank {rank}"
