@@ -70,7 +70,7 @@ class RayHandle:
         return self._location
 
 
-_REAPER_STARTED = False
+_start_reaper_once = functools.cache(start_reaper)  # one watchdog per driver process, whatever clusters it starts
 _STARTED: tuple[str, int, int | None] | None = None  # (node id, CPUs, GPUs) of the last local cluster init_ray started
 
 
@@ -118,10 +118,7 @@ def init_ray(cfg: RayConfig) -> None:
         ray.shutdown()
         raise RuntimeError(f"the local Ray cluster bound {ip}, not 127.0.0.1: this Ray ignores its loopback flag")
     _STARTED = (ray.get_runtime_context().get_node_id(), *want)
-    global _REAPER_STARTED
-    if not _REAPER_STARTED:  # kills this cluster's processes if the driver is killed (asyncrl.workers.reaper)
-        start_reaper()
-        _REAPER_STARTED = True
+    _start_reaper_once()  # kills this cluster's processes if the driver is killed (asyncrl.workers.reaper)
 
 
 def cluster_nodes() -> list[NodeCapacity]:

@@ -96,9 +96,8 @@ class CriticWorker(RoleWorker):
                 self.model, self.optimizer, self.scheduler, batch, c, num_mini_batches, seed, micro_loss, "critic"
             )
         self.updates += 1
-        metrics = {k: float("nan") for k in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean")}
-        metrics["critic/grad_norm"] = float("nan")  # these stay NaN when every micro-batch was non-finite
-        metrics.update(result.metrics)
+        names = ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm")
+        metrics = {**dict.fromkeys(names, float("nan")), **result.metrics}  # NaN when every micro-batch was non-finite
         metrics["timing_s/update_critic"] = time.perf_counter() - t0
         return metrics
 
