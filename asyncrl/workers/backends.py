@@ -48,7 +48,8 @@ from asyncrl.telemetry.timeline import Event, get_timeline
 
 class RoleWorker:
     """What every role worker is given and answers, on either backend: ``num_threads`` torch threads (its slot's,
-    ``Placement.slot``), its name, and its timeline (the spans the report draws) and process id."""
+    ``Placement.slot``), its name, checkpoints (``RoleClient``), and its timeline (the spans the report draws) and
+    process id."""
 
     def __init__(self, name: str, num_threads: int | None) -> None:
         if num_threads:
@@ -56,6 +57,13 @@ class RoleWorker:
         self.name = name
         self.timeline = get_timeline()
         self.timeline.worker = name
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Nothing of its own to save, unless the role says otherwise: a rollout worker's weights are the trainer's
+        (re-sent after a resume), a reward model is frozen."""
+
+    def load_checkpoint(self, directory: str) -> int | None:
+        return None  # the role keeps no weight version of its own
 
     def pop_timeline(self) -> list[Event]:
         return self.timeline.drain()

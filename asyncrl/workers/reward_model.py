@@ -27,9 +27,3 @@ class RewardModelWorker(RoleWorker):
             seqs = [list(s.prompt.prompt_ids) + list(s.response_ids) for s in samples]
             logits = score_ids(self.model, seqs, self.tokenizer.pad_token_id, self.micro)
         return Scored(logits, time.perf_counter() - t0)
-
-    def save_checkpoint(self, directory: str) -> None:
-        """Frozen: nothing to save."""
-
-    def load_checkpoint(self, directory: str) -> int:
-        return 0

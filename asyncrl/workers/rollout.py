@@ -60,9 +60,3 @@ class RolloutWorker(SyncReceiverMixin, RoleWorker):
         """Drop the rows a dead Rollouter left streaming here (its replacement re-issues them), so the weight sync
         that follows finds the engine idle."""
         self._stream().interrupt(timeout_s)
-
-    def save_checkpoint(self, directory: str) -> None:
-        """Nothing of its own to save: its weights are the trainer's, re-sent after a resume."""
-
-    def load_checkpoint(self, directory: str) -> None:
-        return None
