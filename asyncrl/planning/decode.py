@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TypeVar
 
 from asyncrl.planning.clock import Compute
-from asyncrl.planning.cost import Segment, continuous_schedule, decode_segments, prefill_tokens
+from asyncrl.planning.cost import continuous_schedule, decode_segments, prefill_tokens
 from asyncrl.planning.setting import Prices
 from asyncrl.types import engine_chunks
 
@@ -55,7 +56,9 @@ def decode(
     cut = False
     for c in range(n_calls):
         chunk_rows = [chunks[c] if c < len(chunks) else [] for chunks in plans]
-        prefill = max(prefill_tokens(_prefixes(rows, ch), cost.engine) for ch in chunk_rows)
+        # a blank group's rows share their group's prefix key (one prefill); a resumed row has none
+        keyed = [[(rows[i].shared if rows[i].shared >= 0 else None, rows[i].prefix) for i in ch] for ch in chunk_rows]
+        prefill = max(prefill_tokens(k, cost.engine) for k in keyed)
         yield Compute(prices.call_s(prefill), prices.gen_threads, prices.pool)
         per_rep, start = [], {}  # each replica's segments; the step each row starts at (vLLM: as slots free)
         for ch in chunk_rows:
@@ -66,7 +69,7 @@ def decode(
                 segs = decode_segments([rows[i].need for i in ch])
             per_rep.append(segs)
         # the union of every replica's segment boundaries: between two, each replica's live batch is constant
-        ends = [_ends(segs) for segs in per_rep]
+        ends = [list(accumulate(s.tokens for s in segs)) for segs in per_rep]
         bounds = sorted({0} | {b for e in ends for b in e})
         n0 = len(chunk_rows[0])
         # where a pause or a refill may cut: within every segment (the built-in engine's few), or at every k-th of
@@ -117,19 +120,6 @@ def decode(
 def _done(rows: list[Row], start: dict[int, int], i: int, t: int) -> int:
     """Tokens row ``i`` has after ``t`` steps of its call (it starts at ``start[i]``, 0 when absent)."""
     return min(rows[i].need, max(0, t - start.get(i, 0)))
-
-
-def _prefixes(rows: list[Row], idx: list[int]) -> list[tuple[int | None, int]]:
-    """(prefix key, prefix length) of each row: a blank group's rows share their group's key, a resumed row has none."""
-    return [(rows[i].shared if rows[i].shared >= 0 else None, rows[i].prefix) for i in idx]
-
-
-def _ends(segs: list[Segment]) -> list[int]:
-    out, t = [], 0
-    for s in segs:
-        t += s.tokens
-        out.append(t)
-    return out
 
 
 def split_by_group(
