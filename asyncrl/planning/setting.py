@@ -118,24 +118,20 @@ class Prediction:
     step_ends: list[float] = field(default_factory=list)
 
     def row(self, sync: Prediction | None = None) -> dict[str, object]:
+        st = self.staleness
         out: dict[str, object] = {
             "setting": self.setting.label(),
             "step_s": round(self.step_s, 4),
             "samples_per_s": round(self.samples_per_s, 2),
             "trainer_idle": round(self.trainer_idle, 3),
             "rollout_idle": round(self.rollout_idle, 3),
-            "staleness_mean": round(_mean_staleness(self.staleness), 3),
-            "staleness_max": max(self.staleness) if self.staleness else 0,
+            "staleness_mean": round(sum(k * v for k, v in st.items()) / max(1.0, sum(st.values())), 3),
+            "staleness_max": max(st, default=0),
             "partial_share": round(self.partial_share, 3),
         }
         if sync is not None:
             out["ratio_to_sync"] = round(self.samples_per_s / sync.samples_per_s, 3)
         return out
-
-
-def _mean_staleness(st: dict[int, int]) -> float:
-    n = sum(st.values())
-    return sum(k * v for k, v in st.items()) / n if n else 0.0
 
 
 class Prices:
