@@ -29,14 +29,10 @@ def splits(cluster: Cluster) -> list[tuple[int, int]]:
         c = cluster.cores
         return sorted({(1, c), (1, max(1, c - 1))} | ({(c // 2, c - c // 2)} if c >= 4 else set()))
     g, m = cluster.gpus_per_node, cluster.nodes
-    out = set()
     if m == 1:
         step = max(1, g // 8)
-        out |= {(r, g - r) for r in range(step, g, step)}
-    else:
-        out |= {(k * g, (m - k) * g) for k in range(1, m)}
-        out |= {(a * m, (g - a) * m) for a in range(1, g)}
-    return sorted(out)
+        return [(r, g - r) for r in range(step, g, step)]
+    return sorted({(k * g, (m - k) * g) for k in range(1, m)} | {(a * m, (g - a) * m) for a in range(1, g)})
 
 
 def candidates(cluster: Cluster, schedules: tuple[str, ...]) -> list[Setting]:
@@ -44,9 +40,7 @@ def candidates(cluster: Cluster, schedules: tuple[str, ...]) -> list[Setting]:
     if "sync" in schedules:
         out.append(Setting("sync", trainer=cluster.devices))
     for r, t in splits(cluster):
-        for sched in ("one_step_off", "two_step_off"):
-            if sched in schedules:
-                out.append(Setting(sched, trainer=t, rollout=r))
+        out += [Setting(sched, trainer=t, rollout=r) for sched in PIPELINED if sched in schedules]
         if "fully_async" in schedules:
             for s in STALENESS:
                 for k in SYNC_EVERY:
@@ -60,31 +54,22 @@ def overrides(setting: Setting, cluster: Cluster) -> list[str]:
     s = setting
     over = [f"trainer.schedule={s.schedule}"]
     if cluster.kind == "cpu":
+        over.append(f"trainer.cpus_per_worker={s.trainer}")
         if s.schedule == "sync":
-            over += [f"trainer.cpus_per_worker={s.trainer}", f"ray.num_cpus={cluster.cores}"]
+            over.append(f"ray.num_cpus={cluster.cores}")
         else:
-            over += [
-                f"trainer.cpus_per_worker={s.trainer}",
-                "rollout.num_workers=1",
-                f"rollout.cpus_per_worker={s.rollout}",
-                f"ray.num_cpus={s.trainer + s.rollout}",
-            ]
+            over += ["rollout.num_workers=1", f"rollout.cpus_per_worker={s.rollout}"]
+            over.append(f"ray.num_cpus={s.trainer + s.rollout}")
+    elif s.schedule == "sync":
+        over += [f"trainer.nnodes={cluster.nodes}", f"trainer.n_gpus_per_node={cluster.gpus_per_node}"]
     else:
         g, m = cluster.gpus_per_node, cluster.nodes
-        if s.schedule == "sync":
-            over += [f"trainer.nnodes={m}", f"trainer.n_gpus_per_node={g}"]
-        else:
-            if m == 1 or s.rollout % m == 0 and s.trainer % m == 0 and s.rollout // m < g:
-                rn, tn = m, m
-                rg, tg = s.rollout // m, s.trainer // m
-            else:  # whole nodes per role
-                rn, tn, rg, tg = s.rollout // g, s.trainer // g, g, g
-            over += [
-                f"trainer.nnodes={tn}",
-                f"trainer.n_gpus_per_node={tg}",
-                f"rollout.nnodes={rn}",
-                f"rollout.n_gpus_per_node={rg}",
-            ]
+        if m == 1 or s.rollout % m == 0 and s.trainer % m == 0 and s.rollout // m < g:
+            rn, tn, rg, tg = m, m, s.rollout // m, s.trainer // m
+        else:  # whole nodes per role
+            rn, tn, rg, tg = s.rollout // g, s.trainer // g, g, g
+        over += [f"trainer.nnodes={tn}", f"trainer.n_gpus_per_node={tg}"]
+        over += [f"rollout.nnodes={rn}", f"rollout.n_gpus_per_node={rg}"]
     if s.schedule == "fully_async":
         over += [
             f"async_training.staleness_threshold={s.staleness_threshold:g}",
@@ -112,7 +97,6 @@ def make_plan(
     refine: int = 6,
 ) -> Plan:
     cands = candidates(cluster, schedules)
-    sync_setting = Setting("sync", trainer=cluster.devices)
     # the split first: the pipelined schedules (one setting per split, cheap) rank the splits; fully_async's knobs
     # are searched on the best SPLITS of them (on all splits when no pipelined schedule is asked for)
     piped = [(simulate(cost, cluster, c, search_steps), c) for c in cands if c.schedule in PIPELINED]
@@ -124,7 +108,7 @@ def make_plan(
     coarse = piped + [(simulate(cost, cluster, c, search_steps), c) for c in streams]
     coarse.sort(key=lambda pc: -pc[0].samples_per_s)
     fine = [simulate(cost, cluster, c, steps) for _, c in coarse[:refine]]
-    sync = simulate(cost, cluster, sync_setting, steps)
+    sync = simulate(cost, cluster, Setting("sync", trainer=cluster.devices), steps)
     ranked = sorted([*fine, *([sync] if "sync" in schedules else [])], key=lambda p: -p.samples_per_s)
     return Plan(cluster, sync, ranked, len(piped) + len(streams) + 1)
 
