@@ -86,23 +86,16 @@ class Clock:
             op = proc.send(value)
         except StopIteration:
             return
-        if isinstance(op, Compute):
-            if op.seconds <= 0:
-                self._ready.append((proc, None))
-            else:
-                self._jobs.append(_Job(proc, op.seconds, op.threads, op.pool == "shared" and self.cores is not None))
-        elif isinstance(op, Delay):
-            if op.seconds <= 0:
-                self._ready.append((proc, None))
-            else:
-                self._jobs.append(_Job(proc, op.seconds, 0.0, False))
-        elif isinstance(op, Wait):
-            if op.signal.fired:
-                self._ready.append((proc, None))
-            else:
-                op.signal.waiters.append(proc)
-        else:
+        if not isinstance(op, Compute | Delay | Wait):
             raise TypeError(f"Clock: a process yielded {op!r}; expected Compute, Delay or Wait")
+        if isinstance(op, Wait) and not op.signal.fired:
+            op.signal.waiters.append(proc)
+        elif isinstance(op, Wait) or op.seconds <= 0:
+            self._ready.append((proc, None))
+        elif isinstance(op, Compute):
+            self._jobs.append(_Job(proc, op.seconds, op.threads, op.pool == "shared" and self.cores is not None))
+        else:
+            self._jobs.append(_Job(proc, op.seconds, 0.0, False))
 
     def _rates(self) -> list[float]:
         shared = [j for j in self._jobs if j.shared]
