@@ -4,12 +4,11 @@ A term is linear in what the run did: ``seconds = sum(coef_k * x_k)`` over named
 with non-negative coefficients over the run's measured steps (the first step, which pays one-off costs, left out).
 Its ``rel_err`` is the relative RMS error of the fit over those observations.
 
-The decode term follows the run's engine (``rollout.engine``), its steps by ``decode_segments`` from row lengths
-alone: the built-in engine's slots (a call of more than ``max_batch_size`` rows priced as chunks one after another;
-the engine lets a waiting row into the first slot that frees), or vLLM's continuous batching of at most
-``max_num_seqs`` rows, every request prefilled (its prefix cache shares nothing between requests scheduled together).
-The built-in engine prefills a distinct prefix once. A run whose prompts are all alike in length cannot tell prefill
-from the call's fixed cost: without a probe a prefilled token is priced as a decoded position; the probe measures it.
+The decode term follows the run's engine (``rollout.engine``): its steps from row lengths alone (``decode_segments``:
+the built-in engine's slots, a call of more than ``max_batch_size`` rows as chunks one after another; vLLM's
+continuous batching of at most ``max_num_seqs`` rows) and the prompt tokens it prefills (``prefill_tokens``). A run
+whose prompts are all alike in length cannot tell prefill from the call's fixed cost: without a probe a prefilled
+token is priced as a decoded position; the probe measures it.
 """
 
 from __future__ import annotations
@@ -45,8 +44,7 @@ class Term:
     n: int = 0
 
     def __call__(self, **x: float) -> float:
-        unknown = set(x) - set(self.names)
-        if unknown:
+        if unknown := set(x) - set(self.names):
             raise KeyError(f"Term{self.names}: no regressor {sorted(unknown)}")
         return sum(c * x.get(k, 0.0) for k, c in zip(self.names, self.coef))
 
@@ -115,8 +113,6 @@ def decode_segments(remaining: list[int], engine: str = "builtin", slots: int = 
     ``slots`` (0: one each); a step runs every slot in use (``live``); then ended rows free theirs, trailing free
     slots go, and the live rows are packed once live + waiting rows are at most half the slots in use. ``vllm``: at
     most ``slots`` rows run (0: all); a finished row leaves at once and the next waiting row takes its place."""
-    if engine not in ENGINES:
-        raise ValueError(f"decode_segments: no engine {engine!r} (known: {', '.join(ENGINES)})")
     if engine == "vllm":
         return continuous_schedule([r for r in remaining if r > 0], slots)[0]
     rank = SimRank(slots or len(remaining), waiting=[SimRow(None, r) for r in remaining if r > 0])  # type: ignore[arg-type]
@@ -352,43 +348,42 @@ def _term(raw: Any, where: str) -> Term:
 
 
 def from_dict(raw: Any, where: str) -> CostModel:
+    where = f"cost model {where}"
     if not isinstance(raw, dict):
-        raise CostModelError(f"cost model {where}: expected a JSON object")
+        raise CostModelError(f"{where}: expected a JSON object")
     if raw.get("version") != COST_VERSION:
-        raise CostModelError(f"cost model {where}: version {raw.get('version')!r}, this asyncrl reads {COST_VERSION}")
+        raise CostModelError(f"{where}: version {raw.get('version')!r}, this asyncrl reads {COST_VERSION}")
     kw: dict[str, Any] = {}
     for f in fields(CostModel):
         if f.name not in raw:
             if f.name in ("scaling", "version", "engine", "max_num_seqs"):  # optional: their defaults
                 continue
-            raise CostModelError(f"cost model {where}: missing field {f.name!r}")
+            raise CostModelError(f"{where}: missing field {f.name!r}")
         v = raw[f.name]
         if f.name in ("decode", "update", "train_other", "prepare", "reward", "step_other"):
-            v = _term(v, f"cost model {where}: {f.name}")
+            v = _term(v, f"{where}: {f.name}")
         elif f.name == "scaling":
             known = {g.name for g in fields(Scaling)}
             if isinstance(v, dict):  # a cost file's one-thread decode policy factor: not a price (co-run), dropped
                 v = {k: x for k, x in v.items() if k != "shared_gen"}
             if not isinstance(v, dict) or set(v) - known:
-                raise CostModelError(f"cost model {where}: scaling has unknown keys {sorted(set(v) - known)}")
+                raise CostModelError(f"{where}: scaling has unknown keys {sorted(set(v) - known)}")
             v = Scaling(**v)
         elif f.name == "groups":
             try:
                 v = tuple((int(p), tuple(int(r) for r in rs)) for p, rs in v)
             except (TypeError, ValueError):
-                raise CostModelError(
-                    f"cost model {where}: groups must be [[prompt_len, [response_len, ...]], ...]"
-                ) from None
+                raise CostModelError(f"{where}: groups must be [[prompt_len, [response_len, ...]], ...]") from None
             if not v:
-                raise CostModelError(f"cost model {where}: groups is empty")
+                raise CostModelError(f"{where}: groups is empty")
         kw[f.name] = v
     model = CostModel(**kw)
     for name in ("prompts_per_step", "n", "max_batch_size", "max_new_tokens", "cores", "gen_threads"):
         value = getattr(model, name)
         if not isinstance(value, int) or value < 1:
-            raise CostModelError(f"cost model {where}: {name} must be a positive integer, got {value!r}")
+            raise CostModelError(f"{where}: {name} must be a positive integer, got {value!r}")
     if model.engine not in ENGINES:
-        raise CostModelError(f"cost model {where}: engine {model.engine!r} is not one of {', '.join(ENGINES)}")
+        raise CostModelError(f"{where}: engine {model.engine!r} is not one of {', '.join(ENGINES)}")
     if not (0.0 < model.update_keep < math.inf):
-        raise CostModelError(f"cost model {where}: update_keep must be a positive number, got {model.update_keep!r}")
+        raise CostModelError(f"{where}: update_keep must be a positive number, got {model.update_keep!r}")
     return model
