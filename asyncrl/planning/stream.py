@@ -81,8 +81,9 @@ class SimRollouter:
         r.fill()
 
     def advance(self) -> Steps[list[list[Sample]]]:
-        """Every rank decodes until the first row on any ends (at most ``PIECE_STEPS`` steps: a pause lands within
-        them); a Rollouter that died meanwhile loses that work."""
+        """Every rank decodes (its prefill debt first) until the first row on any ends (at most ``PIECE_STEPS``
+        steps: a pause lands within them); returns the rows that ended, per rank. A Rollouter that died meanwhile
+        loses that work."""
         sim = self.sim
         if not self.books.rows_out():
             return [[] for _ in self.ranks]
@@ -91,7 +92,21 @@ class SimRollouter:
         if self.held.stop:
             return [[] for _ in self.ranks]
         sim.spans.append(Span("rollout", "generate", t0, sim.clock.now, len(sim.step_ends) + 1))
-        return self._advance(dt, version)
+        out: list[list[Sample]] = []
+        for rank in self.ranks:
+            pay = min(rank.debt, dt)
+            rank.debt -= pay
+            left = dt - pay
+            ended: list[Sample] = []
+            if rank.live and left > 0:
+                steps = left / self._step_s(rank) + rank.carry
+                whole = int(steps + 1e-6)
+                rank.carry = max(0.0, steps - whole)
+                ended = [_row(r, r.need, version, "eos") for r in rank.step_to(rank.t + whole)]
+                if not rank.live:
+                    rank.carry = 0.0
+            out.append(ended)
+        return out
 
     def decoding(self) -> bool:
         return any(rank.live for rank in self.ranks)
@@ -155,25 +170,6 @@ class SimRollouter:
             seconds = sc.stream_admit_s + sc.stream_admit_token_s * tokens + sc.stream_admit_row_s * rows
             return seconds * prices.admit_factor
         return cost.decode.get("prefill_token") * tokens * prices.stream_factor
-
-    def _advance(self, seconds: float, version: int) -> list[list[Sample]]:
-        """Every rank decodes for ``seconds`` (its prefill debt first); returns the rows that ended, per rank."""
-        out: list[list[Sample]] = []
-        for rank in self.ranks:
-            left = seconds
-            pay = min(rank.debt, left)
-            rank.debt -= pay
-            left -= pay
-            ended: list[Sample] = []
-            if rank.live and left > 0:
-                steps = left / self._step_s(rank) + rank.carry
-                whole = int(steps + 1e-6)
-                rank.carry = max(0.0, steps - whole)
-                ended = [_row(r, r.need, version, "eos") for r in rank.step_to(rank.t + whole)]
-                if not rank.live:
-                    rank.carry = 0.0
-            out.append(ended)
-        return out
 
     def _next_event(self) -> float:
         """Seconds (at full speed) until the first row on any rank ends, at most PIECE_STEPS steps of that rank (a
