@@ -6,6 +6,7 @@ vLLM takes every row in one call, ``max_num_seqs`` at a time, a finished row's s
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from itertools import accumulate
@@ -17,9 +18,6 @@ from asyncrl.planning.setting import Prices
 from asyncrl.types import engine_chunks
 
 T = TypeVar("T")
-# a call reaches the clock in pieces: at most this many per segment, vLLM's boundaries (one per finished row) in runs
-# of a 1/(4 x PIECES) share; they group the float sums only, so fewer would move a prediction by rounding alone
-PIECES = 16
 
 
 @dataclass
@@ -48,22 +46,11 @@ def decode(prices: Prices, rows: list[Row]):
         # the union of every replica's segment boundaries: between two, each replica's live batch is constant
         ends = [list(accumulate(s.tokens for s in segs)) for segs in per_rep]
         bounds = sorted({0} | {b for e in ends for b in e})
-        every = 1 if cost.engine != "vllm" else max(1, (len(bounds) - 1) // (4 * PIECES))
-        ptr = [0] * len(per_rep)  # each replica's segment at the current step
-        pending = 0.0  # priced steps not yet yielded
-        for k, (a, b) in enumerate(zip(bounds, bounds[1:]), 1):
-            here = []
-            for r, segs in enumerate(per_rep):
-                while ptr[r] < len(segs) and ends[r][ptr[r]] <= a:
-                    ptr[r] += 1
-                if ptr[r] < len(segs):
-                    here.append(segs[ptr[r]])
-            piece = max(1, (b - a) // PIECES) if every == 1 else b - a
-            for t in range(a, b, piece):
-                pending += max((prices.segments_cost(seg, min(b, t + piece) - t) for seg in here), default=0.0)
-                if t + piece < b or k % every == 0 or k == len(bounds) - 1:
-                    yield Compute(pending, prices.gen_threads, prices.pool)
-                    pending = 0.0
+        seconds = 0.0
+        for a, b in zip(bounds, bounds[1:]):  # each replica's segment over [a, b): its first to end after step a
+            here = [segs[j] for segs, e in zip(per_rep, ends) if (j := bisect_right(e, a)) < len(segs)]
+            seconds += max((prices.segments_cost(seg, b - a) for seg in here), default=0.0)
+        yield Compute(seconds, prices.gen_threads, prices.pool)
 
 
 def split_by_group(
