@@ -5,11 +5,7 @@
 price each phase on the clock (``planning.sim_ports``): a loop changed there changes the prediction. ``fully_async``
 runs both its loops (``schedules.fully_async.loop``): the Rollouter's (``produce``, with the real ``Producer``) over
 streaming engines priced per step (``stream.SimRollouter``), the driver's (``consume``: take, prepare, train, park
-the Rollouter, sync, resume) over ``stream.StreamSimPorts``.
-
-A decode call of the other schedules is priced by the engine's own structure (``cost.decode_segments``): one step
-per token of its longest row, each costing a fixed part plus a part per live row; rows split by group over the
-rollout replicas, which step together.
+the Rollouter, sync, resume) over ``stream.StreamSimPorts``. The other schedules' decode calls: ``planning.decode``.
 
 Clusters: ``Cluster.cpu(cores)``: every role shares the machine's cores (a computation on t threads among others
 moves at min(1, cores / all running threads) of its alone speed; its alone speed on t threads is Amdahl's law with
@@ -94,8 +90,7 @@ class Sim(StreamSim):
         t0 = self.clock.now
         yield from decode(self.prices, rows)
         self.spans.append(Span(worker, "generate", t0, self.clock.now, step))
-        n = len(rows)
-        yield from self.busy(worker, "reward", step, Compute(self.cost.reward(row=n), 1.0, self.prices.pool))
+        yield from self.busy(worker, "reward", step, Compute(self.cost.reward(row=len(rows)), 1.0, self.prices.pool))
 
     def prepare(self, worker: str, step: int, groups: list[tuple[int, tuple[int, ...]]]):
         positions = update_positions(groups, shared_prefix=False)  # every row's prompt and response (a teacher's)
@@ -116,10 +111,8 @@ class Sim(StreamSim):
 
     def run(self) -> Prediction:
         """The schedule's own loop (``schedules.loops``; fully_async's: ``planning.stream``) on the virtual clock."""
-        if self.setting.schedule == "fully_async":
-            proc = self.fully_async()
-        else:
-            proc = LOOPS[self.setting.schedule](SimPorts(self))
+        sched = self.setting.schedule
+        proc = self.fully_async() if sched == "fully_async" else LOOPS[sched](SimPorts(self))
         done = {"trainer": False}
 
         def main():
@@ -129,7 +122,7 @@ class Sim(StreamSim):
         self.clock.spawn(main())
         self.clock.run(until=lambda: done["trainer"])
         if not done["trainer"]:
-            books = self.producer.controller.metrics() if self.setting.schedule == "fully_async" else {}
+            books = self.producer.controller.metrics() if sched == "fully_async" else {}
             raise RuntimeError(
                 f"simulation of {self.setting.label()} stalled after {len(self.step_ends)} steps {books}"
             )
