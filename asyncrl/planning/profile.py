@@ -136,10 +136,7 @@ def step_groups(rec: dict[str, Any]) -> list[tuple[int, tuple[int, ...]]]:
     return [(plen[g], tuple(rs)) for g, rs in sorted(per.items())]
 
 
-Probe = Callable[[CostModel, Path], Scaling]  # this machine's scaling, measured for a run's cost model
-
-
-def profile_run(run_dir: str | Path, probe: Probe | None = None) -> CostModel:
+def profile_run(run_dir: str | Path, probe: Callable[[CostModel, Path], Scaling] | None = None) -> CostModel:
     """The cost model of a finished run; with ``probe`` (asyncrl's lab: ``asyncrl probe``), this machine's
     ``Scaling`` measured for it too, and the decode refitted with the measured prefill price."""
     run = Path(run_dir)
@@ -162,8 +159,7 @@ def profile_run(run_dir: str | Path, probe: Probe | None = None) -> CostModel:
     if not (run / "timeline.json").is_file():
         raise ProfileError(f"profile: {run / 'timeline.json'} not found (the run's timeline)")
     events = read_chrome_trace(run / "timeline.json")
-    body = [m for m in (metrics[1:] if len(metrics) > 2 else metrics) if m["step"] in works]
-    body = _steady(body, run)
+    body = _steady([m for m in (metrics[1:] if len(metrics) > 2 else metrics) if m["step"] in works], run)
     if len(body) < 2:
         raise ProfileError(
             f"profile: {run} has {len(body)} measured steps with a work record ({WORK_FILE}); at least 2 are needed "
@@ -171,7 +167,7 @@ def profile_run(run_dir: str | Path, probe: Probe | None = None) -> CostModel:
         )
     gens: dict[int, list[float]] = defaultdict(list)
     rewards: dict[int, float] = defaultdict(float)
-    updates: dict[int, float] = {}
+    updates: dict[int, float] = defaultdict(float)
     segments: dict[int, list[tuple[int, int, float]]] = {}  # a step's measured decode steps (the built-in engine)
     for e in events:
         if e.get("kind") not in ("span", "instant") or e.get("worker") == "driver":
@@ -185,7 +181,7 @@ def profile_run(run_dir: str | Path, probe: Probe | None = None) -> CostModel:
         elif e["name"] == "decode_segments" and step is not None:
             segments.setdefault(step, [(int(a), int(b), float(c)) for a, b, c in e["args"].get("segments", [])])
         elif e["name"] == "update_actor":
-            updates[step] = updates.get(step, 0.0) + dur
+            updates[step] += dur
     r = cfg.rollout
     shared = bool(r.enable_prefix_caching)
     X_dec, y_dec, X_up, y_up, y_oth = [], [], [], [], []
