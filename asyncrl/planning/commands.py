@@ -58,9 +58,7 @@ def _cluster(a: argparse.Namespace):
     from asyncrl.config import ConfigError
     from asyncrl.planning.simulate import Cluster
 
-    kw = {"device_speed": a.device_speed}
-    if a.sync_gbps is not None:
-        kw["sync_bytes_per_s"] = a.sync_gbps * 1e9
+    kw = {"device_speed": a.device_speed, "sync_bytes_per_s": None if a.sync_gbps is None else a.sync_gbps * 1e9}
     if (a.gpus is None) == (a.cpus is None):
         raise ConfigError("plan: give one of --gpus N (with --nodes M) or --cpus C")
     if a.cpus is not None:
@@ -95,8 +93,7 @@ def _time_plan(a: argparse.Namespace) -> list:
 
     cost = CostModel.load(a.cost)
     schedules = tuple(x.strip() for x in a.schedules.split(",") if x.strip())
-    bad = [x for x in schedules if x not in SCHEDULES]
-    if bad or "sync" not in schedules:
+    if not set(schedules) <= set(SCHEDULES) or "sync" not in schedules:
         raise ConfigError(f"plan: --schedules {a.schedules!r}: each of {', '.join(SCHEDULES)}, sync included")
     plan = make_plan(cost, _cluster(a), schedules, steps=a.steps)
     print(format_plan(plan, a.top))
