@@ -68,9 +68,8 @@ class Clock:
         self._ready: deque[tuple[Process, Any]] = deque()
         self._jobs: list[_Job] = []
 
-    def spawn(self, proc: Process) -> Process:
+    def spawn(self, proc: Process) -> None:
         self._ready.append((proc, None))
-        return proc
 
     @staticmethod
     def clear(signal: Signal) -> None:
