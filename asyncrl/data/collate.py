@@ -10,7 +10,7 @@ What the trainer is asked to fit rides in the batch as typed targets, not tensor
 one ``Objective`` (the policy's; each algorithm defines its own, in ``asyncrl.algorithms``) and at most one
 ``ValueTarget`` (the critic's). Each target checks its shapes where it is built, so a batch assembled wrongly fails on
 the driver, naming the field, not later inside a worker. Every tensor field is ``[B, T, ...]`` aligned with the
-batch's ``response_ids_BT``; ``rows``/``cols`` slice them with the batch.
+batch's ``response_ids_BT`` and sliced with the batch.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
 
@@ -35,14 +36,9 @@ def _tensor_fields(obj: object) -> dict[str, Tensor]:
     return {f.name: v for f in dataclasses.fields(obj) if isinstance(v := getattr(obj, f.name), Tensor)}
 
 
-def rows(obj: T_, idx: Tensor) -> T_:
-    """The same target for rows ``idx`` of the batch."""
-    return dataclasses.replace(obj, **{k: v[idx] for k, v in _tensor_fields(obj).items()})
-
-
-def cols(obj: T_, width: int) -> T_:
-    """The same target cut to the first ``width`` response positions."""
-    return dataclasses.replace(obj, **{k: v[:, :width] for k, v in _tensor_fields(obj).items()})
+def _map_tensors(obj: T_, fn: Callable[[Tensor], Tensor]) -> T_:
+    """The same target with ``fn`` (the batch's row or column slice) applied to each of its tensors."""
+    return dataclasses.replace(obj, **{k: fn(v) for k, v in _tensor_fields(obj).items()})
 
 
 def check_shapes(obj: object, batch_shape: tuple[int, int] | None = None) -> None:
@@ -147,22 +143,22 @@ class TrainBatch:
             if target is not None:
                 check_shapes(target, tuple(self.response_mask_BT.shape))
 
+    def _sliced(self, bl: Callable[[Tensor], Tensor], bt: Callable[[Tensor], Tensor], prompt_width: int) -> TrainBatch:
+        """A new batch: ``bl`` applied to every ``_BL`` tensor, ``bt`` to every other tensor and to the targets
+        (``packed`` is dropped: it belongs to one micro-batch's layout)."""
+        kw: dict[str, object] = {"prompt_width": prompt_width}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor):
+                kw[f.name] = bl(v) if f.name.endswith("_BL") else bt(v)
+            elif isinstance(v, Objective | ValueTarget):
+                kw[f.name] = _map_tensors(v, bt)
+        return TrainBatch(**kw)
+
     def select(self, idx: torch.Tensor | list[int]) -> TrainBatch:
         """Rows ``idx`` of the batch (all tensors, targets included); the padding widths stay as they are."""
         idx = torch.as_tensor(idx, dtype=torch.long)
-        return TrainBatch(
-            input_ids_BL=self.input_ids_BL[idx],
-            attention_mask_BL=self.attention_mask_BL[idx],
-            position_ids_BL=self.position_ids_BL[idx],
-            response_ids_BT=self.response_ids_BT[idx],
-            response_mask_BT=self.response_mask_BT[idx],
-            prompt_width=self.prompt_width,
-            behav_logp_BT=self.behav_logp_BT[idx],
-            policy=None if self.policy is None else rows(self.policy, idx),
-            value=None if self.value is None else rows(self.value, idx),
-            ref_logp_BT=None if self.ref_logp_BT is None else self.ref_logp_BT[idx],
-            old_logp_BT=None if self.old_logp_BT is None else self.old_logp_BT[idx],
-        )
+        return self._sliced(lambda t: t[idx], lambda t: t[idx], self.prompt_width)
 
     def response_lengths(self) -> torch.Tensor:
         """Response tokens per row, those appended between turns (mask 0: a tool's output) included: long [B]."""
@@ -172,22 +168,9 @@ class TrainBatch:
         """The same rows without padding columns no row needs (left of the longest prompt, right of the longest
         response); position ids are unchanged, so the model sees exactly the same inputs."""
         T = max(int(self.response_lengths().max()), 1)
-        prompt_mask = self.attention_mask_BL[:, : self.prompt_width]
-        P = max(int(prompt_mask.sum(dim=1).max()), 1)
+        P = max(int(self.attention_mask_BL[:, : self.prompt_width].sum(dim=1).max()), 1)
         cut = self.prompt_width - P
-        return TrainBatch(
-            input_ids_BL=self.input_ids_BL[:, cut : self.prompt_width + T],
-            attention_mask_BL=self.attention_mask_BL[:, cut : self.prompt_width + T],
-            position_ids_BL=self.position_ids_BL[:, cut : self.prompt_width + T],
-            response_ids_BT=self.response_ids_BT[:, :T],
-            response_mask_BT=self.response_mask_BT[:, :T],
-            prompt_width=P,
-            behav_logp_BT=self.behav_logp_BT[:, :T],
-            policy=None if self.policy is None else cols(self.policy, T),
-            value=None if self.value is None else cols(self.value, T),
-            ref_logp_BT=None if self.ref_logp_BT is None else self.ref_logp_BT[:, :T],
-            old_logp_BT=None if self.old_logp_BT is None else self.old_logp_BT[:, :T],
-        )
+        return self._sliced(lambda t: t[:, cut : self.prompt_width + T], lambda t: t[:, :T], P)
 
 
 @dataclass(frozen=True)
@@ -240,11 +223,8 @@ def micro_batches(
     out = []
     for segments in plan(prompts, resp_lens, b.share_prefix, b.micro_batch_size, b.max_tokens, b.knob):
         idx = [i for seg in segments for i in seg]
-        local: list[list[int]] = []
-        start = 0
-        for seg in segments:
-            local.append(list(range(start, start + len(seg))))
-            start += len(seg)
+        starts = itertools.accumulate(map(len, segments), initial=0)
+        local = [list(range(start, start + len(seg))) for start, seg in zip(starts, segments)]
         mb = batch.select(idx).trimmed()
         # pad with token 0: padding is masked out and its outputs are never read
         mb.packed = pack(local, [prompts[i] for i in idx], [responses[i] for i in idx], pad_id=0)

@@ -12,6 +12,7 @@ run draw exactly the batches the interrupted run would have drawn next.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -107,7 +108,6 @@ class PromptDataset:
             rows = Rows(rows)
         self.max_prompt_length = max_prompt_length
         self._prompts: list[Prompt] = []
-        self.filtered_indices: list[int] = []
         self.truncated_indices: list[int] = []
         overlong_rows: list[tuple[int, int]] = []  # (row index, length)
 
@@ -139,7 +139,7 @@ class PromptDataset:
                 f"({len(overlong_rows)} of {len(rows)} rows are too long; raise max_prompt_length or filter "
                 "overlong prompts)"
             )
-        self.filtered_indices = [i for i, _ in overlong_rows]
+        self.filtered_indices: list[int] = [i for i, _ in overlong_rows]
         if len(rows) > 0 and not self._prompts:
             raise DatasetError(
                 f"PromptDataset: all {len(rows)} prompts are longer than max_prompt_length={max_prompt_length}"
@@ -163,15 +163,7 @@ class PromptDataset:
     def get(self, i: int, epoch: int = 0) -> Prompt:
         """A fresh copy of the i-th kept prompt, tagged with ``epoch`` (the token list is shared: do not mutate it)."""
         p = self._prompts[i]
-        return Prompt(
-            index=p.index,
-            prompt_ids=p.prompt_ids,
-            data_source=p.data_source,
-            ground_truth=p.ground_truth,
-            extra_info=dict(p.extra_info),
-            epoch=epoch,
-            agent_name=p.agent_name,
-        )
+        return dataclasses.replace(p, extra_info=dict(p.extra_info), epoch=epoch)
 
     def __getitem__(self, i: int) -> Prompt:
         if not isinstance(i, int):
@@ -199,20 +191,10 @@ class EpochSampler:
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
-        self._epoch = 0
-        self._position = 0  # next position within the current epoch's order
+        self.epoch = 0  # of the next index to be drawn
+        self.position = 0  # how many indices of the current epoch have been drawn already
         self._order_epoch = -1
         self._order: list[int] = []
-
-    @property
-    def epoch(self) -> int:
-        """Epoch of the next index to be drawn."""
-        return self._epoch
-
-    @property
-    def position(self) -> int:
-        """How many indices of the current epoch have been drawn already."""
-        return self._position
 
     def epoch_order(self, epoch: int) -> list[int]:
         """The order in which epoch ``epoch`` visits the indices (a permutation seeded by ``seed + epoch``)."""
@@ -221,23 +203,18 @@ class EpochSampler:
             random.Random(self.seed + epoch).shuffle(order)
         return order
 
-    def _current_order(self) -> list[int]:
-        if self._order_epoch != self._epoch:
-            self._order = self.epoch_order(self._epoch)
-            self._order_epoch = self._epoch
-        return self._order
-
     def next_batch(self) -> list[tuple[int, int]]:
         """The next ``batch_size`` pairs ``(epoch, index)``, continuing into the next epoch(s) when one runs out."""
         batch: list[tuple[int, int]] = []
         while len(batch) < self.batch_size:
-            order = self._current_order()
-            take = min(self.batch_size - len(batch), self.num_items - self._position)
-            batch.extend((self._epoch, i) for i in order[self._position : self._position + take])
-            self._position += take
-            if self._position == self.num_items:
-                self._epoch += 1
-                self._position = 0
+            if self._order_epoch != self.epoch:
+                self._order, self._order_epoch = self.epoch_order(self.epoch), self.epoch
+            take = min(self.batch_size - len(batch), self.num_items - self.position)
+            batch.extend((self.epoch, i) for i in self._order[self.position : self.position + take])
+            self.position += take
+            if self.position == self.num_items:
+                self.epoch += 1
+                self.position = 0
         return batch
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
@@ -247,13 +224,7 @@ class EpochSampler:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue the stream; the identity fields let ``load_state_dict`` refuse a mismatch."""
-        return {
-            "epoch": self._epoch,
-            "position": self._position,
-            "num_items": self.num_items,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-        }
+        return {k: getattr(self, k) for k in ("epoch", "position", "num_items", "seed", "shuffle")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``. ``batch_size`` may differ from the saved run's; the dataset and order may not."""
@@ -269,4 +240,4 @@ class EpochSampler:
                 f"EpochSampler.load_state_dict: bad state epoch={epoch} position={position} "
                 f"(position must be in [0, {self.num_items}))"
             )
-        self._epoch, self._position = epoch, position
+        self.epoch, self.position = epoch, position

@@ -154,31 +154,34 @@ def render_prompt(template: str, entry: Mapping[str, Any], where: str = "prompt_
         raise ValueError(f"{where} {template!r}: cannot fill it ({e!r}); available fields: {sorted(fields)}") from None
 
 
-def _row(
-    task: str,
-    ability: str,
-    entry: Mapping[str, Any],
-    split: str,
-    index: int,
-    kwargs_json: str,
-    prompt_template: str = "{question}",
-) -> dict:
-    question, answer = str(entry["question"]), str(entry["answer"])
-    return {
-        "data_source": task,
-        "prompt": [{"role": "user", "content": render_prompt(prompt_template, entry)}],
-        "ability": ability,
-        "reward_model": {"style": "rule", "ground_truth": answer},
-        "extra_info": {
-            "split": split,
-            "index": index,
-            "answer": answer,
-            "question": question,
-            "task_kwargs": kwargs_json,
-            "metadata": json.dumps(entry.get("metadata", {}), default=_json_default),
-            **({"solution": SOLUTIONS[task](entry)} if task in SOLUTIONS else {}),
-        },
-    }
+def _rows(
+    spec: TaskSpec, entries: list[dict[str, Any]], split: str, kwargs: Mapping[str, Any], prompt_template: str
+) -> list[dict[str, Any]]:
+    """The verl-schema rows of ``entries``. ``extra_info`` holds only parquet-friendly values: ``task_kwargs`` (the
+    full generation kwargs, defaults included) and ``metadata`` (reasoning-gym's per-item metadata) are JSON strings,
+    which the reward decodes."""
+    kwargs_json = json.dumps(kwargs, sort_keys=True, default=_json_default)
+    rows = []
+    for index, entry in enumerate(entries):
+        question, answer = str(entry["question"]), str(entry["answer"])
+        rows.append(
+            {
+                "data_source": spec.name,
+                "prompt": [{"role": "user", "content": render_prompt(prompt_template, entry)}],
+                "ability": spec.ability,
+                "reward_model": {"style": "rule", "ground_truth": answer},
+                "extra_info": {
+                    "split": split,
+                    "index": index,
+                    "answer": answer,
+                    "question": question,
+                    "task_kwargs": kwargs_json,
+                    "metadata": json.dumps(entry.get("metadata", {}), default=_json_default),
+                    **({"solution": SOLUTIONS[spec.name](entry)} if spec.name in SOLUTIONS else {}),
+                },
+            }
+        )
+    return rows
 
 
 def _entries(task: str, seed: int, start: int, stop: int, kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -190,20 +193,12 @@ def _entries(task: str, seed: int, start: int, stop: int, kwargs: Mapping[str, A
 def make_rows(
     task: str, size: int, seed: int, split: str, prompt_template: str = "{question}", **task_kwargs: Any
 ) -> list[dict[str, Any]]:
-    """``size`` verl-schema rows of ``task`` generated from ``seed`` (same arguments, same rows).
-
-    ``extra_info`` holds only parquet-friendly values: ``task_kwargs`` (the full generation kwargs, defaults included)
-    and ``metadata`` (reasoning-gym's per-item metadata) are JSON strings, which the reward decodes.
-    """
+    """``size`` verl-schema rows of ``task`` generated from ``seed`` (same arguments, same rows)."""
     if size <= 0:
         raise ValueError(f"make_rows: size must be positive (got {size})")
     spec = get_task(task)
     kwargs = spec.kwargs(**task_kwargs)
-    kwargs_json = json.dumps(kwargs, sort_keys=True, default=_json_default)
-    return [
-        _row(task, spec.ability, e, split, i, kwargs_json, prompt_template)
-        for i, e in enumerate(_entries(task, seed, 0, size, kwargs))
-    ]
+    return _rows(spec, _entries(task, seed, 0, size, kwargs), split, kwargs, prompt_template)
 
 
 def write_task_dataset(
@@ -231,8 +226,6 @@ def write_task_dataset(
         raise ValueError(f"write_task_dataset: size must be positive (got {size})")
     spec = get_task(task)
     kwargs = spec.kwargs(**task_kwargs)
-    kwargs_json = json.dumps(kwargs, sort_keys=True, default=_json_default)
-
     held_out: set[str] = set()
     test_entries, drawn = _draw(task, seed + TEST_SEED_OFFSET, test_size, kwargs, skip=held_out, distinct=True)
     if len(test_entries) < test_size:
@@ -246,11 +239,11 @@ def write_task_dataset(
             f"task {task!r} with kwargs {kwargs}: only {len(train_entries)} of {size} training items avoid the "
             f"{test_size} test questions after {drawn} draws; widen the task or lower test_size"
         )
-    train = [_row(task, spec.ability, e, "train", i, kwargs_json, prompt_template) for i, e in enumerate(train_entries)]
-    test = [_row(task, spec.ability, e, "test", i, kwargs_json, prompt_template) for i, e in enumerate(test_entries)]
-
     out = Path(out_dir)
-    return write_rows(out / "train.parquet", train), write_rows(out / "test.parquet", test)
+    return (
+        write_rows(out / "train.parquet", _rows(spec, train_entries, "train", kwargs, prompt_template)),
+        write_rows(out / "test.parquet", _rows(spec, test_entries, "test", kwargs, prompt_template)),
+    )
 
 
 def _draw(
