@@ -154,15 +154,10 @@ def end_of_turn_ids(tokenizer: Tokenizer, config_eos: int | list[int] | None) ->
 
     A GGUF file records a single eos; if it were ``<|endoftext|>``, a chat reply would run past its end of turn.
     """
-    ids: list[int] = []
-    candidates: list[int | None] = [tokenizer.eos_token_id]
-    candidates += config_eos if isinstance(config_eos, list) else [config_eos]
     vocab = tokenizer.get_vocab()
+    candidates = [tokenizer.eos_token_id, *(config_eos if isinstance(config_eos, list) else [config_eos])]
     candidates += [vocab.get(token) for token in END_OF_TURN_TOKENS]
-    for i in candidates:
-        if i is not None and int(i) not in ids:
-            ids.append(int(i))
-    return ids
+    return list(dict.fromkeys(int(i) for i in candidates if i is not None))
 
 
 def _generation_config(model: PreTrainedModel, tokenizer: Tokenizer) -> GenerationConfig:

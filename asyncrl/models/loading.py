@@ -49,14 +49,6 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
-def _resolve_dtype(dtype: str | torch.dtype, path: str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ModelLoadError(f"model.dtype {dtype!r} for {path}: unknown dtype (known: {', '.join(DTYPES)})")
-    return DTYPES[dtype]
-
-
 def _check_model_dir(path: str) -> PretrainedConfig:
     """Validate ``path`` as a local causal-LM directory and return its config, or raise ModelLoadError."""
     if not os.path.exists(path):
@@ -150,7 +142,9 @@ def load_model(
     with ``requires_grad`` off (rollout and reference models never need gradients, which saves memory).
     """
     path = os.fspath(path)
-    torch_dtype = _resolve_dtype(dtype, path)
+    if isinstance(dtype, str) and dtype not in DTYPES:
+        raise ModelLoadError(f"model.dtype {dtype!r} for {path}: unknown dtype (known: {', '.join(DTYPES)})")
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     config = _check_model_dir(path)
     attn, rest = split_overrides(overrides)
     apply_config_overrides(config, rest, path)
@@ -162,10 +156,8 @@ def load_model(
         )
     except Exception as e:  # missing/corrupt weights surface as OSError, RuntimeError or ValueError
         raise ModelLoadError(f"model.path {path}: could not load the model weights ({type(e).__name__}: {e})") from e
-    if for_training:
-        model.train()
-    else:
-        model.eval()
+    model.train(for_training)
+    if not for_training:
         model.requires_grad_(False)
     return model, tokenizer
 
@@ -182,15 +174,9 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
 def eos_token_ids_of(gen_config: GenerationConfig | None, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """``eos_token_ids`` from a generation config (or None) instead of a loaded model: an engine that never loads the
     transformers model (vLLM) reads the directory's ``generation_config.json``."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen_eos = getattr(gen_config, "eos_token_id", None) if gen_config is not None else None
-    if isinstance(gen_eos, int):
-        ids.add(gen_eos)
-    elif gen_eos is not None:
-        ids.update(int(i) for i in gen_eos)
-    return sorted(ids)
+    gen_eos = getattr(gen_config, "eos_token_id", None)  # None, one id or a list of them
+    ids = [tokenizer.eos_token_id, *([gen_eos] if gen_eos is None or isinstance(gen_eos, int) else gen_eos)]
+    return sorted({int(i) for i in ids if i is not None})
 
 
 def set_seed_all(seed: int) -> None:

@@ -46,13 +46,6 @@ class LoraSettings(Protocol):
     def lora_adapter_path(self) -> str | None: ...
 
 
-class HasModelSection(Protocol):
-    """A config with a ``model`` section (``asyncrl.config.Config``)."""
-
-    @property
-    def model(self) -> LoraSettings: ...
-
-
 @dataclass(frozen=True)
 class LoraSpec:
     """``model.lora_*`` of a config: rank, scaling numerator, the modules adapted, and an adapter to start from."""
@@ -61,11 +54,6 @@ class LoraSpec:
     alpha: float
     target_modules: str | tuple[str, ...]  # "all-linear" or module names (q_proj, v_proj, ...)
     adapter_path: str | None = None
-
-    @classmethod
-    def from_config(cls, cfg: HasModelSection) -> LoraSpec | None:
-        """None when LoRA is off (``model.lora_rank: 0``)."""
-        return cls.of(cfg.model)
 
     @classmethod
     def of(cls, m: LoraSettings) -> LoraSpec | None:
