@@ -84,8 +84,7 @@ class SFTConfig:
 
 
 def load_sft_config(path: str | None, overrides: list[str] | None = None) -> SFTConfig:
-    cfg = load_schema(SFTConfig, path, overrides, validate_sft)
-    return cfg
+    return load_schema(SFTConfig, path, overrides, validate_sft)
 
 
 def validate_sft(cfg: SFTConfig) -> None:
@@ -159,33 +158,33 @@ def init_model_from_rows(preset: str, rows: list[dict], out_dir: str, seed: int,
 
 
 def run_sft(cfg: SFTConfig, group_of: Callable[[Prompt], str] | None = None) -> dict[str, object]:
-    torch.set_num_threads(cfg.trainer.num_threads)
-    set_seed_all(cfg.trainer.seed)
-    out = Path(cfg.trainer.output_dir)
+    d, o, t = cfg.data, cfg.optim, cfg.trainer
+    torch.set_num_threads(t.num_threads)
+    set_seed_all(t.seed)
+    out = Path(t.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = load_rows(cfg.data.train_files)
+    rows = load_rows(d.train_files)
     model_path = cfg.model.path or init_model_from_rows(
-        cfg.model.preset, rows, str(out / "init"), cfg.trainer.seed, cfg.data.response_key
+        cfg.model.preset, rows, str(out / "init"), t.seed, d.response_key
     )
     model, tok = load_model(model_path)
-    examples = sft_examples(rows, tok, cfg.data)
+    examples = sft_examples(rows, tok, d)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-    o, t = cfg.optim, cfg.trainer
-    gen = torch.Generator().manual_seed(cfg.trainer.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)
+    gen = torch.Generator().manual_seed(t.seed)
     model.train()
     t0 = time.time()
     step, losses = 0, []
-    while step < cfg.trainer.total_steps:
-        if cfg.trainer.max_time_s > 0 and time.time() - t0 >= cfg.trainer.max_time_s:
+    while step < t.total_steps:
+        if t.max_time_s > 0 and time.time() - t0 >= t.max_time_s:
             break
-        idx = torch.randint(len(examples), (cfg.data.batch_size,), generator=gen).tolist()
+        idx = torch.randint(len(examples), (d.batch_size,), generator=gen).tolist()
         loss = _sft_loss(model, [examples[i] for i in idx], tok.pad_token_id)
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"sft step {step}: non-finite loss {loss.item()}; lower optim.lr")
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
         progress = step / t.total_steps
         if t.max_time_s > 0:
             progress = max(progress, (time.time() - t0) / t.max_time_s)
@@ -194,7 +193,7 @@ def run_sft(cfg: SFTConfig, group_of: Callable[[Prompt], str] | None = None) -> 
         opt.step()
         step += 1
         losses.append(loss.item())
-        if cfg.trainer.log_every and step % cfg.trainer.log_every == 0:
+        if t.log_every and step % t.log_every == 0:
             print(f"sft step {step} loss {sum(losses[-50:]) / len(losses[-50:]):.4f} ({time.time() - t0:.0f}s)")
     train_s = time.time() - t0
     model.save_pretrained(out, safe_serialization=True)
@@ -204,15 +203,15 @@ def run_sft(cfg: SFTConfig, group_of: Callable[[Prompt], str] | None = None) -> 
         "train_s": round(train_s, 2),
         "final_loss": losses[-1] if losses else None,
     }
-    if cfg.data.val_files:
+    if d.val_files:
         summary.update(
             evaluate_model(
                 model,
                 tok,
-                cfg.data.val_files,
-                cfg.data.max_response_length,
-                cfg.data.val_max_samples,
-                cfg.data.max_prompt_length,
+                d.val_files,
+                d.max_response_length,
+                d.val_max_samples,
+                d.max_prompt_length,
                 group_of=group_of,
             )
         )
@@ -264,7 +263,7 @@ def evaluate_model(
     ds = PromptDataset(rows, tokenizer, max_prompt_length)
     engine = RolloutEngine(model, tokenizer)
     prompts = [ds[i] for i in range(len(ds))]
-    res = evaluate_prompts(
+    return evaluate_prompts(
         lambda ps, params, seed: engine.generate(ps, params, seed=seed),
         prompts,
         build_reward_fn(None),
@@ -272,4 +271,3 @@ def evaluate_model(
         temperature=temperature,
         group_of=group_of,
     )
-    return res
