@@ -57,9 +57,9 @@ def check_memory(cfg: Config, device_bytes: int | None = None) -> MemoryPlan | N
     None where the run has no GPUs or the device's size is not known."""
     if not gpu_roles(cfg):
         return None
-    if device_bytes is None and cfg.trainer.gpu_memory_gb is not None:
-        device_bytes = int(cfg.trainer.gpu_memory_gb * 1e9)
-    device_bytes = device_bytes if device_bytes is not None else local_device_bytes()
+    if device_bytes is None:
+        gb = cfg.trainer.gpu_memory_gb
+        device_bytes = int(gb * 1e9) if gb is not None else local_device_bytes()
     if device_bytes is None:
         log.warning(
             "memory plan not checked: the run declares GPUs but this process sees none to size them by "

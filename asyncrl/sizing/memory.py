@@ -202,25 +202,8 @@ def logits_bytes(s: ModelShape, b: int, tokens: int) -> int:
     return tokens * s.vocab * (b + 4 + 4)
 
 
-def _uses_ref(cfg: Config) -> bool:
-    return cfg.actor.use_kl_loss or cfg.algorithm.name == "dpo"
-
-
-def _uses_prox(cfg: Config) -> bool:
-    return cfg.trainer.schedule == "fully_async" and cfg.async_training.compute_prox_log_prob
-
-
 def rollout_dtype_bytes(cfg: Config) -> int:
     return DTYPE_BYTES[engine_dtype(cfg.rollout.dtype, cfg.model.dtype, on_gpu=True)]
-
-
-def utilization(cfg: Config, shared: bool) -> float:
-    """``rollout.gpu_memory_utilization``, null resolved as on a GPU (of its own, or beside the trainer)."""
-    return vllm_gpu_share(cfg.rollout.gpu_memory_utilization, colocated=shared)
-
-
-def max_model_len(cfg: Config) -> int:
-    return cfg.rollout.model_len(cfg.data.max_prompt_length)
 
 
 def _bucket_bytes(cfg: Config, s: ModelShape) -> int:
@@ -236,23 +219,24 @@ def trainer_memory(cfg: Config, s: ModelShape, ranks: int, engine: int = 0) -> T
     strategy = cfg.trainer.strategy if ranks > 1 else "ddp"  # one rank: nothing to shard (the trainer runs DDP's path)
     P, b = s.params, DTYPE_BYTES[cfg.model.dtype]
     fs = cfg.actor.fsdp_config
-    ckpt = cfg.actor.gradient_checkpointing
-    ckpt = True if ckpt is None else ckpt
+    ckpt = cfg.actor.gradient_checkpointing is not False  # null: on, as on a GPU
+    uses_ref = cfg.actor.use_kl_loss or cfg.algorithm.name == "dpo"
+    uses_prox = cfg.trainer.schedule == "fully_async" and cfg.async_training.compute_prox_log_prob
     tokens = micro_batch_tokens(cfg)
     m = TrainerMemory(strategy=strategy, ranks=ranks, tokens=tokens)
     if strategy == "ddp":
         m.params, m.masters, m.grads, m.optimizer = P * b, (P * 4 if b < 4 else 0), P * 4, P * 8
         copy = P * b
-        m.ref = copy if _uses_ref(cfg) else 0
-        m.prox = copy if _uses_prox(cfg) else 0
+        m.ref = copy if uses_ref else 0
+        m.prox = copy if uses_prox else 0
     else:
         shard = -(-P // ranks)
         m.params = 0 if fs.param_offload else shard * 4
         m.grads = 0 if fs.param_offload else shard * 4
         m.optimizer = 0 if fs.optimizer_offload else shard * 8
         m.gathered = b * (s.root_params + 2 * s.layer_params)
-        m.ref = shard * b if _uses_ref(cfg) and not cfg.ref.fsdp_config.param_offload else 0
-        m.prox = shard * b if _uses_prox(cfg) and not fs.param_offload else 0
+        m.ref = shard * b if uses_ref and not cfg.ref.fsdp_config.param_offload else 0
+        m.prox = shard * b if uses_prox and not fs.param_offload else 0
     m.activations = activation_bytes(s, b, tokens, ckpt)
     m.logits = logits_bytes(s, b, tokens)
     m.sync_buffers = _bucket_bytes(cfg, s) if cfg.trainer.schedule != "sync" else 0
@@ -275,7 +259,9 @@ def rollout_memory(cfg: Config, s: ModelShape, device_bytes: int | None, shared:
         tokens = r.max_num_batched_tokens or VLLM_DEFAULT_BATCHED_TOKENS
         m.activations = tokens * b * (4 * s.hidden + 3 * s.intermediate) + r.max_num_seqs * s.vocab * 4
         m.cuda_graphs = 0 if r.enforce_eager else VLLM_GRAPH_BYTES
-        m.budget = int(utilization(cfg, shared) * device_bytes) if device_bytes is not None else 0
+        # rollout.gpu_memory_utilization, null resolved as on a GPU (of its own, or beside the trainer)
+        share = vllm_gpu_share(r.gpu_memory_utilization, colocated=shared)
+        m.budget = int(share * device_bytes) if device_bytes is not None else 0
         used = m.weights + m.activations + m.cuda_graphs
         m.kv_cache = max(0, m.budget - used) if device_bytes is not None else 0
     else:
@@ -295,13 +281,14 @@ def plan_memory(
     the rollout pool (any schedule but sync) has one engine per ``rollout.tensor_model_parallel_size`` GPUs."""
     ranks = trainer_ranks or cfg.trainer.num_workers
     kv = s.kv_bytes_per_token(rollout_dtype_bytes(cfg))
-    if cfg.trainer.schedule == "sync":
-        eng = rollout_memory(cfg, s, device_bytes, shared=True)
-        if cfg.rollout.engine == "vllm":
-            extra = eng.budget
-        else:
-            serving = eng.weights if cfg.trainer.strategy == "fsdp2" and ranks > 1 else 0
-            extra = serving + eng.kv_cache + eng.activations
-        return MemoryPlan(trainer_memory(cfg, s, ranks, extra), None, device_bytes, kv, max_model_len(cfg))
-    rollout = rollout_memory(cfg, s, device_bytes)
-    return MemoryPlan(trainer_memory(cfg, s, ranks), rollout, device_bytes, kv, max_model_len(cfg))
+    model_len = cfg.rollout.model_len(cfg.data.max_prompt_length)
+    if cfg.trainer.schedule != "sync":
+        rollout = rollout_memory(cfg, s, device_bytes)
+        return MemoryPlan(trainer_memory(cfg, s, ranks), rollout, device_bytes, kv, model_len)
+    eng = rollout_memory(cfg, s, device_bytes, shared=True)
+    if cfg.rollout.engine == "vllm":
+        extra = eng.budget
+    else:
+        serving = eng.weights if cfg.trainer.strategy == "fsdp2" and ranks > 1 else 0
+        extra = serving + eng.kv_cache + eng.activations
+    return MemoryPlan(trainer_memory(cfg, s, ranks, extra), None, device_bytes, kv, model_len)

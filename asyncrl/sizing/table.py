@@ -28,13 +28,6 @@ class Layout:
         return f"{self.schedule} ({self.rollout} gen / {self.trainer} train)"
 
 
-def plan_layout(cfg: Config, shape: ModelShape, layout: Layout, device_bytes: int | None) -> MemoryPlan:
-    """``cfg``'s plan with its schedule and trainer ranks replaced by ``layout``'s."""
-    c = copy.deepcopy(cfg)
-    c.trainer.schedule = layout.schedule
-    return plan_memory(c, shape, device_bytes, trainer_ranks=layout.trainer)
-
-
 def _gb(x: int) -> str:
     return f"{x / GB:.1f}"
 
@@ -49,7 +42,9 @@ def format_memory(cfg: Config, shape: ModelShape, layouts: list[Layout], device_
         "| --- | --- | --- | --- | --- |",
     ]
     for lay in layouts:
-        p = plan_layout(cfg, shape, lay, device_bytes)
+        c = copy.deepcopy(cfg)  # cfg's plan with its schedule and trainer ranks replaced by the layout's
+        c.trainer.schedule = lay.schedule
+        p = plan_memory(c, shape, device_bytes, trainer_ranks=lay.trainer)
         r = p.rollout
         problems = p.problems()
         fits = "yes" if not problems else "NO: " + "; ".join(problems)
