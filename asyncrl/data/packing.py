@@ -31,6 +31,7 @@ get ``[B, T, ...]`` outputs aligned with the micro-batch's ``response_ids_BT``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -224,33 +225,30 @@ def pack(
     seg_id: list[int] = []
     branch: list[int] = []
     src = [[0] * T for _ in range(B)]
+
+    def put(tokens: Sequence[int], positions: Iterable[int], segment: int, k: int) -> None:
+        ids.extend(tokens)
+        pos.extend(positions)
+        seg_id.extend([segment] * len(tokens))
+        branch.extend([k] * len(tokens))
+
     for row in rows:
         base = len(ids)  # flat index of the row's first position
         for s in row:
             prompt = prompts[segments[s][0]]
             p = len(prompt)
-            ids.extend(prompt)
-            pos.extend(range(p))
-            seg_id.extend([s] * p)
-            branch.extend([0] * p)
+            put(prompt, range(p), s, 0)
             last_prompt = len(ids) - 1
             for k, i in enumerate(segments[s], start=1):
                 n = len(responses[i])
                 if n:
                     start = len(ids)
-                    ids.extend(responses[i])
-                    pos.extend(range(p, p + n))
-                    seg_id.extend([s] * n)
-                    branch.extend([k] * n)
+                    put(responses[i], range(p, p + n), s, k)
                     src[i][:n] = [last_prompt, *range(start, start + n - 1)]
         used = len(ids) - base
-        pad = W - used
-        ids.extend([pad_id] * pad)
         # per row: positions count on through the padding, so the model sees one sequence a row (no packed-sequence
         # mask of its own); the padding's outputs are never read
-        pos.extend(range(used, W) if per_row else [0] * pad)
-        seg_id.extend([-1] * pad)
-        branch.extend([0] * pad)
+        put([pad_id] * (W - used), range(used, W) if per_row else [0] * (W - used), -1, 0)
     shape = (len(rows), W)
     return PackedInputs(
         torch.tensor(ids, dtype=torch.long).view(shape),

@@ -169,14 +169,6 @@ def _generation_config(model: PreTrainedModel, tokenizer: Tokenizer) -> Generati
     )
 
 
-def _prepare_out(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise GGUFConvertError(f"--out {out}: is a file, not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise GGUFConvertError(f"--out {out}: is not empty (pass --force to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-
-
 def _swap_into_place(tmp: Path, out: Path) -> None:
     """Rename the finished ``tmp`` to ``out``; an old ``out`` is moved aside first and deleted only afterwards."""
     old = None
@@ -240,7 +232,11 @@ def convert_gguf(
     path = Path(gguf_path) if gguf_path is not None else default_smollm2_gguf()
     out = Path(out)
     check_gguf_file(path)
-    _prepare_out(out, force)
+    if out.exists() and not out.is_dir():
+        raise GGUFConvertError(f"--out {out}: is a file, not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise GGUFConvertError(f"--out {out}: is not empty (pass --force to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
     model, tokenizer, types = load_gguf(path)
     model.to(CONVERT_DTYPES[dtype])
     model.generation_config = _generation_config(model, tokenizer)

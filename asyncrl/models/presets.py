@@ -19,39 +19,19 @@ from asyncrl.models.tokenizer import save_tokenizer
 
 MAX_POSITION_EMBEDDINGS = 512  # tokens: prompt + response must fit
 
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
 PRESETS: dict[str, dict[str, Any]] = {
-    # 6 x (attention 197k + MLP 492k) + embeddings vocab*256  ~= 4.16M for a 100-token vocabulary.
-    "tiny": dict(
-        hidden_size=256,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=640,
-    ),
-    # 8 x (attention 394k + MLP 1.77M) + embeddings vocab*384 ~= 17.3M for a 100-token vocabulary.
-    "small": dict(
-        hidden_size=384,
-        num_hidden_layers=8,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        intermediate_size=1536,
-    ),
-    # 4 x (attention 49k + MLP 123k) + embeddings vocab*128 ~= 0.7M: the student of the distillation example.
-    "mini": dict(
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=320,
-    ),
-    # ~80k parameters: unit tests of anything that needs a real transformers model (runs in milliseconds).
-    "micro": dict(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-    ),
+    name: dict(zip(SHAPE_KEYS, sizes))
+    for name, sizes in {
+        # 6 x (attention 197k + MLP 492k) + embeddings vocab*256  ~= 4.16M for a 100-token vocabulary.
+        "tiny": (256, 6, 4, 2, 640),
+        # 8 x (attention 394k + MLP 1.77M) + embeddings vocab*384 ~= 17.3M for a 100-token vocabulary.
+        "small": (384, 8, 6, 2, 1536),
+        # 4 x (attention 49k + MLP 123k) + embeddings vocab*128 ~= 0.7M: the student of the distillation example.
+        "mini": (128, 4, 4, 2, 320),
+        # ~80k parameters: unit tests of anything that needs a real transformers model (runs in milliseconds).
+        "micro": (64, 2, 4, 2, 128),
+    }.items()
 }
 
 
