@@ -93,7 +93,7 @@ def validate_row(row: Any, where: str) -> dict[str, Any]:
         raise DatasetError(f"{where}: expected a JSON object / record (got {_type_name(row)})")
     out = dict(row)
 
-    if "prompt" not in row or row["prompt"] is None:
+    if row.get("prompt") is None:
         raise DatasetError(f"{where}: missing 'prompt'")
     out["prompt"] = _validate_messages(row["prompt"], where)
 

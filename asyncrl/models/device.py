@@ -47,12 +47,6 @@ def to_device(obj: T, device: torch.device) -> T:
         return obj.to(device, non_blocking=True)  # type: ignore[return-value]
     if not is_dataclass(obj) or isinstance(obj, type):
         return obj
-    changes: dict[str, object] = {}
-    for f in fields(obj):
-        if not f.init:
-            continue
-        value = getattr(obj, f.name)
-        moved = to_device(value, device)
-        if moved is not value:
-            changes[f.name] = moved
+    values = {f.name: getattr(obj, f.name) for f in fields(obj) if f.init}
+    changes = {k: moved for k, v in values.items() if (moved := to_device(v, device)) is not v}
     return replace(obj, **changes) if changes else obj  # type: ignore[type-var]

@@ -118,7 +118,7 @@ def trainer_group(roles: Roles, timeout_s: float) -> Check:
     lone = [name for name, _ in calls if results[name] is None]
     if lone:
         return Check("trainer group", False, f"{', '.join(lone)} joined no data-parallel group")
-    probes = [p for name, _ in calls if (p := results[name]) is not None]
+    probes = [results[name] for name, _ in calls]  # every rank's, none None (checked above)
     wrong = [name for (name, _), p in zip(calls, probes) if not p.correct]
     p = probes[0]
     slowest_ar = max(q.all_reduce_s for q in probes)
@@ -150,16 +150,12 @@ def weight_sync(cfg: Config, roles: Roles, _corrupt_bucket: int | None = None) -
     except Exception as e:  # noqa: BLE001 - the sync's error names the rank and the parameter
         return [Check("weight sync", False, one_line(e))]
     verified = "every bucket's CRC checked" if cfg.weight_sync.verify else "weight_sync.verify off: no CRC"
-    lines = [
-        Check(
-            "weight sync",
-            True,
-            f"{len(receivers)} engine(s) over {backend}, {plan.bytes / MB:.1f} MB in {plan.buckets} bucket(s): set-up "
-            f"{t1 - t0:.2f} s, push {t2 - t1:.2f} s ({_rate(plan.bytes, stats.seconds)} on the wire, "
-            f"{stats.apply_seconds:.2f} s applying); {verified}",
-        )
-    ]
-    return lines + fingerprint_lines(cfg, roles)
+    detail = (
+        f"{len(receivers)} engine(s) over {backend}, {plan.bytes / MB:.1f} MB in {plan.buckets} bucket(s): set-up "
+        f"{t1 - t0:.2f} s, push {t2 - t1:.2f} s ({_rate(plan.bytes, stats.seconds)} on the wire, "
+        f"{stats.apply_seconds:.2f} s applying); {verified}"
+    )
+    return [Check("weight sync", True, detail), *fingerprint_lines(cfg, roles)]
 
 
 def fingerprint_lines(cfg: Config, roles: Roles) -> list[Check]:
