@@ -30,7 +30,7 @@ Rollouter would have given and stops with ``WorkerLostError``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import Config
@@ -41,7 +41,6 @@ if TYPE_CHECKING:  # imported where they are used, as in ``rollout_side``
     from asyncrl.algorithms import Algorithm
     from asyncrl.roles.clients import Roles, RolloutSide
     from asyncrl.run import Run
-    from asyncrl.schedules.fully_async.client import RollouterClient
     from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
     from asyncrl.weights.weight_sync import WeightSync
 
@@ -67,34 +66,29 @@ def rollout_side() -> tuple[RolloutSide, type]:
     return RolloutSide.STREAM, Rollouter
 
 
-def supervisor_of(cfg: Config) -> Callable[[Roles, WeightSync, Callable[[], int]], StreamSupervisor]:
-    """How the run's ``StreamSupervisor`` is built from its roles, its weight sync and the trainer's version
-    (``open_run``'s ``stream``)."""
-    from asyncrl.schedules.fully_async.slots import budget_of
-    from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
-
-    at = cfg.async_training
-
-    def supervise(roles: Roles, sync: WeightSync, version: Callable[[], int]) -> StreamSupervisor:
-        timeout = max(at.get_batch_timeout_s, at.pause_timeout_s)
-        budget = budget_of(at, cfg.actor.ppo_mini_batch_size)
-        return StreamSupervisor(roles, sync, roles.respawn, version, cfg.trainer.max_worker_restarts, timeout, budget)
-
-    return supervise
-
-
 @contextmanager
 def open_stream(cfg: Config) -> Iterator[tuple[Run, Algorithm]]:
     """``open_run`` for fully_async: the run (``run.stream``: its ``StreamSupervisor``, not started) and its
-    algorithm; the Rollouter's generation thread is stopped at exit, whatever happened."""
-    from asyncrl.schedules.run_ports import open_run  # imported here, as in ``rollout_side``
+    algorithm; the Rollouter's generation thread is stopped at exit, whatever happened (in-process it would outlive
+    the run otherwise)."""
+    from asyncrl.schedules.fully_async.slots import budget_of  # imported here, as in ``rollout_side``
+    from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
+    from asyncrl.schedules.run_ports import open_run
+
+    at = cfg.async_training
+    timeout = max(at.get_batch_timeout_s, at.pause_timeout_s)  # the longest a Rollouter call may take
+    budget = budget_of(at, cfg.actor.ppo_mini_batch_size)
+
+    def supervise(roles: Roles, sync: WeightSync, version: Callable[[], int]) -> StreamSupervisor:
+        return StreamSupervisor(roles, sync, roles.respawn, version, cfg.trainer.max_worker_restarts, timeout, budget)
 
     side, rollouter = rollout_side()
-    with open_run(cfg, side, trainer_plan(cfg), rollouter, supervisor_of(cfg)) as (run, algorithm):
+    with open_run(cfg, side, trainer_plan(cfg), rollouter, supervise) as (run, algorithm):
         try:
             yield run, algorithm
-        finally:
-            _stop_quietly(run.stream.rollouter)
+        finally:  # already failing, or the Rollouter dead: the backend kills it next
+            with suppress(Exception):
+                run.stream.rollouter.stop().result(timeout=STOP_TIMEOUT_S)
 
 
 def run_fully_async(cfg: Config) -> dict[str, Any]:
@@ -108,11 +102,10 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
 
     with open_stream(cfg) as (run, algorithm):
         stream: StreamSupervisor = run.stream
-        ports: StreamRunPorts | None = None
+        ports = StreamRunPorts(run, algorithm)
         try:
             resumed = run.dir.resumed_from
             stream.start(None if resumed is None else torch.load(resumed / ROLLOUTER_STATE, weights_only=False))
-            ports = StreamRunPorts(run, algorithm)
             run_to_end(consume(ports))
             if stream.lost is not None:  # lost in the last step, which finished
                 raise stream.lost
@@ -128,14 +121,5 @@ def run_fully_async(cfg: Config) -> dict[str, Any]:
             )
             return run.finish(ports.finished)
         except WorkerLostError:  # no Rollouter may be started again: keep the last finished step, losing nothing
-            finished = ports.finished if ports is not None else run.start_step - 1
-            run.save_before_failing(finished, None, extra_files={ROLLOUTER_STATE: stream.advanced()})
+            run.save_before_failing(ports.finished, None, extra_files={ROLLOUTER_STATE: stream.advanced()})
             raise
-
-
-def _stop_quietly(rollouter: RollouterClient) -> None:
-    """Stop the generation thread whatever happened (in-process it would outlive the run otherwise)."""
-    try:
-        rollouter.stop().result(timeout=STOP_TIMEOUT_S)
-    except Exception:  # noqa: BLE001 - already failing or dead: the backend kills it next
-        pass
