@@ -43,25 +43,17 @@ def write_ledger_report(run_dir: Path, dataset_size: int, ledger_state: dict[str
     """``ledger.json``: the per-prompt ledger and, per epoch, how many prompts were trained on once, lost, repeated."""
     ledger = PromptLedger()
     ledger.load_state_dict(ledger_state)
-    epochs = sorted({row[0] for row in ledger_state["records"]})
+    listed = ("lost", "duplicated", "dropped", "filtered")
     reports = {}
-    for e in epochs:
+    for e in sorted({row[0] for row in ledger_state["records"]}):
         rep = ledger.verify_epoch(e, dataset_size)
         reports[str(e)] = {
             "consumed_once": rep.consumed_once,
-            "lost": rep.lost,
-            "duplicated": rep.duplicated,
-            "dropped": rep.dropped,
-            "filtered": rep.filtered,
+            **{k: getattr(rep, k) for k in listed},
             "open": len(rep.open),
             "never_issued": len(rep.never_issued),
             "complete": not rep.open and not rep.never_issued,
         }
     (run_dir / "ledger.json").write_text(json.dumps({"epochs": reports, "ledger": ledger_state}) + "\n")
-    return {
-        "lost": sum(len(r["lost"]) for r in reports.values()),
-        "duplicated": sum(len(r["duplicated"]) for r in reports.values()),
-        "dropped": sum(len(r["dropped"]) for r in reports.values()),
-        "filtered": sum(len(r["filtered"]) for r in reports.values()),
-        "epochs_complete": sum(r["complete"] for r in reports.values()),
-    }
+    totals = {k: sum(len(r[k]) for r in reports.values()) for k in listed}
+    return {**totals, "epochs_complete": sum(r["complete"] for r in reports.values())}
