@@ -55,7 +55,8 @@ class Books:
             raise ValueError(f"Producer: every rank needs a capacity >= 1 row (got {list(capacities)})")
         self.budget, self.queue, self.sampler, self.prompt_of = budget, queue, sampler, prompt_of
         self.n, self.max_groups, self.clock, self.keep = n, max_groups, clock, keep
-        self.complete = complete or _completed_at_once
+        # no completion: a row is done as the engine ended it (the performance model prices rewards itself)
+        self.complete = complete or (lambda sample, done: done(sample))
         self.max_completing = max_completing
         self.capacities = list(capacities)
         self.controller = StalenessController(budget)
@@ -191,12 +192,9 @@ class Books:
         self.sampler.load_state_dict(state.sampler)
         self.inflight = {g.group_id: replace(g, completing=()) for g in state.inflight}
         self._order = {gid: k for k, gid in enumerate(self.inflight)}
-        self._out, self._pending, self.completing = Counter(), Counter(), {}
-        again = [g.samples[r] for g in state.inflight for r in g.completing]
-        for g in state.inflight:
-            for r in g.completing:
-                self.completing[(g.samples[r].uid, r)] = g.group_id
-                self._pending[g.group_id] += 1
+        again = [(g.group_id, g.samples[r]) for g in state.inflight for r in g.completing]
+        self.completing = {(s.uid, s.row): gid for gid, s in again}
+        self._out, self._pending = Counter(), Counter(gid for gid, _ in again)
         self._unplaced = {gid: self._order[gid] for gid, g in self.inflight.items() if self._waiting(g)}
         settled = [gid for gid, g in self.inflight.items() if g.finished and gid not in self._pending]
         self._done = {gid: self._order[gid] for gid in settled}
@@ -204,7 +202,7 @@ class Books:
         self.counts = Counter(dict.fromkeys(COUNT_KEYS, 0))
         self.counts.update({k: v for k, v in state.counts.items() if k in COUNT_KEYS})  # an older run's, renamed
         self.placed, self.load = {}, [0] * len(self.capacities)
-        for sample in again:
+        for _, sample in again:
             self.complete(sample, self.completed)
 
     def count_metrics(self) -> dict[str, float]:
@@ -223,11 +221,6 @@ class Books:
             out["fully_async/admissions_per_version"] = float(self._admitted[0])
         out.update(self.controller.metrics())
         return out
-
-
-def _completed_at_once(sample: Sample, done: Callable[[Sample], None]) -> None:
-    """No completion: the row is done as the engine ended it (the performance model prices rewards itself)."""
-    done(sample)
 
 
 def queued_form(g: InFlightGroup) -> Group:
