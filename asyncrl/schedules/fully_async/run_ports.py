@@ -26,8 +26,7 @@ class StreamRunPorts(TrainPort):
         self.run, self.algorithm = run, algorithm
         self.stream: StreamSupervisor = run.stream
         self.cfg = run.cfg
-        self.groups_per_step = self.cfg.async_training.require_batches * self.cfg.actor.ppo_mini_batch_size
-        self.max_staleness = budget_of(self.cfg.async_training, self.cfg.actor.ppo_mini_batch_size).max_staleness
+        self.budget = budget_of(self.cfg.async_training, self.cfg.actor.ppo_mini_batch_size)
         self.finished = run.start_step - 1
         self.tm = StepTimer(0)
         self.open = ExitStack()  # the step's own span: from take to the end of its push
@@ -44,7 +43,7 @@ class StreamRunPorts(TrainPort):
         self.open.enter_context(self.tm("step"))
         self.trained_at = self.run.version
         with self.tm("wait_batch"):
-            return self.stream.get_batch(self.groups_per_step, self.trained_at)
+            return self.stream.get_batch(self.budget.groups_per_update, self.trained_at)
 
     @clock_step
     def prepare(self, got: StreamBatch, step: int) -> Prepared:
@@ -69,7 +68,7 @@ class StreamRunPorts(TrainPort):
         tm = self.tm
         self.open.close()
         at = self.cfg.async_training
-        bound = self.max_staleness if at.staleness_rule == "exact" else None
+        bound = self.budget.max_staleness if at.staleness_rule == "exact" else None
         staleness = staleness_metrics(got.samples, self.trained_at, bound)
         if max(got.staleness) != staleness["staleness/max"]:  # two accounts of the same fact
             raise RuntimeError(f"step {step}: controller staleness {got.staleness} != recorded {staleness}")

@@ -13,23 +13,19 @@ from asyncrl.schedules.fully_async.staleness import StalenessBudget
 from asyncrl.types import Sample
 
 
-class QueueKnobs(Protocol):
-    """What sizes the queue: ``async_training``'s keys (the performance model's ``Setting`` has them too)."""
-
-    max_queue_size: int | None
-    drop_policy: str
-
-
-class BudgetKnobs(Protocol):
-    """What sets the staleness budget: ``async_training``'s keys (the performance model's ``Setting`` has them too)."""
+class StreamKnobs(Protocol):
+    """What sets the staleness budget and sizes the queue: ``async_training``'s keys (the performance model's
+    ``Setting`` has them too)."""
 
     require_batches: int
     trigger_parameter_sync_step: int
     staleness_threshold: float
     staleness_rule: str
+    max_queue_size: int | None
+    drop_policy: str
 
 
-def budget_of(at: BudgetKnobs, ppo_mini_batch_size: int) -> StalenessBudget:
+def budget_of(at: StreamKnobs, ppo_mini_batch_size: int) -> StalenessBudget:
     return StalenessBudget(
         require_batches=at.require_batches,
         ppo_mini_batch_size=ppo_mini_batch_size,
@@ -39,7 +35,7 @@ def budget_of(at: BudgetKnobs, ppo_mini_batch_size: int) -> StalenessBudget:
     )
 
 
-def queue_for(knobs: QueueKnobs, budget: StalenessBudget) -> MessageQueue:
+def queue_for(knobs: StreamKnobs, budget: StalenessBudget) -> MessageQueue:
     """The bounded queue: ``max_queue_size`` (unset: the budget's window, which never fills while synced) and the
     full-queue policy."""
     return MessageQueue(knobs.max_queue_size or budget.groups_per_window_budget, knobs.drop_policy)
