@@ -24,20 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asyncrl.config import Config
-from asyncrl.config.specs import TrainerPlan, default_old_policy
-from asyncrl.roles.clients import RolloutSide
+from asyncrl.schedules.one_step_off import rollout_side, trainer_plan  # the same pool, the same plan
 from asyncrl.schedules.run_ports import RunPorts, drive, open_run
-
-
-def rollout_side() -> tuple[RolloutSide, type | None]:
-    """Where this schedule generates, and its producer's worker class (none): what its run starts its roles
-    with (``asyncrl preflight`` starts the same)."""
-    return RolloutSide.POOL, None
-
-
-def trainer_plan(cfg: Config) -> TrainerPlan:
-    """The rollout pool generates; the trainer only evaluates with its engine: one update per version."""
-    return TrainerPlan(old_policy=default_old_policy(cfg))
 
 
 def run_two_step_off(cfg: Config) -> dict[str, Any]:
@@ -46,5 +34,4 @@ def run_two_step_off(cfg: Config) -> dict[str, Any]:
         open_run(cfg, rollout_side()[0], trainer_plan(cfg)) as (run, algorithm),
         ThreadPoolExecutor(1, "prepare") as pool,
     ):
-        ports = RunPorts(run, algorithm, prepare_pool=pool)
-        return drive(ports, "two_step_off")
+        return drive(RunPorts(run, algorithm, prepare_pool=pool), "two_step_off")
