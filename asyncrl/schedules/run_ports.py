@@ -1,9 +1,8 @@
 """The real run: ``open_run`` builds it whole before a schedule's first step, and ``RunPorts`` are the ports the
 loops of ``schedules.loops`` run on, the roles' calls, each phase timed.
 
-A port method that takes time is a plain method that does the work and returns, made the clock step the loops
-``yield from`` by ``loops.clock_step``. What a step measures (``timing_s/*``, the sync's metrics) is here once for the
-three schedules; how it ends (metrics -> evaluation -> log -> checkpoint) is ``Run.end_step``, fully_async's too.
+What a step measures (``timing_s/*``, the sync's metrics) is here once for the three schedules; how it ends (metrics ->
+evaluation -> log -> checkpoint) is ``Run.end_step``, fully_async's too.
 """
 
 from __future__ import annotations
@@ -207,27 +206,24 @@ class RunPorts(TrainPort):
 
     @clock_step
     def generated(self, launched: Launched | Replayed, batch: int) -> Generated:
-        """Wait for a launched batch; a rollout worker the pool could not replace stops the run after a checkpoint
-        of the last finished step."""
-        try:  # the pool replaces a rollout worker that died; past its budget, stop after a checkpoint
-            with self.tm("wait_prev_gen"):
-                return self._fill(launched, batch)
-        except WorkerLostError:
-            self._save_before_failing()
-            raise
+        with self._checkpoint_if_lost(), self.tm("wait_prev_gen"):
+            return self._fill(launched, batch)
 
     @clock_step
     def push(self, step: int) -> None:
         assert self.sync is not None
-        try:
-            with self.tm("sync_rollout_weights"):
-                self.sync_metrics = self.sync.metrics((self.run.pool or self.sync).push(self.run.version))
-        except WorkerLostError:
-            self._save_before_failing()
-            raise
+        with self._checkpoint_if_lost(), self.tm("sync_rollout_weights"):
+            self.sync_metrics = self.sync.metrics((self.run.pool or self.sync).push(self.run.version))
 
-    def _save_before_failing(self) -> None:
-        self.run.save_before_failing(self.last_step, self.cursors.get(self.last_step))
+    @contextmanager
+    def _checkpoint_if_lost(self) -> Iterator[None]:
+        """The pool replaces a rollout worker that died; one it could not replace (past its budget) stops the run
+        after a checkpoint of the last finished step."""
+        try:
+            yield
+        except WorkerLostError:
+            self.run.save_before_failing(self.last_step, self.cursors.get(self.last_step))
+            raise
 
     # ---- preparation and update ----------------------------------------------------------------------------------
     @clock_step
