@@ -4,9 +4,8 @@
 call the roles and the Rollouter, the performance model (``planning.stream.StreamSimPorts``) over ports that advance a
 virtual clock. ``produce`` is the Rollouter's: ``rollouter.Rollouter`` drives it on its generation thread over its
 ranks, the performance model (``planning.stream.SimRollouter``) over ranks priced on the clock, both with the real
-``Producer``. A port method that takes time is a clock step (``schedules.loops.Steps``), used as
-``x = yield from ports.take(step)``: the real ports' are plain methods made steps by ``loops.clock_step``, the
-simulated ones yield clock events. A change here changes what the run does and what the planner predicts together.
+``Producer``. A port method that takes time is a clock step, as in ``schedules.loops``: a change here changes what
+the run does and what the planner predicts together.
 """
 
 from __future__ import annotations

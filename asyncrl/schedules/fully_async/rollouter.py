@@ -6,10 +6,8 @@ The driver calls in from Ray's actor threads (the actor is threaded); the books 
 With ``rollout.num_workers`` > 1 the Rollouter streams to the other rollout ranks too (rollout workers on GPUs of
 their own, ``attach_ranks``): each group goes whole to the least loaded rank with free slots, those ranks step on
 their own threads and hand back each row as it ends (``ranks.RemoteRank``). The books stay here, so staleness, the
-ledger and recovery are those of one Rollouter; every rank receives each weight sync.
-
-Parking for a sync: with partial rollout every rank is interrupted at its next step and the rows wait, partial, in
-their groups; without it no new row is placed and the live ones run to their end first.
+ledger and recovery are those of one Rollouter; every rank receives each weight sync. How it parks for a sync (with
+or without partial rollout) is ``producer``'s.
 """
 
 from __future__ import annotations
