@@ -3,7 +3,7 @@
 The Rollouter owns the stream (queue, in-flight rows, controller, ledger, prompt cursor); if its process dies, all of
 that dies with it. The driver keeps the last ``RollouterSnapshot`` (taken while the Rollouter was parked at a weight
 sync) and every batch it consumed since (``ConsumedBatch``). A replacement restores the snapshot and then replays
-those consumptions (``replay_consumed``), which makes its books what the dead Rollouter's were minus what it had not
+those consumptions (``advance``), which makes its books what the dead Rollouter's were minus what it had not
 handed out yet:
 
 - a group the trainer consumed since the snapshot is consumed once, never generated again: if it was queued or in
@@ -77,7 +77,7 @@ class RollouterSnapshot:
     processing_s: dict[str, float]
     counts: dict[str, int]
     engine_version: int
-    skip: tuple[tuple[int, int], ...] = ()  # prompts the cursor passes over (``replay_consumed``; a tuple: old pickles)
+    skip: tuple[tuple[int, int], ...] = ()  # prompts the cursor passes over (``advance``; a tuple: old pickles)
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,10 @@ class Takeover:
 
 def advance(take: Takeover, budget: StalenessBudget) -> RollouterSnapshot:
     """The snapshot the dead Rollouter would give now, at ``take.version``: its last one with the consumption since
-    replayed (``replay_consumed``). A replacement restores it; the driver checkpoints it when no replacement may be
-    started (``trainer.max_worker_restarts`` spent), so a resume loses nothing either."""
+    replayed in order (the module docstring): the consumed groups taken out (queue, in-flight rows, their seconds, the
+    counters) and ``skip`` grown by the prompts issued after it and already consumed. A replacement restores it; the
+    driver checkpoints it when no replacement may be started (``trainer.max_worker_restarts`` spent), so a resume
+    loses nothing either. Raises if a batch does not fit the books (a group consumed twice, a version out of step)."""
     snap = take.snapshot
     if take.version < snap.engine_version:
         raise ValueError(f"advance: version {take.version} is older than the snapshot's {snap.engine_version}")
@@ -125,24 +127,13 @@ def advance(take: Takeover, budget: StalenessBudget) -> RollouterSnapshot:
     controller.load_state_dict(snap.controller)
     controller.on_sync(take.version)
     ledger.load_state_dict(snap.ledger)
-    rest = replay_consumed(snap, take.consumed, controller, ledger)
-    return replace(rest, controller=controller.state_dict(), ledger=ledger.state_dict(), engine_version=take.version)
-
-
-def replay_consumed(
-    snapshot: RollouterSnapshot, consumed: list[ConsumedBatch], controller: StalenessController, ledger: PromptLedger
-) -> RollouterSnapshot:
-    """Apply ``consumed`` (in order) to ``controller`` and ``ledger``, already loaded from ``snapshot``, and return the
-    snapshot with the consumed groups taken out (queue, in-flight rows, their seconds, the counters) and ``skip``
-    grown by the prompts issued after it and already consumed; see the module docstring. Raises if a batch does not
-    fit the books (a group consumed twice, a version out of step)."""
-    queued_at = {g.group_id for g in snapshot.queue.groups}
-    inflight = {g.group_id: g for g in snapshot.inflight}
-    counts: Counter[str] = Counter(snapshot.counts)
-    processing = dict(snapshot.processing_s)
-    skip = set(snapshot.skip)
+    queued_at = {g.group_id for g in snap.queue.groups}
+    inflight = {g.group_id: g for g in snap.inflight}
+    counts: Counter[str] = Counter(snap.counts)
+    processing = dict(snap.processing_s)
+    skip = set(snap.skip)
     gone: set[str] = set()
-    for batch in consumed:
+    for batch in take.consumed:
         ids = [g.group_id for g in batch.groups]
         for g in batch.groups:
             stage = ledger.open_groups().get(g.group_id)
@@ -164,14 +155,17 @@ def replay_consumed(
         controller.on_consumed(ids, batch.trainer_version)
         ledger.consumed(ids)
         counts["consumed_groups"] += len(ids)
-    queue = replace(snapshot.queue, groups=[g for g in snapshot.queue.groups if g.group_id not in gone])
+    queue = replace(snap.queue, groups=[g for g in snap.queue.groups if g.group_id not in gone])
     return replace(
-        snapshot,
+        snap,
         queue=queue,
         inflight=list(inflight.values()),
         processing_s=processing,
         counts=dict(counts),
         skip=tuple(sorted(skip)),
+        controller=controller.state_dict(),
+        ledger=ledger.state_dict(),
+        engine_version=take.version,
     )
 
 
