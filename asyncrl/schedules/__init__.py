@@ -9,23 +9,17 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from asyncrl.config import Config
+from asyncrl.config import SCHEDULES, Config
 from asyncrl.config.specs import RoleSpecs, role_specs
-
-MODULES = {
-    "sync": "asyncrl.schedules.sync",
-    "one_step_off": "asyncrl.schedules.one_step_off",
-    "two_step_off": "asyncrl.schedules.two_step_off",
-    "fully_async": "asyncrl.schedules.fully_async",
-}
 
 
 def schedule_module(cfg: Config) -> ModuleType:
-    """The module of ``trainer.schedule``: its ``run_<name>`` loop and its ``trainer_plan``."""
+    """The module of ``trainer.schedule`` (each of ``SCHEDULES`` is a module here): its ``run_<name>`` loop and its
+    ``trainer_plan``."""
     name = cfg.trainer.schedule
-    if name not in MODULES:
+    if name not in SCHEDULES:
         raise ValueError(f"trainer.schedule={name!r}: no such schedule (the config check should have caught it)")
-    return importlib.import_module(MODULES[name])
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def specs_for(cfg: Config) -> RoleSpecs:
