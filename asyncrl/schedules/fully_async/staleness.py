@@ -151,10 +151,6 @@ class StalenessController:
         return self._version
 
     @property
-    def max_staleness(self) -> int:
-        return self.budget.max_staleness
-
-    @property
     def consumed(self) -> int:
         """Groups consumed by the trainer so far (a multiple of ``groups_per_update``)."""
         return self._consumed
@@ -203,7 +199,7 @@ class StalenessController:
             if n > limit:
                 raise AdmissionRefused(
                     f"cannot start group {group_id!r}: {n} live groups would exceed the admission limit {limit} "
-                    f"(version {self._version}, max_staleness {self.max_staleness})"
+                    f"(version {self._version}, max_staleness {self.budget.max_staleness})"
                 )
             self._in_flight[group_id] = self._version
             self._started += 1
