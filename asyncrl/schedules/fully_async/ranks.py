@@ -80,13 +80,10 @@ class RemoteRank:
         self._submits.append(self.rank.stream_submit(rows, self.params, self.seed))
         self.held += len(rows)
 
-    def _check_submits(self) -> None:
+    def advance(self) -> list[Sample]:
         for p in [p for p in self._submits if p.done()]:
             self._submits.remove(p)
             p.result()  # raises what the submit raised there
-
-    def advance(self) -> list[Sample]:
-        self._check_submits()
         out: list[Sample] = []
         if self._poll is not None and self._poll.done():
             out = self._collect(self._poll.result())

@@ -71,10 +71,10 @@ class Rollouter(RolloutWorker):
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._window_start = time.perf_counter()
-        self.ranks: list[Handle] = []  # the other rollout ranks this Rollouter streams to (``attach_ranks``)
-        # an agent's turns (tool calls) run off the decode (``AgentEngine.start_turn``): [running, the first error]
+        # an agent's turns (tool calls) run off the decode (``AgentEngine.start_turn``): how many run, the first error
         self.agent = self.engine if isinstance(self.engine, AgentEngine) else None
-        self._turns: list[Any] = [0, None]
+        self._turns = 0
+        self._turn_error: BaseException | None = None
         seed = seeds.sampling(spec.engine.seed)  # each row keys its own noise: as sync's rows
         self.own = OwnRank(self.engine, self.params, seed, BusySpan(self.timeline, self.name))
         self.streams: list[RankStream] = [self.own]
@@ -105,11 +105,10 @@ class Rollouter(RolloutWorker):
         reaches a running decode), before ``start``."""
         if self._thread is not None:
             raise RollouterError("attach_ranks: only before start()")
-        self.ranks = list(ranks)
-        seed, timeout_s = seeds.sampling(self.spec.engine.seed), self.spec.async_training.pause_timeout_s
-        self.books = self._books(len(self.ranks) + 1)  # before ``restore``: the books are still empty
+        seed, timeout_s = self.own.seed, self.spec.async_training.pause_timeout_s
+        self.books = self._books(len(ranks) + 1)  # before ``restore``: the books are still empty
         wake = self.books.wake
-        self.streams = [self.own, *(RemoteRank(h, self.params, seed, timeout_s, wake) for h in self.ranks)]
+        self.streams = [self.own, *(RemoteRank(h, self.params, seed, timeout_s, wake) for h in ranks)]
 
     # ---- the generation thread -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -143,7 +142,7 @@ class Rollouter(RolloutWorker):
         thread steps on."""
         if self.agent is not None and self.agent.multi_turn_row(sample):
             with self._cv:
-                self._turns[0] += 1
+                self._turns += 1
             self.agent.start_turn(sample, self.params).add_done_callback(lambda turn: self._turn(turn, done))
         else:
             self.scorer.submit(sample, done)
@@ -156,16 +155,16 @@ class Rollouter(RolloutWorker):
             else:
                 self.scorer.submit(row, done)
         except BaseException as e:  # surfaced by the generation thread (``_check_turns``)
-            self._turns[1] = self._turns[1] or e
+            self._turn_error = self._turn_error or e
         finally:
             with self._cv:
-                self._turns[0] -= 1
+                self._turns -= 1
             self.books.wake.set()
 
     def _check_turns(self) -> None:
         self.scorer.check()
-        if self._turns[1] is not None:
-            raise RollouterError(f"an agent turn failed: {self._turns[1]!r}") from self._turns[1]
+        if self._turn_error is not None:
+            raise RollouterError(f"an agent turn failed: {self._turn_error!r}") from self._turn_error
 
     def _check_alive(self) -> None:
         if self._error is not None:
@@ -265,9 +264,7 @@ class Rollouter(RolloutWorker):
         out["rollouter/busy_s"], out["perf/rollout_tokens_per_s"] = window * (1.0 - idle), tokens_per_s
         scored = self.scorer.take_metrics()  # its failures are counted from the step's samples (reward/failed_count)
         out.update({k: v for k, v in scored.items() if k != "reward/failed_count"})
-        prefill = PrefillStats()
-        for rank in self.streams:
-            prefill += rank.take_prefill()
+        prefill = sum((rank.take_prefill() for rank in self.streams), PrefillStats())
         out.update(prefill.metrics())  # a group's blank rows share one prompt's prefill
         return out
 
@@ -305,7 +302,7 @@ class RollouterPorts(RankPorts):
         return held
 
     def turns(self) -> int:
-        return self.r._turns[0]
+        return self.r._turns
 
     @clock_step
     def park(self) -> None:
