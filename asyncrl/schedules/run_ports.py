@@ -89,17 +89,20 @@ def open_run(
         directory.summary.update(algorithm.summary)
         rendezvous = dict(roles.rendezvous)
         sync = pool = supervisor = None
-        if side is not RolloutSide.ACTOR:
-            sync = _start_weight_sync(cfg, roles, progress.version)
+        if side is not RolloutSide.ACTOR:  # the sync group, and the rollout side brought to the trainer's weights
+            ready = cfg.trainer.role_start_timeout_s
+            backend = transport_of([h.location(ready) for h in [roles.trainer.handle, *roles.receivers]])
+            sync = WeightSync(roles.trainer.handle, roles.receivers, cfg.weight_sync, ready, backend=backend)
+            sync.setup()
+            sync.push(progress.version)  # after a resume: the checkpoint's
             rendezvous["weight_sync"] = sync.endpoint or ""
             directory.summary.update(sync.summary())
+            version = lambda: progress.version  # noqa: E731 - read at each replacement
             if stream is not None:
-                supervisor = stream(roles, sync, lambda: progress.version)
+                supervisor = stream(roles, sync, version)
             elif roles.respawn is not None and roles.rollouter is None:
-                t = cfg.trainer
-                version = lambda: progress.version  # noqa: E731 - read at each replacement
                 pool = RolloutPool(
-                    roles, sync, roles.respawn, version, t.max_worker_restarts, cfg.rollout.generate_timeout_s
+                    roles, sync, roles.respawn, version, cfg.trainer.max_worker_restarts, cfg.rollout.generate_timeout_s
                 )
         directory.summary["placement"] = {
             "pools": {name: asdict(p) for name, p in roles.placement.all_pools().items()},
@@ -117,17 +120,6 @@ def open_run(
             failed = False
         finally:
             log.close(failed)
-
-
-def _start_weight_sync(cfg: Config, roles: Roles, version: int) -> WeightSync:
-    """The sync group, set up, and the rollout side brought to the trainer's weights (after a resume: the
-    checkpoint's)."""
-    ready = cfg.trainer.role_start_timeout_s
-    backend = transport_of([h.location(ready) for h in [roles.trainer.handle, *roles.receivers]])
-    ws = WeightSync(roles.trainer.handle, roles.receivers, cfg.weight_sync, ready, backend=backend)
-    ws.setup()
-    ws.push(version)
-    return ws
 
 
 class TrainPort:
