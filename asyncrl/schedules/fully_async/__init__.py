@@ -21,10 +21,6 @@ Staleness is bounded by admission and the order of consumption (proof in ``stale
 consumption, for every algorithm. A checkpoint is taken while the Rollouter is parked for a sync, so it holds
 the queue (samples with their rewards), the in-flight partial rows, the controller, the prompt ledger and the prompt
 cursor of one instant: a resumed run loses and repeats no prompt (``ledger.json`` at the end is the evidence).
-
-On Ray a Rollouter that dies or hangs is replaced by ``StreamSupervisor`` (``supervisor``); once
-``trainer.max_worker_restarts`` is spent, the run checkpoints its last finished step with the snapshot the dead
-Rollouter would have given and stops with ``WorkerLostError``.
 """
 
 from __future__ import annotations

@@ -63,10 +63,8 @@ class Producer(Books):
 
     def place(self, admit: bool = True) -> list[tuple[int, list[Sample]]]:
         """Rows to submit, by rank: first the unfinished rows of groups on no engine (start order), then (``admit``)
-        new groups
-        while the controller admits them, fewer than ``max_groups`` are in flight, fewer than ``max_completing`` rows
-        wait for their completion, and a rank has a free slot. A group's rows go to one rank (they share its prefill),
-        the least loaded one with a free slot; rows beyond its free slots wait in its engine's queue."""
+        new groups while the controller, ``max_groups``, ``max_completing`` and a free slot allow (the module
+        docstring's *place*)."""
         out: dict[int, list[Sample]] = {}
         with self.lock:
             for gid in sorted(self._unplaced, key=self._unplaced.__getitem__):
@@ -81,8 +79,7 @@ class Producer(Books):
         return list(out.items())
 
     def _room(self) -> int | None:
-        """The least loaded rank with a free slot (rows it holds, waiting ones included, under its capacity), or
-        None."""
+        """The least loaded rank with a free slot (its rows, waiting ones included, under its capacity), or None."""
         free = [(load, r) for r, (load, cap) in enumerate(zip(self.load, self.capacities)) if load < cap]
         return min(free)[1] if free else None
 
