@@ -173,11 +173,8 @@ class Rollouter(RolloutWorker):
     # ---- driver calls ----------------------------------------------------------------------------------------------
     def get_batch(self, n_groups: int, trainer_version: int) -> StreamBatch:
         """The ``n_groups`` groups of one trainer step at ``trainer_version`` (``Producer.take``), with their
-        staleness.
-
-        Blocks until they are there (the trainer's idle time); raises if the generation thread died or nothing arrived
-        within ``async_training.get_batch_timeout_s``.
-        """
+        staleness. Blocks until they are there (the trainer's idle time); raises if the generation thread died or
+        nothing arrived within ``async_training.get_batch_timeout_s``."""
         timeout_s = self.spec.async_training.get_batch_timeout_s
         deadline = time.monotonic() + timeout_s
         while True:
@@ -195,10 +192,8 @@ class Rollouter(RolloutWorker):
 
     def pause(self, interrupt: bool) -> float:
         """Hold the generation thread at its park point; ``interrupt`` takes every row back from the engines at
-        their next step (partial rollout), else the live rows run to their end first.
-
-        Returns the seconds it took to park (without ``interrupt``: the rest of the running decode); raises after
-        ``async_training.pause_timeout_s``.
+        their next step (partial rollout), else the live rows run to their end first. Returns the seconds it took to
+        park (without ``interrupt``: the rest of the running decode); raises after ``async_training.pause_timeout_s``.
         """
         timeout_s = self.spec.async_training.pause_timeout_s
         t0 = time.perf_counter()
