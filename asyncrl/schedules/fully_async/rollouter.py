@@ -56,7 +56,6 @@ class Rollouter(RolloutWorker):
         at, d, r = spec.async_training, spec.data, spec.engine.rollout
         self.spec = spec
         self.params = SamplingParams.from_config(r)
-        self.partial_rollout = at.partial_rollout
         budget = budget_of(at, spec.ppo_mini_batch_size)
         rows = load_rows(d.train_files)
         tools = tool_schemas(r.multi_turn.tools)
