@@ -158,6 +158,8 @@ class StreamSupervisor(Supervisor):
                 cause = f"no answer within {self.timeout_s:g} s" if hung else self._failure(e, r)
                 if cause is None:
                     raise
+                if not self.replaceable:  # in-process: no process of its own to kill and start again
+                    raise WorkerLostError(f"{r.name}: {cause}; an in-process Rollouter cannot be replaced") from e
                 self.replace(cause)
 
     def _failure(self, e: BaseException, r: RollouterClient) -> str | None:
