@@ -14,7 +14,7 @@ the waiting weight's bucket, the scales' bucket and the bucket being received, p
 
 When an update fails after some tensors were applied (a later bucket's checksum, a transport failure, a bad name in
 a later bucket) the model holds a mix of two versions. There is no rollback: it would need the second full copy this
-avoids. Instead the engine's gate is torn (``EngineGate.tear``): generate, resume and submit refuse with
+avoids. Instead the engine's gate is torn (``EngineGate.partial``): generate, resume and submit refuse with
 PartialWeightsError until the next complete update, and the version stays the last complete one. An update that fails
 before applying anything leaves the engine exactly as it was.
 """
@@ -101,14 +101,6 @@ def _paired(items: Items, waiting: dict[str, torch.Tensor]) -> Items:
     return out
 
 
-def copy_into(params: Mapping[str, torch.Tensor], items: Items) -> int:
-    """Copy every (name, tensor) into ``params[name]`` in place (casting to its dtype); returns how many."""
-    with torch.no_grad():
-        for name, tensor in items:
-            params[name].copy_(tensor)
-    return len(items)
-
-
 class Applying:
     """Around an update's copies (inside ``gate.updating``): count the tensors applied; when the update fails after
     any was applied, tear the gate (the module docstring); when it completes, mend it."""
@@ -121,10 +113,10 @@ class Applying:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         if error is None:
-            self.gate.mend()
+            self.gate.partial = None  # the weights are one version again
         elif self.applied:
             text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            self.gate.tear(f"{self.where} failed after applying {self.applied} tensors: {text}")
+            self.gate.partial = f"{self.where} failed after applying {self.applied} tensors: {text}"
 
 
 class Pulled:
@@ -142,16 +134,13 @@ class Pulled:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         try:
             for items in self.buckets:
-                yield from self._each(items)
+                for name, tensor in items:
+                    if self.applying is not None:
+                        self.applying.applied += 1
+                    yield self.rename[name], tensor
                 del items  # the bucket goes before the next is received
         except Exception as e:  # noqa: BLE001 - kept and raised by raise_if_failed, after the loader returned
             self.error = e
-
-    def _each(self, items: Items) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in items:
-            if self.applying is not None:
-                self.applying.applied += 1
-            yield self.rename[name], tensor
 
     def raise_if_failed(self) -> None:
         if self.error is not None:

@@ -30,7 +30,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from asyncrl.models.fp8 import sync_layout
 from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
 from asyncrl.models.lora import is_lora, merged_update, synced_tensors
-from asyncrl.rollout.bucket_update import Applying, Items, Named, checked_buckets, checked_whole, copy_into
+from asyncrl.rollout.bucket_update import Applying, Items, Named, checked_buckets, checked_whole
 from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow, supports_logits_to_keep
 from asyncrl.rollout.gate import EngineGate, GatedEngine
 from asyncrl.rollout.sampling import RowStreams, SamplingParams, check_prompts, extend_sample, resumable, row_streams
@@ -75,9 +75,7 @@ class RolloutEngine(GatedEngine):
             raise ValueError(f"RolloutEngine: max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
         self.tokenizer = tokenizer
-        if eos_token_ids is None:
-            eos_token_ids = default_eos_token_ids(model, tokenizer)
-        self.eos_token_ids = list(eos_token_ids)
+        self.eos_token_ids = list(default_eos_token_ids(model, tokenizer) if eos_token_ids is None else eos_token_ids)
         if not self.eos_token_ids:
             raise ValueError("RolloutEngine: no eos token ids (tokenizer and generation config define none)")
         self.max_batch_size = max_batch_size
@@ -97,7 +95,7 @@ class RolloutEngine(GatedEngine):
         self._stream = ContinuousDecoder(
             model, max_batch_size, self.eos_token_ids, self.pad_id, self._keep_last, share_prefixes
         )
-        self._calls: ContinuousDecoder | None = None  # generate/resume's (``_call_decoder``)
+        self._calls: ContinuousDecoder | None = None  # generate/resume's (``_decode_all``)
         self._stream_lock = threading.Lock()
         self._stream_key: tuple[SamplingParams, int | None] | None = None  # the live rows' params and seed
         self._streamed: dict[int, Sample] = {}  # rows in the decoder, as submitted
@@ -207,14 +205,19 @@ class RolloutEngine(GatedEngine):
         batch, admission's prefill left out; ``planning.cost.decode_segments`` reproduces them from the rows' lengths).
         """
         self._check_positions(prefixes, budgets)
-        decoder = self._call_decoder()
+        decoder = self._calls  # kept so its buffers grow when a call needs room, not every call
+        now = (self.max_batch_size, frozenset(self.eos_token_ids), self.pad_id, self.share_prefixes)
+        if decoder is None or (decoder.capacity, decoder.eos_ids, decoder.pad_id, decoder.share_prefixes) != now:
+            decoder = self._calls = ContinuousDecoder(  # made anew when they change
+                self.model, self.max_batch_size, self.eos_token_ids, self.pad_id, self._keep_last, self.share_prefixes
+            )
         decoder.check_supported()
         order = [i for chunk in engine_chunks([len(p) for p in prefixes], self.max_batch_size) for i in chunk]
         keys, offsets = streams.keys, streams.offsets
         rows = [StreamRow(i, p, n, keys[i], offsets[i]) for i, (p, n) in enumerate(zip(prefixes, budgets))]
         reasons = ["interrupted"] * len(prefixes)
         segments: list[list] = []  # [rows, steps, seconds]
-        if not self._gate.pause_requested:
+        if not self._gate.pause.is_set():
             decoder.submit([rows[i] for i in order])
             left = len(rows)
             while left:
@@ -229,23 +232,13 @@ class RolloutEngine(GatedEngine):
                     reasons[row.tag], left = reason, left - 1
                 if ended and on_ended is not None:
                     on_ended(ended)
-                if left and (self._gate.pause_requested or (refill is not None and refill(left - decoder.waiting()))):
+                if left and (self._gate.pause.is_set() or (refill is not None and refill(left - decoder.waiting()))):
                     break
             if left:
                 decoder.interrupt()  # the rows keep their tokens so far; the buffers go
         self.last_prefill = decoder.take_prefill()
         self.last_segments = tuple(map(tuple, segments))
         return DecodeResult([r.tokens for r in rows], [r.logprobs for r in rows], reasons)
-
-    def _call_decoder(self) -> ContinuousDecoder:
-        """``generate``/``resume``'s slot decoder, kept so its buffers grow when a call needs room, not every call."""
-        d = self._calls
-        now = (self.max_batch_size, frozenset(self.eos_token_ids), self.pad_id, self.share_prefixes)
-        if d is None or (d.capacity, d.eos_ids, d.pad_id, d.share_prefixes) != now:  # made anew when they change
-            d = self._calls = ContinuousDecoder(
-                self.model, self.max_batch_size, self.eos_token_ids, self.pad_id, self._keep_last, self.share_prefixes
-            )
-        return d
 
     def _check_positions(self, prefixes: list[list[int]], budgets: list[int]) -> None:
         longest = max(len(p) + n for p, n in zip(prefixes, budgets)) if prefixes else 0
@@ -284,8 +277,7 @@ class RolloutEngine(GatedEngine):
         self._check_positions(prefixes, budgets)
         with self._stream_lock:
             if self._gate.held and self._stream_key != (params, seed):
-                assert self._stream_key is not None
-                live_params, live_seed = self._stream_key
+                live_params, live_seed = self._stream_key or (None, None)
                 raise ValueError(
                     f"RolloutEngine.submit: params {params} and seed {seed} differ from the live rows' params "
                     f"{live_params} and seed {live_seed} (interrupt() or drain() first)"
@@ -394,6 +386,9 @@ class RolloutEngine(GatedEngine):
             known = required if is_lora(self.model) else self._params  # a LoRA sync carries the adapter alone
             fp8 = self.quantization == "fp8" if fp8 is None else fp8
             for items in checked_buckets(buckets, known, required, strict, where, fp8):
-                applying.applied += copy_into(self._params, items)
+                with torch.no_grad():
+                    for name, tensor in items:
+                        self._params[name].copy_(tensor)  # in place, cast to the parameter's dtype
+                applying.applied += len(items)
                 del items  # the sync's bucket goes before the next is received
             self.version = version

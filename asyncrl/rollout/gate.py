@@ -31,32 +31,20 @@ class EngineGate:
 
     def __init__(self, owner: str) -> None:
         self.owner = owner
-        self._pause = threading.Event()
+        self.pause = threading.Event()  # set: a running (or the next) generate/resume returns at its next step
         self._lock = threading.Lock()
         self._busy = False
         self._updating = False
-        self._held = 0  # streamed rows submitted and not yet reported (asyncrl.rollout.streaming)
-        self.partial: str | None = None  # why the weights are a mix of versions, while they are (see tear)
-
-    def request_pause(self) -> None:
-        self._pause.set()
-
-    def clear_pause(self) -> None:
-        self._pause.clear()
-
-    @property
-    def pause_requested(self) -> bool:
-        return self._pause.is_set()
+        self.held = 0  # streamed rows submitted and not yet reported (asyncrl.rollout.streaming); under the lock
+        # why the weights are a mix of two versions, while they are (an update failed after applying part of
+        # itself): no generate, resume or submit until a complete update succeeds, so no token is ever recorded
+        # under a version whose weights the engine does not hold (``asyncrl.rollout.bucket_update.Applying``)
+        self.partial: str | None = None
 
     @property
     def busy(self) -> bool:
         """A generate/resume is running, or the engine holds streamed rows."""
-        return self._busy or self._held > 0
-
-    @property
-    def held(self) -> int:
-        """Streamed rows submitted and not yet reported (rows)."""
-        return self._held
+        return self._busy or self.held > 0
 
     def hold(self, rows: int) -> None:
         """Count ``rows`` more streamed rows as held; refuses during a generate/resume or an update, so a streamed
@@ -66,14 +54,14 @@ class EngineGate:
             if self._busy or self._updating:
                 what = "a generate/resume" if self._busy else "update_weights"
                 raise EngineBusyError(f"{self.owner}.submit: cannot take streamed rows while {what} is running")
-            self._held += rows
+            self.held += rows
 
     def release(self, rows: int) -> None:
         """``rows`` streamed rows were reported (ended, or interrupted)."""
         with self._lock:
-            if rows > self._held:
-                raise RuntimeError(f"{self.owner}: releasing {rows} streamed rows, only {self._held} held")
-            self._held -= rows
+            if rows > self.held:
+                raise RuntimeError(f"{self.owner}: releasing {rows} streamed rows, only {self.held} held")
+            self.held -= rows
 
     @contextmanager
     def running(self) -> Iterator[None]:
@@ -83,9 +71,9 @@ class EngineGate:
             if self._busy or self._updating:
                 what = "a generate/resume" if self._busy else "update_weights"
                 raise EngineBusyError(f"{self.owner}: cannot start a generate/resume while {what} is running")
-            if self._held:
+            if self.held:
                 raise EngineBusyError(
-                    f"{self.owner}: cannot start a generate/resume while the engine holds {self._held} streamed rows "
+                    f"{self.owner}: cannot start a generate/resume while the engine holds {self.held} streamed rows "
                     "(interrupt() or drain() first)"
                 )
             self._busy = True
@@ -106,9 +94,9 @@ class EngineGate:
                 )
             if self._updating:
                 raise EngineBusyError(f"{self.owner}.update_weights(version={version}): another update is running")
-            if self._held:
+            if self.held:
                 raise EngineBusyError(
-                    f"{self.owner}.update_weights(version={version}) called while the engine holds {self._held} "
+                    f"{self.owner}.update_weights(version={version}) called while the engine holds {self.held} "
                     "streamed rows; call interrupt() (or drain()) first"
                 )
             self._updating = True
@@ -117,15 +105,6 @@ class EngineGate:
         finally:
             with self._lock:
                 self._updating = False
-
-    def tear(self, why: str) -> None:
-        """The weights are now partly updated (``why``: which update, how far it got): no generate, resume or submit
-        until :meth:`mend`, so no token is ever recorded under a version whose weights the engine does not hold."""
-        self.partial = why
-
-    def mend(self) -> None:
-        """A complete update succeeded: the weights are one version again."""
-        self.partial = None
 
     def _refuse_partial(self, what: str) -> None:
         if self.partial is not None:
@@ -142,14 +121,14 @@ class GatedEngine:
 
     def request_pause(self) -> None:
         """Make a running (or the next) generate/resume return at its next decode step. Safe from any thread."""
-        self._gate.request_pause()
+        self._gate.pause.set()
 
     def clear_pause(self) -> None:
-        self._gate.clear_pause()
+        self._gate.pause.clear()
 
     @property
     def pause_requested(self) -> bool:
-        return self._gate.pause_requested
+        return self._gate.pause.is_set()
 
     @property
     def busy(self) -> bool:

@@ -28,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ from asyncrl.errors import UserInputError
 from asyncrl.models.fp8 import quantize_for_sync, sync_layout
 from asyncrl.models.loading import eos_token_ids
 from asyncrl.models.lora import LoraSpec, synced_tensors
-from asyncrl.rollout.bucket_update import Applying, Items, Pulled, checked_buckets, checked_whole
+from asyncrl.rollout.bucket_update import Applying, Items, Named, Pulled, checked_buckets, checked_whole
 from asyncrl.rollout.gate import EngineGate, GatedEngine
 from asyncrl.rollout.sampling import SamplingParams, check_prompts, extend_sample, resumable, row_streams, uniform
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
@@ -218,7 +218,7 @@ class VllmEngine(VllmStreaming, GatedEngine):
                 return extend_sample(row_of[rid], tokens, logps, [version] * len(tokens), reasons[rid], self.tokenizer)
 
             while open_ids:
-                if self._gate.pause_requested or (refill is not None and refill(len(open_ids))):
+                if self._gate.pause.is_set() or (refill is not None and refill(len(open_ids))):
                     self._abort_requests(sorted(open_ids))
                     break
                 ended: list[Sample] = []
@@ -287,12 +287,7 @@ class VllmEngine(VllmStreaming, GatedEngine):
         """The parameters a sync updates (meta tensors), tied ones once, as they arrive after any dequantization."""
         return {name: p for name, p in self._params.items() if self._canonical[name] == name}
 
-    def update_weights(
-        self,
-        named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
-        version: int,
-        strict: bool = True,
-    ) -> None:
+    def update_weights(self, named_tensors: Named, version: int, strict: bool = True) -> None:
         """Check names and shapes (nothing is loaded when one is wrong), then load them as one bucket
         (``update_weights_streamed``)."""
         where = f"VllmEngine.update_weights({version=})"
