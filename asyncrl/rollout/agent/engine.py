@@ -34,21 +34,7 @@ if TYPE_CHECKING:
     from asyncrl.rollout.engine import RolloutEngine
     from asyncrl.rollout.vllm_engine import VllmEngine
 
-_OWN = frozenset(
-    {
-        "engine",
-        "multi_turn",
-        "default_agent_loop",
-        "_loops",
-        "_tools",
-        "last_prefill",
-        "last_segments",
-        "_lock",
-        "_pool",
-        "_events",
-        "_slots",
-    }
-)
+_OWN = frozenset({"engine", "multi_turn", "default_agent_loop", "last_prefill", "last_segments"})
 
 
 class AgentEngine:
@@ -83,44 +69,29 @@ class AgentEngine:
         return getattr(self.engine, name)
 
     def __setattr__(self, name: str, value: object) -> None:
-        """Own state and properties here; anything else (``eos_token_ids``, ...) is set on the wrapped engine, so
-        the wrapper never shadows what the engine reads."""
-        if name in _OWN or isinstance(getattr(type(self), name, None), property):
+        """Own state (``_OWN`` and private names) here; anything else (``eos_token_ids``, ``version``, ...) is set on
+        the wrapped engine, so the wrapper never shadows what the engine reads."""
+        if name in _OWN or name.startswith("_"):
             object.__setattr__(self, name, value)
         else:
             setattr(self.engine, name, value)
-
-    @property
-    def version(self) -> int:
-        return self.engine.version
-
-    @version.setter
-    def version(self, value: int) -> None:
-        self.engine.version = value
 
     # ---- which loop ------------------------------------------------------------------------------------------------
     def loop_for(self, prompt: Prompt) -> AgentLoop:
         name = prompt.agent_name or self.default_agent_loop
         loop = self._loops.get(name)
-        if loop is not None:
-            return loop
-        with self._lock:
-            return self._build_loop(name, prompt)
-
-    def _build_loop(self, name: str, prompt: Prompt) -> AgentLoop:
-        loop = self._loops.get(name)
         if loop is None:
-            try:
-                cls = agent_loop_class(name)
-            except ValueError as e:
-                raise ValueError(f"prompt index {prompt.index}: agent_name {e}") from None
-            if self._tools is None:
-                self._tools = build_tools(list(self.multi_turn.tools))
-            loop = self._loops[name] = cls(AgentContext(self.engine.tokenizer, self.multi_turn, self._tools))
+            with self._lock:
+                loop = self._loops.get(name)
+                if loop is None:
+                    try:
+                        cls = agent_loop_class(name)
+                    except ValueError as e:
+                        raise ValueError(f"prompt index {prompt.index}: agent_name {e}") from None
+                    if self._tools is None:
+                        self._tools = build_tools(list(self.multi_turn.tools))
+                    loop = self._loops[name] = cls(AgentContext(self.engine.tokenizer, self.multi_turn, self._tools))
         return loop
-
-    def _single_turn(self, sample: Sample) -> bool:
-        return isinstance(self.loop_for(sample.prompt), SingleTurnAgent)
 
     # ---- the engine interface --------------------------------------------------------------------------------------
     def generate(
@@ -239,7 +210,7 @@ class AgentEngine:
 
     def multi_turn_row(self, sample: Sample) -> bool:
         """Whether a row that ended goes through ``next_turn`` (its loop may go on, or its text is a conversation's)."""
-        return not self._single_turn(sample)
+        return not isinstance(self.loop_for(sample.prompt), SingleTurnAgent)
 
     def start_turn(self, sample: Sample, params: SamplingParams) -> Future[Sample]:
         """``next_turn`` of a row whose turn ended, started off the caller's thread: a loop's coroutine
