@@ -31,22 +31,6 @@ from transformers import PreTrainedTokenizerBase
 
 from asyncrl.types import Prompt, Sample, SamplingParams
 
-__all__ = [
-    "RowStreams",
-    "SamplingParams",
-    "check_prompts",
-    "extend_sample",
-    "filter_top_k",
-    "filter_top_p",
-    "fresh",
-    "resumable",
-    "row_keys",
-    "row_streams",
-    "sample_rows",
-    "sample_tokens",
-    "uniform",
-]
-
 
 def row_keys(base: int, rows: Sequence[tuple[int, int, int]]) -> list[int]:
     """One 64-bit key per row ``(epoch, prompt index, row within its group)``: row ``b``'s ``t``-th token is drawn

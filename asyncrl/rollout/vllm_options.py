@@ -55,12 +55,11 @@ class VllmOptions:
     def from_spec(cls, spec: Any, colocated: bool = False) -> VllmOptions:
         """From an ``EngineSpec`` (``asyncrl.config.specs``); ``colocated``: in the trainer's process, on its GPU."""
         r, m = spec.rollout, spec.model
-        max_len = r.model_len(spec.max_prompt_length)
         return cls(
             dtype=r.dtype,
             model_dtype=m.dtype,
             max_num_seqs=r.max_num_seqs,
-            max_model_len=max_len,
+            max_model_len=r.model_len(spec.max_prompt_length),
             enforce_eager=r.enforce_eager,
             enable_prefix_caching=r.enable_prefix_caching,
             enable_chunked_prefill=r.enable_chunked_prefill,
@@ -99,13 +98,9 @@ def memory_options(options: VllmOptions, on_gpu: bool) -> dict[str, Any]:
             "enable_chunked_prefill": options.enable_chunked_prefill,
         }
         return {**out, "max_num_batched_tokens": batched} if batched is not None else out
+    share = options.gpu_memory_utilization or CPU_KV_SHARE  # of the machine's memory, for the KV cache
+    kv_bytes = int(share * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     return {  # vLLM sizes the KV cache per worker: a tensor-parallel engine's workers share the machine's share
-        "kv_cache_memory_bytes": _kv_cache_bytes(options.gpu_memory_utilization or CPU_KV_SHARE)
-        // options.tensor_parallel_size,
+        "kv_cache_memory_bytes": kv_bytes // options.tensor_parallel_size,
         "max_num_batched_tokens": batched or options.max_num_seqs * options.max_model_len,
     }
-
-
-def _kv_cache_bytes(fraction: float) -> int:
-    """``rollout.gpu_memory_utilization`` on a CPU machine: that share of the machine's memory for the KV cache."""
-    return int(fraction * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

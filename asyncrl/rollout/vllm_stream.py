@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ from transformers import PreTrainedTokenizerBase
 
 from asyncrl.rollout.gate import EngineGate
 from asyncrl.rollout.sampling import extend_sample, resumable, row_streams
+from asyncrl.rollout.vllm_options import VllmOptions
 from asyncrl.types import PrefillStats, Sample, SamplingParams
 
 FINISH = {"stop": "eos", "length": "length", "abort": "interrupted"}  # vLLM's finish reason -> the row's stop reason
@@ -67,24 +69,16 @@ class VllmStreaming:
     """The streaming contract over a vLLM engine (mixed into ``VllmEngine``, which provides the hooks below)."""
 
     tokenizer: PreTrainedTokenizerBase
-    options: Any  # VllmOptions: max_num_seqs, max_model_len
+    options: VllmOptions
     _gate: EngineGate
     _version: int
 
-    # ---- hooks (VllmEngine) ----------------------------------------------------------------------------------------
-    def _add_request(
-        self, rid: str, prefix: list[int], max_tokens: int, params: SamplingParams, key: int, offset: int
-    ) -> None:
-        raise NotImplementedError
-
-    def _engine_step(self) -> list[Any]:
-        raise NotImplementedError
-
-    def _abort_requests(self, rids: list[str]) -> None:
-        raise NotImplementedError
-
-    def _sync_from_source(self) -> None:
-        raise NotImplementedError
+    # hooks, VllmEngine's: a request for one row (rid, prefix, max_tokens, params, key, offset), one engine step,
+    # aborting requests, and copying a colocated trainer's weights in when stale
+    _add_request: Callable[[str, list[int], int, SamplingParams, int, int], None]
+    _engine_step: Callable[[], list[Any]]
+    _abort_requests: Callable[[list[str]], None]
+    _sync_from_source: Callable[[], None]
 
     # ---- state ------------------------------------------------------------------------------------------------------
     def _init_stream(self) -> None:
