@@ -13,37 +13,30 @@ from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.vllm_options import engine_dtype
 
 
-def builtin_engine(
-    spec: EngineSpec, model: PreTrainedModel, tokenizer, quantization: str | None = None
-) -> RolloutEngine:
+def builtin_engine(spec: EngineSpec, model: PreTrainedModel, tokenizer, quantization: str | None = None) -> AgentEngine:
+    """The built-in decode loop over ``model``, behind the agent loops (``asyncrl.rollout.agent``): single-turn rows
+    decode as the engine alone would, a row whose agent (``agent_name``, else ``rollout.agent.default_agent_loop``)
+    goes on runs several turns."""
     r = spec.rollout
-    return RolloutEngine(
+    engine = RolloutEngine(
         model,
         tokenizer,
         max_batch_size=r.max_batch_size,
         share_prefixes=r.enable_prefix_caching,
         quantization=quantization,
     )
+    return AgentEngine(engine, r.multi_turn, r.agent.default_agent_loop)
 
 
-def with_agent_loops(spec: EngineSpec, engine):
-    """``engine`` behind the agent loops (``asyncrl.rollout.agent``): single-turn rows decode as the engine alone
-    would, a row whose agent (``agent_name``, else ``rollout.agent.default_agent_loop``) goes on runs several turns."""
-    return AgentEngine(engine, spec.rollout.multi_turn, spec.rollout.agent.default_agent_loop)
-
-
-def rollout_engine(spec: EngineSpec, device: torch.device | None = None):
+def rollout_engine(spec: EngineSpec, device: torch.device | None = None) -> AgentEngine:
     """A rollout worker's engine over its own copy of ``model.path`` on ``device`` (a vLLM engine never loads the HF
     model: it places itself), behind the agent loops."""
-    return with_agent_loops(spec, _rollout_engine(spec, device))
-
-
-def _rollout_engine(spec: EngineSpec, device: torch.device | None):
     m = spec.model
     if spec.rollout.engine == "vllm":
         from asyncrl.rollout.vllm_engine import VllmEngine, VllmOptions
 
-        return VllmEngine(m.path, load_tokenizer_from(m.path), VllmOptions.from_spec(spec), lora=LoraSpec.of(m))
+        engine = VllmEngine(m.path, load_tokenizer_from(m.path), VllmOptions.from_spec(spec), lora=LoraSpec.of(m))
+        return AgentEngine(engine, spec.rollout.multi_turn, spec.rollout.agent.default_agent_loop)
     on_gpu = device is not None and device.type == "cuda"
     dtype = engine_dtype(spec.rollout.dtype, m.dtype, on_gpu)  # rollout.dtype: the trainer keeps model.dtype
     model, tokenizer = load_model(m.path, dtype=dtype, for_training=False, overrides=m.override_config)
@@ -56,7 +49,7 @@ def _rollout_engine(spec: EngineSpec, device: torch.device | None):
     return builtin_engine(spec, model, tokenizer, quantization=spec.rollout.quantization)
 
 
-def colocated_engine(spec: EngineSpec, model: PreTrainedModel, tokenizer, is_rollout: bool):
+def colocated_engine(spec: EngineSpec, model: PreTrainedModel, tokenizer, is_rollout: bool) -> AgentEngine:
     """The trainer's engine, behind the agent loops. ``is_rollout`` (the sync schedule): it generates the batches,
     with vLLM fed in-process from ``model`` when ``rollout.engine=vllm`` (in ``rollout.dtype``, on the trainer's GPU:
     a colocated share of it); else it only evaluates, with the built-in loop over ``model``, in the trainer's own
@@ -68,5 +61,5 @@ def colocated_engine(spec: EngineSpec, model: PreTrainedModel, tokenizer, is_rol
 
         options = VllmOptions.from_spec(spec, colocated=True)
         engine = VllmEngine(spec.model.path, tokenizer, options, source=model, lora=LoraSpec.of(spec.model))
-        return with_agent_loops(spec, engine)
-    return with_agent_loops(spec, builtin_engine(spec, model, tokenizer))
+        return AgentEngine(engine, r.multi_turn, r.agent.default_agent_loop)
+    return builtin_engine(spec, model, tokenizer)
