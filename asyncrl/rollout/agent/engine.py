@@ -253,27 +253,24 @@ class AgentEngine:
             s = dataclasses.replace(
                 s, tool_calls=s.tool_calls + c.tool_calls, tool_errors=s.tool_errors + c.tool_errors
             )
-            if len(s.response_ids) + len(c.tokens) < params.max_new_tokens:
-                return self._append(s, c.tokens)
+            n = len(c.tokens)
+            if len(s.response_ids) + n < params.max_new_tokens:
+                return dataclasses.replace(
+                    s,
+                    response_ids=s.response_ids + c.tokens,
+                    logprobs=s.logprobs + [0.0] * n,
+                    versions=s.versions + [self.engine.version] * n,
+                    response_mask=s.loss_mask + [0] * n,
+                    stop_reason="interrupted",
+                    turns=s.turns + 1,
+                    reward=0.0,
+                    reward_failed=False,
+                    reward_extra={},
+                )
             s = dataclasses.replace(s, stop_reason="length")  # no room for another turn
         if s.response_mask is not None:
             s.response_text = conversation_text(self.engine.tokenizer, s)
         return s
-
-    def _append(self, s: Sample, tokens: list[int]) -> Sample:
-        ids = s.response_ids + tokens
-        return dataclasses.replace(
-            s,
-            response_ids=ids,
-            logprobs=s.logprobs + [0.0] * len(tokens),
-            versions=s.versions + [self.engine.version] * len(tokens),
-            response_mask=s.loss_mask + [0] * len(tokens),
-            stop_reason="interrupted",
-            turns=s.turns + 1,
-            reward=0.0,
-            reward_failed=False,
-            reward_extra={},
-        )
 
     def _last_turn_text(self, s: Sample) -> str:
         """The text of the model's last turn: the trailing run of its own tokens (mask 1; no mask: one turn, all)."""

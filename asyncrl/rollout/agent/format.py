@@ -63,11 +63,10 @@ class TurnEncoder:
 
     _BASE = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]] | None = None):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("the tool agent needs a tokenizer with a chat_template (it renders the tool messages)")
         self.tokenizer = tokenizer
-        self.tools = tools
         eos = tokenizer.eos_token
         if not eos:
             raise ValueError("the tool agent needs a tokenizer with an eos_token (the end of an assistant turn)")
@@ -78,9 +77,7 @@ class TurnEncoder:
         self._head = before[: self._cut]
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
 
     def text(self, results: list[str]) -> str:
         """What follows the eos: the tool messages (one per result) and the next generation prompt, as text."""

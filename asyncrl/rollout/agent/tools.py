@@ -26,9 +26,9 @@ import importlib
 import json
 import operator
 import sys
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal, DivisionByZero, InvalidOperation, localcontext
 from typing import Any
@@ -259,20 +259,8 @@ def run_to_completion(coro: Coroutine[Any, Any, Any]) -> Any:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coro)
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = asyncio.run(coro)
-        except BaseException as e:
-            box["error"] = e
-
-    t = threading.Thread(target=target, name="asyncrl-tools")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    with ThreadPoolExecutor(1, thread_name_prefix="asyncrl-tools") as pool:  # a thread with no loop of its own
+        return pool.submit(asyncio.run, coro).result()
 
 
 def parse_arguments(raw: Any) -> dict[str, Any]:
