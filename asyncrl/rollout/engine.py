@@ -97,7 +97,6 @@ class RolloutEngine(GatedEngine):
         )
         self._calls: ContinuousDecoder | None = None  # generate/resume's (``_decode_all``)
         self._stream_lock = threading.Lock()
-        self._stream_key: tuple[SamplingParams, int | None] | None = None  # the live rows' params and seed
         self._streamed: dict[int, Sample] = {}  # rows in the decoder, as submitted
         self._ready: list[tuple[int, Sample]] = []  # rows that need no decoding, reported at the next step
         self._next_tag = 0
@@ -276,14 +275,7 @@ class RolloutEngine(GatedEngine):
         budgets = [params.max_new_tokens - len(rows[i].response_ids) for i in todo]
         self._check_positions(prefixes, budgets)
         with self._stream_lock:
-            if self._gate.held and self._stream_key != (params, seed):
-                live_params, live_seed = self._stream_key or (None, None)
-                raise ValueError(
-                    f"RolloutEngine.submit: params {params} and seed {seed} differ from the live rows' params "
-                    f"{live_params} and seed {live_seed} (interrupt() or drain() first)"
-                )
-            self._gate.hold(len(rows))
-            self._stream_key = (params, seed)
+            self._gate.hold(len(rows), params, seed)
             tag = self._next_tag
             self._next_tag += len(rows)
             decode = dict(zip(todo, range(len(todo))))
@@ -304,9 +296,9 @@ class RolloutEngine(GatedEngine):
 
     def _stream_step(self, admit_below: int | None) -> list[tuple[int, Sample]]:
         with self._stream_lock:
-            if not self._gate.held or self._stream_key is None:
+            if not self._gate.held or self._gate.key is None:
                 return []
-            params = self._stream_key[0]
+            params = self._gate.key[0]
             done = [(t, s) for t, s in self._ready if admit_below is None or t < admit_below]
             self._ready = [(t, s) for t, s in self._ready if admit_below is not None and t >= admit_below]
         ended = self._stream.step(params, admit_below)
@@ -343,10 +335,6 @@ class RolloutEngine(GatedEngine):
             if not left:
                 return out
             out += [sample for _, sample in self._stream_step(limit)]
-
-    def live_rows(self) -> int:
-        """Streamed rows submitted and not yet reported (waiting or decoding)."""
-        return self._gate.held
 
     def take_prefill(self) -> PrefillStats:
         """The streaming decoder's prefill token counts since the last call (shared and unshared), then zero."""

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import torch
 
 from asyncrl.models.errors import WeightUpdateError
+from asyncrl.types import SamplingParams
 
 
 class EngineBusyError(RuntimeError):
@@ -36,6 +37,7 @@ class EngineGate:
         self._busy = False
         self._updating = False
         self.held = 0  # streamed rows submitted and not yet reported (asyncrl.rollout.streaming); under the lock
+        self.key: tuple[SamplingParams, int | None] | None = None  # the held rows' params and seed
         # why the weights are a mix of two versions, while they are (an update failed after applying part of
         # itself): no generate, resume or submit until a complete update succeeds, so no token is ever recorded
         # under a version whose weights the engine does not hold (``asyncrl.rollout.bucket_update.Applying``)
@@ -46,15 +48,20 @@ class EngineGate:
         """A generate/resume is running, or the engine holds streamed rows."""
         return self._busy or self.held > 0
 
-    def hold(self, rows: int) -> None:
+    def hold(self, rows: int, params: SamplingParams, seed: int | None) -> None:
         """Count ``rows`` more streamed rows as held; refuses during a generate/resume or an update, so a streamed
-        row never decodes beside a batch call and every token's version is the weights that made it."""
+        row never decodes beside a batch call and every token's version is the weights that made it. All rows held
+        at once share one ``params`` and ``seed`` (``key``; ValueError naming both otherwise)."""
         with self._lock:
-            self._refuse_partial("submit")
-            if self._busy or self._updating:
-                what = "a generate/resume" if self._busy else "update_weights"
-                raise EngineBusyError(f"{self.owner}.submit: cannot take streamed rows while {what} is running")
+            self._refuse("submit", f"{self.owner}.submit: cannot take streamed rows")
+            if self.held and self.key != (params, seed):
+                live_params, live_seed = self.key or (None, None)
+                raise ValueError(
+                    f"{self.owner}.submit: params {params} and seed {seed} differ from the live rows' params "
+                    f"{live_params} and seed {live_seed} (interrupt() or drain() first)"
+                )
             self.held += rows
+            self.key = (params, seed)
 
     def release(self, rows: int) -> None:
         """``rows`` streamed rows were reported (ended, or interrupted)."""
@@ -67,10 +74,7 @@ class EngineGate:
     def running(self) -> Iterator[None]:
         """Mark the engine busy for a generate/resume (so an update can refuse)."""
         with self._lock:
-            self._refuse_partial("generate/resume")
-            if self._busy or self._updating:
-                what = "a generate/resume" if self._busy else "update_weights"
-                raise EngineBusyError(f"{self.owner}: cannot start a generate/resume while {what} is running")
+            self._refuse("generate/resume", f"{self.owner}: cannot start a generate/resume")
             if self.held:
                 raise EngineBusyError(
                     f"{self.owner}: cannot start a generate/resume while the engine holds {self.held} streamed rows "
@@ -106,12 +110,17 @@ class EngineGate:
             with self._lock:
                 self._updating = False
 
-    def _refuse_partial(self, what: str) -> None:
+    def _refuse(self, what: str, cannot: str) -> None:
+        """Under the lock: PartialWeightsError for ``what`` while the weights are a mix of versions, EngineBusyError
+        (``cannot``: its message's start) during a generate/resume or an update."""
         if self.partial is not None:
             raise PartialWeightsError(
                 f"{self.owner}.{what}: its weights are a mix of two versions ({self.partial}); "
                 "it generates again after the next complete weight update"
             )
+        if self._busy or self._updating:
+            running = "a generate/resume" if self._busy else "update_weights"
+            raise EngineBusyError(f"{cannot} while {running} is running")
 
 
 class GatedEngine:
@@ -134,6 +143,10 @@ class GatedEngine:
     def busy(self) -> bool:
         """A generate/resume is running or streamed rows are held (safe to read from any thread)."""
         return self._gate.busy
+
+    def live_rows(self) -> int:
+        """Streamed rows submitted and not yet reported (waiting, decoding, or ended and not yet returned)."""
+        return self._gate.held
 
     @property
     def partial_weights(self) -> str | None:

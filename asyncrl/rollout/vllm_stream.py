@@ -85,7 +85,6 @@ class VllmStreaming:
         self._stream_lock = threading.Lock()
         self._inbox: list[_Row] = []  # submitted, not yet taken by a step (any thread appends)
         self._ready: list[Sample] = []  # submitted rows that need no decoding, reported at the next step
-        self._stream_key: tuple[SamplingParams, int | None] | None = None  # the held rows' params and seed
         self._waiting: deque[_Row] = deque()  # taken from the inbox, waiting for a slot (decode thread only)
         self._live: dict[str, _Row] = {}  # request id -> row decoding in vLLM (decode thread only)
         self._submitted = 0
@@ -96,10 +95,6 @@ class VllmStreaming:
     def capacity(self) -> int:
         """Rows decoded at once: vLLM's ``max_num_seqs``."""
         return int(self.options.max_num_seqs)
-
-    def live_rows(self) -> int:
-        """Rows submitted and not yet reported (waiting, decoding, or ended and not yet returned)."""
-        return self._gate.held
 
     def take_prefill(self) -> PrefillStats:
         """Prefix tokens of streamed rows prefilled since the last call, and what prefilling each would have run
@@ -124,18 +119,11 @@ class VllmStreaming:
                     f"VllmEngine.submit: row {s.row} of prompt index {s.prompt.index} has a prefix of {n} tokens; "
                     f"it needs 1 to {max_len - 1} (rollout.max_model_len {max_len})"
                 )
-        if not self.live_rows():
+        if not self._gate.held:
             self._sync_from_source()  # colocated and stale: copy the trainer's weights in while nothing is held
         streams = row_streams([rows[i] for i in todo], seed)
         with self._stream_lock:
-            if self._gate.held and self._stream_key != (params, seed):
-                live_params, live_seed = self._stream_key or (None, None)
-                raise ValueError(
-                    f"VllmEngine.submit: params {params} and seed {seed} differ from the live rows' params "
-                    f"{live_params} and seed {live_seed}; interrupt() or drain() them first"
-                )
-            self._gate.hold(len(rows))
-            self._stream_key = (params, seed)
+            self._gate.hold(len(rows), params, seed)
             base, self._submitted = self._submitted, self._submitted + len(rows)
             todo_set = set(todo)
             self._ready += [s for i, s in enumerate(ready) if i not in todo_set]
@@ -154,7 +142,7 @@ class VllmStreaming:
 
     def drain(self) -> list[Sample]:
         """Step until every row submitted so far has ended; rows submitted meanwhile wait for the next ``step``."""
-        if not self.live_rows():
+        if not self._gate.held:
             return []
         out = self._advance(take_inbox=True)
         while self._waiting or self._live:
