@@ -118,36 +118,9 @@ class RolloutEngine(GatedEngine):
         objects returned) as that step ends, while the others decode on.
         """
         check_prompts(prompts, "RolloutEngine")
-        rows = [prompt for prompt in prompts for _ in range(params.n)]
-        numbers = [j for _ in prompts for j in range(params.n)]
-        prefixes = [row.prompt_ids for row in rows]
-        streams = RowStreams.of(seed, [(p.epoch, p.index, j) for p, j in zip(rows, numbers)], [0] * len(rows))
-        budgets = [params.max_new_tokens] * len(rows)
-        made: dict[int, Sample] = {}
-
-        def sample(i: int, tokens: list[int], logprobs: list[float], reason: str) -> Sample:
-            return Sample(
-                prompt=rows[i],
-                response_ids=tokens,
-                logprobs=logprobs,
-                versions=[start_version] * len(tokens),
-                stop_reason=reason,
-                start_version=start_version,
-                response_text=self.tokenizer.decode(tokens, skip_special_tokens=True),
-                row=numbers[i],
-            )
-
-        def finished(ended: list[tuple[StreamRow, str]]) -> None:
-            made.update((row.tag, sample(row.tag, row.tokens, row.logprobs, reason)) for row, reason in ended)
-            on_samples([made[row.tag] for row, _ in ended])  # type: ignore[misc]
-
         with self._gate.running():
-            start_version = self.version
-            result = self._decode_all(prefixes, budgets, params, streams, on_ended=finished if on_samples else None)
-        return [
-            made.get(i) or sample(i, tokens, logprobs, reason)
-            for i, (tokens, logprobs, reason) in enumerate(zip(result.tokens, result.logprobs, result.stop_reasons))
-        ]
+            rows = [Sample.blank(prompt, self.version, j) for prompt in prompts for j in range(params.n)]
+            return self._continue(rows, params, seed, None, on_samples)
 
     def resume(
         self,
@@ -171,18 +144,40 @@ class RolloutEngine(GatedEngine):
         if not todo:
             self.last_prefill = PrefillStats()
             return out
-        prefixes = [samples[i].prompt.prompt_ids + samples[i].response_ids for i in todo]
-        budgets = [params.max_new_tokens - len(samples[i].response_ids) for i in todo]
-        streams = row_streams([samples[i] for i in todo], seed)
         with self._gate.running():
-            version = self.version
-            result = self._decode_all(prefixes, budgets, params, streams, refill)
-        for j, i in enumerate(todo):
-            tokens = result.tokens[j]
-            out[i] = extend_sample(
-                samples[i], tokens, result.logprobs[j], [version] * len(tokens), result.stop_reasons[j], self.tokenizer
-            )
+            for i, s in zip(todo, self._continue([samples[i] for i in todo], params, seed, refill)):
+                out[i] = s
         return out
+
+    def _continue(
+        self,
+        rows: list[Sample],
+        params: SamplingParams,
+        seed: int | None,
+        refill: Callable[[int], bool] | None = None,
+        on_samples: Callable[[list[Sample]], None] | None = None,
+    ) -> list[Sample]:
+        """``rows`` (under ``running``) continued from prompt + response so far, each with its own noise where its
+        response stopped (``row_streams``) and one version (the current) per new token, in input order;
+        ``on_samples``: the samples whose rows ended in a step (the very objects returned), as it ends."""
+        version = self.version
+        prefixes = [s.prompt.prompt_ids + s.response_ids for s in rows]
+        budgets = [params.max_new_tokens - len(s.response_ids) for s in rows]
+        made: dict[int, Sample] = {}
+
+        def continued(i: int, tokens: list[int], logprobs: list[float], reason: str) -> Sample:
+            return extend_sample(rows[i], tokens, logprobs, [version] * len(tokens), reason, self.tokenizer)
+
+        def finished(ended: list[tuple[StreamRow, str]]) -> None:
+            made.update((row.tag, continued(row.tag, row.tokens, row.logprobs, reason)) for row, reason in ended)
+            on_samples([made[row.tag] for row, _ in ended])  # type: ignore[misc]
+
+        streams = row_streams(rows, seed)
+        result = self._decode_all(prefixes, budgets, params, streams, refill, finished if on_samples else None)
+        return [
+            made.get(i) or continued(i, tokens, logprobs, reason)
+            for i, (tokens, logprobs, reason) in enumerate(zip(result.tokens, result.logprobs, result.stop_reasons))
+        ]
 
     def _decode_all(
         self,
