@@ -273,15 +273,11 @@ class RolloutEngine(GatedEngine):
             self._gate.hold(len(rows), params, seed)
             tag = self._next_tag
             self._next_tag += len(rows)
-            decode = dict(zip(todo, range(len(todo))))
-            new: list[StreamRow] = []
-            for i, row in enumerate(rows):
-                j = decode.get(i)
-                if j is None:
-                    self._ready.append((tag + i, out[i]))
-                    continue
-                self._streamed[tag + i] = row
-                new.append(StreamRow(tag + i, prefixes[j], budgets[j], streams.keys[j], streams.offsets[j]))
+            decode = set(todo)
+            self._ready += [(tag + i, s) for i, s in enumerate(out) if i not in decode]
+            self._streamed.update((tag + i, rows[i]) for i in todo)
+            keys, offsets = streams.keys, streams.offsets
+            new = [StreamRow(tag + i, prefixes[j], budgets[j], keys[j], offsets[j]) for j, i in enumerate(todo)]
             self._stream.submit(new)  # under the lock: rows enter the inbox in tag order
 
     def step(self) -> list[Sample]:
