@@ -56,8 +56,9 @@ class AgentEngine:
         self.default_agent_loop = default_agent_loop
         self._loops: dict[str, AgentLoop] = {}
         self._tools: dict[str, Tool] | None = None
-        self._lock = threading.Lock()  # loops, tools, the pool and the event loop are built once, by whoever asks first
-        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()  # loops, tools and the event loop are built once, by whoever asks first
+        # the agent pool, running blocking loops' turns (its threads start with the first turn)
+        self._pool = ThreadPoolExecutor(multi_turn.max_concurrent_turns, thread_name_prefix="agent-turn")
         self._events: asyncio.AbstractEventLoop | None = None  # the agent's event loop, on a thread of its own
         self._slots = asyncio.Semaphore(multi_turn.max_concurrent_turns)  # turns on it at once
         self.last_prefill = PrefillStats()
@@ -183,13 +184,6 @@ class AgentEngine:
             (again if s.stop_reason == "interrupted" else ended).append(s)
         return again
 
-    def turn_pool(self) -> ThreadPoolExecutor:
-        """The agent pool: ``rollout.multi_turn.max_concurrent_turns`` threads running blocking loops' turns."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.multi_turn.max_concurrent_turns, thread_name_prefix="agent-turn")
-            return self._pool
-
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         """The agent's event loop, running on a daemon thread of its own from the first turn on."""
         with self._lock:
@@ -218,7 +212,7 @@ class AgentEngine:
         ``rollout.multi_turn.max_concurrent_turns`` of either at once. The future holds the row (or the error)."""
         if self.loop_for(sample.prompt).awaits():
             return asyncio.run_coroutine_threadsafe(self._next_turn_async(sample, params), self._event_loop())
-        return self.turn_pool().submit(self.next_turn, sample, params)
+        return self._pool.submit(self.next_turn, sample, params)
 
     def next_turn(self, sample: Sample, params: SamplingParams) -> Sample:
         """What follows one row's ended turn (blocking: the tool calls run here, each under its deadline): the row
