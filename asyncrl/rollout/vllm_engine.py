@@ -247,11 +247,24 @@ class VllmEngine(VllmStreaming, GatedEngine):
     ) -> None:
         """A request for one row: ``prefix`` continued by at most ``max_tokens`` tokens, seeded by the row's key at
         ``offset`` (the tokens its response already has)."""
+        sampling = self._sampling(
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,
+            max_tokens=max_tokens,
+            logprobs=0,
+            seed=request_seed(key, offset),
+            detokenize=False,
+            stop_token_ids=[] if self.ignore_eos else list(self.eos_token_ids),
+            ignore_eos=self.ignore_eos,
+            output_kind=self._delta,
+        )
         with _PROCESS_LOCK:
             self._engine.add_request(
                 rid,
                 self._tokens_prompt(prompt_token_ids=prefix),
-                self._params_for(params, max_tokens, request_seed(key, offset)),
+                sampling,
                 lora_request=self.adapters and self.adapters.request,
             )
 
@@ -262,21 +275,6 @@ class VllmEngine(VllmStreaming, GatedEngine):
     def _abort_requests(self, rids: list[str]) -> None:
         with _PROCESS_LOCK:
             self._engine.abort_request(rids)
-
-    def _params_for(self, params: SamplingParams, budget: int, seed: int | None) -> Any:
-        return self._sampling(
-            n=1,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k if params.top_k > 0 else 0,
-            max_tokens=budget,
-            logprobs=0,
-            seed=seed,
-            detokenize=False,
-            stop_token_ids=[] if self.ignore_eos else list(self.eos_token_ids),
-            ignore_eos=self.ignore_eos,
-            output_kind=self._delta,
-        )
 
     # ---- weights ----------------------------------------------------------------------------------------------------
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
