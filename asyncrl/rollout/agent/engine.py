@@ -110,12 +110,7 @@ class AgentEngine:
             version = self.engine.version
             rows = [Sample.blank(p, version, j) for p in prompts for j in range(params.n)]
             return self._converse(rows, params, seed, on_samples)
-        if on_samples is not None and getattr(self.engine, "reports_finished_rows", False):
-            out = self.engine.generate(prompts, params, seed=seed, on_samples=on_samples)
-        else:
-            out = self.engine.generate(prompts, params, seed=seed)
-            if on_samples is not None:
-                on_samples([s for s in out if s.stop_reason != "interrupted"])
+        out = self.engine.generate(prompts, params, seed=seed, on_samples=on_samples)  # both engines report rows
         self.last_prefill = self.engine.last_prefill
         self.last_segments = getattr(self.engine, "last_segments", ())
         return out
