@@ -30,7 +30,6 @@ per step walks every module. ``submit`` is safe from any thread; ``step`` and ``
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 from collections import deque
@@ -61,11 +60,6 @@ def unique_prefixes(prefixes: list[list[int]]) -> tuple[list[list[int]], list[in
             unique.append(prefix)
         index.append(u)
     return unique, index
-
-
-def supports_logits_to_keep(model: PreTrainedModel) -> bool:
-    """Whether ``model.forward`` can skip the lm_head for all but the last position (saves prefill time and memory)."""
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def last_logits(

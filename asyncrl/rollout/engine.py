@@ -18,6 +18,7 @@ held, ``generate``/``resume``/``update_weights`` refuse (EngineBusyError); ``req
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -31,7 +32,7 @@ from asyncrl.models.fp8 import sync_layout
 from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
 from asyncrl.models.lora import is_lora, merged_update, synced_tensors
 from asyncrl.rollout.bucket_update import Applying, Items, Named, checked_buckets, checked_whole
-from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow, supports_logits_to_keep
+from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow
 from asyncrl.rollout.gate import EngineGate, GatedEngine
 from asyncrl.rollout.sampling import RowStreams, SamplingParams, check_prompts, extend_sample, resumable, row_streams
 from asyncrl.types import PrefillStats, Prompt, Sample, engine_chunks
@@ -86,7 +87,8 @@ class RolloutEngine(GatedEngine):
         self.last_segments: tuple[tuple[int, int, float], ...] = ()  # the last decode's steps (``_decode_all``)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.pad_id: int = int(pad_id)
-        self._keep_last = supports_logits_to_keep(model)
+        # the forward can skip the lm_head for all but the last position (saves prefill time and memory)
+        self._keep_last = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._gate = EngineGate("RolloutEngine")
         self._params = dict(model.named_parameters(remove_duplicate=False))  # tied aliases included
         self._max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
