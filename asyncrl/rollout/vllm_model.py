@@ -24,11 +24,8 @@ def expected_params(model_path: str) -> tuple[dict[str, torch.Tensor], dict[str,
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(config)
     params = dict(meta.named_parameters(remove_duplicate=False))
-    first: dict[int, str] = {}
-    canonical: dict[str, str] = {}
-    for name, p in params.items():
-        canonical[name] = first.setdefault(id(p), name)
-    return params, canonical
+    first: dict[int, str] = {}  # a tensor's first name
+    return params, {name: first.setdefault(id(p), name) for name, p in params.items()}
 
 
 def refresh_tied_cpu_layers(model: torch.nn.Module) -> list[str]:
