@@ -101,6 +101,15 @@ def _paired(items: Items, waiting: dict[str, torch.Tensor]) -> Items:
     return out
 
 
+def copy_into(params: Mapping[str, torch.Tensor], items: Items) -> int:
+    """Copy every (name, tensor) into ``params[name]`` in place (casting to its dtype); returns how many. A function
+    of its own so its loop variables (the bucket's last tensor) go with its frame, before the next bucket arrives."""
+    with torch.no_grad():
+        for name, tensor in items:
+            params[name].copy_(tensor)
+    return len(items)
+
+
 class Applying:
     """Around an update's copies (inside ``gate.updating``): count the tensors applied; when the update fails after
     any was applied, tear the gate (the module docstring); when it completes, mend it."""
@@ -134,13 +143,18 @@ class Pulled:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         try:
             for items in self.buckets:
-                for name, tensor in items:
-                    if self.applying is not None:
-                        self.applying.applied += 1
-                    yield self.rename[name], tensor
+                yield from self._each(items)
                 del items  # the bucket goes before the next is received
         except Exception as e:  # noqa: BLE001 - kept and raised by raise_if_failed, after the loader returned
             self.error = e
+
+    def _each(self, items: Items) -> Iterator[tuple[str, torch.Tensor]]:
+        """A generator of its own so its loop variables (the bucket's last tensor) end with it, before the next
+        bucket is asked for."""
+        for name, tensor in items:
+            if self.applying is not None:
+                self.applying.applied += 1
+            yield self.rename[name], tensor
 
     def raise_if_failed(self) -> None:
         if self.error is not None:

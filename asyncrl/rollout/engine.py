@@ -31,7 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from asyncrl.models.fp8 import sync_layout
 from asyncrl.models.loading import eos_token_ids as default_eos_token_ids
 from asyncrl.models.lora import is_lora, merged_update, synced_tensors
-from asyncrl.rollout.bucket_update import Applying, Items, Named, checked_buckets, checked_whole
+from asyncrl.rollout.bucket_update import Applying, Items, Named, checked_buckets, checked_whole, copy_into
 from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow
 from asyncrl.rollout.gate import EngineGate, GatedEngine
 from asyncrl.rollout.sampling import RowStreams, SamplingParams, check_prompts, extend_sample, resumable, row_streams
@@ -367,9 +367,6 @@ class RolloutEngine(GatedEngine):
             known = required if is_lora(self.model) else self._params  # a LoRA sync carries the adapter alone
             fp8 = self.quantization == "fp8" if fp8 is None else fp8
             for items in checked_buckets(buckets, known, required, strict, where, fp8):
-                with torch.no_grad():
-                    for name, tensor in items:
-                        self._params[name].copy_(tensor)  # in place, cast to the parameter's dtype
-                applying.applied += len(items)
+                applying.applied += copy_into(self._params, items)
                 del items  # the sync's bucket goes before the next is received
             self.version = version
