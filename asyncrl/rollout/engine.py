@@ -163,8 +163,7 @@ class RolloutEngine(GatedEngine):
         response stopped (``row_streams``) and one version (the current) per new token, in input order;
         ``on_samples``: the samples whose rows ended in a step (the very objects returned), as it ends."""
         version = self.version
-        prefixes = [s.prompt.prompt_ids + s.response_ids for s in rows]
-        budgets = [params.max_new_tokens - len(s.response_ids) for s in rows]
+        prefixes, budgets, streams = _decode_inputs(rows, params, seed)
         made: dict[int, Sample] = {}
 
         def continued(i: int, tokens: list[int], logprobs: list[float], reason: str) -> Sample:
@@ -174,7 +173,6 @@ class RolloutEngine(GatedEngine):
             made.update((row.tag, continued(row.tag, row.tokens, row.logprobs, reason)) for row, reason in ended)
             on_samples([made[row.tag] for row, _ in ended])  # type: ignore[misc]
 
-        streams = row_streams(rows, seed)
         result = self._decode_all(prefixes, budgets, params, streams, refill, finished if on_samples else None)
         return [
             made.get(i) or continued(i, tokens, logprobs, reason)
@@ -267,9 +265,7 @@ class RolloutEngine(GatedEngine):
             return
         self._stream.check_supported()
         out, todo = resumable(rows, params, self.tokenizer)
-        streams = row_streams([rows[i] for i in todo], seed)
-        prefixes = [rows[i].prompt.prompt_ids + rows[i].response_ids for i in todo]
-        budgets = [params.max_new_tokens - len(rows[i].response_ids) for i in todo]
+        prefixes, budgets, streams = _decode_inputs([rows[i] for i in todo], params, seed)
         self._check_positions(prefixes, budgets)
         with self._stream_lock:
             self._gate.hold(len(rows), params, seed)
@@ -370,3 +366,12 @@ class RolloutEngine(GatedEngine):
                 applying.applied += copy_into(self._params, items)
                 del items  # the sync's bucket goes before the next is received
             self.version = version
+
+
+def _decode_inputs(
+    rows: list[Sample], params: SamplingParams, seed: int | None
+) -> tuple[list[list[int]], list[int], RowStreams]:
+    """What continuing ``rows`` decodes from: each row's prefix (prompt + response so far), the tokens left to
+    ``max_new_tokens``, and its noise from where its response stopped (``row_streams``)."""
+    prefixes = [s.prompt.prompt_ids + s.response_ids for s in rows]
+    return prefixes, [params.max_new_tokens - len(s.response_ids) for s in rows], row_streams(rows, seed)
