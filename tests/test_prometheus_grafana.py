@@ -16,10 +16,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from asyncrl.comm.groups import find_free_port
 from asyncrl.config import load_config
 from asyncrl.schedules import run_training
+from asyncrl.telemetry.backends import PrometheusBackend
 from tests.helpers import make_data, make_model, train_overrides
 
 PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
@@ -34,6 +36,12 @@ pytestmark = [
 def _api(base: str, path: str, **params: str) -> dict:
     with urllib.request.urlopen(f"{base}{path}?{urllib.parse.urlencode(params)}", timeout=10) as r:
         return json.loads(r.read())
+
+
+def _last_step(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        families = text_string_to_metric_families(r.read().decode())
+        return next(s.value for f in families for s in f.samples if s.name == "asyncrl_step")
 
 
 def _dashboard_exprs() -> list[str]:
@@ -53,7 +61,7 @@ def _dashboard_exprs() -> list[str]:
     return out
 
 
-def test_prometheus_scrapes_a_run_and_every_dashboard_query_has_data(tmp_path):
+def test_prometheus_scrapes_a_run_and_every_dashboard_query_has_data(tmp_path, monkeypatch):
     train, test = make_data(tmp_path, size=32, test_size=8)
     model = make_model(tmp_path, train, seed=0)
     metrics_port, prom_port = find_free_port(), find_free_port()
@@ -92,6 +100,17 @@ def test_prometheus_scrapes_a_run_and_every_dashboard_query_has_data(tmp_path):
             "trainer.test_freq=10",
             "trainer.save_freq=0",
         ]
+        # The endpoint closes with the run, and a run here takes about as long as a few scrape intervals: hold its
+        # close until Prometheus has scraped the run's last step, so the test does not depend on the CPU's speed.
+        closing, release = threading.Event(), threading.Event()
+        close = PrometheusBackend.close
+
+        def close_after_the_last_scrape(self: PrometheusBackend) -> None:
+            closing.set()
+            release.wait(120)
+            close(self)
+
+        monkeypatch.setattr(PrometheusBackend, "close", close_after_the_last_scrape)
         start = time.time()
         done = threading.Event()
         errors: list[BaseException] = []
@@ -102,24 +121,35 @@ def test_prometheus_scrapes_a_run_and_every_dashboard_query_has_data(tmp_path):
             except BaseException as e:  # noqa: BLE001 - re-raised on the test thread
                 errors.append(e)
             finally:
+                closing.set()
                 done.set()
 
         threading.Thread(target=run, daemon=True).start()
-        done.wait(600)  # 40 steps: several seconds of scrapes (the endpoint closes with the run)
+        try:
+            assert closing.wait(600), "the run did not reach its end within 600 s"
+            if errors:
+                raise errors[0]
+            last = _last_step(metrics_port)  # what the endpoint serves as the run closes
+            window = dict(start=f"{start - 5:.3f}", end=f"{time.time() + 60:.3f}", step="1")
+            deadline = time.monotonic() + 60
+            values: list[float] = []
+            while time.monotonic() < deadline and last not in values:
+                time.sleep(0.5)
+                steps = _api(base, "/api/v1/query_range", query="asyncrl_step", **window)
+                values = [float(v) for s in steps["data"]["result"] for _, v in s["values"]]
+            assert last >= 1 and last in values, (last, steps)  # the run's steps arrived, its last one too
+            missing = _dashboard_exprs()
+            while time.monotonic() < deadline and missing:  # a rate() needs two scrapes of its series
+                missing = [
+                    e for e in missing if not _api(base, "/api/v1/query_range", query=e, **window)["data"]["result"]
+                ]
+                time.sleep(0.5)
+            assert not missing, f"dashboard queries with no data for the run: {missing}"
+        finally:
+            release.set()
+            done.wait(120)
         if errors:
             raise errors[0]
-        end = time.time()
-        time.sleep(2)
-        window = dict(start=f"{start - 5:.3f}", end=f"{end + 2:.3f}", step="1")
-        steps = _api(base, "/api/v1/query_range", query="asyncrl_step", **window)
-        values = [float(v) for s in steps["data"]["result"] for _, v in s["values"]]
-        assert values and max(values) >= 1, steps  # the run's steps arrived
-        missing = []
-        for expr in _dashboard_exprs():
-            got = _api(base, "/api/v1/query_range", query=expr, **window)
-            if got["status"] != "success" or not got["data"]["result"]:
-                missing.append(expr)
-        assert not missing, f"dashboard queries with no data for the run: {missing}"
     finally:
         prom.terminate()
         prom.wait(timeout=30)
