@@ -52,22 +52,17 @@ class Algorithm(ABC):
     learns_from_rewards: ClassVar[bool] = True
 
     @classmethod
-    def section_of(cls, cfg: Config) -> AlgorithmConfig:
-        """``cfg.algorithm`` as its ``section`` class: as loaded, or, for a config built in code with the shared
-        keys only (``Config()``: no loader, as on a GPU box without omegaconf), those keys and its own defaults."""
-        al = cfg.algorithm
-        if isinstance(al, cls.section):
-            return al
-        return cls.section(**{f.name: getattr(al, f.name) for f in dataclasses.fields(AlgorithmConfig)})
-
-    @classmethod
     def check_config(cls, cfg: Config) -> None:
         """Its own rules on ``cfg`` beyond what it declares, each a ``ConfigError`` naming the key; none by default."""
         del cfg
 
     def __init__(self, cfg: Config, tokenizer: object, roles: Roles, resources: object = None):
         self.cfg = cfg
-        self.options = self.section_of(cfg)
+        # ``cfg.algorithm`` as its ``section`` class: as loaded, or, for a config built in code with the shared keys
+        # only (``Config()``: no loader, as on a GPU box without omegaconf), those keys and its own defaults
+        al = cfg.algorithm
+        shared = {f.name: getattr(al, f.name) for f in dataclasses.fields(AlgorithmConfig)}
+        self.options = al if isinstance(al, self.section) else self.section(**shared)
         self.tokenizer = tokenizer
         self.roles = roles
         self.summary: dict[str, object] = {}  # what the run's summary.json records about this algorithm's parts

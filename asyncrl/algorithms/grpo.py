@@ -30,7 +30,7 @@ from asyncrl.types import Sample
 
 @dataclass(frozen=True)
 class PPOClip:
-    """The loss's knobs (``actor.*``), built once per run by the algorithm and carried by every target."""
+    """The loss's knobs (``actor.*``), carried by every target."""
 
     temperature: float  # rollout.temperature: the logits are the sampling distribution's
     clip_low: float
@@ -150,15 +150,13 @@ class GRPO(Algorithm):
     section = GRPOConfig
     estimators = ("grpo",)
 
-    def __init__(self, cfg, tokenizer, roles, resources=None):  # noqa: ANN001 - as Algorithm's
-        super().__init__(cfg, tokenizer, roles, resources)
-        self.loss = PPOClip.from_config(cfg)
-
     def prepare(self, samples: list[Sample], step: int) -> Finish:
         batch = collate(samples, self.tokenizer.pad_token_id)
         norm = self.options.norm_adv_by_std_in_grpo  # type: ignore[attr-defined] - a GRPOConfig (``section``)
         adv_B = losses.compute_grpo_advantages(rewards_of(samples), group_ids(samples), norm)
-        batch.policy = PolicyTarget(losses.broadcast_advantages(adv_B, batch.response_mask_BT), self.loss)
+        batch.policy = PolicyTarget(
+            losses.broadcast_advantages(adv_B, batch.response_mask_BT), PPOClip.from_config(self.cfg)
+        )
         prepared = Prepared(samples, batch)
         return lambda: prepared
 

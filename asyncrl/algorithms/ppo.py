@@ -64,10 +64,6 @@ class PPO(Algorithm):
         """The actor, the critic, and the reward model when ``reward_model.enable``."""
         return ["actor", "critic"] + (["reward_model"] if cfg.reward_model.enable else [])
 
-    def __init__(self, cfg, tokenizer, roles, resources=None):  # noqa: ANN001 - as Algorithm's
-        super().__init__(cfg, tokenizer, roles, resources)
-        self.loss = PPOClip.from_config(cfg)
-
     def prepare(self, samples: list[Sample], step: int) -> Finish:
         roles = self.roles
         batch = collate(samples, self.tokenizer.pad_token_id)
@@ -96,7 +92,7 @@ class PPO(Algorithm):
             adv_BT, returns_BT = losses.compute_gae(
                 token_level_rewards(reward_B, mask), values_BT, mask, al.gamma, al.lam
             )
-            batch.policy = PolicyTarget(losses.whiten(adv_BT, mask), self.loss)
+            batch.policy = PolicyTarget(losses.whiten(adv_BT, mask), PPOClip.from_config(self.cfg))
             batch.value = ValueTarget(values_BT, returns_BT)
             metrics["critic/vf_explained_var"] = losses.explained_variance(values_BT, returns_BT, mask)
             metrics["critic/returns_mean"] = float(losses.masked_mean(returns_BT, mask))
