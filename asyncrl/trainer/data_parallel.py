@@ -10,7 +10,7 @@ log-prob passes (reference, old policy) are split the same way and all-gathered.
 ``trainer.strategy``: ``ddp`` replicates the model and optimizer and sums the gradients with ``all_reduce_grads``;
 every rank clips by the same norm and takes the same step, so the replicas stay equal, bit for bit, without
 broadcasting weights. ``fsdp2`` shards them (``shard_with_fsdp2``, ``asyncrl.trainer.fsdp``), and the ranks run their
-passes in lockstep (``Lockstep``). Torch's ``DistributedDataParallel`` wrapper is not used: it
+passes in lockstep (``asyncrl.trainer.update.optimize``). Torch's ``DistributedDataParallel`` wrapper is not used: it
 all-reduces inside ``backward`` and expects every rank to call it equally often, while here a rank's share may pack
 into a different number of micro-batches (or none: every row of its share skipped as zero-advantage).
 
@@ -95,7 +95,7 @@ class DataParallel:
     @property
     def sharded(self) -> bool:
         """FSDP2: parameters, gradients and optimizer state sharded; the gradients reduced inside ``backward``, so
-        every rank must run as many forwards and backwards as the others (``Lockstep``)."""
+        every rank must run as many forwards and backwards as the others (``rounds``, ``idle_pass``)."""
         return self.mesh is not None
 
     def shard_with_fsdp2(
@@ -237,28 +237,3 @@ class DataParallel:
                     f"{what}: trainer rank {r}'s weights differ from rank 0's "
                     f"({len(diff)} tensors, first {names[int(diff[0])]!r})"
                 )
-
-
-class Lockstep:
-    """One mini-batch's forwards and backwards kept in step across FSDP2 ranks (``DataParallel.sharded``); without a
-    sharded group every call does nothing.
-
-    ``Lockstep(dp, n)`` agrees on the most micro-batches any rank has (``n``: this rank's) before any collective runs.
-    Each forward then counts itself (``passed``); a forward whose loss is not finite still owes its backward, run with
-    the loss times zero (``drop``), since a backward is a collective; ``finish`` makes up the rest with idle passes."""
-
-    def __init__(self, dp: DataParallel | None, n: int):
-        self.dp = dp if dp is not None and dp.sharded else None
-        self.left = self.dp.rounds(n) if self.dp is not None else 0
-
-    def passed(self) -> None:
-        self.left -= 1
-
-    def drop(self, loss: torch.Tensor) -> None:
-        if self.dp is not None:
-            (loss * 0.0).backward()
-
-    def finish(self, model: torch.nn.Module) -> None:
-        if self.dp is not None:
-            for _ in range(self.left):
-                self.dp.idle_pass(model)

@@ -32,7 +32,7 @@ from asyncrl.config import ActorConfig, CriticConfig
 from asyncrl.data.collate import Batching, Objective, TrainBatch, count_weight, micro_batches
 from asyncrl.data.packing import TokenCount
 from asyncrl.models.device import to_device
-from asyncrl.trainer.data_parallel import DataParallel, Lockstep
+from asyncrl.trainer.data_parallel import DataParallel
 from asyncrl.trainer.forward import batching, forward_logits, model_device
 
 if TYPE_CHECKING:
@@ -172,24 +172,28 @@ def optimize(
             stats: dict[str, float] = {}
             weights = 0.0
             mbs = micro_batches(mini, how, count) if n == 1 else unit_micro_batches(mini, n, how, count)
-            lockstep = Lockstep(dp, len(mbs))
+            # FSDP2: forwards and backwards are collectives, so every rank runs as many as the rank with the most
+            # micro-batches (agreed before any runs): a dropped loss still runs its backward, idle passes do the rest
+            left = dp.rounds(len(mbs)) if dp is not None and dp.sharded else 0
             for _, mb in mbs:
                 mb = to_device(mb, device)  # the batch crossed to this worker on the CPU
                 share = weight(mb) / total if total > 0 else 0.0
                 loss, mb_stats = micro_loss(mb)
-                lockstep.passed()
+                left -= 1
                 if not torch.isfinite(loss):
                     finite = False
-                    lockstep.drop(loss)
+                    if dp is not None and dp.sharded:
+                        (loss * 0.0).backward()
                     break
                 (loss * share).backward()
                 if mb_stats:
                     weights += share
                     for k, v in mb_stats.items():
                         stats[k] = stats.get(k, 0.0) + share * v
-            lockstep.finish(model)
             # the ranks' gradients summed, ``stats`` recorded (weighted sums, divided by ``weights``), clipped, stepped
             if dp is not None:
+                for _ in range(left):
+                    dp.idle_pass(model)
                 finite, stats, weights = across_ranks(dp, finite, stats, weights)
                 if finite and not dp.sharded:  # FSDP2 reduced the gradients inside backward
                     dp.all_reduce_grads(params)
