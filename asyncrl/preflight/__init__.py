@@ -46,6 +46,7 @@ def run_preflight(cfg: Config, emit: Callable[[str], None] = print, _corrupt_buc
     from asyncrl.models.loading import check_model_dir
     from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
     from asyncrl.preflight import checks
+    from asyncrl.run.generation import PromptStream
     from asyncrl.schedules import schedule_module
     from asyncrl.workers.start import start_roles
 
@@ -70,7 +71,7 @@ def run_preflight(cfg: Config, emit: Callable[[str], None] = print, _corrupt_buc
     specs = role_specs(cfg, cls.trainer_needs(cfg), module.trainer_plan(cfg))
     check_model_dir(cfg.model.path)
     tokenizer = load_tokenizer(cfg.model.path)
-    prompt = checks.first_prompt(cfg, tokenizer)
+    prompt = PromptStream(cfg, tokenizer).train[0]  # the training data's first, tokenised as the run will
     started = time.perf_counter()
     try:
         with (

@@ -9,7 +9,6 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from asyncrl.algorithms import Algorithm
 from asyncrl.calls import gather
@@ -49,21 +48,16 @@ def _rate(nbytes: float, seconds: float) -> str:
 
 
 # ---- before any worker starts ----------------------------------------------------------------------------------------
-def device_budget(cfg: Config) -> tuple[int, str]:
-    """The bytes one device of the run holds and where that figure comes from: ``trainer.gpu_memory_gb``, else the
-    GPU this process sees, else (a run on CPUs) this host's memory."""
-    if cfg.trainer.gpu_memory_gb is not None:
-        return int(cfg.trainer.gpu_memory_gb * 1e9), "trainer.gpu_memory_gb"
-    gpu = local_device_bytes()
-    if gpu is not None:
-        return gpu, "this process's GPU"
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host memory, no GPU seen"
-
-
 def memory_plan(cfg: Config) -> tuple[Check, MemoryPlan | None]:
-    """The run's memory plan (from the model's ``config.json`` alone) against the device budget, with the check a
-    run makes before its workers start (on every role where the run has no GPUs: they share the host)."""
-    budget, source = device_budget(cfg)
+    """The run's memory plan (from the model's ``config.json`` alone) against the bytes one device of the run holds
+    (``trainer.gpu_memory_gb``, else the GPU this process sees, else, a run on CPUs, this host's memory), with the
+    check a run makes before its workers start (on every role where the run has no GPUs: they share the host)."""
+    if cfg.trainer.gpu_memory_gb is not None:
+        budget, source = int(cfg.trainer.gpu_memory_gb * 1e9), "trainer.gpu_memory_gb"
+    elif (gpu := local_device_bytes()) is not None:
+        budget, source = gpu, "this process's GPU"
+    else:
+        budget, source = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host memory, no GPU seen"
     try:
         plan = plan_memory(cfg, model_shape(cfg.model.path), budget)
     except Exception as e:  # noqa: BLE001 - a model dir the plan cannot read is this line's failure
@@ -191,13 +185,6 @@ def fingerprint_lines(cfg: Config, roles: Roles) -> list[Check]:
     return out
 
 
-def engines(roles: Roles) -> list[RolloutClient]:
-    """Every engine that generates in the run: the rollout pool, the Rollouter and its ranks, or the trainer's."""
-    if roles.rollouter is not None:
-        return [RolloutClient(h) for h in roles.receivers]
-    return list(roles.rollouts)
-
-
 def decode(cfg: Config, roles: Roles, prompt: Prompt) -> list[Check]:
     """One short decode of ``prompt`` on every engine at once, with the run's sampling: tokens, seconds, and the
     weight version every token records."""
@@ -206,7 +193,9 @@ def decode(cfg: Config, roles: Roles, prompt: Prompt) -> list[Check]:
     params = SamplingParams(n=1, temperature=r.temperature, top_p=r.top_p, top_k=max(r.top_k, 0), max_new_tokens=tokens)
     out = []
     calls = []
-    for e in engines(roles):
+    # every engine that generates in the run: the rollout pool, the Rollouter and its ranks, or the trainer's
+    engines = [RolloutClient(h) for h in roles.receivers] if roles.rollouter is not None else roles.rollouts
+    for e in engines:
         try:
             calls.append((e.name, e.generate([prompt], params, cfg.trainer.seed, 0)))
         except Exception as err:  # noqa: BLE001 - a worker that takes no call fails its line
@@ -295,10 +284,3 @@ def skipped(part: str, why: str) -> Check:
 
 def failures(checks: list[Check]) -> list[Check]:
     return [c for c in checks if not c.ok]
-
-
-def first_prompt(cfg: Config, tokenizer: Any) -> Prompt:
-    """The training data's first prompt, tokenised as the run will (its dataset loads here)."""
-    from asyncrl.run.generation import PromptStream
-
-    return PromptStream(cfg, tokenizer).train[0]
