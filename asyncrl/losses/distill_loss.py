@@ -22,11 +22,11 @@ import torch
 from torch import Tensor
 
 from asyncrl.losses.tokens import (
+    _float32_rows,
     _float_mask,
     agg_loss,
     check_one_of,
     check_same_shape,
-    logsumexp_float32,
     zero_padding,
 )
 
@@ -74,7 +74,7 @@ def _coarse_logprobs(
         )
     # Re-normalising over V is a no-op on log-probs and makes raw logits acceptable too.
     dtype = torch.promote_types(student_logp_BTV.dtype, torch.float32)
-    log_z_BT1 = logsumexp_float32(student_logp_BTV).unsqueeze(-1)
+    log_z_BT1 = _float32_rows(lambda x: torch.logsumexp(x, dim=-1), student_logp_BTV).unsqueeze(-1)
     log_q_BTK = student_logp_BTV.gather(-1, teacher_topk_ids_BTK.long()).to(dtype) - log_z_BT1
     log_p_BTK = teacher_topk_logp_BTK.detach().to(dtype)
     valid_BT1 = (_float_mask(mask_BT, log_p_BTK) != 0).unsqueeze(-1)

@@ -149,11 +149,6 @@ def logprobs_from_logits(logits_BTV: Tensor, labels_BT: Tensor) -> Tensor:
     return _float32_rows(_picked_logprobs, logits_BTV, labels_BT)
 
 
-def logsumexp_float32(x_BTV: Tensor) -> Tensor:
-    """``logsumexp`` over the last dim in at least float32 (row by row for low-precision input): ``[B, T]``."""
-    return _float32_rows(lambda x: torch.logsumexp(x, dim=-1), x_BTV)
-
-
 def _entropy_rows(logits_TV: Tensor) -> Tensor:
     # H = -sum p log p = logsumexp(z) - sum softmax(z) * z; stable for any logits (no log of a 0 probability).
     p_TV = torch.softmax(logits_TV, dim=-1)
