@@ -6,15 +6,11 @@ through ``fit``); it never asks which algorithm made the batch. What differs bet
 how many rows make one unit (online DPO's pairs stay together and are never packed), what a micro-batch weighs in
 its mini-batch (tokens, sequences, or pairs), and which rows cannot change the gradient.
 
-Mixed precision as verl trains: parameters and activations in ``model.dtype`` (bf16 on GPUs), fp32 master weights and
-optimizer state, gradient reductions, log-probs and losses in fp32.
-
-``build_optimizer`` gives AdamW over the trainable parameters; when any of them is not fp32 it is
-:class:`MasterWeightsAdamW`, which keeps an fp32 copy of each (the master), steps the masters with the gradients
-cast to fp32, and writes the result back into the model in its dtype. Without the masters an update smaller than
-half a bf16 step of a weight (lr 1e-5 on a weight of 1.0: bf16 resolves 2^-7) is rounded away every time; with them
-it accumulates until it shows. The log-probs and losses are fp32 whatever the dtype (``asyncrl.trainer.forward``
-upcasts the logits), and data-parallel ranks sum their gradients in fp32 (``asyncrl.trainer.data_parallel``).
+Mixed precision as verl trains: parameters and activations in ``model.dtype`` (bf16 on GPUs); fp32 master weights
+and optimizer state (``MasterWeightsAdamW``, the AdamW ``build_optimizer`` gives when any parameter is not fp32),
+gradient reductions (``asyncrl.trainer.data_parallel``), log-probs and losses (``asyncrl.trainer.forward`` upcasts
+the logits). Without the masters an update smaller than half a bf16 step of a weight (lr 1e-5 on a weight of 1.0:
+bf16 resolves 2^-7) is rounded away every time; with them it accumulates until it shows.
 """
 
 from __future__ import annotations
@@ -43,11 +39,10 @@ MicroLoss = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
 
 @dataclass
 class FitStats:
-    """What one call of the update loop did: its metrics, optimizer steps taken and skipped (non-finite)."""
+    """What one call of the update loop did: its metrics (``{prefix}/nonfinite_skipped_steps`` too) and steps taken."""
 
     metrics: dict[str, float]
     optimizer_steps: int
-    skipped_nonfinite: int
 
 
 def fit(
@@ -218,7 +213,7 @@ def optimize(
             rows_left_out = sum(dp.all_gather_object(rows_left_out))
         metrics[f"{prefix}/skipped_rows_frac"] = rows_left_out / max(batch.size * role.ppo_epochs, 1)
     optimizer.zero_grad(set_to_none=True)
-    return FitStats(metrics=metrics, optimizer_steps=steps, skipped_nonfinite=skipped)
+    return FitStats(metrics=metrics, optimizer_steps=steps)
 
 
 def unit_rows(units: torch.Tensor, n: int) -> torch.Tensor:
@@ -340,8 +335,7 @@ class MasterWeightsAdamW(torch.optim.AdamW):
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW over ``params`` with ``optim``'s lr, betas and weight decay (an ``OptimConfig``); with fp32 masters
-    when any parameter is in a lower precision."""
+    """AdamW with ``optim``'s lr, betas and weight decay: ``MasterWeightsAdamW`` when any parameter is below fp32."""
     params = list(params)
     adamw = MasterWeightsAdamW if any(p.dtype != torch.float32 for p in params) else torch.optim.AdamW
     beta1, beta2 = optim.betas
