@@ -11,19 +11,16 @@ model's (``copy_shards``: no communication). ``actor.fsdp_config.param_offload``
 the two cannot differ) and ``ref.fsdp_config.param_offload`` keep those shards on the host between passes.
 
 A sharded module all-gathers its parameters in every forward and reduce-scatters the gradients in every backward,
-so the ranks must run the same number of forwards and backwards: a rank whose share packs into fewer micro-batches
-makes up the difference with idle passes (``DataParallel.idle_pass``: a one-token forward whose loss is multiplied by
-zero). The gradients are summed over the ranks, not averaged: each rank already weights its rows by their share of
-the whole mini-batch (``asyncrl.trainer.update.optimize``), as under DDP.
+so the ranks run the same number of passes (``DataParallel.idle_pass``). The gradients are summed over the ranks, not
+averaged, as under DDP (``asyncrl.trainer.data_parallel``).
 
 Where the trainer's engine is the rollout (the sync schedule), every rank also keeps an unsharded copy of the
 weights in ``model.dtype`` (``TrainerWorker.serving``), refreshed after each update with one all-gather per
 parameter: the colocated engine decodes from it (each rank its own prompts, for its own number of steps, which a
 sharded module cannot do alone). That is verl's hybrid engine: the trainer's shards plus a full copy for the rollout.
-In every other schedule no full copy is kept: the log-prob passes run on the shards (in lockstep), and what reads the
-full weights on rank 0 (a weight sync, an evaluation, an export) gathers them parameter by parameter with every rank
-taking part (``asyncrl.trainer.gathered``). Per rank: 1/N of weights, gradients and optimizer state (plus the full
-copy in sync), against all of them in full under DDP.
+In every other schedule no full copy is kept: the log-prob passes run on the shards, and what reads the full weights
+on rank 0 gathers them parameter by parameter (``asyncrl.trainer.gathered``). Per rank: 1/N of weights, gradients and
+optimizer state (plus the full copy in sync), against all of them in full under DDP.
 
 Checkpoints are sharded (``torch.distributed.checkpoint``): each rank writes its shards of the weights, the optimizer
 state and the reference, nothing gathered, and reads them back (another number of sharded ranks: resharded); rank 0
