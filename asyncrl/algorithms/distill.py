@@ -39,17 +39,7 @@ class TeacherTarget(Objective):
     topk_ids_BTK: Tensor  # long [B, T, K]
     topk_logp_BTK: Tensor  # float [B, T, K], over the teacher's full vocabulary
     token_logp_BT: Tensor  # float [B, T]
-    distill: DistillConfig
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.topk_ids_BTK.shape != self.topk_logp_BTK.shape:
-            raise ValueError(
-                f"TeacherTarget: topk_ids_BTK {list(self.topk_ids_BTK.shape)} and topk_logp_BTK "
-                f"{list(self.topk_logp_BTK.shape)} differ"
-            )
-        if self.topk_ids_BTK.dtype != torch.long:
-            raise ValueError(f"TeacherTarget: topk_ids_BTK must be long (got {self.topk_ids_BTK.dtype})")
+    distill: DistillConfig  # the losses check the top-k tensors' shapes (``asyncrl.losses.distill_loss``)
 
     @property
     def temperature(self) -> float:
