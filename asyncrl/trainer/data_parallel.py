@@ -27,6 +27,7 @@ device its caller's part lives on.
 from __future__ import annotations
 
 import pickle
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -70,27 +71,22 @@ class DataParallelError(RuntimeError):
     """The data-parallel ranks disagree (weights not replicated) or their group failed."""
 
 
+@dataclass(eq=False)
 class DataParallel:
     """One rank's view of the trainer's data-parallel group; build it with :meth:`create` on every rank at once."""
 
-    def __init__(
-        self,
-        pg: Any,  # a torch ProcessGroup, or the in-process LocalGroup (asyncrl.comm.local); None once closed
-        store: torch.distributed.Store,
-        rank: int,
-        world_size: int,
-        timeout_s: float,
-        backend: str,
-        host: str,
-        device: torch.device | None = None,
-    ):
-        """``device``: where the group takes its tensors (default: the backend's, ``groups.backend_device``)."""
-        self.pg, self._store, self.host = pg, store, host
-        self.rank, self.world_size = rank, world_size
-        self.timeout_s = timeout_s
-        self.backend = backend
-        self.device = device if device is not None else groups.backend_device(backend)
-        self.mesh: DeviceMesh | None = None  # FSDP2's, once ``shard_with_fsdp2`` ran (``asyncrl.trainer.fsdp``)
+    pg: Any  # a torch ProcessGroup, or the in-process LocalGroup (asyncrl.comm.local); None once closed
+    store: torch.distributed.Store
+    rank: int
+    world_size: int
+    timeout_s: float
+    backend: str
+    host: str
+    device: torch.device | None = None  # where the group takes its tensors (None: the backend's, set at init)
+    mesh: DeviceMesh | None = field(default=None, init=False)  # FSDP2's, once ``shard_with_fsdp2`` ran
+
+    def __post_init__(self) -> None:
+        self.device = self.device if self.device is not None else groups.backend_device(self.backend)
 
     @property
     def sharded(self) -> bool:
@@ -106,7 +102,7 @@ class DataParallel:
         from asyncrl.trainer import fsdp
 
         if self.mesh is None:
-            self.mesh = fsdp.init_mesh(self._store, self.rank, self.world_size, self.timeout_s, self.backend, self.host)
+            self.mesh = fsdp.init_mesh(self.store, self.rank, self.world_size, self.timeout_s, self.backend, self.host)
         fsdp.shard(model, self.mesh, compute_dtype, offload)
 
     @classmethod
