@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from asyncrl.algorithms import Algorithm, Finish, Prepared, Trained, TrainerNeeds
+from asyncrl.algorithms import Algorithm, Finish, Prepared, TrainerNeeds
 from asyncrl.config import Config, DpoConfig, check
 from asyncrl.data.collate import Objective, TrainBatch, collate
 from asyncrl.losses.dpo import dpo_loss, sequence_logratios
@@ -131,12 +131,6 @@ class OnlineDPO(Algorithm):
         batch.policy = PreferenceTarget(is_chosen.clone(), weights, self.cfg.dpo, self.cfg.rollout.temperature)
         prepared = Prepared(samples, batch, pairs.metrics())
         return lambda: prepared
-
-    def train(self, prepared: Prepared, step: int) -> Trained:
-        n_pairs = prepared.batch.size // 2
-        num_mini = max(1, min(self.num_mini_batches(prepared.samples), n_pairs))
-        res = self.roles.trainer.update(prepared.batch, step, num_mini).result()
-        return Trained(res, res.metrics)
 
 
 ALGORITHM = OnlineDPO
