@@ -1,2 +1,2 @@
 """The trainer role: its one update loop (``update``), forward passes (``forward``), data-parallel ranks and FSDP2, and
-the trainer and critic workers (``actor``, ``critic``)."""
+sharded weights gathered (``gathered``); its workers are ``asyncrl.workers.trainer`` and ``asyncrl.workers.critic``."""
