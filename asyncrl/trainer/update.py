@@ -83,8 +83,8 @@ def fit(
         num_mini_batches,
         seed,
         micro_loss,
-        weight=lambda b: _policy(b).weight(b, agg),
-        keep_rows=lambda b: _policy(b).keep_rows(b),
+        weight=lambda b: b.policy.weight(b, agg),  # type: ignore[union-attr] - the objective, sliced with b
+        keep_rows=lambda b: b.policy.keep_rows(b),  # type: ignore[union-attr]
         rows_per_unit=objective.rows_per_unit,
         dp=dp,
     )
@@ -93,10 +93,6 @@ def fit(
             gap = LogprobGap.merged(dp.all_gather_object(gap))
         res.metrics.update(gap.metrics())
     return res
-
-
-def _policy(batch: TrainBatch) -> Objective:
-    return batch.policy  # type: ignore[return-value]
 
 
 def optimize(
