@@ -125,10 +125,9 @@ def optimize(
     permutation, the mini-batches, the ranks' shares and the micro-batches (``ppo_micro_batch_size // n`` units,
     padded, never packed) are cut by units.
 
-    With ``dp`` (data-parallel ranks), every rank draws the same permutation and works on its rows of each
-    mini-batch with the whole mini-batch's weights; the ranks' gradients are then summed, so each rank steps with
-    the gradient of the whole mini-batch. The loss statistics are the whole mini-batch's too; the micro-batch
-    counts (``{prefix}/micro_batches`` and the like) are rank 0's.
+    With ``dp`` each rank fits its share of every mini-batch and steps with the whole mini-batch's gradient
+    (``asyncrl.trainer.data_parallel``); the loss statistics are the whole mini-batch's too, the micro-batch counts
+    (``{prefix}/micro_batches`` and the like) rank 0's.
     """
     model.train()
     gen = torch.Generator().manual_seed(seed)
