@@ -10,6 +10,8 @@ import os
 import time
 from dataclasses import dataclass
 
+import torch
+
 from asyncrl.algorithms import Algorithm
 from asyncrl.calls import gather
 from asyncrl.comm.transport import transport_of
@@ -227,8 +229,6 @@ def planned_samples(cfg: Config, vocab: int, seed: int, ranks: int = 1) -> list[
     """Samples of full length (``data.max_prompt_length`` + ``rollout.response_length`` tokens each, no prompt
     shared) that fill one micro-batch of the plan's token budget on each of ``ranks`` data-parallel ranks, in groups
     of two whose rewards differ (so every row has an advantage and takes part in the update)."""
-    import torch
-
     p_len, r_len = cfg.data.max_prompt_length, cfg.rollout.response_length
     rows = micro_batch_tokens(cfg) // (p_len + r_len)  # the plan's budget (ppo_micro_batch_size rows without packing)
     rows = max(2, rows - rows % 2) * ranks
