@@ -10,6 +10,7 @@ same way.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -30,9 +31,6 @@ class _WeightSyncMixin:
     """What sender and receiver share: the group object and its (re-)creation."""
 
     _weight_sync: WeightSyncGroup | None = None
-
-    def weight_sync_tensors(self) -> dict[str, torch.Tensor]:
-        raise TypeError(f"{type(self).__name__}: use SyncSenderMixin or SyncReceiverMixin, which say what is synced")
 
     def init_weight_sync(
         self,
@@ -106,18 +104,27 @@ class SyncSenderMixin(_WeightSyncMixin):
             return quantize_for_sync(tensors)
         return tensors
 
-    def weights_fingerprint(self, dtypes: dict[str, str] | None = None) -> WeightsFingerprint:
-        """The crc32 of every tensor a sync sends, each cast to ``dtypes[name]`` (a receiver's) first (``asyncrl
-        preflight``). Sharded with no full copy: gathered one parameter at a time, every other rank in
-        ``follow_gather``."""
+    @contextlib.contextmanager
+    def _sent_tensors(self) -> Iterator[Mapping[str, torch.Tensor]]:
+        """The tensors a sync sends. Sharded with no full copy: gathered one parameter at a time as they are read
+        (every other rank in ``follow_gather`` until the block ends), and for fp8 quantized whole (a full copy,
+        transiently)."""
         gather = self.weight_sync_gather()
         if gather is None:
-            return fingerprint_of(self.weight_sync_tensors().items(), dtypes)
+            yield self.weight_sync_tensors()
+            return
         session, dtype = gather
         try:
-            return fingerprint_of(session.tensors(dtype).items(), dtypes)
+            tensors = session.tensors(dtype)
+            yield quantize_for_sync(dict(tensors)) if getattr(self, "sync_quantization", None) == "fp8" else tensors
         finally:
             session.stop()
+
+    def weights_fingerprint(self, dtypes: dict[str, str] | None = None) -> WeightsFingerprint:
+        """The crc32 of every tensor a sync sends, each cast to ``dtypes[name]`` (a receiver's) first (``asyncrl
+        preflight``)."""
+        with self._sent_tensors() as tensors:
+            return fingerprint_of(tensors.items(), dtypes)
 
     def weight_sync_endpoint(self, host: str) -> tuple[str, int]:
         """(host, port) for the group's store: a free port on ``host``, the trainer's own node address (the driver
@@ -137,19 +144,8 @@ class SyncSenderMixin(_WeightSyncMixin):
         """
         timeline = getattr(self, "timeline", None)
         span = timeline.span("send_weights", version=version) if timeline is not None else contextlib.nullcontext()
-        with span:  # the trainer is busy while it sends: its timeline says so
-            gather = self.weight_sync_gather()
-            if gather is None:
-                tensors = self.weight_sync_tensors()
-                return self._group(version).send(tensors, version, verify, timeout_s, _corrupt_bucket)
-            session, dtype = gather
-            try:
-                tensors = session.tensors(dtype)
-                if getattr(self, "sync_quantization", None) == "fp8":  # quantized whole: a full copy, transiently
-                    tensors = quantize_for_sync(dict(tensors))
-                return self._group(version).send(tensors, version, verify, timeout_s, _corrupt_bucket)
-            finally:
-                session.stop()
+        with span, self._sent_tensors() as tensors:  # the trainer is busy while it sends: its timeline says so
+            return self._group(version).send(tensors, version, verify, timeout_s, _corrupt_bucket)
 
 
 class SyncReceiverMixin(_WeightSyncMixin):
@@ -171,13 +167,11 @@ class SyncReceiverMixin(_WeightSyncMixin):
     ) -> SyncStats:
         """Receive one sync and apply each bucket as it arrives; ``version`` (when given) must match the one sent.
 
-        Beyond its model the worker holds at most two buckets: the one being applied, the one being received
-        (``asyncrl.weights.incoming``). A bucket is applied only once its header and (``verify``) its CRC32 are
-        checked, so a corrupt bucket is never applied; a sync that fails before its first bucket is applied leaves the
-        model and its version untouched. One that fails later (a later bucket's checksum, a transport failure) has
-        applied the buckets before it: there is no rollback (it would need the second copy), the engine keeps its old
-        version number and refuses to generate (PartialWeightsError) until the next complete sync, and the error says
-        so. The group stays usable after a checksum or header mismatch.
+        How the buckets are checked and held (at most two beyond the model, none applied unchecked):
+        ``asyncrl.weights.incoming``. A sync that fails before its first bucket is applied leaves the model and its
+        version untouched; one that fails later has applied the buckets before it, with no rollback (it would need a
+        second copy): the engine keeps its old version number and refuses to generate (PartialWeightsError) until the
+        next complete sync, and the error says so.
         """
         incoming = self._group(version).receive_stream(verify, timeout_s, expected_version=version)
         try:
