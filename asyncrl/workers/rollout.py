@@ -29,6 +29,8 @@ class RolloutWorker(SyncReceiverMixin, RoleWorker):
         self.engine = rollout_engine(spec.engine, self.device)
         self.reward_fn = build_reward_fn(spec.reward.custom_function, binarize=spec.reward.binarize)
         self.scorer = build_reward_loop(spec.reward, self.reward_fn)
+        # a rank of the fully_async Rollouter: its engine steps on a thread of its own (started by the first submit)
+        self.stream_loop = StreamLoop(self.engine, self.timeline, self.name)
 
     def generate(
         self, prompts: list[Prompt], params: SamplingParams, seed: int, step: int = -1, score: bool = True
@@ -38,25 +40,18 @@ class RolloutWorker(SyncReceiverMixin, RoleWorker):
     def version(self) -> int:
         return self.engine.version
 
-    # ---- a rank of the fully_async Rollouter (which streams a share of its groups here) ----------------------------
-    def _stream(self) -> StreamLoop:
-        if getattr(self, "_stream_loop", None) is None:
-            self._stream_loop = StreamLoop(self.engine, self.timeline, self.name)
-        return self._stream_loop
-
+    # ---- a rank of the fully_async Rollouter (which streams a share of its groups here): ``RolloutWorkerClient``
+    # says what each call does
     def stream_submit(self, rows: list[Sample], params: SamplingParams, seed: int) -> None:
-        """Rows (blank or partial) that enter this rank's running decode at its next step."""
-        self._stream().submit(rows, params, seed)
+        self.stream_loop.submit(rows, params, seed)
 
     def stream_wait(self, timeout_s: float) -> tuple[list[Sample], PrefillStats]:
-        """The rows that ended since the last call (waiting up to ``timeout_s`` for one), and the prefill counts."""
-        return self._stream().wait(timeout_s)
+        return self.stream_loop.wait(timeout_s)
 
     def stream_interrupt(self, timeout_s: float) -> list[Sample]:
-        """Every row this rank holds and nobody took yet: the ended ones, and the live ones partial."""
-        return self._stream().interrupt(timeout_s)
+        return self.stream_loop.interrupt(timeout_s)
 
     def halt(self, timeout_s: float) -> None:
         """Drop the rows a dead Rollouter left streaming here (its replacement re-issues them), so the weight sync
         that follows finds the engine idle."""
-        self._stream().interrupt(timeout_s)
+        self.stream_loop.interrupt(timeout_s)
