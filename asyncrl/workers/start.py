@@ -8,7 +8,7 @@ events.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -58,18 +58,15 @@ def start_roles(
 def _spawn(cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: _Backend, producer: type | None) -> Roles:
     p = backend.placement
     trainer = _spawn_trainer(cfg, specs, backend)
-    rollouts: list[RolloutClient] = [trainer, *(RolloutClient(h) for h in trainer.ranks[1:])]  # sync: every rank
-    rollouter: ProducerClient | None = None
-    stream_ranks: list[Handle] = []
-    respawn: Callable[[int], Handle] | None = None
+    roles = Roles(trainer, [trainer, *(RolloutClient(h) for h in trainer.ranks[1:])], p)  # sync: every rank
     ray = backend.ray  # an in-process worker cannot die alone (nor be killed when hung)
     if side is RolloutSide.POOL:
 
         def rollout_worker(i: int) -> Handle:
             return backend.spawn(f"rollout:{i}", RolloutWorker, specs.rollout, name=f"rollout{i}")
 
-        rollouts = [RolloutClient(rollout_worker(i)) for i in range(cfg.rollout.num_workers)]
-        respawn = rollout_worker if ray else None
+        roles.rollouts = [RolloutClient(rollout_worker(i)) for i in range(cfg.rollout.num_workers)]
+        roles.respawn = rollout_worker if ray else None
     elif side is RolloutSide.STREAM:  # the producer on rollout rank 0, driving the pool's other ranks
         if producer is None:
             raise ValueError("start_roles: a streaming schedule's roles need its producer class (producer=None)")
@@ -92,26 +89,15 @@ def _spawn(cfg: Config, side: RolloutSide, specs: RoleSpecs, backend: _Backend, 
                 ProducerClient(h).attach_ranks(stream_ranks).result(timeout=timeout)
             return h
 
-        rollouter, rollouts = ProducerClient(the_rollouter()), []
-        respawn = the_rollouter if ray else None
-    critic = reward_model = None
+        roles.rollouter, roles.rollouts, roles.stream_ranks = ProducerClient(the_rollouter()), [], stream_ranks
+        roles.respawn = the_rollouter if ray else None
     if "critic" in p.roles:
-        critic = CriticClient(backend.spawn("critic", CriticWorker, specs.critic, name="critic"))
+        roles.critic = CriticClient(backend.spawn("critic", CriticWorker, specs.critic, name="critic"))
     if "reward_model" in p.roles:
         rm = backend.spawn("reward_model", RewardModelWorker, specs.reward_model, name="reward_model")
-        reward_model = RewardModelClient(rm)
-    return Roles(
-        trainer=trainer,
-        rollouts=rollouts,
-        placement=p,
-        rollouter=rollouter,
-        critic=critic,
-        reward_model=reward_model,
-        handles=list(backend.handles),
-        respawn=respawn,
-        rendezvous=backend.rendezvous,
-        stream_ranks=stream_ranks,
-    )
+        roles.reward_model = RewardModelClient(rm)
+    roles.handles, roles.rendezvous = list(backend.handles), backend.rendezvous
+    return roles
 
 
 def _spawn_trainer(cfg: Config, specs: RoleSpecs, backend: _Backend) -> TrainerClient:
