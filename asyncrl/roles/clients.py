@@ -107,12 +107,8 @@ class TrainerClient(RolloutClient):
         return self.handle.call("state_dict")
 
 
-class DataParallelRank:
+class DataParallelRank(RoleClient):
     """One rank of a data-parallel trainer, for the calls that build and probe the ranks' group."""
-
-    def __init__(self, handle: Handle):
-        self.handle = handle
-        self.name = handle.name
 
     def data_parallel_endpoint(self, host: str) -> Pending[tuple[str, int]]:
         """(host, port) for the ranks' rendezvous: a free port on ``host``, the rank's node."""
@@ -240,10 +236,7 @@ class Roles:
     @property
     def checkpointed(self) -> dict[str, RoleClient]:
         """Roles whose state a checkpoint holds (the rollout side is re-synced from the trainer's weights)."""
-        out: dict[str, RoleClient] = {"actor": self.trainer}
-        if self.critic is not None:
-            out["critic"] = self.critic
-        return out
+        return {"actor": self.trainer, **({"critic": self.critic} if self.critic is not None else {})}
 
     def locations(self, timeout_s: float | None = None) -> list[WorkerLocation]:
         """Where every worker runs (its node, its GPUs, its device), as the backend reports it."""
