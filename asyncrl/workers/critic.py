@@ -24,6 +24,8 @@ from asyncrl.trainer.update import build_optimizer, optimize
 from asyncrl.types import Scored
 from asyncrl.workers.backends import RoleWorker
 
+_STATEFUL = ("model", "optimizer", "scheduler")  # what a checkpoint holds of the critic, beside its counter and RNG
+
 
 class ValueModel(torch.nn.Module):
     """A causal LM's body (its ``base_model``, lm_head dropped) + a linear head to one scalar per position."""
@@ -105,23 +107,16 @@ class CriticWorker(RoleWorker):
     def save_checkpoint(self, directory: str) -> None:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        state = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "updates": self.updates,
-            "rng": rng_state(),
-        }
-        torch.save(state, d / f"{self.name}_state.pt")
+        state = {k: getattr(self, k).state_dict() for k in _STATEFUL}
+        torch.save({**state, "updates": self.updates, "rng": rng_state()}, d / f"{self.name}_state.pt")
 
     def load_checkpoint(self, directory: str) -> int:
         f = Path(directory) / f"{self.name}_state.pt"
         if not f.is_file():
             raise FileNotFoundError(f"checkpoint {directory}: no {f.name} (was it written by a ppo run?)")
         state = torch.load(f, weights_only=False, map_location="cpu")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        for k in _STATEFUL:
+            getattr(self, k).load_state_dict(state[k])
         self.updates = int(state["updates"])
         set_rng_state(state["rng"])
         return self.updates
