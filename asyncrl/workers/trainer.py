@@ -156,10 +156,6 @@ class TrainerWorker(ActorStateMixin, SyncSenderMixin, RoleWorker):
         finally:
             session.stop()
 
-    def gathered_model(self, session: gathered.Gather, device: torch.device) -> torch.nn.Module:
-        """An unsharded copy in ``model.dtype`` on ``device``, gathered parameter by parameter."""
-        return gathered.full_model(session, self.model, self.frame, device)
-
     def follow_gather(self) -> None:
         """Ranks >= 1: take part in whatever rank 0 gathers in the call it runs now (a sync, an evaluation, an
         export); returns at once where nothing is gathered."""
@@ -186,7 +182,7 @@ class TrainerWorker(ActorStateMixin, SyncSenderMixin, RoleWorker):
         engine = self.engine
         if engine is None:
             with self.gathering() as session:
-                full = self.gathered_model(session, self.device)
+                full = gathered.full_model(session, self.model, self.frame, self.device)
             engine = colocated_engine(self.spec.engine, full, self.tokenizer, False)
             engine.version = self.version
         return generate_scored(engine, self.scorer, self.timeline, self.name, prompts, params, seed, step, score)

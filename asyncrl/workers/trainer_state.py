@@ -33,7 +33,7 @@ class ActorStateMixin:
         if masters is not None:
             return gathered.fill(self.frame, lambda n, dtype: masters[n].to(dtype), self.model, torch.device("cpu"))
         with self.gathering() as session:
-            return self.gathered_model(session, torch.device("cpu"))
+            return gathered.full_model(session, self.model, self.frame, torch.device("cpu"))
 
     def save_checkpoint(self, directory: str) -> None:
         """Writes model (safetensors) + tokenizer, optimizer, scheduler and RNG states into ``directory``.
