@@ -33,9 +33,7 @@ def find_free_port(host: str = LOOPBACK) -> int:
 
 def default_backend() -> str:
     """ "nccl" when this process sees a CUDA device and NCCL is built in, else "gloo"."""
-    if torch.cuda.is_available() and dist.is_nccl_available():
-        return "nccl"
-    return "gloo"
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
 
 
 def backend_device(backend: str) -> torch.device:
