@@ -17,9 +17,9 @@ is a cluster (``NodeCapacity``), so a plan the cluster cannot hold fails at once
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from asyncrl.config import Config, PlacementConfig, PoolConfig
+from asyncrl.config import Config, PlacementConfig, PoolConfig, RolloutConfig, TrainerConfig
 from asyncrl.errors import UserInputError
 
 TRAINING_ROLES = ("actor", "critic", "reward_model")
@@ -52,6 +52,12 @@ class Pool:
 
     def node_of(self, rank: int) -> int:
         return min(self.nodes - 1, rank // self.per_node)
+
+    @classmethod
+    def spread(cls, c: TrainerConfig | RolloutConfig) -> Pool:
+        """The trainer's or the rollout's workers spread evenly over its nodes, ``cpus_per_worker`` CPUs each."""
+        per_node = c.num_workers // c.nnodes
+        return cls(c.cpus_per_worker * per_node, float(c.n_gpus_per_node), c.nnodes, c.num_workers)
 
     def bundle(self) -> dict[str, float]:
         return {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
@@ -164,17 +170,15 @@ def resolve_placement(
         pools[name] = Pool(cpus=float(pool.cpus), gpus=float(pool.gpus))
     actor_pool = roles.get("actor")
     if actor_pool is not None:
-        ranks, per_node = t.num_workers, t.num_workers // t.nnodes
-        a = pools[actor_pool]
         if default:  # the trainer keys size it: per node, each rank its CPUs and (with GPUs) one GPU
-            a = Pool(cpus=t.cpus_per_worker * per_node, gpus=float(t.n_gpus_per_node), nodes=t.nnodes, ranks=ranks)
+            a = Pool.spread(t)
         elif t.nnodes > 1 or t.n_gpus_per_node:
             raise PlacementError(
                 "trainer.nnodes / trainer.n_gpus_per_node size the default trainer pool; with placement.pools "
                 f"give the actor's pool its resources there (placement.pools.{actor_pool}.cpus / .gpus)"
             )
         else:
-            a = Pool(cpus=a.cpus, gpus=a.gpus, nodes=1, ranks=ranks)
+            a = replace(pools[actor_pool], ranks=t.num_workers)
         pools[actor_pool] = a
         others = [r for r, q in roles.items() if q == actor_pool and r != "actor"]
         if a.gpus and a.per_node > 1 and others:
@@ -183,12 +187,7 @@ def resolve_placement(
                 f"{a.per_node} GPU ranks each; sharing GPUs between several ranks and another role is not "
                 "implemented: give it a pool of its own (placement.pools.<name>.gpus, placement.roles)"
             )
-    rollout = None
-    if rollout_pool:
-        r = cfg.rollout
-        per_node = r.num_workers // r.nnodes
-        gpus = float(r.n_gpus_per_node)
-        rollout = Pool(cpus=r.cpus_per_worker * per_node, gpus=gpus, nodes=r.nnodes, ranks=r.num_workers)
+    rollout = Pool.spread(cfg.rollout) if rollout_pool else None
     placement = Placement(pools=pools, roles=roles, rollout=rollout, actor_ranks=t.num_workers)
     if cluster is not None:
         check_fits(placement, cluster)
