@@ -5,11 +5,10 @@ rank calls ``WeightSyncGroup.create`` at about the same time; rank 0 plans the b
 plan against their model (see ``asyncrl.weights.handshake``). Each sync is then, per bucket, a 5-int64 header
 ``(version, bucket index, crc32, has_crc, nbytes)`` and the bucket's bytes, both broadcast from rank 0.
 
-A receiver takes the buckets one at a time as they arrive, each checked (header, and CRC32 with ``verify``) before it
-is handed over to be applied, so a rollout worker holds at most two buckets beyond its model, never a second copy of
-the weights (``receive_stream``; ``asyncrl.weights.incoming`` says how, and why a checksum or header mismatch leaves
-the group usable). A transport failure or timeout (a peer absent or dead) leaves the ranks out of step, so the group
-is marked broken and every later call raises until a new group is created.
+A receiver takes the buckets one at a time, each checked before it is applied (``receive_stream``;
+``asyncrl.weights.incoming`` says how, and why a checksum or header mismatch leaves the group usable). A transport
+failure or timeout (a peer absent or dead) leaves the ranks out of step, so the group is marked broken and every
+later call raises until a new group is created.
 
 One group object is used from one thread at a time. Several groups may coexist in one process (no default
 process group is involved, see ``asyncrl.comm.groups``).
@@ -141,8 +140,7 @@ class WeightSyncGroup:
         """Drop the connections (abort if broken). The object is unusable afterwards."""
         _OPEN_GROUPS.discard(self)
         groups.close_process_group(self._pg, abort=self.broken is not None)
-        self._pg = None
-        self._store = None
+        self._pg = self._store = None
         self.broken = self.broken or "closed"
 
     # --------------------------------------------------------------------------------------------------- syncing
@@ -197,10 +195,8 @@ class WeightSyncGroup:
     def receive_stream(
         self, verify: bool = False, timeout_s: float | None = None, expected_version: int | None = None
     ) -> Incoming:
-        """Take part in one sync as a receiver, bucket by bucket (``asyncrl.weights.incoming``): iterate the result
-        for each bucket's (name, tensor) pairs as it arrives intact, then call its ``finish`` (always), which raises
-        WeightSyncError on a checksum mismatch (``verify``), a header mismatch, or a version other than
-        ``expected_version`` (when given). Bucket 0 has arrived when this returns. At most two buckets are held."""
+        """Take part in one sync as a receiver: the ``Incoming`` to iterate bucket by bucket, then ``finish`` (always;
+        ``asyncrl.weights.incoming``), which also raises on a version other than ``expected_version`` (when given)."""
         self._check_usable("receive", expected_version)
         if self.rank == 0:
             raise WeightSyncError("weight sync: receive() called on the trainer (rank 0), which only sends")

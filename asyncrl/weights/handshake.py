@@ -47,9 +47,7 @@ class SyncPlan:
 
     def summary(self) -> PlanSummary:
         """Parameter count, payload bytes per sync, bucket count and size: what the driver reports."""
-        return PlanSummary(
-            params=len(self.metas), bytes=self.nbytes, buckets=len(self.buckets), bucket_mb=self.bucket_mb
-        )
+        return PlanSummary(len(self.metas), self.nbytes, len(self.buckets), self.bucket_mb)
 
     def to_bytes(self) -> bytes:
         """JSON (not pickle: the payload crosses process boundaries and only describes tensors)."""

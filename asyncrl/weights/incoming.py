@@ -136,8 +136,7 @@ class Incoming:
                 return buffer
         largest = max(b.nbytes for b in self.buckets[slot::2])
         buffer = torch.empty(largest, dtype=torch.uint8, device=self.group.device)
-        entry = (buffer, _use_count(buffer))
-        self._pool[slot : slot + 1] = [entry]
+        self._pool[slot : slot + 1] = [(buffer, _use_count(buffer))]
         return buffer
 
     def _take(self) -> tuple[Bucket, torch.Tensor] | None:
