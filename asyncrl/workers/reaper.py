@@ -29,18 +29,12 @@ def _stat(pid: int) -> tuple[int, int] | None:
     return int(fields[1]), int(fields[19])
 
 
-def _children() -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            st = _stat(int(d.name))
-            if st is not None:
-                out.setdefault(st[0], []).append(int(d.name))
-    return out
-
-
 def descendants(roots: list[int]) -> list[int]:
-    children, out, todo = _children(), [], list(roots)
+    children: dict[int, list[int]] = {}  # parent pid -> its children's, from one pass over /proc
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and (st := _stat(int(d.name))) is not None:
+            children.setdefault(st[0], []).append(int(d.name))
+    out, todo = [], list(roots)
     while todo:
         pid = todo.pop()
         for c in children.get(pid, []):
