@@ -102,8 +102,14 @@ class ActorStateMixin:
         where it is sharded (the fp32 masters, where saved, are then its weights)."""
         if self.lora is not None:
             load_adapter_state(self.model, d / "adapter")
+        elif self.sharded:
+            tensors = load_tensors(d / "model")
+            fsdp.load_full(self.model, {k: v for k, v in tensors.items() if not _is_tied(self.model, k)}, str(d))
         else:
-            self._load_full_weights(d)
+            missing, unexpected = self.model.load_state_dict(load_tensors(d / "model"), strict=False)
+            missing = [m for m in missing if not _is_tied(self.model, m)]
+            if missing or unexpected:
+                raise RuntimeError(f"checkpoint {d}: missing weights {missing[:5]}, unexpected {unexpected[:5]}")
         if self.sharded:
             masters = state["optimizer"].get("master_weights")
             if masters is not None:
@@ -117,17 +123,6 @@ class ActorStateMixin:
                 fsdp.load_full(self.ref_model, {k: v for k, v in ref.items() if not _is_tied(self.model, k)}, str(d))
             else:
                 self.ref_model.load_state_dict(ref)
-
-    def _load_full_weights(self, d: Path) -> None:
-        tensors = load_tensors(d / "model")
-        if self.sharded:
-            tensors = {k: v for k, v in tensors.items() if not _is_tied(self.model, k)}
-            fsdp.load_full(self.model, tensors, str(d))
-            return
-        missing, unexpected = self.model.load_state_dict(tensors, strict=False)
-        missing = [m for m in missing if not _is_tied(self.model, m)]
-        if missing or unexpected:
-            raise RuntimeError(f"checkpoint {d}: missing weights {missing[:5]}, unexpected {unexpected[:5]}")
 
     def export_model(self, directory: str) -> None:
         """The current policy as a plain HF directory (safetensors + config + tokenizer). A LoRA policy: base +
