@@ -92,23 +92,21 @@ class SyncSenderMixin(_WeightSyncMixin):
         """Name -> tensor to send: the model's parameters, tied ones once (as ``RolloutEngine`` expects); for a LoRA
         model its adapter alone, and never a plan without one. Sharded with no full copy: meta tensors of the
         shapes and dtype the sync will send (what the plan needs; ``send_weights`` gathers the data)."""
+        fp8 = getattr(self, "sync_quantization", None) == "fp8"
         gather = self.weight_sync_gather()
         if gather is not None:
             session, dtype = gather
             metas = {n: torch.empty(p.shape, dtype=dtype, device="meta") for n, p in session.params.items()}
-            return sync_layout(metas) if getattr(self, "sync_quantization", None) == "fp8" else metas
+            return sync_layout(metas) if fp8 else metas
         tensors = synced_tensors(self.serving)
         if is_lora(self.serving):
             require_adapter(list(tensors), f"{type(self).__name__}: weight sync")
-        if getattr(self, "sync_quantization", None) == "fp8":
-            return quantize_for_sync(tensors)
-        return tensors
+        return quantize_for_sync(tensors) if fp8 else tensors
 
     @contextlib.contextmanager
     def _sent_tensors(self) -> Iterator[Mapping[str, torch.Tensor]]:
-        """The tensors a sync sends. Sharded with no full copy: gathered one parameter at a time as they are read
-        (every other rank in ``follow_gather`` until the block ends), and for fp8 quantized whole (a full copy,
-        transiently)."""
+        """The tensors a sync sends: gathered as they are read where ``weight_sync_gather`` gives a session (until the
+        block ends), and for fp8 then quantized whole (a full copy, transiently)."""
         gather = self.weight_sync_gather()
         if gather is None:
             yield self.weight_sync_tensors()
