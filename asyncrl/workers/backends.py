@@ -116,9 +116,8 @@ IN_PROCESS_LOG = "in_process.log"
 
 
 def send_output_to(path: Path, worker: str) -> None:
-    """Point this process's stdout and stderr at ``path`` (appended to), keeping asyncrl's warnings on the console
-    as well. For a Ray worker's process, called before the worker is built. A file that cannot be opened (a node
-    of a multi-node cluster that cannot write the run directory) leaves the output where it was, and says so."""
+    """A Ray worker's output to ``path`` (appended to), as the module docstring says. A file that cannot be opened (a
+    node of a multi-node cluster that cannot write the run directory) leaves the output where it was, and says so."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -145,8 +144,7 @@ def send_output_to(path: Path, worker: str) -> None:
 
 @contextmanager
 def in_process_chatter_to(path: Path) -> Iterator[None]:
-    """While in the block, this process's transformers progress bars, Python warnings and transformers' logger
-    write to ``path`` (appended to) instead of the console; put back at exit."""
+    """In-process roles' chatter to ``path`` (appended to) while in the block, as the module docstring says."""
     from transformers.utils import logging as hf_logging
 
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -36,11 +36,8 @@ class ActorStateMixin:
             return gathered.full_model(session, self.model, self.frame, torch.device("cpu"))
 
     def save_checkpoint(self, directory: str) -> None:
-        """Writes model (safetensors) + tokenizer, optimizer, scheduler and RNG states into ``directory``.
-
-        FSDP2 (every rank is called): each rank writes its own shards of the weights, the optimizer state and the
-        reference into ``sharded/`` (``torch.distributed.checkpoint``: nothing gathered), and rank 0 writes the full
-        weights in ``model.dtype`` into ``model/`` (one HF directory, gathered parameter by parameter)."""
+        """Writes model (safetensors) + tokenizer, optimizer, scheduler and RNG states into ``directory``; under FSDP2
+        every rank is called, and writes its shards into ``sharded/`` (the module docstring says what goes where)."""
         d = Path(directory)
         if self.sharded:
             frozen = {"ref": self.ref_model} if self.ref_model is not None else {}
