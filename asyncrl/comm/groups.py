@@ -74,17 +74,13 @@ def create_process_group(
     base = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False)
     store = dist.PrefixStore(f"asyncrl/{group_name}/", base)
     if backend == "gloo":
-        opts = dist.ProcessGroupGloo._Options()
+        gloo = dist.ProcessGroupGloo
+        opts = gloo._Options()
         opts._timeout = timeout
         # On one machine bind gloo to loopback; otherwise let gloo pick the interface (GLOO_SOCKET_IFNAME overrides).
         loopback = host.startswith("127.") or host == "localhost"
-        device = (
-            dist.ProcessGroupGloo.create_device(hostname=LOOPBACK)
-            if loopback
-            else dist.ProcessGroupGloo.create_default_device()
-        )
-        opts._devices = [device]
-        pg = dist.ProcessGroupGloo(store, rank, world_size, opts)
+        opts._devices = [gloo.create_device(hostname=LOOPBACK) if loopback else gloo.create_default_device()]
+        pg = gloo(store, rank, world_size, opts)
     elif backend == "nccl":
         if not dist.is_nccl_available():
             raise RuntimeError("weight sync: backend 'nccl' requested but this torch has no NCCL")
