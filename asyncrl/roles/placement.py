@@ -143,8 +143,7 @@ def resolve_placement(
     p, t = cfg.placement, cfg.trainer
     default = not p.pools and not p.roles
     if default:
-        p = PlacementConfig(pools={"trainer": PoolConfig(cpus=t.cpus_per_worker)})
-        p.roles = dict.fromkeys(needed, "trainer")
+        p = PlacementConfig({"trainer": PoolConfig(cpus=t.cpus_per_worker)}, dict.fromkeys(needed, "trainer"))
     for role, pool in p.roles.items():
         if role in NOT_PLACED:
             raise PlacementError(f"placement.roles.{role}: not a placed role ({NOT_PLACED[role]})")
