@@ -129,15 +129,16 @@ class _Backend:
         self.handles: list[Handle] = []
         self.rendezvous: dict[str, str] = {}
         self._chatter = ExitStack()
+        logs = Path(cfg.trainer.default_local_dir).resolve() / "logs"  # absolute: a Ray worker's cwd need not be ours
         if not self.ray:
             self.placement = resolve_placement(cfg, needed, rollout_pool, None)
-            self._chatter.enter_context(in_process_chatter_to(_log_dir(cfg) / IN_PROCESS_LOG))
+            self._chatter.enter_context(in_process_chatter_to(logs / IN_PROCESS_LOG))
             return
         from asyncrl.workers.cluster import RayPools, cluster_nodes, init_ray
 
         init_ray(cfg.ray)
         self.placement = resolve_placement(cfg, needed, rollout_pool, cluster_nodes())  # before any worker starts
-        self.pools = RayPools(self.placement, ready_timeout_s=cfg.ray.placement_timeout_s, log_dir=_log_dir(cfg))
+        self.pools = RayPools(self.placement, ready_timeout_s=cfg.ray.placement_timeout_s, log_dir=logs)
 
     def spawn(self, role: str, cls: type, *args: Any, name: str, concurrency: int = 1, **kwargs: Any) -> Handle:
         if self.ray:
@@ -155,8 +156,3 @@ class _Backend:
         if self.ray:
             self.pools.release()
         self._chatter.close()
-
-
-def _log_dir(cfg: Config) -> Path:
-    """``RUN_DIR/logs``, absolute: a Ray worker's working directory need not be the driver's."""
-    return Path(cfg.trainer.default_local_dir).resolve() / "logs"
