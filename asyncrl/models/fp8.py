@@ -30,15 +30,11 @@ def quantizable(name: str, shape: Iterable[int]) -> bool:
     return len(tuple(shape)) == 2 and name.endswith(".weight") and ".layers." in name
 
 
-def _blocks(rows: int, cols: int) -> tuple[int, int]:
-    return -(-rows // BLOCK), -(-cols // BLOCK)
-
-
 def quantize_blockwise(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 values with ``weight``'s shape, fp32 scales [ceil(rows/128), ceil(cols/128)]): value x scale ~ weight,
     each block scaled so that its largest magnitude maps to fp8's largest (448)."""
     rows, cols = weight.shape
-    rb, cb = _blocks(rows, cols)
+    rb, cb = -(-rows // BLOCK), -(-cols // BLOCK)
     padded = F.pad(weight.detach().float(), (0, cb * BLOCK - cols, 0, rb * BLOCK - rows))
     blocks = padded.view(rb, BLOCK, cb, BLOCK)
     scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX
@@ -66,15 +62,8 @@ def quantize_for_sync(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Te
 
 def sync_layout(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The names, shapes and dtypes (meta tensors) an FP8 sync of ``tensors`` carries: what a receiver checks the
-    trainer's plan against."""
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in tensors.items():
-        if quantizable(name, tensor.shape):
-            out[name] = torch.empty(tensor.shape, dtype=FP8, device="meta")
-            out[name + SCALE_SUFFIX] = torch.empty(_blocks(*tensor.shape), dtype=torch.float32, device="meta")
-        else:
-            out[name] = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
-    return out
+    trainer's plan against (``quantize_for_sync`` on meta tensors computes no values)."""
+    return quantize_for_sync({name: t.to("meta") for name, t in tensors.items()})
 
 
 def dequantize_sync(items: list[tuple[str, torch.Tensor]], where: str) -> list[tuple[str, torch.Tensor]]:
