@@ -11,6 +11,7 @@ Anything else raises ``UnknownDataSourceError``, whose message names the data so
 
 from __future__ import annotations
 
+from asyncrl.data.tasks import reasoning_gym_names
 from asyncrl.errors import UserInputError
 from asyncrl.rewards.custom import ScoreFn
 from asyncrl.rewards.scorers import math_verify_score, reasoning_gym_score
@@ -55,19 +56,13 @@ def unregister_scorer(data_source: str) -> None:
     _REGISTRY.pop(data_source, None)
 
 
-def _reasoning_gym_names() -> set[str]:
-    from reasoning_gym.factory import DATASETS
-
-    return set(DATASETS)
-
-
 def get_scorer(data_source: str) -> ScoreFn:
     """The scorer for ``data_source`` (see the module docstring for the lookup order)."""
     if data_source in _REGISTRY:
         return _REGISTRY[data_source]
     if data_source in MATH_DATA_SOURCES:
         return math_verify_score
-    rg_names = _reasoning_gym_names()
+    rg_names = reasoning_gym_names()
     if data_source in rg_names:
         return reasoning_gym_score
     registered = ", ".join(sorted(_REGISTRY)) or "none"
@@ -80,4 +75,4 @@ def get_scorer(data_source: str) -> ScoreFn:
 
 def known_data_sources() -> list[str]:
     """Every data source ``get_scorer`` accepts, sorted."""
-    return sorted(set(_REGISTRY) | MATH_DATA_SOURCES | _reasoning_gym_names())
+    return sorted(set(_REGISTRY) | MATH_DATA_SOURCES | set(reasoning_gym_names()))
