@@ -38,10 +38,6 @@ class TaskSpec:
     ability: str = "math"
     score_metadata: tuple[str, ...] = ()
 
-    def kwargs(self, **overrides: Any) -> dict[str, Any]:
-        """Generation kwargs: the defaults updated with ``overrides``."""
-        return {**self.defaults, **overrides}
-
 
 TASKS: dict[str, TaskSpec] = {}
 
@@ -106,17 +102,16 @@ def get_task(name: str) -> TaskSpec:
     )
 
 
-def create_task_dataset(task: str, size: int, seed: int, **task_kwargs: Any) -> Any:
-    """A reasoning-gym ``ProceduralDataset`` for ``task`` with its defaults updated by ``task_kwargs``.
+def _generation_kwargs(task: str, task_kwargs: Mapping[str, Any]) -> tuple[TaskSpec, dict[str, Any]]:
+    """The task's spec and its generation kwargs: the defaults updated with ``task_kwargs``.
 
     Bad kwargs raise ``ValueError`` naming the task and listing the config fields it accepts (reasoning-gym itself
     raises a bare ``TypeError``/``AssertionError``).
     """
-    import reasoning_gym
     from reasoning_gym.factory import DATASETS
 
     spec = get_task(task)
-    kwargs = spec.kwargs(**task_kwargs)
+    kwargs = {**spec.defaults, **task_kwargs}
     for reserved in ("size", "seed"):
         if reserved in kwargs:
             raise ValueError(f"task {task!r}: pass {reserved!r} as an argument, not as a task kwarg")
@@ -125,10 +120,7 @@ def create_task_dataset(task: str, size: int, seed: int, **task_kwargs: Any) -> 
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise ValueError(f"task {task!r}: unknown kwargs {unknown} (allowed: {', '.join(allowed)})")
-    try:
-        return reasoning_gym.create_dataset(task, size=size, seed=seed, **kwargs)
-    except (AssertionError, TypeError, ValueError) as e:
-        raise ValueError(f"task {task!r}: invalid kwargs {kwargs}: {e}") from e
+    return spec, kwargs
 
 
 def _json_default(value: Any) -> Any:
@@ -186,7 +178,12 @@ def _rows(
 
 def _entries(task: str, seed: int, start: int, stop: int, kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Items ``start .. stop - 1`` of the dataset seeded with ``seed`` (item i depends only on ``seed + i``)."""
-    dataset = create_task_dataset(task, size=max(stop, 1), seed=seed, **kwargs)
+    import reasoning_gym
+
+    try:
+        dataset = reasoning_gym.create_dataset(task, size=max(stop, 1), seed=seed, **kwargs)
+    except (AssertionError, TypeError, ValueError) as e:
+        raise ValueError(f"task {task!r}: invalid kwargs {kwargs}: {e}") from e
     return [dataset[i] for i in range(start, stop)]
 
 
@@ -196,8 +193,7 @@ def make_rows(
     """``size`` verl-schema rows of ``task`` generated from ``seed`` (same arguments, same rows)."""
     if size <= 0:
         raise ValueError(f"make_rows: size must be positive (got {size})")
-    spec = get_task(task)
-    kwargs = spec.kwargs(**task_kwargs)
+    spec, kwargs = _generation_kwargs(task, task_kwargs)
     return _rows(spec, _entries(task, seed, 0, size, kwargs), split, kwargs, prompt_template)
 
 
@@ -224,8 +220,7 @@ def write_task_dataset(
         raise ValueError(f"write_task_dataset: test_size must be positive (got {test_size})")
     if size <= 0:
         raise ValueError(f"write_task_dataset: size must be positive (got {size})")
-    spec = get_task(task)
-    kwargs = spec.kwargs(**task_kwargs)
+    spec, kwargs = _generation_kwargs(task, task_kwargs)
     held_out: set[str] = set()
     test_entries, drawn = _draw(task, seed + TEST_SEED_OFFSET, test_size, kwargs, skip=held_out, distinct=True)
     if len(test_entries) < test_size:
