@@ -98,13 +98,6 @@ def _one_gguf_parse() -> Iterator[None]:
         gguf.GGUFReader = original  # type: ignore[misc]
 
 
-def tensor_types(path: Path) -> dict[str, int]:
-    """How many tensors the file stores in each GGML type (``{"Q4_1": 210, "F32": 61, ...}``), for the summary."""
-    import gguf
-
-    return dict(Counter(t.tensor_type.name for t in gguf.GGUFReader(path).tensors).most_common())
-
-
 def load_gguf(path: str | os.PathLike[str]) -> tuple[PreTrainedModel, Tokenizer, dict[str, int]]:
     """``(model, tokenizer, tensor_types)`` from a GGUF file: a plain float32 model, every weight dequantized.
 
@@ -113,10 +106,10 @@ def load_gguf(path: str | os.PathLike[str]) -> tuple[PreTrainedModel, Tokenizer,
     ``quantization_config``, so nothing marks the result as quantized. Unlike ``from_pretrained``, it needs no
     ``accelerate``.
     """
+    import gguf
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    path = Path(path)
-    check_gguf_file(path)
+    path = Path(path)  # checked by ``convert_gguf``, its one caller
     folder, name = str(path.parent), path.name
     with _one_gguf_parse():
         try:
@@ -136,7 +129,8 @@ def load_gguf(path: str | os.PathLike[str]) -> tuple[PreTrainedModel, Tokenizer,
                 f"GGUF file {path}: transformers cannot read its {config.model_type} weights or tokenizer "
                 f"({type(e).__name__}: {e})"
             ) from e
-        types = tensor_types(path)
+        # how many tensors the file stores in each GGML type (``{"Q4_1": 210, "F32": 61, ...}``), for the summary
+        types = dict(Counter(t.tensor_type.name for t in gguf.GGUFReader(path).tensors).most_common())
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
     if unexpected or set(missing) - tied:
@@ -149,20 +143,14 @@ def load_gguf(path: str | os.PathLike[str]) -> tuple[PreTrainedModel, Tokenizer,
     return model, tokenizer, types
 
 
-def end_of_turn_ids(tokenizer: Tokenizer, config_eos: int | list[int] | None) -> list[int]:
-    """The ids generation stops on: the tokenizer's eos, the config's, and ``<|im_end|>`` when the vocabulary has it.
-
-    A GGUF file records a single eos; if it were ``<|endoftext|>``, a chat reply would run past its end of turn.
-    """
-    vocab = tokenizer.get_vocab()
-    candidates = [tokenizer.eos_token_id, *(config_eos if isinstance(config_eos, list) else [config_eos])]
-    candidates += [vocab.get(token) for token in END_OF_TURN_TOKENS]
-    return list(dict.fromkeys(int(i) for i in candidates if i is not None))
-
-
 def _generation_config(model: PreTrainedModel, tokenizer: Tokenizer) -> GenerationConfig:
-    """Greedy-by-default generation settings whose eos list ends an assistant turn (one id stays an int)."""
-    eos = end_of_turn_ids(tokenizer, model.config.eos_token_id)
+    """Greedy-by-default generation settings whose eos list ends an assistant turn (one id stays an int): the
+    tokenizer's eos, the config's, and ``<|im_end|>`` when the vocabulary has it. A GGUF file records a single eos; if
+    it were ``<|endoftext|>``, a chat reply would run past its end of turn."""
+    config_eos = model.config.eos_token_id
+    candidates = [tokenizer.eos_token_id, *(config_eos if isinstance(config_eos, list) else [config_eos])]
+    candidates += [tokenizer.get_vocab().get(token) for token in END_OF_TURN_TOKENS]
+    eos = list(dict.fromkeys(int(i) for i in candidates if i is not None))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     return GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=eos[0] if len(eos) == 1 else eos, pad_token_id=pad
