@@ -21,28 +21,6 @@ from typing import Any, Literal
 from asyncrl.data.rows import DatasetError, Rows, load_rows, validate_row
 from asyncrl.types import Prompt
 
-__all__ = ["DatasetError", "EpochSampler", "PromptDataset", "load_rows", "tokenize_messages"]
-
-
-def _as_id_list(encoded: Any, where: str) -> list[int]:
-    """Normalise what ``apply_chat_template(tokenize=True)`` / ``tokenizer(...)`` return to a flat ``list[int]``.
-
-    transformers 5.x returns a ``BatchEncoding`` (a mapping with ``input_ids``) by default, 4.x a plain list; either
-    may be nested one level if the tokenizer treated the input as a batch of one.
-    """
-    if isinstance(encoded, Mapping):
-        if "input_ids" not in encoded:
-            raise DatasetError(f"{where}: tokenizer returned a mapping without 'input_ids' (keys {list(encoded)})")
-        encoded = encoded["input_ids"]
-    if hasattr(encoded, "tolist"):  # a tensor or array, if a tokenizer insists on one
-        encoded = encoded.tolist()
-    encoded = list(encoded)
-    if encoded and isinstance(encoded[0], list | tuple):
-        if len(encoded) != 1:
-            raise DatasetError(f"{where}: tokenizer returned a batch of {len(encoded)} sequences for one prompt")
-        encoded = list(encoded[0])
-    return [int(t) for t in encoded]
-
 
 def tokenize_messages(
     tokenizer: Any,
@@ -51,7 +29,7 @@ def tokenize_messages(
     where: str = "prompt",
     tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
-    """Token ids of one prompt.
+    """Token ids of one prompt, a flat ``list[int]`` whatever the tokenizer returns.
 
     With ``apply_chat_template`` the tokenizer's chat template is applied with the generation prompt appended (the
     template adds any special tokens). Without it the message contents are joined with newlines and encoded with the
@@ -64,7 +42,20 @@ def tokenize_messages(
     else:
         text = "\n".join(m["content"] for m in messages)
         encoded = tokenizer(text, add_special_tokens=True)
-    return _as_id_list(encoded, where)
+    # transformers 5.x returns a ``BatchEncoding`` (a mapping with ``input_ids``) by default, 4.x a plain list; either
+    # may be nested one level if the tokenizer treated the input as a batch of one
+    if isinstance(encoded, Mapping):
+        if "input_ids" not in encoded:
+            raise DatasetError(f"{where}: tokenizer returned a mapping without 'input_ids' (keys {list(encoded)})")
+        encoded = encoded["input_ids"]
+    if hasattr(encoded, "tolist"):  # a tensor or array, if a tokenizer insists on one
+        encoded = encoded.tolist()
+    encoded = list(encoded)
+    if encoded and isinstance(encoded[0], list | tuple):
+        if len(encoded) != 1:
+            raise DatasetError(f"{where}: tokenizer returned a batch of {len(encoded)} sequences for one prompt")
+        encoded = list(encoded[0])
+    return [int(t) for t in encoded]
 
 
 OVERLONG_PROMPTS = ("error", "filter", "truncate_left", "truncate_right")

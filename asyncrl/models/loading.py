@@ -29,16 +29,6 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from asyncrl.models.errors import ModelLoadError
 from asyncrl.models.overrides import apply_config_overrides, split_overrides
 
-__all__ = [
-    "ModelLoadError",
-    "check_model_dir",
-    "eos_token_ids",
-    "eos_token_ids_of",
-    "load_model",
-    "load_tokenizer_from",
-    "set_seed_all",
-]
-
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "fp32": torch.float32,
