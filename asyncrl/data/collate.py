@@ -20,7 +20,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, TypeVar
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -29,16 +29,9 @@ from torch import Tensor
 from asyncrl.data.packing import PackedInputs, TokenCount, pack, plan
 from asyncrl.types import Sample
 
-T_ = TypeVar("T_")
-
 
 def _tensor_fields(obj: object) -> dict[str, Tensor]:
     return {f.name: v for f in dataclasses.fields(obj) if isinstance(v := getattr(obj, f.name), Tensor)}
-
-
-def _map_tensors(obj: T_, fn: Callable[[Tensor], Tensor]) -> T_:
-    """The same target with ``fn`` (the batch's row or column slice) applied to each of its tensors."""
-    return dataclasses.replace(obj, **{k: fn(v) for k, v in _tensor_fields(obj).items()})
 
 
 def check_shapes(obj: object, batch_shape: tuple[int, int] | None = None) -> None:
@@ -152,7 +145,7 @@ class TrainBatch:
             if isinstance(v, Tensor):
                 kw[f.name] = bl(v) if f.name.endswith("_BL") else bt(v)
             elif isinstance(v, Objective | ValueTarget):
-                kw[f.name] = _map_tensors(v, bt)
+                kw[f.name] = dataclasses.replace(v, **{k: bt(t) for k, t in _tensor_fields(v).items()})
         return TrainBatch(**kw)
 
     def select(self, idx: torch.Tensor | list[int]) -> TrainBatch:

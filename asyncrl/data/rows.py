@@ -148,15 +148,6 @@ def _read_json_records(path: Path) -> list[Any]:
     return records
 
 
-def _read_parquet_records(path: Path) -> list[Any]:
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.read_table(path).to_pylist()
-    except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError) for a corrupt file
-        raise DatasetError(f"{path}: cannot read as parquet ({type(e).__name__}: {e})") from e
-
-
 def _read_records(path: Path) -> list[Any]:
     if path.suffix not in ALLOWED_SUFFIXES:
         raise DatasetError(f"{path}: unsupported file type '{path.suffix}' (allowed: {', '.join(ALLOWED_SUFFIXES)})")
@@ -164,7 +155,14 @@ def _read_records(path: Path) -> list[Any]:
         raise DatasetError(f"{path}: no such file")
     if not path.is_file():
         raise DatasetError(f"{path}: is not a file")
-    return _read_parquet_records(path) if path.suffix == ".parquet" else _read_json_records(path)
+    if path.suffix != ".parquet":
+        return _read_json_records(path)
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError) for a corrupt file
+        raise DatasetError(f"{path}: cannot read as parquet ({type(e).__name__}: {e})") from e
 
 
 def load_rows(paths: str | Path | Sequence[str | Path]) -> Rows:

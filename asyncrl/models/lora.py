@@ -132,16 +132,12 @@ def require_adapter(names: list[str], where: str) -> None:
         )
 
 
-def is_merged(model: torch.nn.Module) -> bool:
-    return any(getattr(m, "merged", False) for m in model.modules())
-
-
 @contextmanager
 def merged_update(model: torch.nn.Module) -> Iterator[None]:
     """Around copying new adapter tensors into ``model``: when the adapter is merged into the base weights (a rollout
     engine's own copy), take the old adapter out first and merge the new one in after; otherwise nothing (the
     trainer's model stays unmerged)."""
-    merged = is_lora(model) and is_merged(model)
+    merged = is_lora(model) and any(getattr(m, "merged", False) for m in model.modules())
     if merged:
         model.unmerge_adapter()
     try:

@@ -43,16 +43,6 @@ def split_overrides(overrides: Mapping[str, object] | None) -> tuple[str | None,
     return attn, rest
 
 
-def rope_parameters(config: PretrainedConfig, rope_scaling: Mapping[str, object], where: str) -> dict[str, object]:
-    """``config``'s RoPE parameters with ``rope_scaling`` merged in (``type`` accepted for ``rope_type``)."""
-    scaling = dict(rope_scaling)
-    if "type" in scaling:
-        scaling["rope_type"] = scaling.pop("type")
-    if "rope_type" not in scaling:
-        raise ModelLoadError(f"{where}.rope_scaling {dict(rope_scaling)}: needs rope_type (linear, dynamic, yarn, ...)")
-    return {**dict(getattr(config, "rope_parameters", None) or {}), **scaling}
-
-
 def apply_config_overrides(config: PretrainedConfig, overrides: Mapping[str, object], path: str) -> dict[str, object]:
     """Set every override (``attn_implementation`` excluded) on ``config`` in place; returns them as set (the
     ``hf_overrides`` vLLM takes). Raises ModelLoadError naming a key the config does not have."""
@@ -62,7 +52,14 @@ def apply_config_overrides(config: PretrainedConfig, overrides: Mapping[str, obj
         if key == "rope_scaling":
             if not isinstance(value, Mapping):
                 raise ModelLoadError(f"{where}.rope_scaling {value!r}: must be a mapping (rope_type, factor, ...)")
-            applied["rope_parameters"] = rope_parameters(config, value, where)
+            scaling = dict(value)  # merged into the config's RoPE parameters, ``type`` accepted for ``rope_type``
+            if "type" in scaling:
+                scaling["rope_type"] = scaling.pop("type")
+            if "rope_type" not in scaling:
+                raise ModelLoadError(
+                    f"{where}.rope_scaling {dict(value)}: needs rope_type (linear, dynamic, yarn, ...)"
+                )
+            applied["rope_parameters"] = {**dict(getattr(config, "rope_parameters", None) or {}), **scaling}
         elif not hasattr(config, key):
             raise ModelLoadError(
                 f"{where}.{key}: the {getattr(config, 'model_type', '?')} config of {path} has no attribute {key!r}"

@@ -9,6 +9,7 @@ reward-model training.
 from __future__ import annotations
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from transformers import AutoModelForSequenceClassification
 
 from asyncrl.models.loading import load_tokenizer_from
@@ -31,16 +32,13 @@ def load_reward_model(path: str, policy_path: str | None = None) -> tuple[torch.
 
 def rm_logits(model: torch.nn.Module, seqs: list[list[int]], pad_id: int) -> torch.Tensor:
     """One logit per token sequence, [B] (right-padded; gradients flow if the caller allows them)."""
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(seqs), L), dtype=torch.long)
-    for j, s in enumerate(seqs):
-        ids[j, : len(s)] = torch.tensor(s, dtype=torch.long)
-        attn[j, : len(s)] = 1
+    lengths = torch.tensor([len(s) for s in seqs])
+    ids = pad_sequence([torch.tensor(s, dtype=torch.long) for s in seqs], batch_first=True, padding_value=pad_id)
+    attn = (torch.arange(ids.shape[1]) < lengths[:, None]).long()
     device = next(model.parameters()).device
     logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits
     if logits.dim() == 3:  # per-token logits: read the last real token
-        logits = logits[torch.arange(len(seqs), device=device), (attn.sum(dim=1) - 1).to(device)]
+        logits = logits[torch.arange(len(seqs), device=device), (lengths - 1).to(device)]
     return logits.reshape(len(seqs), -1)[:, 0].float()
 
 

@@ -28,23 +28,20 @@ class RewardSpecError(SpecError):
 def load_custom_function(spec: str) -> ScoreFn:
     """Import and return the function a spec names; ``RewardSpecError`` if the file, module or function is wrong. A
     spec ending in ``.pkl`` is a callable pickled by value (``asyncrl.train(reward=fn)`` writes one)."""
-    if isinstance(spec, str) and spec.endswith(".pkl"):
-        return _unpickle(Path(spec))
     what = "custom reward function"
+    if isinstance(spec, str) and spec.endswith(".pkl"):
+        import cloudpickle
+
+        path = str(Path(spec))
+        try:
+            fn = cloudpickle.loads(Path(spec).read_bytes())
+        except Exception as e:
+            raise RewardSpecError(f"{what} {path!r}: cannot unpickle: {type(e).__name__}: {e}") from e
+        if not callable(fn):
+            raise RewardSpecError(f"{what} {path!r}: holds a {type(fn).__name__}, not a callable")
+        return fn
     fn = load_named(spec, what, default=DEFAULT_FUNCTION_NAME, error=RewardSpecError)
     if not callable(fn):
         name = parse_spec(spec, what, default=DEFAULT_FUNCTION_NAME, error=RewardSpecError)[1]
-        raise RewardSpecError(f"custom reward function {spec!r}: {name!r} is a {type(fn).__name__}, not callable")
-    return fn
-
-
-def _unpickle(path: Path) -> ScoreFn:
-    import cloudpickle
-
-    try:
-        fn = cloudpickle.loads(path.read_bytes())
-    except Exception as e:
-        raise RewardSpecError(f"custom reward function {str(path)!r}: cannot unpickle: {type(e).__name__}: {e}") from e
-    if not callable(fn):
-        raise RewardSpecError(f"custom reward function {str(path)!r}: holds a {type(fn).__name__}, not a callable")
+        raise RewardSpecError(f"{what} {spec!r}: {name!r} is a {type(fn).__name__}, not callable")
     return fn

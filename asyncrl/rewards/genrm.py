@@ -44,19 +44,17 @@ class GenerativeReward:
         self.http = JsonHttpClient(cfg.url, timeout_s, max_retries, backoff_s, "generative reward model", ERRORS)
         self.url = self.http.url + self.http.prefix
 
-    def prompt(self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]) -> str:
-        fields = {**{str(k): v for k, v in extra_info.items()}, "data_source": data_source}
-        fields.update(solution_str=solution_str, ground_truth=ground_truth)
-        try:
-            return self.cfg.prompt_template.format(**fields)
-        except (KeyError, IndexError) as e:
-            raise ValueError(f"reward.genrm.prompt_template names {e} but the fields are {sorted(fields)}") from None
-
     def score_one(
         self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
     ) -> tuple[float, dict[str, float]]:
+        fields = {**{str(k): v for k, v in (extra_info or {}).items()}, "data_source": data_source}
+        fields.update(solution_str=solution_str, ground_truth=ground_truth)
+        try:
+            prompt = self.cfg.prompt_template.format(**fields)
+        except (KeyError, IndexError) as e:
+            raise ValueError(f"reward.genrm.prompt_template names {e} but the fields are {sorted(fields)}") from None
         body = {
-            "prompt": self.prompt(data_source, solution_str, ground_truth, dict(extra_info or {})),
+            "prompt": prompt,
             "max_tokens": 1,
             "logprobs": self.cfg.top_logprobs,
             "temperature": 0.0,

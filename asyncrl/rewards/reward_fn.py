@@ -179,11 +179,10 @@ class RewardFn:
     __call__ = score
 
 
-def build_reward_fn(
-    custom_function: str | None = None, binarize: bool = False, overlong: OverlongShaping | None = None
-) -> RewardFn:
-    """A ``RewardFn``; a bad ``custom_function`` spec raises ``RewardSpecError`` here, at start-up."""
-    return RewardFn(custom_function or None, binarize=binarize, overlong=overlong)
+def build_reward_fn(custom_function: str | None = None, binarize: bool = False) -> RewardFn:
+    """A ``RewardFn``; a bad ``custom_function`` spec raises ``RewardSpecError`` here, at start-up (the overlong
+    shaping is added by ``asyncrl.rewards.loop.build_reward_loop``)."""
+    return RewardFn(custom_function or None, binarize=binarize)
 
 
 async def _awaited(result: Any) -> Any:

@@ -65,10 +65,6 @@ _COUNTDOWN_MAX_CHARS = 500
 _COUNTDOWN_INVALID_SCORE = 0.01
 
 
-def _countdown_is_safe(answer: str) -> bool:
-    return len(answer) <= _COUNTDOWN_MAX_CHARS and "**" not in answer and bool(_COUNTDOWN_SAFE.match(answer))
-
-
 @lru_cache(maxsize=64)
 def _rg_dataset(task: str, kwargs_json: str) -> Any:
     """One reasoning-gym dataset object per (task, generation kwargs), used only for its ``score_answer``.
@@ -119,7 +115,9 @@ def reasoning_gym_score(data_source: str, solution_str: str, ground_truth: str, 
     task_kwargs = _decode_json_field(extra_info, "task_kwargs", data_source) or {}
     dataset = _rg_dataset(data_source, json.dumps(task_kwargs, sort_keys=True))
     answer = extract_answer(solution_str)
-    if data_source == "countdown" and not _countdown_is_safe(answer):
+    if data_source == "countdown" and (
+        len(answer) > _COUNTDOWN_MAX_CHARS or "**" in answer or not _COUNTDOWN_SAFE.match(answer)
+    ):
         return _COUNTDOWN_INVALID_SCORE
     entry = {"question": extra_info.get("question", ""), "answer": ground_truth, "metadata": metadata}
     return float(dataset.score_answer(answer, entry))
