@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from asyncrl.data.packing import PackedInputs, TokenCount, pack, plan
+from asyncrl.data.packing import Batching, PackedInputs, TokenCount, pack, plan
 from asyncrl.types import Sample
 
 
@@ -166,23 +166,6 @@ class TrainBatch:
         return self._sliced(lambda t: t[:, cut : self.prompt_width + T], lambda t: t[:, :T], P)
 
 
-@dataclass(frozen=True)
-class Batching:
-    """How a batch is cut into forward/backward passes: ``micro_batch_size`` samples each, or with ``max_tokens``
-    (verl's ``use_dynamic_bsz``) up to that many positions each, so no packed row is wider; ``share_prefix`` runs a
-    prompt once for the samples of the micro-batch that continue it where that pays (``asyncrl.data.packing``).
-    ``knob`` names the token budget's setting in errors."""
-
-    micro_batch_size: int
-    share_prefix: bool = False
-    max_tokens: int | None = None
-    knob: str = "ppo_max_token_len_per_gpu"
-
-    @property
-    def packed(self) -> bool:
-        return self.share_prefix or self.max_tokens is not None
-
-
 def micro_batches(
     batch: TrainBatch, batching: Batching | int, count: TokenCount | None = None
 ) -> list[tuple[torch.Tensor, TrainBatch]]:
@@ -212,9 +195,8 @@ def micro_batches(
     prompts = [tuple(row[P - n :]) for row, n in zip(batch.input_ids_BL[:, :P].tolist(), prompt_lens)]
     resp_lens = batch.response_lengths().tolist()
     responses = [row[:n] for row, n in zip(batch.response_ids_BT.tolist(), resp_lens)]
-    b = batching
     out = []
-    for segments in plan(prompts, resp_lens, b.share_prefix, b.micro_batch_size, b.max_tokens, b.knob):
+    for segments in plan(prompts, resp_lens, batching):
         idx = [i for seg in segments for i in seg]
         starts = itertools.accumulate(map(len, segments), initial=0)
         local = [list(range(start, start + len(seg))) for start, seg in zip(starts, segments)]

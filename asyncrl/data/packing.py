@@ -98,6 +98,23 @@ class TokenCount:
         }
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How a batch is cut into forward/backward passes: ``micro_batch_size`` samples each, or with ``max_tokens``
+    (verl's ``use_dynamic_bsz``) up to that many positions each, so no packed row is wider; ``share_prefix`` runs a
+    prompt once for the samples of the micro-batch that continue it where that pays (the module docstring).
+    ``knob`` names the token budget's setting in errors."""
+
+    micro_batch_size: int
+    share_prefix: bool = False
+    max_tokens: int | None = None
+    knob: str = "ppo_max_token_len_per_gpu"
+
+    @property
+    def packed(self) -> bool:
+        return self.share_prefix or self.max_tokens is not None
+
+
 def first_fit_decreasing(sizes: list[int], capacity: int) -> list[list[int]]:
     """Bins of item indices, each bin's sizes summing to at most ``capacity``: items in decreasing size (stable),
     each into the first bin with room, else a new bin. An item larger than ``capacity`` gets a bin of its own."""
@@ -133,15 +150,9 @@ def sharing_pays(prompt_len: int, resp_lens: list[int]) -> bool:
     return 2 * W * W <= own + 2 * (k - 1) * prompt_len * W
 
 
-def plan(
-    prompts: list[tuple[int, ...]],
-    resp_lens: list[int],
-    share_prefix: bool,
-    micro_batch_size: int,
-    max_tokens: int | None,
-    knob: str = "ppo_max_token_len_per_gpu",
-) -> list[list[list[int]]]:
-    """Micro-batches as lists of segments (lists of sample indices; a segment's samples share its prompt).
+def plan(prompts: list[tuple[int, ...]], resp_lens: list[int], batching: Batching) -> list[list[list[int]]]:
+    """Micro-batches as lists of segments (lists of sample indices; a segment's samples share its prompt), as
+    ``batching`` asks.
 
     With ``share_prefix`` a group's samples are cut into pieces (``micro_batch_size`` samples, or ``max_tokens`` real
     tokens with the prompt counted once) and a piece is one segment where ``sharing_pays``; every other sample is a
@@ -149,6 +160,7 @@ def plan(
     ``pack``). Without ``max_tokens``: at most ``micro_batch_size`` samples each. With it: at most ``max_tokens`` real
     tokens of shared segments, or rows x longest sequence of single ones. Longest first, so micro-batches hold similar
     widths. Raises ValueError when one sample alone exceeds ``max_tokens`` (``knob`` names the setting)."""
+    share_prefix, micro_batch_size, max_tokens = batching.share_prefix, batching.micro_batch_size, batching.max_tokens
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, p in enumerate(prompts):
         groups.setdefault(p if share_prefix else (i,), []).append(i)
@@ -162,7 +174,7 @@ def plan(
             need = resp_lens[i]
             if max_tokens is not None and p + need > max_tokens:
                 raise ValueError(
-                    f"{knob}={max_tokens} is smaller than one sample ({p} prompt + {need} response tokens); "
+                    f"{batching.knob}={max_tokens} is smaller than one sample ({p} prompt + {need} response tokens); "
                     f"raise it to at least {p + need}"
                 )
             full = len(pieces[-1]) >= micro_batch_size if max_tokens is None else tokens + need > max_tokens
