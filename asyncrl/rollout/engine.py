@@ -34,7 +34,7 @@ from asyncrl.models.lora import is_lora, merged_update, synced_tensors
 from asyncrl.rollout.bucket_update import Applying, Items, Named, checked_buckets, checked_whole, copy_into
 from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow
 from asyncrl.rollout.gate import EngineGate, GatedEngine
-from asyncrl.rollout.sampling import RowStreams, SamplingParams, check_prompts, extend_sample, resumable, row_streams
+from asyncrl.rollout.sampling import RowStreams, SamplingParams, check_prompts, continuation, extend_sample, resumable
 from asyncrl.types import PrefillStats, Prompt, Sample, engine_chunks
 
 logger = logging.getLogger(__name__)
@@ -159,11 +159,10 @@ class RolloutEngine(GatedEngine):
         refill: Callable[[int], bool] | None = None,
         on_samples: Callable[[list[Sample]], None] | None = None,
     ) -> list[Sample]:
-        """``rows`` (under ``running``) continued from prompt + response so far, each with its own noise where its
-        response stopped (``row_streams``) and one version (the current) per new token, in input order;
-        ``on_samples``: the samples whose rows ended in a step (the very objects returned), as it ends."""
+        """``rows`` (under ``running``) continued (``continuation``), one version (the current) per new token, in input
+        order; ``on_samples``: the samples whose rows ended in a step (the very objects returned), as it ends."""
         version = self.version
-        prefixes, budgets, streams = _decode_inputs(rows, params, seed)
+        prefixes, budgets, streams = continuation(rows, params, seed)
         made: dict[int, Sample] = {}
 
         def continued(i: int, tokens: list[int], logprobs: list[float], reason: str) -> Sample:
@@ -257,7 +256,7 @@ class RolloutEngine(GatedEngine):
 
         Row semantics are ``resume``'s: a sample that is not "interrupted" is reported unchanged at the next step, an
         interrupted one already at ``max_new_tokens`` as "length" without decoding, the others continue their own
-        noise (``row_streams``). All rows held at once share one ``params`` and ``seed`` (ValueError naming both
+        noise (``continuation``). All rows held at once share one ``params`` and ``seed`` (ValueError naming both
         otherwise); EngineBusyError during a generate/resume or a weight update; NotImplementedError for a model
         with layers other than plain full attention.
         """
@@ -265,7 +264,7 @@ class RolloutEngine(GatedEngine):
             return
         self._stream.check_supported()
         out, todo = resumable(rows, params, self.tokenizer)
-        prefixes, budgets, streams = _decode_inputs([rows[i] for i in todo], params, seed)
+        prefixes, budgets, streams = continuation([rows[i] for i in todo], params, seed)
         self._check_positions(prefixes, budgets)
         with self._stream_lock:
             self._gate.hold(len(rows), params, seed)
@@ -366,12 +365,3 @@ class RolloutEngine(GatedEngine):
                 applying.applied += copy_into(self._params, items)
                 del items  # the sync's bucket goes before the next is received
             self.version = version
-
-
-def _decode_inputs(
-    rows: list[Sample], params: SamplingParams, seed: int | None
-) -> tuple[list[list[int]], list[int], RowStreams]:
-    """What continuing ``rows`` decodes from: each row's prefix (prompt + response so far), the tokens left to
-    ``max_new_tokens``, and its noise from where its response stopped (``row_streams``)."""
-    prefixes = [s.prompt.prompt_ids + s.response_ids for s in rows]
-    return prefixes, [params.max_new_tokens - len(s.response_ids) for s in rows], row_streams(rows, seed)

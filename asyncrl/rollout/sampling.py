@@ -15,8 +15,8 @@ the temperature but never re-applies truncation), so the behaviour and recompute
 are equal, and importance ratios stay well defined even for tokens the truncated distribution could not pick. Greedy
 decoding (temperature 0) records ``log_softmax(logits)``, i.e. temperature 1.
 
-What continuing a row means, for both engines (the slot decoder's glue and vLLM's): ``row_streams`` (its noise goes
-on where its response stopped), ``resumable`` (``resume``'s triage) and ``extend_sample`` (the continued ``Sample``);
+What continuing a row means, for both engines (the slot decoder's glue and vLLM's): ``continuation`` (its prefix,
+budget and noise), ``resumable`` (``resume``'s triage) and ``extend_sample`` (the continued ``Sample``);
 and ``check_prompts``, both engines' prompt check.
 """
 
@@ -162,10 +162,15 @@ def check_prompts(prompts: list[Prompt], owner: str) -> None:
             raise ValueError(f"{owner}.generate: prompt index {prompt.index} has no tokens")
 
 
-def row_streams(samples: list[Sample], seed: int | None) -> RowStreams:
-    """Each sample's own noise, continuing where its response stopped (both engines' ``resume``)."""
+def continuation(
+    samples: list[Sample], params: SamplingParams, seed: int | None
+) -> tuple[list[list[int]], list[int], RowStreams]:
+    """What continuing ``samples`` decodes from, in both engines: each one's prefix (prompt + response so far), the
+    tokens left to ``max_new_tokens``, and its own noise going on where its response stopped."""
     rows = [(s.prompt.epoch, s.prompt.index, s.row) for s in samples]
-    return RowStreams.of(seed, rows, [len(s.response_ids) for s in samples])
+    prefixes = [s.prompt.prompt_ids + s.response_ids for s in samples]
+    budgets = [params.max_new_tokens - len(s.response_ids) for s in samples]
+    return prefixes, budgets, RowStreams.of(seed, rows, [len(s.response_ids) for s in samples])
 
 
 def resumable(

@@ -41,7 +41,7 @@ from asyncrl.models.loading import eos_token_ids
 from asyncrl.models.lora import LoraSpec, synced_tensors
 from asyncrl.rollout.bucket_update import Applying, Items, Named, Pulled, checked_buckets, checked_whole
 from asyncrl.rollout.gate import EngineGate, GatedEngine
-from asyncrl.rollout.sampling import SamplingParams, check_prompts, extend_sample, resumable, row_streams, uniform
+from asyncrl.rollout.sampling import SamplingParams, check_prompts, resumable, uniform
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
 from asyncrl.rollout.vllm_model import (
     check_shard_fingerprints,
@@ -52,7 +52,7 @@ from asyncrl.rollout.vllm_model import (
     reload_and_fingerprint,
 )
 from asyncrl.rollout.vllm_options import VllmOptions, eager, engine_dtype, memory_options
-from asyncrl.rollout.vllm_stream import VllmStreaming, budget_left, read_output
+from asyncrl.rollout.vllm_stream import VllmRow, VllmStreaming, vllm_rows
 from asyncrl.types import PrefillStats, Prompt, Sample
 
 SUPPORTED_VLLM = "0.32."  # the release whose in-process engine, reload_weights and CPU layers this file was built on
@@ -161,13 +161,13 @@ class VllmEngine(VllmStreaming, GatedEngine):
         on_samples: Callable[[list[Sample]], None] | None = None,
     ) -> list[Sample]:
         """``len(prompts) * params.n`` samples, prompt-major; each row its own request, seeded by its own key
-        (``row_streams``), as the built-in engine keys it. ``on_samples`` gets the samples whose rows ended in an
+        (``continuation``), as the built-in engine keys it. ``on_samples`` gets the samples whose rows ended in an
         engine step (the very objects returned) as it ends, while the others decode on."""
         check_prompts(prompts, "VllmEngine")
         self._sync_from_source()
         version = self._version
         blank = [Sample.blank(prompt, version, j) for prompt in prompts for j in range(params.n)]
-        return self._run(blank, [params.max_new_tokens] * len(blank), params, seed, None, on_samples)
+        return self._run(blank, params, seed, None, on_samples)
 
     def resume(
         self,
@@ -182,79 +182,56 @@ class VllmEngine(VllmStreaming, GatedEngine):
             self.last_prefill = PrefillStats()
             return out
         self._sync_from_source()
-        budgets = [budget_left(samples[i], params) for i in todo]
-        for i, s in zip(todo, self._run([samples[i] for i in todo], budgets, params, seed, refill)):
+        for i, s in zip(todo, self._run([samples[i] for i in todo], params, seed, refill)):
             out[i] = s
         return out
 
     def _run(
         self,
         rows: list[Sample],
-        budgets: list[int],
         params: SamplingParams,
         seed: int | None,
         refill: Callable[[int], bool] | None,
         on_ended: Callable[[list[Sample]], None] | None = None,
     ) -> list[Sample]:
-        """One request per row (prefix = prompt + response so far), stepped until done or paused/refilled;
-        ``on_ended``: a step's ended rows, continued, as the step ends."""
+        """One request per row (``continuation``), stepped until done or paused/refilled; ``on_ended``: a step's
+        ended rows, continued, as the step ends."""
         with self._gate.running():  # refuses while streamed rows are held: this call would step their requests
             # OpenMP's thread count is per calling thread: vLLM's CPU attention plans with torch.get_num_threads() and
             # runs with this thread's OpenMP count, and aborts when they differ (a Rollouter decodes on its own thread)
             torch.set_num_threads(torch.get_num_threads())
             self._calls += 1
-            version = self._version
-            row_of = {f"c{self._calls}-r{j}": row for j, row in enumerate(rows)}
-            streams = row_streams(rows, seed)
-            got: dict[str, tuple[list[int], list[float]]] = {rid: ([], []) for rid in row_of}
-            reasons, made = dict.fromkeys(row_of, "interrupted"), {}
-            for j, (rid, row) in enumerate(row_of.items()):
-                prefix = row.prompt.prompt_ids + row.response_ids
-                self._add_request(rid, prefix, budgets[j], params, streams.keys[j], streams.offsets[j])
-            open_ids, started, prefill = set(row_of), set(), PrefillStats()
-
-            def continued(rid: str) -> Sample:
-                tokens, logps = got[rid]
-                return extend_sample(row_of[rid], tokens, logps, [version] * len(tokens), reasons[rid], self.tokenizer)
-
-            while open_ids:
-                if self._gate.pause.is_set() or (refill is not None and refill(len(open_ids))):
-                    self._abort_requests(sorted(open_ids))
+            requests = vllm_rows(rows, params, seed, list(range(len(rows))))
+            live = {f"c{self._calls}-r{row.seq}": row for row in requests}
+            for rid, row in live.items():
+                self._add_request(rid, row)
+            made: dict[int, Sample] = {}
+            prefill = PrefillStats()
+            while live:
+                if self._gate.pause.is_set() or (refill is not None and refill(len(live))):
+                    self._abort_requests(sorted(live))
                     break
-                ended: list[Sample] = []
-                for output in self._engine_step():
-                    rid = output.request_id
-                    if rid not in got:
-                        continue
-                    new, new_logps, reason, first = read_output(output, first=rid not in started)
-                    started.add(rid)
-                    got[rid][0].extend(new)
-                    got[rid][1].extend(new_logps)
-                    prefill += first
-                    if reason is not None:
-                        reasons[rid] = reason
-                        open_ids.discard(rid)
-                        if on_ended is not None:
-                            ended.append(made.setdefault(rid, continued(rid)))
-                if ended:
-                    on_ended(ended)  # type: ignore[misc]
+                ended, first = self._read_step(live)
+                prefill += first
+                made.update((row.seq, sample) for row, sample in ended)
+                if ended and on_ended is not None:
+                    on_ended([sample for _, sample in ended])
             self.last_prefill = prefill
-        return [made.get(rid) or continued(rid) for rid in row_of]
+        return [made.get(row.seq) or self._finish(row, "interrupted") for row in requests]
 
     # ---- one request at a time (shared by _run and the stream) -------------------------------------------------------
-    def _add_request(
-        self, rid: str, prefix: list[int], max_tokens: int, params: SamplingParams, key: int, offset: int
-    ) -> None:
-        """A request for one row: ``prefix`` continued by at most ``max_tokens`` tokens, seeded by the row's key at
-        ``offset`` (the tokens its response already has)."""
+    def _add_request(self, rid: str, row: VllmRow) -> None:
+        """A request for one row: its prefix continued by at most its budget, seeded by its key at its offset (the
+        tokens its response already has)."""
+        params = row.params
         sampling = self._sampling(
             n=1,
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else 0,
-            max_tokens=max_tokens,
+            max_tokens=row.budget,
             logprobs=0,
-            seed=request_seed(key, offset),
+            seed=request_seed(row.key, row.offset),
             detokenize=False,
             stop_token_ids=[] if self.ignore_eos else list(self.eos_token_ids),
             ignore_eos=self.ignore_eos,
@@ -263,7 +240,7 @@ class VllmEngine(VllmStreaming, GatedEngine):
         with _PROCESS_LOCK:
             self._engine.add_request(
                 rid,
-                self._tokens_prompt(prompt_token_ids=prefix),
+                self._tokens_prompt(prompt_token_ids=row.prefix),
                 sampling,
                 lora_request=self.adapters and self.adapters.request,
             )

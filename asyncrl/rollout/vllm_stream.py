@@ -13,12 +13,11 @@ Output kind: ``RequestOutputKind.DELTA``, accumulated per request here (the toke
 each live row), so ``interrupt`` has every partial response without asking vLLM. ``CUMULATIVE`` gives the same tokens
 (vLLM 0.32 hands out its request state's own growing token and log-prob lists each step, which then go stale at an
 abort); DELTA hands each token out exactly once, which is also how ``generate``/``resume`` read outputs, so a
-streamed row is assembled by the same code (``read_output``) as a batched one.
+streamed row is assembled by the same code (``_read_step``) as a batched one.
 
-A row is continued as ``resume`` continues it: one request per row from ``prompt + response so far`` with the remaining
-budget, seeded ``request_seed(key, offset)`` from the row's own key (``row_streams``) at the length it has reached, so a
-streamed row draws the noise it draws in ``generate``/``resume``; a row not "interrupted" is reported unchanged and an
-interrupted one at ``max_new_tokens`` ends "length", both at the next ``step()``. Rows keep their ``start_version``.
+A row is continued as ``resume`` continues it (``asyncrl.rollout.streaming``): one request per row, seeded
+``request_seed(key, offset)`` from the row's own noise (``continuation``), so a streamed row draws the noise it draws
+in ``generate``/``resume``.
 
 Threads: ``submit`` and ``live_rows`` from any thread (a lock guards the inbox); ``step``, ``interrupt`` and ``drain``
 from the one thread that decodes. The engine's gate counts the held rows (``EngineGate.hold``/``release``, as the
@@ -38,7 +37,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from asyncrl.rollout.gate import EngineGate
-from asyncrl.rollout.sampling import extend_sample, resumable, row_streams
+from asyncrl.rollout.sampling import continuation, extend_sample, resumable
 from asyncrl.rollout.vllm_options import VllmOptions
 from asyncrl.types import PrefillStats, Sample, SamplingParams
 
@@ -50,19 +49,30 @@ class VllmOutputError(RuntimeError):
 
 
 @dataclass
-class _Row:
-    """A submitted row: its order of submission, the row itself, its noise key and offset, its remaining budget."""
+class VllmRow:
+    """A row as one vLLM request (a batched call's or the stream's): its order of submission, the row itself, what it
+    decodes from (``continuation``), and what it has made so far."""
 
     seq: int
     sample: Sample
     params: SamplingParams
-    key: int = 0
-    offset: int = 0
-    budget: int = 0
+    prefix: list[int]
+    budget: int
+    key: int
+    offset: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     started: bool = False  # vLLM has reported on it (its prefill is counted)
+
+
+def vllm_rows(rows: list[Sample], params: SamplingParams, seed: int | None, seqs: list[int]) -> list[VllmRow]:
+    """``rows`` as requests to continue (``continuation``), numbered ``seqs``."""
+    prefixes, budgets, streams = continuation(rows, params, seed)
+    return [
+        VllmRow(q, s, params, prefix, budget, key, offset)
+        for q, s, prefix, budget, key, offset in zip(seqs, rows, prefixes, budgets, streams.keys, streams.offsets)
+    ]
 
 
 class VllmStreaming:
@@ -73,9 +83,9 @@ class VllmStreaming:
     _gate: EngineGate
     _version: int
 
-    # hooks, VllmEngine's: a request for one row (rid, prefix, max_tokens, params, key, offset), one engine step,
-    # aborting requests, and copying a colocated trainer's weights in when stale
-    _add_request: Callable[[str, list[int], int, SamplingParams, int, int], None]
+    # hooks, VllmEngine's: a request for one row, one engine step, aborting requests, and copying a colocated
+    # trainer's weights in when stale
+    _add_request: Callable[[str, VllmRow], None]
     _engine_step: Callable[[], list[Any]]
     _abort_requests: Callable[[list[str]], None]
     _sync_from_source: Callable[[], None]
@@ -83,10 +93,10 @@ class VllmStreaming:
     # ---- state ------------------------------------------------------------------------------------------------------
     def _init_stream(self) -> None:
         self._stream_lock = threading.Lock()
-        self._inbox: list[_Row] = []  # submitted, not yet taken by a step (any thread appends)
+        self._inbox: list[VllmRow] = []  # submitted, not yet taken by a step (any thread appends)
         self._ready: list[Sample] = []  # submitted rows that need no decoding, reported at the next step
-        self._waiting: deque[_Row] = deque()  # taken from the inbox, waiting for a slot (decode thread only)
-        self._live: dict[str, _Row] = {}  # request id -> row decoding in vLLM (decode thread only)
+        self._waiting: deque[VllmRow] = deque()  # taken from the inbox, waiting for a slot (decode thread only)
+        self._live: dict[str, VllmRow] = {}  # request id -> row decoding in vLLM (decode thread only)
         self._submitted = 0
         self._requests = 0
         self._stream_prefill = PrefillStats()
@@ -111,26 +121,24 @@ class VllmStreaming:
         if not rows:
             return
         ready, todo = resumable(rows, params, self.tokenizer)
+        new = vllm_rows([rows[i] for i in todo], params, seed, todo)
         max_len = int(self.options.max_model_len)
-        for s in (rows[i] for i in todo):  # vLLM would refuse them at the step, on the decoding thread
-            n = len(s.prompt.prompt_ids) + len(s.response_ids)
-            if not s.prompt.prompt_ids or n >= max_len:
+        for row in new:  # vLLM would refuse them at the step, on the decoding thread
+            if not row.sample.prompt.prompt_ids or len(row.prefix) >= max_len:
                 raise ValueError(
-                    f"VllmEngine.submit: row {s.row} of prompt index {s.prompt.index} has a prefix of {n} tokens; "
-                    f"it needs 1 to {max_len - 1} (rollout.max_model_len {max_len})"
+                    f"VllmEngine.submit: row {row.sample.row} of prompt index {row.sample.prompt.index} has a prefix "
+                    f"of {len(row.prefix)} tokens; it needs 1 to {max_len - 1} (rollout.max_model_len {max_len})"
                 )
         if not self._gate.held:
             self._sync_from_source()  # colocated and stale: copy the trainer's weights in while nothing is held
-        streams = row_streams([rows[i] for i in todo], seed)
         with self._stream_lock:
             self._gate.hold(len(rows), params, seed)
             base, self._submitted = self._submitted, self._submitted + len(rows)
             todo_set = set(todo)
             self._ready += [s for i, s in enumerate(ready) if i not in todo_set]
-            self._inbox += [
-                _Row(base + i, rows[i], params, streams.keys[j], streams.offsets[j], budget_left(rows[i], params))
-                for j, i in enumerate(todo)
-            ]
+            for row in new:
+                row.seq += base  # submission order across calls
+            self._inbox += new
 
     # ---- step / drain / interrupt -----------------------------------------------------------------------------------
     def step(self) -> list[Sample]:
@@ -188,53 +196,42 @@ class VllmStreaming:
         while self._waiting and len(self._live) < self.capacity:
             row = self._waiting.popleft()
             self._requests += 1
-            rid = f"s{self._requests}"
-            prefix = row.sample.prompt.prompt_ids + row.sample.response_ids
-            self._add_request(rid, prefix, row.budget, row.params, row.key, row.offset)
-            self._live[rid] = row
+            self._add_request(f"s{self._requests}", row)
+            self._live[f"s{self._requests}"] = row
         if not self._live:
             return []
-        version = self._version  # no update can run during a step: every token of it is this version's
-        ended: list[Sample] = []
-        prefill = PrefillStats()
-        for output in self._engine_step():
-            row = self._live.get(output.request_id)
-            if row is None:
-                continue
-            tokens, logprobs, reason, first = read_output(output, first=not row.started)
-            row.started = True
-            row.tokens += tokens
-            row.logprobs += logprobs
-            row.versions += [version] * len(tokens)
-            prefill += first
-            if reason is not None:
-                del self._live[output.request_id]
-                ended.append(self._finish(row, reason))
+        ended, prefill = self._read_step(self._live)
         with self._stream_lock:
             self._stream_prefill += prefill
-        return ended
+        return [sample for _, sample in ended]
 
-    def _finish(self, row: _Row, reason: str) -> Sample:
+    def _read_step(self, live: dict[str, VllmRow]) -> tuple[list[tuple[VllmRow, Sample]], PrefillStats]:
+        """One engine step read into the rows of ``live`` (by request id; DELTA outputs: each token comes once):
+        the rows that ended in it (taken off ``live``) with their continued samples, and the prefill counts of the
+        requests vLLM reported on for the first time."""
+        version = self._version  # no update can run during a step: every token of it is this version's
+        ended: list[tuple[VllmRow, Sample]] = []
+        prefill = PrefillStats()
+        for output in self._engine_step():
+            row = live.get(output.request_id)
+            if row is None:
+                continue
+            completion = output.outputs[0]
+            tokens = list(completion.token_ids)
+            row.logprobs += sampled_logprobs(completion, tokens, output.request_id)
+            row.tokens += tokens
+            row.versions += [version] * len(tokens)
+            if not row.started and output.num_cached_tokens is not None:
+                n_prompt = len(output.prompt_token_ids or [])
+                prefill += PrefillStats(n_prompt - int(output.num_cached_tokens), n_prompt, 1)
+            row.started = True
+            if output.finished:
+                del live[output.request_id]
+                ended.append((row, self._finish(row, FINISH.get(completion.finish_reason or "", "length"))))
+        return ended, prefill
+
+    def _finish(self, row: VllmRow, reason: str) -> Sample:
         return extend_sample(row.sample, row.tokens, row.logprobs, row.versions, reason, self.tokenizer)
-
-
-def budget_left(row: Sample, params: SamplingParams) -> int:
-    """The new tokens a row may still make (``max_new_tokens`` in all, its response included)."""
-    return params.max_new_tokens - len(row.response_ids)
-
-
-def read_output(output: Any, first: bool) -> tuple[list[int], list[float], str | None, PrefillStats]:
-    """One DELTA ``RequestOutput`` of a single-sequence request: (its new tokens, their log-probs, the row's stop reason
-    once the request finished else None, its prefill counts when ``first``: vLLM's first report on the request)."""
-    completion = output.outputs[0]
-    tokens = list(completion.token_ids)
-    logprobs = sampled_logprobs(completion, tokens, output.request_id)
-    prefill = PrefillStats()
-    if first and output.num_cached_tokens is not None:
-        n_prompt = len(output.prompt_token_ids or [])
-        prefill = PrefillStats(n_prompt - int(output.num_cached_tokens), n_prompt, 1)
-    reason = FINISH.get(completion.finish_reason or "", "length") if output.finished else None
-    return tokens, logprobs, reason, prefill
 
 
 def sampled_logprobs(completion: Any, tokens: list[int], rid: str) -> list[float]:
