@@ -34,8 +34,8 @@ from asyncrl.models.lora import is_lora, merged_update, synced_tensors
 from asyncrl.rollout.bucket_update import Applying, Items, Named, checked_buckets, checked_whole, copy_into
 from asyncrl.rollout.continuous import ContinuousDecoder, StreamRow
 from asyncrl.rollout.gate import EngineGate, GatedEngine
-from asyncrl.rollout.sampling import RowStreams, SamplingParams, check_prompts, continuation, extend_sample, resumable
-from asyncrl.types import PrefillStats, Prompt, Sample, engine_chunks
+from asyncrl.rollout.sampling import RowStreams, SamplingParams, continuation, extend_sample, resumable
+from asyncrl.types import PrefillStats, Sample, engine_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +59,6 @@ class RolloutEngine(GatedEngine):
     without, for the same seed); ``last_prefill`` holds the prefill token counts of the last
     generate/resume call, shared and unshared, so a caller can report the saving.
     """
-
-    reports_finished_rows = True  # generate(on_samples=...) reports the rows that end at each step (the reward loop)
 
     def __init__(
         self,
@@ -105,52 +103,6 @@ class RolloutEngine(GatedEngine):
 
     # -------------------------------------------------------------------------------------------------- generate
 
-    def generate(
-        self,
-        prompts: list[Prompt],
-        params: SamplingParams,
-        seed: int | None = None,
-        on_samples: Callable[[list[Sample]], None] | None = None,
-    ) -> list[Sample]:
-        """``len(prompts) * params.n`` samples, prompt-major (prompt 0's n samples first).
-
-        Same ``seed`` and weights give identical samples; ``seed=None`` draws fresh randomness. A row's noise is its
-        own (``RowStreams``: the prompt's epoch and index, its number ``j`` in the group), so a prompt samples the
-        same whatever else is in the call. ``on_samples`` gets the samples whose rows ended in a decode step (the very
-        objects returned) as that step ends, while the others decode on.
-        """
-        check_prompts(prompts, "RolloutEngine")
-        with self._gate.running():
-            rows = [Sample.blank(prompt, self.version, j) for prompt in prompts for j in range(params.n)]
-            return self._continue(rows, params, seed, None, on_samples)
-
-    def resume(
-        self,
-        samples: list[Sample],
-        params: SamplingParams,
-        seed: int | None = None,
-        refill: Callable[[int], bool] | None = None,
-    ) -> list[Sample]:
-        """Continue "interrupted" samples with the current weights until eos or ``max_new_tokens`` in total.
-
-        ``refill(n_active)`` (optional, polled between decode steps) interrupts the call early when it returns True;
-        the unfinished rows come back "interrupted". No schedule cuts a call this way since fully_async streams
-        (``submit``/``step``); tests use it to stop a decode after a chosen number of steps.
-
-        Returns new Sample objects in input order: the response so far plus the continuation (tokens, log-probs, and
-        versions = the current version), with the original ``start_version``. One continuation per sample
-        (``params.n`` is ignored); samples that are not "interrupted" are returned unchanged, and an interrupted
-        sample already at ``max_new_tokens`` becomes "length" without decoding.
-        """
-        out, todo = resumable(samples, params, self.tokenizer)
-        if not todo:
-            self.last_prefill = PrefillStats()
-            return out
-        with self._gate.running():
-            for i, s in zip(todo, self._continue([samples[i] for i in todo], params, seed, refill)):
-                out[i] = s
-        return out
-
     def _continue(
         self,
         rows: list[Sample],
@@ -159,24 +111,23 @@ class RolloutEngine(GatedEngine):
         refill: Callable[[int], bool] | None = None,
         on_samples: Callable[[list[Sample]], None] | None = None,
     ) -> list[Sample]:
-        """``rows`` (under ``running``) continued (``continuation``), one version (the current) per new token, in input
-        order; ``on_samples``: the samples whose rows ended in a step (the very objects returned), as it ends."""
-        version = self.version
-        prefixes, budgets, streams = continuation(rows, params, seed)
-        made: dict[int, Sample] = {}
+        with self._gate.running():
+            version = self.version
+            prefixes, budgets, streams = continuation(rows, params, seed)
+            made: dict[int, Sample] = {}
 
-        def continued(i: int, tokens: list[int], logprobs: list[float], reason: str) -> Sample:
-            return extend_sample(rows[i], tokens, logprobs, [version] * len(tokens), reason, self.tokenizer)
+            def continued(i: int, tokens: list[int], logprobs: list[float], reason: str) -> Sample:
+                return extend_sample(rows[i], tokens, logprobs, [version] * len(tokens), reason, self.tokenizer)
 
-        def finished(ended: list[tuple[StreamRow, str]]) -> None:
-            made.update((row.tag, continued(row.tag, row.tokens, row.logprobs, reason)) for row, reason in ended)
-            on_samples([made[row.tag] for row, _ in ended])  # type: ignore[misc]
+            def finished(ended: list[tuple[StreamRow, str]]) -> None:
+                made.update((row.tag, continued(row.tag, row.tokens, row.logprobs, reason)) for row, reason in ended)
+                on_samples([made[row.tag] for row, _ in ended])  # type: ignore[misc]
 
-        result = self._decode_all(prefixes, budgets, params, streams, refill, finished if on_samples else None)
-        return [
-            made.get(i) or continued(i, tokens, logprobs, reason)
-            for i, (tokens, logprobs, reason) in enumerate(zip(result.tokens, result.logprobs, result.stop_reasons))
-        ]
+            result = self._decode_all(prefixes, budgets, params, streams, refill, finished if on_samples else None)
+            return [
+                made.get(i) or continued(i, tokens, logprobs, reason)
+                for i, (tokens, logprobs, reason) in enumerate(zip(result.tokens, result.logprobs, result.stop_reasons))
+            ]
 
     def _decode_all(
         self,
@@ -252,14 +203,9 @@ class RolloutEngine(GatedEngine):
         return self.max_batch_size
 
     def submit(self, rows: list[Sample], params: SamplingParams, seed: int | None = None) -> None:
-        """Queue rows for the streaming decoder (any thread); they enter free slots at the next ``step``.
-
-        Row semantics are ``resume``'s: a sample that is not "interrupted" is reported unchanged at the next step, an
-        interrupted one already at ``max_new_tokens`` as "length" without decoding, the others continue their own
-        noise (``continuation``). All rows held at once share one ``params`` and ``seed`` (ValueError naming both
-        otherwise); EngineBusyError during a generate/resume or a weight update; NotImplementedError for a model
-        with layers other than plain full attention.
-        """
+        """The streaming contract's ``submit`` (``asyncrl.rollout.streaming``). All rows held at once share one
+        ``params`` and ``seed`` (ValueError naming both otherwise); EngineBusyError during a generate/resume or a
+        weight update; NotImplementedError for a model with layers other than full attention and sliding window."""
         if not rows:
             return
         self._stream.check_supported()
@@ -278,8 +224,7 @@ class RolloutEngine(GatedEngine):
             self._stream.submit(new)  # under the lock: rows enter the inbox in tag order
 
     def step(self) -> list[Sample]:
-        """One decode step over the streamed rows (waiting rows first enter free slots); the rows that ended in it
-        ("eos" or "length"), continued, one version (``self.version``) per new token."""
+        """The streaming contract's ``step``: the rows that ended in it, continued."""
         return [sample for _, sample in self._stream_step(None)]
 
     def _stream_step(self, admit_below: int | None) -> list[tuple[int, Sample]]:
@@ -302,9 +247,8 @@ class RolloutEngine(GatedEngine):
         return extend_sample(self._streamed.pop(row.tag), row.tokens, row.logprobs, versions, reason, self.tokenizer)
 
     def interrupt(self) -> list[Sample]:
-        """Every submitted row not yet reported, in submission order: decoding or waiting ones continued so far and
-        "interrupted" (tokens, log-probs and versions kept), ones that needed no decoding in their final form. The
-        engine then holds no row (a weight update may follow)."""
+        """The streaming contract's ``interrupt``: every row not yet reported, in submission order (ones that needed
+        no decoding in their final form)."""
         with self._stream_lock:
             out = self._ready + [(row.tag, self._continued(row, "interrupted")) for row in self._stream.interrupt()]
             self._ready = []
@@ -325,7 +269,6 @@ class RolloutEngine(GatedEngine):
             out += [sample for _, sample in self._stream_step(limit)]
 
     def take_prefill(self) -> PrefillStats:
-        """The streaming decoder's prefill token counts since the last call (shared and unshared), then zero."""
         return self._stream.take_prefill()
 
     # ---------------------------------------------------------------------------------------------------- weights

@@ -1,4 +1,5 @@
-"""What every rollout engine shares: the pause flag, the busy/updating gate, and the check of a weight update.
+"""What every rollout engine shares: the pause flag, the busy/updating gate, the batched calls (``GatedEngine``'s
+``generate``/``resume``) and the check of a weight update.
 
 An engine generates on one thread while the driver may ask it to pause from another, and a weight update must never
 run during a generate (every token's recorded version would be a lie). :class:`EngineGate` holds that state for the
@@ -9,13 +10,18 @@ the parameters a model expects, so both engines reject the same bad updates with
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
 from asyncrl.models.errors import WeightUpdateError
-from asyncrl.types import SamplingParams
+from asyncrl.rollout.sampling import check_prompts, resumable
+from asyncrl.types import PrefillStats, Prompt, Sample, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class EngineBusyError(RuntimeError):
@@ -124,9 +130,71 @@ class EngineGate:
 
 
 class GatedEngine:
-    """The pause/busy surface of a rollout engine, over its ``EngineGate`` (set ``self._gate`` in ``__init__``)."""
+    """What both rollout engines share over their ``EngineGate`` (set ``self._gate`` in ``__init__``): the batched
+    calls, whose rows each engine decodes in its ``_continue``, and the pause/busy surface."""
 
+    reports_finished_rows = True  # generate(on_samples=...) reports the rows that end at each step (the reward loop)
     _gate: EngineGate
+    tokenizer: PreTrainedTokenizerBase
+    version: int
+    last_prefill: PrefillStats
+
+    def generate(
+        self,
+        prompts: list[Prompt],
+        params: SamplingParams,
+        seed: int | None = None,
+        on_samples: Callable[[list[Sample]], None] | None = None,
+    ) -> list[Sample]:
+        """``len(prompts) * params.n`` samples, prompt-major (prompt 0's n samples first).
+
+        Same ``seed`` and weights give identical samples; ``seed=None`` draws fresh randomness. A row's noise is its
+        own (``RowStreams``: the prompt's epoch and index, its number ``j`` in the group), so a prompt samples the
+        same whatever else is in the call. ``on_samples`` gets the samples whose rows ended in a decode step (the very
+        objects returned) as that step ends, while the others decode on.
+        """
+        check_prompts(prompts, self._gate.owner)
+        rows = [Sample.blank(prompt, self.version, j) for prompt in prompts for j in range(params.n)]
+        return self._continue(rows, params, seed, None, on_samples)
+
+    def resume(
+        self,
+        samples: list[Sample],
+        params: SamplingParams,
+        seed: int | None = None,
+        refill: Callable[[int], bool] | None = None,
+    ) -> list[Sample]:
+        """Continue "interrupted" samples with the current weights until eos or ``max_new_tokens`` in total.
+
+        ``refill(n_active)`` (optional, polled between decode steps) interrupts the call early when it returns True;
+        the unfinished rows come back "interrupted". No schedule cuts a call this way since fully_async streams
+        (``submit``/``step``); tests use it to stop a decode after a chosen number of steps.
+
+        Returns new Sample objects in input order: the response so far plus the continuation (tokens, log-probs, and
+        versions = the current version), with the original ``start_version``. One continuation per sample
+        (``params.n`` is ignored); samples that are not "interrupted" are returned unchanged, and an interrupted
+        sample already at ``max_new_tokens`` becomes "length" without decoding.
+        """
+        out, todo = resumable(samples, params, self.tokenizer)
+        if not todo:
+            self.last_prefill = PrefillStats()
+            return out
+        for i, s in zip(todo, self._continue([samples[i] for i in todo], params, seed, refill)):
+            out[i] = s
+        return out
+
+    def _continue(
+        self,
+        rows: list[Sample],
+        params: SamplingParams,
+        seed: int | None,
+        refill: Callable[[int], bool] | None = None,
+        on_samples: Callable[[list[Sample]], None] | None = None,
+    ) -> list[Sample]:
+        """``rows`` continued (``continuation``) under ``EngineGate.running``, one version (the current) per new token,
+        in input order; ``on_samples``: the samples whose rows ended in a step (the very objects returned), as it
+        ends; the unfinished rows "interrupted" when a pause (or ``refill``) stops the call."""
+        raise NotImplementedError
 
     def request_pause(self) -> None:
         """Make a running (or the next) generate/resume return at its next decode step. Safe from any thread."""

@@ -7,7 +7,8 @@ takes rows into a running decode and reports each row the moment it ends:
   wait for a slot and enter the decode at its next step. Safe from any thread. A row is continued as ``resume``
   continues it: its own noise (``RowStreams``: the prompt's epoch and index, its ``row``, from the tokens it has),
   one version per new token (the engine's at that step), an interrupted row already at ``max_new_tokens`` ends
-  "length" without decoding. A group's blank rows submitted together share one prefill.
+  "length" without decoding and a row not "interrupted" comes back unchanged (both at the next step). A group's
+  blank rows submitted together share one prefill.
 - ``step()``: one decode step over the live rows, after moving waiting rows into free slots; returns the rows that
   ended in it ("eos" or "length"), each a whole ``Sample`` (the submitted one continued). At most ``capacity``
   rows decode at once.

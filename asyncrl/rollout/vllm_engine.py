@@ -41,7 +41,7 @@ from asyncrl.models.loading import eos_token_ids
 from asyncrl.models.lora import LoraSpec, synced_tensors
 from asyncrl.rollout.bucket_update import Applying, Items, Named, Pulled, checked_buckets, checked_whole
 from asyncrl.rollout.gate import EngineGate, GatedEngine
-from asyncrl.rollout.sampling import SamplingParams, check_prompts, resumable, uniform
+from asyncrl.rollout.sampling import SamplingParams, uniform
 from asyncrl.rollout.vllm_lora import VllmAdapters, max_lora_rank
 from asyncrl.rollout.vllm_model import (
     check_shard_fingerprints,
@@ -53,7 +53,7 @@ from asyncrl.rollout.vllm_model import (
 )
 from asyncrl.rollout.vllm_options import VllmOptions, eager, engine_dtype, memory_options
 from asyncrl.rollout.vllm_stream import VllmRow, VllmStreaming, vllm_rows
-from asyncrl.types import PrefillStats, Prompt, Sample
+from asyncrl.types import PrefillStats, Sample
 
 SUPPORTED_VLLM = "0.32."  # the release whose in-process engine, reload_weights and CPU layers this file was built on
 INSTALL_HINT = (
@@ -99,8 +99,6 @@ class VllmEngine(VllmStreaming, GatedEngine):
     ``source``: a trainer's model in this process (the sync schedule, colocated). Setting ``version`` then marks the
     engine stale, and the next generate first copies the source's weights in (an in-process sync).
     """
-
-    reports_finished_rows = True  # generate(on_samples=...) reports a step's ended rows (the reward loop)
 
     def __init__(
         self,
@@ -152,50 +150,18 @@ class VllmEngine(VllmStreaming, GatedEngine):
             self._stale = True  # colocated: the trainer's weights moved on; copy them in before generating
         self._version = value
 
-    # ---- generate / resume ----------------------------------------------------------------------------------------
-    def generate(
-        self,
-        prompts: list[Prompt],
-        params: SamplingParams,
-        seed: int | None = None,
-        on_samples: Callable[[list[Sample]], None] | None = None,
-    ) -> list[Sample]:
-        """``len(prompts) * params.n`` samples, prompt-major; each row its own request, seeded by its own key
-        (``continuation``), as the built-in engine keys it. ``on_samples`` gets the samples whose rows ended in an
-        engine step (the very objects returned) as it ends, while the others decode on."""
-        check_prompts(prompts, "VllmEngine")
-        self._sync_from_source()
-        version = self._version
-        blank = [Sample.blank(prompt, version, j) for prompt in prompts for j in range(params.n)]
-        return self._run(blank, params, seed, None, on_samples)
-
-    def resume(
-        self,
-        samples: list[Sample],
-        params: SamplingParams,
-        seed: int | None = None,
-        refill: Callable[[int], bool] | None = None,
-    ) -> list[Sample]:
-        """Continue "interrupted" samples until eos or ``max_new_tokens`` in total (same contract as the built-in)."""
-        out, todo = resumable(samples, params, self.tokenizer)
-        if not todo:
-            self.last_prefill = PrefillStats()
-            return out
-        self._sync_from_source()
-        for i, s in zip(todo, self._run([samples[i] for i in todo], params, seed, refill)):
-            out[i] = s
-        return out
-
-    def _run(
+    # ---- generate / resume (GatedEngine's) ---------------------------------------------------------------------------
+    def _continue(
         self,
         rows: list[Sample],
         params: SamplingParams,
         seed: int | None,
-        refill: Callable[[int], bool] | None,
-        on_ended: Callable[[list[Sample]], None] | None = None,
+        refill: Callable[[int], bool] | None = None,
+        on_samples: Callable[[list[Sample]], None] | None = None,
     ) -> list[Sample]:
-        """One request per row (``continuation``), stepped until done or paused/refilled; ``on_ended``: a step's
-        ended rows, continued, as the step ends."""
+        """One request per row, stepped until done or paused/refilled; a colocated engine's stale weights are first
+        copied in from the trainer's model."""
+        self._sync_from_source()
         with self._gate.running():  # refuses while streamed rows are held: this call would step their requests
             # OpenMP's thread count is per calling thread: vLLM's CPU attention plans with torch.get_num_threads() and
             # runs with this thread's OpenMP count, and aborts when they differ (a Rollouter decodes on its own thread)
@@ -214,12 +180,12 @@ class VllmEngine(VllmStreaming, GatedEngine):
                 ended, first = self._read_step(live)
                 prefill += first
                 made.update((row.seq, sample) for row, sample in ended)
-                if ended and on_ended is not None:
-                    on_ended([sample for _, sample in ended])
+                if ended and on_samples is not None:
+                    on_samples([sample for _, sample in ended])
             self.last_prefill = prefill
         return [made.get(row.seq) or self._finish(row, "interrupted") for row in requests]
 
-    # ---- one request at a time (shared by _run and the stream) -------------------------------------------------------
+    # ---- one request at a time (shared by _continue and the stream) --------------------------------------------------
     def _add_request(self, rid: str, row: VllmRow) -> None:
         """A request for one row: its prefix continued by at most its budget, seeded by its key at its offset (the
         tokens its response already has)."""

@@ -115,9 +115,9 @@ class VllmStreaming:
 
     # ---- submit -----------------------------------------------------------------------------------------------------
     def submit(self, rows: list[Sample], params: SamplingParams, seed: int | None = None) -> None:
-        """Queue ``rows`` (blank or interrupted) for the next ``step``; safe from any thread. Raises ValueError when
-        ``params``/``seed`` differ from those of the rows already held, or a row's prefix leaves no room in
-        ``max_model_len``; EngineBusyError during ``update_weights`` or a generate/resume."""
+        """The streaming contract's ``submit``. Raises ValueError when ``params``/``seed`` differ from those of the
+        rows already held, or a row's prefix leaves no room in ``max_model_len``; EngineBusyError during
+        ``update_weights`` or a generate/resume."""
         if not rows:
             return
         ready, todo = resumable(rows, params, self.tokenizer)
@@ -142,14 +142,11 @@ class VllmStreaming:
 
     # ---- step / drain / interrupt -----------------------------------------------------------------------------------
     def step(self) -> list[Sample]:
-        """Move submitted rows into free slots, run one vLLM step, return the rows that ended in it (plus the
-        submitted rows that needed no decoding)."""
         if not self._gate.held:
             return []
         return self._advance(take_inbox=True)
 
     def drain(self) -> list[Sample]:
-        """Step until every row submitted so far has ended; rows submitted meanwhile wait for the next ``step``."""
         if not self._gate.held:
             return []
         out = self._advance(take_inbox=True)
@@ -158,9 +155,8 @@ class VllmStreaming:
         return out
 
     def interrupt(self) -> list[Sample]:
-        """Abort every live request; return every held row, in submission order: decoding ones continued so far
-        and "interrupted" (tokens, log-probs, versions kept), waiting ones as submitted, ones that needed no decoding
-        in their final form. The engine then holds no row (unless another thread submits meanwhile)."""
+        """Abort every live request; every held row, decoding and waiting ones in submission order, then the ones that
+        needed no decoding. The engine then holds no row (unless another thread submits meanwhile)."""
         with self._stream_lock:
             pending, self._inbox = self._inbox, []
             ready, self._ready = self._ready, []
@@ -191,7 +187,7 @@ class VllmStreaming:
         return out
 
     def _decode_step(self) -> list[Sample]:
-        # OpenMP's thread count is per calling thread (see VllmEngine._run): set it on the thread that decodes
+        # OpenMP's thread count is per calling thread (see VllmEngine._continue): set it on the thread that decodes
         torch.set_num_threads(torch.get_num_threads())
         while self._waiting and len(self._live) < self.capacity:
             row = self._waiting.popleft()
