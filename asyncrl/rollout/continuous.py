@@ -52,14 +52,8 @@ def unique_prefixes(prefixes: list[list[int]]) -> tuple[list[list[int]], list[in
     """``(unique, index)``: the distinct prefixes in first-occurrence order, and for each row its prefix's position
     in ``unique`` (exact equality of the token lists), so ``prefixes[b] == unique[index[b]]``."""
     position: dict[tuple[int, ...], int] = {}
-    unique: list[list[int]] = []
-    index: list[int] = []
-    for prefix in prefixes:
-        u = position.setdefault(tuple(prefix), len(unique))
-        if u == len(unique):
-            unique.append(prefix)
-        index.append(u)
-    return unique, index
+    index = [position.setdefault(tuple(prefix), len(position)) for prefix in prefixes]
+    return [list(prefix) for prefix in position], index
 
 
 def last_logits(
