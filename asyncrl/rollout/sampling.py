@@ -22,6 +22,7 @@ and ``check_prompts``, both engines' prompt check.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,11 +56,6 @@ def uniform(key: int, position: int) -> float:
     return (_mix(key ^ _mix(position)) >> 11) * 2.0**-53
 
 
-def fresh() -> int:
-    """A base from the OS's entropy, for a call that asked for no seed (not reproducible)."""
-    return random.SystemRandom().getrandbits(63)
-
-
 _M64 = (1 << 64) - 1
 
 
@@ -81,8 +77,9 @@ class RowStreams:
 
     @classmethod
     def of(cls, base: int | None, rows: Sequence[tuple[int, int, int]], offsets: Sequence[int]) -> RowStreams:
-        """Streams for rows ``(epoch, prompt index, row within its group)`` from ``base`` (None: the OS's entropy)."""
-        return cls(row_keys(fresh() if base is None else base, rows), list(offsets))
+        """Streams for rows ``(epoch, prompt index, row within its group)`` from ``base`` (None: the OS's entropy, for
+        a call that asked for no seed: not reproducible)."""
+        return cls(row_keys(random.SystemRandom().getrandbits(63) if base is None else base, rows), list(offsets))
 
     def uniforms(self, rows: Sequence[int], t: int) -> torch.Tensor:
         """The draws of ``rows`` (indices into these streams) for their ``t``-th new token, float64."""
@@ -203,17 +200,15 @@ def extend_sample(
     changed; a multi-turn sample's mask and counters carried on); both engines build their continued samples with
     it."""
     response_ids = sample.response_ids + tokens
-    return Sample(
-        prompt=sample.prompt,
+    return dataclasses.replace(
+        sample,
         response_ids=response_ids,
         logprobs=sample.logprobs + logprobs,
         versions=sample.versions + versions,
         stop_reason=stop_reason,
-        start_version=sample.start_version,
         response_text=tokenizer.decode(response_ids, skip_special_tokens=True),
         response_mask=None if sample.response_mask is None else sample.response_mask + [1] * len(tokens),
-        turns=sample.turns,
-        tool_calls=sample.tool_calls,
-        tool_errors=sample.tool_errors,
-        row=sample.row,
+        reward=0.0,
+        reward_failed=False,
+        reward_extra={},
     )
