@@ -268,13 +268,9 @@ class ContinuousDecoder:
         prefills = []  # (the unique prefixes' positions, their prefill cache), a forward each
         logits = []
         for members in buckets:
-            ids_UW, mask_UW, pos_UW = left_pad([unique[u] for u in members], self.pad_id)
+            ids_UW, mask_UW, pos_UW = (t.to(device) for t in left_pad([unique[u] for u in members], self.pad_id))
             prefilled = DynamicCache(config=self.model.config)
-            logits.append(
-                last_logits(
-                    self.model, ids_UW.to(device), mask_UW.to(device), pos_UW.to(device), prefilled, self.keep_last
-                )
-            )
+            logits.append(last_logits(self.model, ids_UW, mask_UW, pos_UW, prefilled, self.keep_last))
             prefills.append((members, prefilled))
         logits_UV = logits[0]
         if len(buckets) > 1:  # back to the unique prefixes' order
