@@ -111,23 +111,22 @@ class RolloutEngine(GatedEngine):
         refill: Callable[[int], bool] | None = None,
         on_samples: Callable[[list[Sample]], None] | None = None,
     ) -> list[Sample]:
-        with self._gate.running():
-            version = self.version
-            prefixes, budgets, streams = continuation(rows, params, seed)
-            made: dict[int, Sample] = {}
+        version = self.version
+        prefixes, budgets, streams = continuation(rows, params, seed)
+        made: dict[int, Sample] = {}
 
-            def continued(i: int, tokens: list[int], logprobs: list[float], reason: str) -> Sample:
-                return extend_sample(rows[i], tokens, logprobs, [version] * len(tokens), reason, self.tokenizer)
+        def continued(i: int, tokens: list[int], logprobs: list[float], reason: str) -> Sample:
+            return extend_sample(rows[i], tokens, logprobs, [version] * len(tokens), reason, self.tokenizer)
 
-            def finished(ended: list[tuple[StreamRow, str]]) -> None:
-                made.update((row.tag, continued(row.tag, row.tokens, row.logprobs, reason)) for row, reason in ended)
-                on_samples([made[row.tag] for row, _ in ended])  # type: ignore[misc]
+        def finished(ended: list[tuple[StreamRow, str]]) -> None:
+            made.update((row.tag, continued(row.tag, row.tokens, row.logprobs, reason)) for row, reason in ended)
+            on_samples([made[row.tag] for row, _ in ended])  # type: ignore[misc]
 
-            result = self._decode_all(prefixes, budgets, params, streams, refill, finished if on_samples else None)
-            return [
-                made.get(i) or continued(i, tokens, logprobs, reason)
-                for i, (tokens, logprobs, reason) in enumerate(zip(result.tokens, result.logprobs, result.stop_reasons))
-            ]
+        result = self._decode_all(prefixes, budgets, params, streams, refill, finished if on_samples else None)
+        return [
+            made.get(i) or continued(i, tokens, logprobs, reason)
+            for i, (tokens, logprobs, reason) in enumerate(zip(result.tokens, result.logprobs, result.stop_reasons))
+        ]
 
     def _decode_all(
         self,

@@ -154,8 +154,10 @@ class GatedEngine:
         objects returned) as that step ends, while the others decode on.
         """
         check_prompts(prompts, self._gate.owner)
-        rows = [Sample.blank(prompt, self.version, j) for prompt in prompts for j in range(params.n)]
-        return self._continue(rows, params, seed, None, on_samples)
+        self._sync_from_source()
+        with self._gate.running():  # before the rows take their start version: no update can come between
+            rows = [Sample.blank(prompt, self.version, j) for prompt in prompts for j in range(params.n)]
+            return self._continue(rows, params, seed, None, on_samples)
 
     def resume(
         self,
@@ -179,8 +181,10 @@ class GatedEngine:
         if not todo:
             self.last_prefill = PrefillStats()
             return out
-        for i, s in zip(todo, self._continue([samples[i] for i in todo], params, seed, refill)):
-            out[i] = s
+        self._sync_from_source()
+        with self._gate.running():
+            for i, s in zip(todo, self._continue([samples[i] for i in todo], params, seed, refill)):
+                out[i] = s
         return out
 
     def _continue(
@@ -195,6 +199,10 @@ class GatedEngine:
         in input order; ``on_samples``: the samples whose rows ended in a step (the very objects returned), as it
         ends; the unfinished rows "interrupted" when a pause (or ``refill``) stops the call."""
         raise NotImplementedError
+
+    def _sync_from_source(self) -> None:
+        """Before a call takes the gate: a colocated copy of the trainer's weights that went stale is refreshed
+        (``VllmEngine``); nothing for an engine that decodes from the trainer's own modules."""
 
     def request_pause(self) -> None:
         """Make a running (or the next) generate/resume return at its next decode step. Safe from any thread."""

@@ -159,30 +159,28 @@ class VllmEngine(VllmStreaming, GatedEngine):
         refill: Callable[[int], bool] | None = None,
         on_samples: Callable[[list[Sample]], None] | None = None,
     ) -> list[Sample]:
-        """One request per row, stepped until done or paused/refilled; a colocated engine's stale weights are first
-        copied in from the trainer's model."""
-        self._sync_from_source()
-        with self._gate.running():  # refuses while streamed rows are held: this call would step their requests
-            # OpenMP's thread count is per calling thread: vLLM's CPU attention plans with torch.get_num_threads() and
-            # runs with this thread's OpenMP count, and aborts when they differ (a Rollouter decodes on its own thread)
-            torch.set_num_threads(torch.get_num_threads())
-            self._calls += 1
-            requests = vllm_rows(rows, params, seed, list(range(len(rows))))
-            live = {f"c{self._calls}-r{row.seq}": row for row in requests}
-            for rid, row in live.items():
-                self._add_request(rid, row)
-            made: dict[int, Sample] = {}
-            prefill = PrefillStats()
-            while live:
-                if self._gate.pause.is_set() or (refill is not None and refill(len(live))):
-                    self._abort_requests(sorted(live))
-                    break
-                ended, first = self._read_step(live)
-                prefill += first
-                made.update((row.seq, sample) for row, sample in ended)
-                if ended and on_samples is not None:
-                    on_samples([sample for _, sample in ended])
-            self.last_prefill = prefill
+        """One request per row, stepped until done or paused/refilled, under the gate (which refuses while streamed
+        rows are held: this call would step their requests)."""
+        # OpenMP's thread count is per calling thread: vLLM's CPU attention plans with torch.get_num_threads() and
+        # runs with this thread's OpenMP count, and aborts when they differ (a Rollouter decodes on its own thread)
+        torch.set_num_threads(torch.get_num_threads())
+        self._calls += 1
+        requests = vllm_rows(rows, params, seed, list(range(len(rows))))
+        live = {f"c{self._calls}-r{row.seq}": row for row in requests}
+        for rid, row in live.items():
+            self._add_request(rid, row)
+        made: dict[int, Sample] = {}
+        prefill = PrefillStats()
+        while live:
+            if self._gate.pause.is_set() or (refill is not None and refill(len(live))):
+                self._abort_requests(sorted(live))
+                break
+            ended, first = self._read_step(live)
+            prefill += first
+            made.update((row.seq, sample) for row, sample in ended)
+            if ended and on_samples is not None:
+                on_samples([sample for _, sample in ended])
+        self.last_prefill = prefill
         return [made.get(row.seq) or self._finish(row, "interrupted") for row in requests]
 
     # ---- one request at a time (shared by _continue and the stream) --------------------------------------------------
