@@ -18,7 +18,6 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -94,7 +93,7 @@ class PrometheusBackend:
             self._key_of[name] = key
         return self._gauges[name]
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, float], walltime_s: float) -> None:
         self._step.set(step)
         for key, value in metrics.items():
             gauge = self._gauge(key)  # registered even when non-finite, so the name is known to collide early
@@ -164,7 +163,7 @@ class ConsoleBackend:
         elif self._task is not None:
             self._progress.update(self._task, total=total_steps)
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, float], walltime_s: float) -> None:
         self._console.print(format_console_line(step, metrics, self.run_name, self.total), markup=False)
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=step)
@@ -231,7 +230,7 @@ def repair_jsonl_tail(path: str | os.PathLike[str]) -> bool:
 
 
 class JsonlWriter:
-    """Appends one JSON object per line to ``path``, durable line by line (flush + fsync).
+    """Appends one ``{"step", "time", ...}`` object per step to ``path``, durable line by line (flush + fsync).
 
     Opening repairs a torn tail left by a previous crash (see :func:`repair_jsonl_tail`). Not thread-safe on its own:
     :class:`asyncrl.telemetry.metrics.MetricsLogger` serialises calls.
@@ -243,10 +242,10 @@ class JsonlWriter:
         repair_jsonl_tail(self.path)
         self._file = open(self.path, "a", encoding="utf-8")  # closed in close()
 
-    def write(self, record: Mapping[str, float | None]) -> None:
-        """Append ``record`` as one line; NaN/inf must already be replaced (JSON has none), so they raise here."""
-        line = json.dumps(record, allow_nan=False, separators=(", ", ": "))
-        self._file.write(line + "\n")
+    def log(self, step: int, metrics: dict[str, float], walltime_s: float) -> None:
+        """Non-finite values are written as ``null`` (JSON has no NaN/inf)."""
+        record = {"step": step, "time": walltime_s, **{k: v if math.isfinite(v) else None for k, v in metrics.items()}}
+        self._file.write(json.dumps(record, allow_nan=False, separators=(", ", ": ")) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
 

@@ -14,7 +14,6 @@ not deep inside a backend), then every backend gets the same ``dict[str, float]`
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
 import threading
@@ -107,22 +106,21 @@ class MetricsLogger:
         self.prometheus_port: int | None = None
         self._lock = threading.Lock()
         self._closed = False
-        self._jsonl: JsonlWriter | None = None
-        self._tensorboard: TensorBoardBackend | None = None
-        self._prometheus: PrometheusBackend | None = None
+        self._sinks: list[JsonlWriter | TensorBoardBackend | PrometheusBackend | ConsoleBackend] = []  # in log order
         self._console: ConsoleBackend | None = None
         self.trackers: dict[str, WandbBackend | MlflowBackend] = {}
         run = run or RunInfo(project=TrainerConfig.project_name, name=run_name or self.out_dir.name)
         try:
             if "jsonl" in self.backends:
-                self._jsonl = JsonlWriter(self.out_dir / METRICS_FILE)
+                self._sinks.append(JsonlWriter(self.out_dir / METRICS_FILE))
             if "tensorboard" in self.backends:
-                self._tensorboard = TensorBoardBackend(self.out_dir / TENSORBOARD_DIR)
+                self._sinks.append(TensorBoardBackend(self.out_dir / TENSORBOARD_DIR))
             if "prometheus" in self.backends:
-                self._prometheus = PrometheusBackend(prometheus_port or 0, run_name)
-                self.prometheus_port = self._prometheus.port
+                self._sinks.append(prometheus := PrometheusBackend(prometheus_port or 0, run_name))
+                self.prometheus_port = prometheus.port
             if "console" in self.backends and console:
                 self._console = ConsoleBackend(run_name)
+                self._sinks.append(self._console)
             if "wandb" in self.backends:
                 self.trackers["wandb"] = WandbBackend(self.out_dir, run)
             if "mlflow" in self.backends:
@@ -148,16 +146,8 @@ class MetricsLogger:
             if self._closed:
                 raise RuntimeError(f"MetricsLogger({self.out_dir}): log(step={step}) after close()")
             walltime_s = time.time()
-            if self._jsonl is not None:
-                record: dict[str, float | None] = {"step": step, "time": walltime_s}
-                record.update({k: (v if math.isfinite(v) else None) for k, v in clean.items()})
-                self._jsonl.write(record)
-            if self._tensorboard is not None:
-                self._tensorboard.log(step, clean, walltime_s)
-            if self._prometheus is not None:
-                self._prometheus.log(step, clean)
-            if self._console is not None:
-                self._console.log(step, clean)
+            for sink in self._sinks:  # the jsonl line first: on disk before anything else sees the step
+                sink.log(step, clean, walltime_s)
             for tracker in self.trackers.values():
                 tracker.log(step, clean, walltime_s)
 
@@ -166,10 +156,9 @@ class MetricsLogger:
         failed when ``failed``: the run stopped on an error). Safe to call twice."""
         with self._lock:
             self._closed = True
-            for backend in (self._console, self._prometheus, self._tensorboard, self._jsonl):
-                if backend is not None:
-                    backend.close()
-            self._console = self._prometheus = self._tensorboard = self._jsonl = None
+            sinks, self._sinks, self._console = self._sinks, [], None
+            for sink in reversed(sinks):
+                sink.close()
             trackers, self.trackers = self.trackers, {}
             for tracker in trackers.values():
                 tracker.close(failed)
