@@ -27,7 +27,7 @@ from asyncrl.roles.clients import Roles
 from asyncrl.run.directory import Progress, RunDir
 from asyncrl.run.evaluation import held_out
 from asyncrl.run.generation import PromptStream
-from asyncrl.run.step_log import StepLog, StepTimer, staleness_metrics
+from asyncrl.run.step_log import StepLog, StepTimer
 from asyncrl.run.supervision import RolloutPool
 from asyncrl.types import Sample, Trained
 from asyncrl.weights.weight_sync import WeightSync
@@ -93,18 +93,7 @@ class Run:
         staleness from the versions the engine recorded against the version the update consumed them at, what
         preparing and training measured, ``parts``, the step's timings, then ``last`` (which overrides). A checkpoint
         records ``sampler_state`` (default: the live cursor) and ``extra_files`` beside the workers' state."""
-        p = self.progress
-        staleness = staleness_metrics(prepared.samples, p.consumed_version)
-        metrics = self.log.metrics(
-            prepared.samples,
-            prepared.batch,
-            tm,
-            p.consumed_version,
-            prepared.metrics,
-            trained.metrics,
-            staleness,
-            *parts,
-        )
+        metrics = self.log.metrics(prepared, trained, tm, self.progress.consumed_version, *parts)
         metrics.update(last or {})
         if self.log.due(self.cfg.trainer.test_freq, step):
             metrics.update(held_out(self, step))

@@ -16,13 +16,13 @@ import torch
 from asyncrl import losses
 from asyncrl.config import Config, to_dict
 from asyncrl.config.specs import RewardSpec
-from asyncrl.data.collate import TrainBatch, group_ids, rewards_of
+from asyncrl.data.collate import Prepared, TrainBatch, group_ids, rewards_of
 from asyncrl.rewards.overlong import OverlongShaping, overlong_metrics
 from asyncrl.telemetry import trace
 from asyncrl.telemetry.metrics import MetricsLogger, machine_cpu
 from asyncrl.telemetry.timeline import get_timeline
 from asyncrl.telemetry.trackers import RunInfo
-from asyncrl.types import Sample
+from asyncrl.types import Sample, Trained
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -116,7 +116,7 @@ class StepTimer:
         self.timings[f"timing_s/{name}"] = self.timings.get(f"timing_s/{name}", 0.0) + time.perf_counter() - t0
 
 
-class StepLog:
+class StepLog(MetricsLogger):
     """The run's metrics log, opened on ``run_dir``, and how one step's metrics are made. ``placement`` (where the
     roles run) and the command line go to the experiment trackers with the config; ``resumed``: the run goes on
     from a checkpoint, so they continue the tracker runs they logged before."""
@@ -130,7 +130,9 @@ class StepLog:
         resumed: bool = False,
     ):
         t = cfg.trainer
-        self.cfg, self.dir, self.tokenizer = cfg, run_dir, tokenizer
+        self.cfg, self.tokenizer = cfg, tokenizer
+        shaping = OverlongShaping.of(RewardSpec.of(cfg))
+        self.overlong_logged = shaping is not None and shaping.log  # overlong_buffer_cfg.log: its two step metrics
         run = RunInfo(
             project=t.project_name,
             name=t.experiment_name or run_dir.name,
@@ -139,41 +141,34 @@ class StepLog:
             placement=placement or {},
             resumed=resumed,
         )
-        self.logger = MetricsLogger(
-            run_dir, t.logger, run_name=run_dir.name, prometheus_port=t.prometheus_port, run=run
-        )
-        self.logger.set_total(t.total_training_steps)
-        shaping = OverlongShaping.of(RewardSpec.of(cfg))
-        self.overlong_logged = shaping is not None and shaping.log  # overlong_buffer_cfg.log: its two step metrics
+        super().__init__(run_dir, t.logger, run_name=run_dir.name, prometheus_port=t.prometheus_port, run=run)
+        self.set_total(t.total_training_steps)
 
     def metrics(
-        self, samples: list[Sample], batch: TrainBatch, tm: StepTimer, consumed_version: int, *parts: dict
+        self, prepared: Prepared, trained: Trained, tm: StepTimer, consumed_version: int, *parts: dict
     ) -> dict[str, float]:
-        """Everything logged for a step: sample statistics, the given parts, timings and throughput (the step's
-        ``timing_s/step`` must be set); the step's work record and (``rollout.trace``) a few of its samples, as
-        consumed at ``consumed_version``, written beside the metrics."""
+        """A step's metrics (``Run.end_step`` lists them; the step's ``timing_s/step`` must be set) and throughput;
+        the step's work record and (``rollout.trace``) a few of its samples, as consumed at ``consumed_version``,
+        written beside the metrics."""
+        samples, batch = prepared.samples, prepared.batch
+        staleness = staleness_metrics(samples, consumed_version)
         step_s = tm.timings["timing_s/step"]
         metrics = {**sample_metrics(samples, batch), **(overlong_metrics(samples) if self.overlong_logged else {})}
+        parts = (prepared.metrics, trained.metrics, staleness, *parts)
         metrics.update({**{k: v for p in parts for k, v in p.items()}, **tm.timings})
         metrics["perf/throughput_tokens_per_s"] = float(batch.attention_mask_BL.sum()) / step_s
         metrics["perf/samples_per_s"] = len(samples) / step_s
         metrics.update(machine_cpu())
-        trace.append(self.dir / trace.WORK_FILE, [trace.work_record(tm.step, samples)])
+        trace.append(self.out_dir / trace.WORK_FILE, [trace.work_record(tm.step, samples)])
         t = self.cfg.rollout.trace
         if t.enable:  # a few of the step's samples, as consumed, in rollout_trace.jsonl
             recs = trace.records(
                 tm.step, samples, consumed_version, self.tokenizer, t.max_samples_per_step, t.token2text
             )
-            trace.append(self.dir / trace.TRACE_FILE, recs)
+            trace.append(self.out_dir / trace.TRACE_FILE, recs)
         return metrics
 
     def due(self, freq: int, step: int) -> bool:
         """Whether something done every ``freq`` steps (``trainer.test_freq``/``save_freq``; 0 = never) happens at
         ``step``: on multiples of ``freq``, and always at the last step."""
         return (freq > 0 and step % freq == 0) or step == self.cfg.trainer.total_training_steps
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        self.logger.log(step, metrics)
-
-    def close(self, failed: bool = False) -> None:
-        self.logger.close(failed)
