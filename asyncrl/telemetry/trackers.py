@@ -94,9 +94,6 @@ class _Progress:
         self.state = {"run_id": run_id, **where, "last_step": self.last_step}
         self._write()
 
-    def is_new(self, step: int) -> bool:
-        return step > self.last_step
-
     def logged(self, step: int) -> None:
         self.last_step = self.state["last_step"] = step
         self._write()
@@ -130,7 +127,7 @@ class WandbBackend:
         self.progress.start(self.run_id, project=info.project)
 
     def log(self, step: int, metrics: dict[str, float], walltime_s: float) -> None:
-        if self.progress.is_new(step):
+        if step > self.progress.last_step:
             self._run.log(dict(metrics), step=step)
             self.progress.logged(step)
 
@@ -208,7 +205,7 @@ class MlflowBackend:
     def log(self, step: int, metrics: dict[str, float], walltime_s: float) -> None:
         from mlflow.entities import Metric
 
-        if self.progress.is_new(step):
+        if step > self.progress.last_step:
             ms = int(walltime_s * 1000)
             self._client.log_batch(self.run_id, metrics=[Metric(k, v, ms, step) for k, v in metrics.items()])
             self.progress.logged(step)
