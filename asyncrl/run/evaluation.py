@@ -89,9 +89,9 @@ def score_samples(samples: list[Sample], reward_fn: RewardFn, group_of: Callable
 
 
 def held_out(run: Any, step: int) -> dict[str, float]:
-    """Held-out accuracy at ``rollout.val_kwargs`` (``n`` responses per prompt, greedy unless ``do_sample``), on
-    the engine that generates the training batches (``evaluators``); ``val/version`` is the weight version the
-    responses were decoded with (the oldest, if the engines differ)."""
+    """Held-out accuracy at ``rollout.val_kwargs`` (``val_sampling``) on the engine that generates the training
+    batches (``evaluators``); ``val/version`` is the weight version the responses were decoded with (the oldest, if
+    the engines differ)."""
     if run.prompts.val is None:
         return {}
     prompts = [run.prompts.val[i] for i in range(len(run.prompts.val))]
@@ -118,12 +118,11 @@ def held_out(run: Any, step: int) -> dict[str, float]:
 
 
 def evaluators(run: Any, step: int) -> list[RolloutClient]:
-    """Who decodes the held-out prompts: the rollout pool where the schedule has one (one/two_step_off: vLLM when
-    configured, no trainer memory spent on a KV cache), else the trainer (sync: its engine is the rollout). A pool
-    worker takes the call after the generation it runs, so it decodes with the last sync's weights (one_step_off at step
-    t: v(t-1), which generate batch t+1); at the last step (nothing in flight) the pool first gets the final weights. A
-    resumed run's pool is not synced before training: the trainer evaluates then. fully_async: the Rollouter, before its
-    stream starts (step 0) and, once it streams, parked (``held_out``), with the last sync's weights."""
+    """Who decodes the held-out prompts (the module docstring's list). A pool worker takes the call after the
+    generation it runs, so it decodes with the last sync's weights (one_step_off at step t: v(t-1), which generate
+    batch t+1); at the last step (nothing in flight) the pool first gets the final weights. A resumed run's pool is
+    not synced before training: the trainer evaluates then. fully_async's Rollouter decodes here before its stream
+    starts (step 0); once it streams, ``held_out`` parks it."""
     roles = run.roles
     if roles.rollouter is not None:
         return [RolloutClient(roles.rollouter.handle)] if run.progress.version == 0 else [roles.trainer]
