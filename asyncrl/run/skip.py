@@ -19,6 +19,7 @@ Not in ``fully_async``, whose Rollouter streams groups rather than generating ba
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 from collections.abc import Callable
@@ -36,33 +37,22 @@ class RolloutSkipError(UserInputError, RuntimeError):
     """The dump directory belongs to another generation setup, or its dump does not fit this run."""
 
 
+GENERATION_FIELDS = (  # the config fields that decide which samples a step generates, in key.json's order
+    "model.path model.lora_rank data.train_files data.train_batch_size data.max_prompt_length data.shuffle "
+    "rollout.engine rollout.quantization rollout.n rollout.temperature rollout.top_p rollout.top_k "
+    "rollout.response_length rollout.num_workers trainer.schedule trainer.seed trainer.num_workers"
+).split()
+
+
 def generation_key(cfg: Config) -> dict[str, object]:
-    """The config fields that decide which samples a step generates."""
-    d, r, t, fg = cfg.data, cfg.rollout, cfg.trainer, cfg.algorithm.filter_groups
-    key: dict[str, object] = {
-        "model.path": str(cfg.model.path),
-        "model.lora_rank": cfg.model.lora_rank,
-        "data.train_files": [str(f) for f in d.train_files],
-        "data.train_batch_size": d.train_batch_size,
-        "data.max_prompt_length": d.max_prompt_length,
-        "data.shuffle": d.shuffle,
-        "rollout.engine": r.engine,
-        "rollout.quantization": r.quantization,
-        "rollout.n": r.n,
-        "rollout.temperature": r.temperature,
-        "rollout.top_p": r.top_p,
-        "rollout.top_k": r.top_k,
-        "rollout.response_length": r.response_length,
-        "rollout.num_workers": r.num_workers,
-        "trainer.schedule": t.schedule,
-        "trainer.seed": t.seed,
-        "trainer.num_workers": t.num_workers,
-    }
+    """The ``GENERATION_FIELDS``' values, as ``key.json`` holds them (JSON: paths as text, tuples as lists)."""
+    key = {name: functools.reduce(getattr, name.split("."), cfg) for name in GENERATION_FIELDS}
+    d, fg = cfg.data, cfg.algorithm.filter_groups
     # dynamic sampling decides which prompts each later step draws: named only when on, so a dump directory written
     # before these keys existed still matches a run without them
     if fg.enable:
         key.update({"algorithm.filter_groups.metric": fg.metric, "data.gen_batch_size": d.prompts_per_generation})
-    return key
+    return json.loads(json.dumps(key, default=str))
 
 
 class _Dumping(Launched):
