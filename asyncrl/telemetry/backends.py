@@ -69,8 +69,7 @@ class PrometheusBackend:
 
         self._gauge_cls = Gauge
         self._registry = CollectorRegistry(auto_describe=True)
-        self._gauges: dict[str, Gauge] = {}
-        self._key_of: dict[str, str] = {}  # sanitised name -> the metric key that claimed it
+        self._gauges: dict[str, tuple[str, Gauge]] = {}  # sanitised name -> the metric key that claimed it, its gauge
         self._step = Gauge(METRIC_PREFIX + "step", "Last logged training step", registry=self._registry)
         if run_name:
             Info(METRIC_PREFIX + "run", "Name of the asyncrl run", registry=self._registry).info({"run": run_name})
@@ -82,16 +81,15 @@ class PrometheusBackend:
 
     def _gauge(self, key: str) -> Gauge:
         name = sanitize_metric_name(key)
-        owner = self._key_of.get(name)
-        if owner is not None and owner != key:
-            raise ValueError(f"prometheus backend: metric keys {owner!r} and {key!r} both map to {name!r}")
         if name not in self._gauges:
             try:
-                self._gauges[name] = self._gauge_cls(name, f"asyncrl metric {key}", registry=self._registry)
+                self._gauges[name] = (key, self._gauge_cls(name, f"asyncrl metric {key}", registry=self._registry))
             except ValueError as e:
                 raise ValueError(f"prometheus backend: cannot register gauge {name!r} for key {key!r}: {e}") from e
-            self._key_of[name] = key
-        return self._gauges[name]
+        owner, gauge = self._gauges[name]
+        if owner != key:
+            raise ValueError(f"prometheus backend: metric keys {owner!r} and {key!r} both map to {name!r}")
+        return gauge
 
     def log(self, step: int, metrics: dict[str, float], walltime_s: float) -> None:
         self._step.set(step)
