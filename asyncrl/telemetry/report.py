@@ -82,8 +82,9 @@ def _lanes(spans: list[Event]) -> tuple[list[int], int]:
     return lanes, max(1, len(lane_end))
 
 
-def _plot_gantt(ax: Axes, events: list[Event], colours: dict[str, RGBA], t_origin_s: float) -> None:
-    """One row per worker; x in seconds since ``t_origin_s``; instants as black ticks."""
+def _plot_gantt(ax: Axes, events: list[Event], colours: dict[str, RGBA]) -> float:
+    """One row per worker, x in seconds since the first event, instants as black ticks; returns the x extent (s)."""
+    t_origin_s = min((e["start_s"] for e in events), default=0.0)
     workers = sorted({e["worker"] for e in events})
     for row, worker in enumerate(workers):
         spans = [e for e in events if e["worker"] == worker and e.get("kind", "span") == "span"]
@@ -101,6 +102,7 @@ def _plot_gantt(ax: Axes, events: list[Event], colours: dict[str, RGBA], t_origi
     ax.invert_yaxis()
     ax.set_xlabel("seconds since run start")
     ax.grid(True, axis="x", alpha=0.3)
+    return max((e["end_s"] - t_origin_s for e in events), default=0.0)
 
 
 def _span_names(events: list[Event]) -> list[str]:
@@ -139,8 +141,7 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
         axes = fig.subplots(len(ratios), 1, gridspec_kw={"height_ratios": ratios})
         ax_curves, ax_gantt = axes[0], axes[1]
         colours = _colours(_span_names(events))
-        t_origin_s = min((e["start_s"] for e in events), default=0.0)
-        _plot_gantt(ax_gantt, events, colours, t_origin_s)
+        _plot_gantt(ax_gantt, events, colours)
         ax_gantt.set_title("timeline (one row per worker)", fontsize="medium")
         _legend(fig, colours)
     if traced:
@@ -216,9 +217,7 @@ def compare_report(
     axes = fig.subplots(len(runs), 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": heights})
     longest_s = 0.0
     for ax, (name, events) in zip(axes[:, 0], runs):
-        t_origin_s = min((e["start_s"] for e in events), default=0.0)
-        longest_s = max(longest_s, max((e["end_s"] - t_origin_s for e in events), default=0.0))
-        _plot_gantt(ax, events, colours, t_origin_s)
+        longest_s = max(longest_s, _plot_gantt(ax, events, colours))
         ax.set_title(name, fontsize="medium")
     for ax in axes[:-1, 0]:
         ax.set_xlabel("")
