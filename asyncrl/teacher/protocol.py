@@ -251,15 +251,10 @@ def completion_response(
             prompt_entries = [None] + [logprob_entry(row, decode_one) for row in s.prompt]
         gen_ids = [s.gen[0]] if s.gen else []
         gen_entries: list[dict[str, LogprobEntry] | None] = [logprob_entry(s.gen, decode_one)] if s.gen else []
-        text = decode_text(tokenizer, gen_ids)
-        logprobs = None
-        if req.echo:  # vLLM: echo prepends the prompt to the text and, with ``logprobs``, to the logprobs object
-            text = decode_text(tokenizer, tokens) + text
-        if req.logprobs is not None:
-            ids, entries = gen_ids, gen_entries
-            if req.echo:
-                ids, entries = tokens + gen_ids, (prompt_entries or []) + gen_entries
-            logprobs = openai_logprobs(ids, entries, req.logprobs, decode_one)
+        # vLLM: echo prepends the prompt to the text and, with ``logprobs``, to the logprobs object
+        text = (decode_text(tokenizer, tokens) if req.echo else "") + decode_text(tokenizer, gen_ids)
+        ids, entries = (tokens + gen_ids, (prompt_entries or []) + gen_entries) if req.echo else (gen_ids, gen_entries)
+        logprobs = None if req.logprobs is None else openai_logprobs(ids, entries, req.logprobs, decode_one)
         choices.append(
             {
                 "index": index,
