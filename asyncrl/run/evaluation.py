@@ -56,12 +56,9 @@ def evaluate_prompts(
     temperature: float = 0.0,
     batch_size: int = 512,
     group_of: Callable[[Prompt], str] | None = None,
-    params: SamplingParams | None = None,
 ) -> dict:
-    """Greedy (or sampled: ``temperature``, or ``params`` whole, e.g. ``val_sampling``'s) accuracy over
-    ``prompts``; see ``score_samples``."""
-    if params is None:
-        params = SamplingParams(n=1, temperature=temperature, max_new_tokens=response_length)
+    """Greedy (or sampled at ``temperature``) accuracy over ``prompts``, one response each; see ``score_samples``."""
+    params = SamplingParams(n=1, temperature=temperature, max_new_tokens=response_length)
     samples = [s for seed, chunk in chunks(prompts, batch_size) for s in generate(chunk, params, seed)]
     return score_samples(samples, reward_fn, group_of)
 
