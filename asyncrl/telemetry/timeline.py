@@ -10,10 +10,7 @@ and records spans around its phases::
 Workers return ``tl.drain()`` to the driver (events are plain dicts, so they pickle through Ray), the driver
 ``extend``s its own timeline with them and writes ``timeline.json`` with :func:`write_chrome_trace`. Times are
 ``time.time()`` (Unix seconds), so spans from different processes on one machine line up; across machines they are
-only as aligned as the clocks are.
-
-Event dicts: ``{"name", "kind": "span" | "instant", "worker", "thread", "start_s", "end_s", "step", "args"}``, with
-``start_s``/``end_s`` in Unix seconds (``end_s == start_s`` for instants) and ``step`` an int or None.
+only as aligned as the clocks are. The events' fields: :class:`Event`.
 """
 
 from __future__ import annotations
