@@ -77,8 +77,6 @@ class TeacherClient:
     # ---- public API --------------------------------------------------------------------------------------------
     def topk(self, prompts_and_responses: list[list[int]]) -> list[TopK]:
         """One :class:`TopK` per sequence (in order), requested concurrently, at most ``max_in_flight`` at a time."""
-        if not prompts_and_responses:
-            return []
         futures = [self._pool.submit(self.score, seq) for seq in prompts_and_responses]
         done, pending = wait(futures, return_when=FIRST_EXCEPTION)
         for f in pending:
