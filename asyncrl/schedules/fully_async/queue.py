@@ -13,7 +13,6 @@ returns the evicted ids from ``put`` so the caller can tell the controller and t
 from __future__ import annotations
 
 import threading
-from collections import deque
 from dataclasses import dataclass, field
 
 from asyncrl.config.training import DROP_POLICIES
@@ -78,8 +77,7 @@ class MessageQueue:
         self._lock = threading.Lock()
         self._not_full = threading.Condition(self._lock)
         self._not_empty = threading.Condition(self._lock)
-        self._groups: deque[Group] = deque()
-        self._ids: set[str] = set()
+        self._groups: dict[str, Group] = {}  # group id -> group, oldest first
         self._dropped_count = 0
         self._closed = False
 
@@ -100,28 +98,24 @@ class MessageQueue:
     def ids(self) -> list[str]:
         """Queued group ids, oldest first."""
         with self._lock:
-            return [g.group_id for g in self._groups]
+            return list(self._groups)
 
     def put(self, group: Group, timeout: float | None = None) -> PutResult:
         """Append ``group``; see the class docstring for full-queue behaviour. Raises ``QueueClosed`` after close."""
         with self._lock:
-            if group.group_id in self._ids:
+            if group.group_id in self._groups:
                 raise ValueError(f"MessageQueue.put: group {group.group_id!r} is already queued")
-            dropped: list[str] = []
-            if self.drop_policy == "oldest":
-                self._raise_if_closed("put")
-                while len(self._groups) >= self.capacity:
-                    old = self._groups.popleft()
-                    self._ids.discard(old.group_id)
-                    dropped.append(old.group_id)
-                self._dropped_count += len(dropped)
-            else:
-                ok = self._not_full.wait_for(lambda: self._closed or len(self._groups) < self.capacity, timeout)
-                self._raise_if_closed("put")
-                if not ok:
+            if self.drop_policy == "backpressure":
+                if not self._not_full.wait_for(lambda: self._closed or len(self._groups) < self.capacity, timeout):
                     return PutResult(accepted=False)
-            self._groups.append(group)
-            self._ids.add(group.group_id)
+            if self._closed:
+                raise QueueClosed(f"MessageQueue.put: the queue is closed ({len(self._groups)} groups still queued)")
+            dropped: list[str] = []
+            while len(self._groups) >= self.capacity:  # "oldest" only: backpressure waited for room
+                dropped.append(next(iter(self._groups)))
+                del self._groups[dropped[-1]]
+            self._dropped_count += len(dropped)
+            self._groups[group.group_id] = group
             self._not_empty.notify_all()
             return PutResult(accepted=True, dropped=tuple(dropped))
 
@@ -129,15 +123,14 @@ class MessageQueue:
         """Remove the queued groups ``group_ids`` (chosen by the consumer, ``StalenessController.pick``) and return
         them in that order; never waits."""
         with self._lock:
-            missing = [g for g in group_ids if g not in self._ids]
+            missing = [g for g in group_ids if g not in self._groups]
             if missing:
                 raise ValueError(f"MessageQueue.take: groups {missing} are not queued")
-            gone = set(group_ids)
-            by_id = {g.group_id: g for g in self._groups if g.group_id in gone}
-            self._groups = deque(g for g in self._groups if g.group_id not in gone)
-            self._ids -= gone
+            got = [self._groups[g] for g in group_ids]
+            for g in group_ids:
+                self._groups.pop(g, None)
             self._not_full.notify_all()
-            return [by_id[g] for g in group_ids]
+            return got
 
     def wait(self, timeout: float) -> None:
         """Sleep until a group is put or the queue closes, at most ``timeout`` seconds."""
@@ -152,14 +145,10 @@ class MessageQueue:
             self._not_full.notify_all()
             self._not_empty.notify_all()
 
-    def _raise_if_closed(self, op: str) -> None:
-        if self._closed:
-            raise QueueClosed(f"MessageQueue.{op}: the queue is closed ({len(self._groups)} groups still queued)")
-
     def snapshot(self) -> QueueSnapshot:
         """A copy of the queued groups (oldest first) and the drop count; take it while producers are paused."""
         with self._lock:
-            return QueueSnapshot(groups=list(self._groups), dropped_count=self._dropped_count)
+            return QueueSnapshot(groups=list(self._groups.values()), dropped_count=self._dropped_count)
 
     def restore(self, snapshot: QueueSnapshot) -> None:
         """Refill an empty, open queue from ``snapshot`` in the same order (never silently truncates)."""
@@ -171,10 +160,9 @@ class MessageQueue:
                     f"MessageQueue.restore: snapshot holds {len(snapshot.groups)} groups but capacity is "
                     f"{self.capacity}; restoring would drop some"
                 )
-            ids = [g.group_id for g in snapshot.groups]
-            if len(set(ids)) != len(ids):
+            groups = {g.group_id: g for g in snapshot.groups}
+            if len(groups) != len(snapshot.groups):
                 raise ValueError("MessageQueue.restore: snapshot holds a group id twice")
-            self._groups.extend(snapshot.groups)
-            self._ids.update(ids)
+            self._groups = groups
             self._dropped_count = snapshot.dropped_count
             self._not_empty.notify_all()
