@@ -66,6 +66,9 @@ from typing import Any
 
 from asyncrl.config.training import STALENESS_RULES
 
+# the controller's integer state, each kept as ``_<key>`` and checkpointed under ``<key>``
+_COUNTS = ("version", "started", "consumed", "dropped", "abandoned", "max_seen_staleness")
+
 
 class AdmissionRefused(RuntimeError):
     """``on_start`` was called when starting a group could break the staleness bound (call ``can_start`` first)."""
@@ -350,15 +353,10 @@ class StalenessController:
         with self._cond:
             return {
                 "budget": asdict(self.budget),
-                "version": self._version,
                 "in_flight": dict(self._in_flight),
                 "queued": dict(self._queued),
                 "consumed_unqueued": sorted(self._consumed_unqueued),
-                "started": self._started,
-                "consumed": self._consumed,
-                "dropped": self._dropped,
-                "abandoned": self._abandoned,
-                "max_seen_staleness": self._max_seen_staleness,
+                **{k: getattr(self, f"_{k}") for k in _COUNTS},
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -369,13 +367,11 @@ class StalenessController:
             diff = [f"{k}={v!r} (now {now[k]!r})" for k, v in asdict(saved).items() if v != now[k]]
             raise ValueError(f"StalenessController.load_state_dict: the checkpoint was written with {', '.join(diff)}")
         with self._cond:
-            self._version = int(state["version"])
             self._in_flight = {str(k): int(v) for k, v in state["in_flight"].items()}
             self._queued = {str(k): int(v) for k, v in state["queued"].items()}
             self._consumed_unqueued = set(state["consumed_unqueued"])
-            self._started, self._consumed = int(state["started"]), int(state["consumed"])
-            self._dropped, self._abandoned = int(state["dropped"]), int(state["abandoned"])
-            self._max_seen_staleness = int(state["max_seen_staleness"])
+            for k in _COUNTS:
+                setattr(self, f"_{k}", int(state[k]))
             self._cond.notify_all()
 
     def metrics(self) -> dict[str, float]:
