@@ -9,17 +9,14 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from asyncrl.config import SCHEDULES, Config
+from asyncrl.config import Config
 from asyncrl.config.specs import RoleSpecs, role_specs
 
 
 def schedule_module(cfg: Config) -> ModuleType:
-    """The module of ``trainer.schedule`` (each of ``SCHEDULES`` is a module here): its ``run_<name>`` loop and its
-    ``trainer_plan``."""
-    name = cfg.trainer.schedule
-    if name not in SCHEDULES:
-        raise ValueError(f"trainer.schedule={name!r}: no such schedule (the config check should have caught it)")
-    return importlib.import_module(f"{__name__}.{name}")
+    """The module of ``trainer.schedule`` (each of ``config.SCHEDULES``, which the config check holds it to, is a
+    module here): its ``run_<name>`` loop and its ``trainer_plan``."""
+    return importlib.import_module(f"{__name__}.{cfg.trainer.schedule}")
 
 
 def specs_for(cfg: Config) -> RoleSpecs:
@@ -39,5 +36,4 @@ def run_training(cfg: Config) -> dict[str, Any]:
 
     check_config(cfg)
     check_memory(cfg)
-    module = schedule_module(cfg)
-    return getattr(module, f"run_{cfg.trainer.schedule}")(cfg)
+    return getattr(schedule_module(cfg), f"run_{cfg.trainer.schedule}")(cfg)
