@@ -56,14 +56,12 @@ class Rollouter(RolloutWorker):
         at, d, r = spec.async_training, spec.data, spec.engine.rollout
         self.spec = spec
         self.params = SamplingParams.from_config(r)
-        budget = budget_of(at, spec.ppo_mini_batch_size)
-        rows = load_rows(d.train_files)
+        self.budget = budget_of(at, spec.ppo_mini_batch_size)
+        self.queue = queue_for(at, self.budget)
         tools = tool_schemas(r.multi_turn.tools)
-        self.dataset = PromptDataset(
-            rows, self.engine.tokenizer, d.max_prompt_length, overlong=d.overlong_prompts, tools=tools
-        )
-        sampler = EpochSampler(len(self.dataset), 1, seed=spec.engine.seed, shuffle=d.shuffle)
-        self.budget, self.queue, self.sampler = budget, queue_for(at, budget), sampler
+        rows, tokenizer = load_rows(d.train_files), self.engine.tokenizer
+        self.dataset = PromptDataset(rows, tokenizer, d.max_prompt_length, overlong=d.overlong_prompts, tools=tools)
+        self.sampler = EpochSampler(len(self.dataset), 1, seed=spec.engine.seed, shuffle=d.shuffle)
         self.books = self._books(1)
         self._cv = threading.Condition()
         self.held = Hold()  # the driver's hold on the generation thread, under ``_cv``
@@ -153,17 +151,12 @@ class Rollouter(RolloutWorker):
                 done(row)  # its next turn: placed again at the generation thread's next turn
             else:
                 self.scorer.submit(row, done)
-        except BaseException as e:  # surfaced by the generation thread (``_check_turns``)
+        except BaseException as e:  # surfaced by the generation thread (``RollouterPorts.hold``)
             self._turn_error = self._turn_error or e
         finally:
             with self._cv:
                 self._turns -= 1
             self.books.wake.set()
-
-    def _check_turns(self) -> None:
-        self.scorer.check()
-        if self._turn_error is not None:
-            raise RollouterError(f"an agent turn failed: {self._turn_error!r}") from self._turn_error
 
     def _check_alive(self) -> None:
         if self._error is not None:
@@ -291,8 +284,10 @@ class RollouterPorts(RankPorts):
         self.books.wake.clear()
         with self.r._cv:
             held = replace(self.r.held)
-        if not held.stop:
-            self.r._check_turns()  # a failed reward or agent turn stops the thread
+        if not held.stop:  # a failed reward or agent turn stops the thread
+            self.r.scorer.check()
+            if (error := self.r._turn_error) is not None:
+                raise RollouterError(f"an agent turn failed: {error!r}") from error
         return held
 
     def turns(self) -> int:
