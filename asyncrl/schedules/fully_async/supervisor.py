@@ -8,10 +8,8 @@ answer within its deadline, it:
 
 1. kills what is left and starts a new Rollouter on the same bundle of the rollout placement group;
 2. rebuilds the weight-sync group and pushes the trainer's current weights and version;
-3. restores the last snapshot and replays the consumption since (``recovery``): the groups the trainer took are
-   consumed once and never generated again; the rest of what the dead Rollouter had issued is
-   generated again from the restored prompt cursor and in-flight rows (partial tokens newer than the snapshot died
-   with the process; the prompts did not);
+3. restores the last snapshot and replays the consumption since (``recovery``: what the trainer took is never
+   generated again; the rest of what the dead one had issued is, from the restored cursor and in-flight rows);
 4. snapshots it (the new base) and starts it, then repeats the call that failed.
 
 The staleness bound holds: the controller replays every consumption with its version, and regenerated groups start
