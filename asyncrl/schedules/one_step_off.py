@@ -39,5 +39,5 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
 
 def run_one_step_off(cfg: Config) -> dict[str, Any]:
     """The loop is ``loops.one_step_off``, on the real roles."""
-    with open_run(cfg, rollout_side()[0], trainer_plan(cfg)) as (run, algorithm):
+    with open_run(cfg) as (run, algorithm):
         return drive(RunPorts(run, algorithm), "one_step_off")

@@ -18,7 +18,6 @@ import torch
 from asyncrl.algorithms import Algorithm, Prepared, Trained, algorithm_class
 from asyncrl.comm.transport import transport_of
 from asyncrl.config import Config
-from asyncrl.config.specs import TrainerPlan, role_specs
 from asyncrl.models.loading import check_model_dir
 from asyncrl.models.loading import load_tokenizer_from as load_tokenizer
 from asyncrl.rewards.reward_fn import build_reward_fn
@@ -30,6 +29,7 @@ from asyncrl.run.generation import BatchFiller, Generated, Launched, PromptStrea
 from asyncrl.run.skip import RolloutSkip
 from asyncrl.run.step_log import StepLog, StepTimer
 from asyncrl.run.supervision import RolloutPool, WorkerLostError
+from asyncrl.schedules import schedule_module, specs_for
 from asyncrl.schedules.loops import LOOPS, clock_step, run_to_end
 from asyncrl.weights.weight_sync import WeightSync
 from asyncrl.workers.start import start_roles
@@ -54,28 +54,22 @@ def _driver_threads(cfg: Config) -> Iterator[None]:
 
 
 @contextmanager
-def open_run(
-    cfg: Config,
-    side: RolloutSide,
-    plan: TrainerPlan,
-    producer: type | None = None,
-    stream: StreamFactory | None = None,
-) -> Iterator[tuple[Run, Algorithm]]:
+def open_run(cfg: Config, stream: StreamFactory | None = None) -> Iterator[tuple[Run, Algorithm]]:
     """What comes before every schedule's first step, in order: the run directory and the data; the algorithm's own
-    resources (a teacher); every role started on its pool with its spec (``plan``: what the schedule decided for the
-    trainer; ``producer``: the worker class of a streaming schedule's producer); the resume from the latest
-    checkpoint; where the schedule has a rollout side, the weight sync (the rollout side brought to the trainer's
-    weights) and who replaces its dead workers (the pool's supervisor on Ray; ``stream`` builds fully_async's); the
-    metrics log; the held-out accuracy before training. The ``Run`` is built whole from these. Everything started
-    here is stopped at exit, the metrics log too (its trackers' runs marked failed when the run raised)."""
+    resources (a teacher); every role started on its pool with its spec (``trainer.schedule``'s ``trainer_plan`` and
+    ``rollout_side``); the resume from the latest checkpoint; where the schedule has a rollout side, the weight sync
+    (the rollout side brought to the trainer's weights) and who replaces its dead workers (the pool's supervisor on
+    Ray; ``stream`` builds fully_async's); the metrics log; the held-out accuracy before training. The ``Run`` is
+    built whole from these. Everything started here is stopped at exit, the metrics log too (its trackers' runs
+    marked failed when the run raised)."""
     check_model_dir(cfg.model.path)  # before any worker starts: the workers load the weights
     check_agent_loop(cfg.rollout.agent.default_agent_loop)
     directory = RunDir(cfg)
     tokenizer = load_tokenizer(cfg.model.path)
     prompts = PromptStream(cfg, tokenizer)
     reward_fn = build_reward_fn(cfg.reward.custom_function, binarize=cfg.reward.binarize)  # evaluation
-    cls = algorithm_class(cfg)
-    specs = role_specs(cfg, cls.trainer_needs(cfg), plan)
+    cls, specs = algorithm_class(cfg), specs_for(cfg)
+    side, producer = schedule_module(cfg).rollout_side()
     with (
         _driver_threads(cfg),
         cls.resources(cfg, tokenizer, str(directory.path)) as resources,

@@ -35,5 +35,5 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
 
 def run_sync(cfg: Config) -> dict[str, Any]:
     """The loop is ``loops.sync``, on the real roles."""
-    with open_run(cfg, rollout_side()[0], trainer_plan(cfg)) as (run, algorithm):
+    with open_run(cfg) as (run, algorithm):
         return drive(RunPorts(run, algorithm), "sync")

@@ -78,8 +78,7 @@ def open_stream(cfg: Config) -> Iterator[tuple[Run, Algorithm]]:
     def supervise(roles: Roles, sync: WeightSync, version: Callable[[], int]) -> StreamSupervisor:
         return StreamSupervisor(roles, sync, roles.respawn, version, cfg.trainer.max_worker_restarts, timeout, budget)
 
-    side, rollouter = rollout_side()
-    with open_run(cfg, side, trainer_plan(cfg), rollouter, supervise) as (run, algorithm):
+    with open_run(cfg, supervise) as (run, algorithm):
         try:
             yield run, algorithm
         finally:  # already failing, or the Rollouter dead: the backend kills it next
