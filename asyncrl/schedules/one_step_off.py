@@ -23,7 +23,7 @@ from typing import Any
 from asyncrl.config import Config
 from asyncrl.config.specs import TrainerPlan, default_old_policy
 from asyncrl.roles.clients import RolloutSide
-from asyncrl.schedules.run_ports import RunPorts, drive, open_run
+from asyncrl.schedules.run_ports import drive
 
 
 def rollout_side() -> tuple[RolloutSide, type | None]:
@@ -39,5 +39,4 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
 
 def run_one_step_off(cfg: Config) -> dict[str, Any]:
     """The loop is ``loops.one_step_off``, on the real roles."""
-    with open_run(cfg) as (run, algorithm):
-        return drive(RunPorts(run, algorithm), "one_step_off")
+    return drive(cfg)

@@ -139,7 +139,7 @@ class RunPorts(TrainPort):
     The data cursor a checkpoint records is the one after the last batch this step trained: batches drawn beyond it
     (in flight) are drawn and generated again by a resumed run, neither lost nor repeated."""
 
-    def __init__(self, run: Run, algorithm: Algorithm, prepare_pool: ThreadPoolExecutor | None = None):
+    def __init__(self, run: Run, algorithm: Algorithm, prepare_pool: ThreadPoolExecutor):
         self.run, self.algorithm, self.sync = run, algorithm, run.sync
         self.prepare_pool = prepare_pool
         self.filler, self.params = BatchFiller(run.cfg), run.prompts.sampling()
@@ -219,7 +219,6 @@ class RunPorts(TrainPort):
 
     def start_preparing(self, generated: Generated, batch: int) -> Future[tuple[Prepared, Generated]]:
         """Issued here, in batch order; finished on the preparation thread."""
-        assert self.prepare_pool is not None
         finish = self.algorithm.prepare(generated.samples, batch)
         return self.prepare_pool.submit(lambda: (finish(), generated))
 
@@ -229,8 +228,10 @@ class RunPorts(TrainPort):
             return preparing.result()
 
 
-def drive(ports: RunPorts, schedule: str) -> dict[str, Any]:
-    """Run ``schedule``'s loop (``schedules.loops.LOOPS``, the one the performance model runs) on the real roles to
-    its end; the run's summary."""
-    run_to_end(LOOPS[schedule](ports))
-    return ports.run.finish(ports.last_step)
+def drive(cfg: Config) -> dict[str, Any]:
+    """Run ``trainer.schedule``'s loop (``schedules.loops.LOOPS``, the one the performance model runs) on the real
+    roles to its end; the run's summary. The pool's thread is two_step_off's preparation thread (unused otherwise)."""
+    with open_run(cfg) as (run, algorithm), ThreadPoolExecutor(1, "prepare") as pool:
+        ports = RunPorts(run, algorithm, pool)
+        run_to_end(LOOPS[cfg.trainer.schedule](ports))
+        return run.finish(ports.last_step)

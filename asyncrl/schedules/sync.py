@@ -19,7 +19,7 @@ from typing import Any
 from asyncrl.config import Config
 from asyncrl.config.specs import TrainerPlan, default_old_policy
 from asyncrl.roles.clients import RolloutSide
-from asyncrl.schedules.run_ports import RunPorts, drive, open_run
+from asyncrl.schedules.run_ports import drive
 
 
 def rollout_side() -> tuple[RolloutSide, type | None]:
@@ -35,5 +35,4 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
 
 def run_sync(cfg: Config) -> dict[str, Any]:
     """The loop is ``loops.sync``, on the real roles."""
-    with open_run(cfg) as (run, algorithm):
-        return drive(RunPorts(run, algorithm), "sync")
+    return drive(cfg)

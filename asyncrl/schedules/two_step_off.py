@@ -20,19 +20,14 @@ prepared again by a resumed run, neither lost nor repeated.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asyncrl.config import Config
 from asyncrl.schedules.one_step_off import rollout_side as rollout_side  # one_step_off's pool and plan, re-exported
 from asyncrl.schedules.one_step_off import trainer_plan as trainer_plan
-from asyncrl.schedules.run_ports import RunPorts, drive, open_run
+from asyncrl.schedules.run_ports import drive
 
 
 def run_two_step_off(cfg: Config) -> dict[str, Any]:
     """The loop is ``loops.two_step_off``, on the real roles; preparation finishes on a thread of its own."""
-    with (
-        open_run(cfg) as (run, algorithm),
-        ThreadPoolExecutor(1, "prepare") as pool,
-    ):
-        return drive(RunPorts(run, algorithm, prepare_pool=pool), "two_step_off")
+    return drive(cfg)
