@@ -95,16 +95,13 @@ class PromptLedger:
         """A group for prompt ``(epoch, index)`` is about to be generated; returns its group id."""
         if epoch < 0 or index < 0:
             raise ValueError(f"PromptLedger.issue: epoch and index must be >= 0 (got {epoch}, {index})")
-        rec = self._records.setdefault((epoch, index), PromptRecord())
-        group_id = f"{epoch}:{index}#{rec.issued}"
-        rec.issued += 1
-        self._open[group_id] = "issued"
-        if (epoch, index) in self._reissue:
-            self._reissue.remove((epoch, index))
+        rec = self._records.get((epoch, index))
+        group_id = f"{epoch}:{index}#{rec.issued if rec else 0}"
+        self.replay_issue(group_id)
         return group_id
 
     def replay_issue(self, group_id: str) -> None:
-        """Record an issue made elsewhere under its own id (a dead Rollouter's, replayed by its replacement:
+        """Record an issue under its own id (``issue``'s, or a dead Rollouter's replayed by its replacement:
         ``asyncrl.schedules.fully_async.recovery``), so the next attempt at that prompt gets a new id."""
         epoch, index, attempt = parse_group_id(group_id)
         rec = self._records.setdefault((epoch, index), PromptRecord())
