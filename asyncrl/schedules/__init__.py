@@ -15,7 +15,9 @@ from asyncrl.config.specs import RoleSpecs, role_specs
 
 def schedule_module(cfg: Config) -> ModuleType:
     """The module of ``trainer.schedule`` (each of ``config.SCHEDULES``, which the config check holds it to, is a
-    module here): its ``run_<name>`` loop and its ``trainer_plan``."""
+    module here): its ``run_<name>`` loop, and its ``trainer_plan`` and ``rollout_side`` (where it generates, and its
+    producer's worker class or None), which the run (``run_ports.open_run``) and ``asyncrl preflight`` start its
+    roles with."""
     return importlib.import_module(f"{__name__}.{cfg.trainer.schedule}")
 
 

@@ -23,8 +23,7 @@ from asyncrl.schedules.run_ports import drive
 
 
 def rollout_side() -> tuple[RolloutSide, type | None]:
-    """Where this schedule generates, and its producer's worker class (none): what its run starts its roles
-    with (``asyncrl preflight`` starts the same)."""
+    """On the trainer's own engine; no producer."""
     return RolloutSide.ACTOR, None
 
 

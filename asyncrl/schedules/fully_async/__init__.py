@@ -52,8 +52,7 @@ def trainer_plan(cfg: Config) -> TrainerPlan:
 
 
 def rollout_side() -> tuple[RolloutSide, type]:
-    """Where this schedule generates (``RolloutSide.STREAM``) and its producer's worker class (the ``Rollouter``): what
-    ``open_stream`` starts its roles with (``asyncrl preflight`` starts the same)."""
+    """On the stream, whose producer is the ``Rollouter``."""
     # imported here: the books (producer, staleness, queue, ledger) load without the engine and the run machinery,
     # so the performance model (asyncrl.planning) starts in a fraction of the time
     from asyncrl.roles.clients import RolloutSide
