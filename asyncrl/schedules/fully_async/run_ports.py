@@ -11,7 +11,6 @@ from asyncrl.run import Run
 from asyncrl.run.step_log import StepTimer, staleness_metrics
 from asyncrl.schedules.fully_async.recovery import ROLLOUTER_STATE, RollouterSnapshot, StreamBatch
 from asyncrl.schedules.fully_async.report import partial_metrics, processing_metrics
-from asyncrl.schedules.fully_async.slots import budget_of
 from asyncrl.schedules.fully_async.supervisor import StreamSupervisor
 from asyncrl.schedules.loops import clock_step
 from asyncrl.schedules.run_ports import TrainPort
@@ -26,7 +25,7 @@ class StreamRunPorts(TrainPort):
         self.run, self.algorithm = run, algorithm
         self.stream: StreamSupervisor = run.stream
         self.cfg = run.cfg
-        self.budget = budget_of(self.cfg.async_training, self.cfg.actor.ppo_mini_batch_size)
+        self.budget = self.stream.budget
         self.finished = run.start_step - 1
         self.tm = StepTimer(0)
         self.open = ExitStack()  # the step's own span: from take to the end of its push
