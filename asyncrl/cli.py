@@ -158,7 +158,7 @@ def cmd_convert_gguf(a: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from importlib.metadata import entry_points
 
-    from asyncrl.config import TeacherConfig
+    from asyncrl.config.training import add_serve_teacher_arguments
 
     p = argparse.ArgumentParser(prog="asyncrl", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -205,19 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_eval)
 
     s = sub.add_parser("serve-teacher", help="serve a model dir as a distillation teacher (vLLM /v1/completions)")
-    s.add_argument("--model", required=True, help="local Hugging Face causal-LM directory")
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it loopback)")
-    s.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    s.add_argument(
-        "--max-batch",
-        type=int,
-        default=TeacherConfig().server_max_batch,
-        help="sequences per forward pass (default: teacher.server_max_batch's)",
-    )
-    s.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more sequences")
-    s.add_argument("--served-model-name", default=None, help="model id in replies (default: the --model path)")
-    s.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
-    s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_serve_teacher_arguments(s)
     s.set_defaults(fn=cmd_serve_teacher)
 
     s = sub.add_parser("export", help="write a checkpoint's model as a plain Hugging Face directory")

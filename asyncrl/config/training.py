@@ -5,6 +5,7 @@ only one algorithm or schedule reads (``async_training``, ``teacher``, ``distill
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from asyncrl.config.errors import check
 from asyncrl.config.rules import (
@@ -23,6 +24,9 @@ from asyncrl.losses.distill_loss import REVERSE_KL_ESTIMATORS, TAIL_MODES
 from asyncrl.losses.dpo import DPO_LOSSES
 from asyncrl.losses.kl import KL_KINDS
 from asyncrl.losses.tokens import LOSS_AGG_MODES
+
+if TYPE_CHECKING:
+    import argparse
 
 DISTILL_LOSSES = ("forward_kl", "jsd", "reverse_kl")
 # fully_async's admission: exact (every group within the bound) | budget (verl's: the window's budget alone)
@@ -231,6 +235,24 @@ class TeacherConfig(Checked):
         "max_restarts": NON_NEGATIVE,
         "check_tokenizer": one_of(TOKENIZER_CHECKS),
     }
+
+
+def add_serve_teacher_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``asyncrl serve-teacher`` flags, declared here so that the command line has them without importing the
+    server and its model stack (``asyncrl.teacher.server`` reads them)."""
+    p.add_argument("--model", required=True, help="local Hugging Face causal-LM directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it loopback)")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=TeacherConfig.server_max_batch,
+        help="sequences per forward pass (default: teacher.server_max_batch's)",
+    )
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more sequences")
+    p.add_argument("--served-model-name", default=None, help="model id in replies (default: the --model path)")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
 @dataclass

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from asyncrl.config import TeacherConfig
+from asyncrl.config.training import add_serve_teacher_arguments as add_arguments
 from asyncrl.models.loading import ModelLoadError, eos_token_ids, load_model
 from asyncrl.teacher.protocol import (
     RequestError,
@@ -286,23 +287,6 @@ class TeacherServer:
 
 
 # ---- command line ------------------------------------------------------------------------------------------
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``asyncrl serve-teacher`` flags (shared by ``asyncrl.cli`` and ``python -m asyncrl.teacher.server``)."""
-    p.add_argument("--model", required=True, help="local Hugging Face causal-LM directory")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it loopback)")
-    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    p.add_argument(
-        "--max-batch",
-        type=int,
-        default=TeacherConfig().server_max_batch,
-        help="sequences per forward pass (default: teacher.server_max_batch's)",
-    )
-    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more sequences")
-    p.add_argument("--served-model-name", default=None, help="model id in replies (default: the --model path)")
-    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-
-
 def run_from_args(a: argparse.Namespace) -> None:
     """Build and start from parsed flags, print one JSON line with the URL, and serve until Ctrl-C / SIGTERM; a bad
     model dir or a busy port prints one line and exits with status 2."""
