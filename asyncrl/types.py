@@ -8,7 +8,7 @@ the trainer turns a list of samples into padded tensors with ``asyncrl.data.coll
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -96,9 +96,7 @@ class PrefillStats:
     rows: int = 0
 
     def __add__(self, other: PrefillStats) -> PrefillStats:
-        return PrefillStats(
-            self.tokens + other.tokens, self.unshared_tokens + other.unshared_tokens, self.rows + other.rows
-        )
+        return PrefillStats(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
     @property
     def saved_tokens(self) -> int:
@@ -184,16 +182,15 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "greedy", self.temperature == 0.0)
-        if self.n < 1:
-            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k must be >= 0 (0 = off), got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        for name, bad, allowed in (
+            ("n", self.n < 1, ">= 1"),
+            ("temperature", self.temperature < 0, ">= 0 (0 = greedy)"),
+            ("top_p", not 0.0 < self.top_p <= 1.0, "in (0, 1]"),
+            ("top_k", self.top_k < 0, ">= 0 (0 = off)"),
+            ("max_new_tokens", self.max_new_tokens < 1, ">= 1"),
+        ):
+            if bad:
+                raise ValueError(f"SamplingParams.{name} must be {allowed}, got {getattr(self, name)}")
 
     @classmethod
     def from_config(cls, rollout: SamplingKnobs) -> SamplingParams:
