@@ -104,11 +104,11 @@ class ValKwargsConfig(Checked):
     do_sample: bool = False  # false: greedy (temperature, top_p and top_k unused)
     n: int = 1  # responses per held-out prompt; val/accuracy is their mean
 
-    RULES = {
+    RULES = {  # training rollouts' sampling keys too
+        "n": POSITIVE_INT,
         "temperature": NON_NEGATIVE,
         "top_p": rule(lambda v: 0 < v <= 1, "in (0, 1]"),
         "top_k": at_least(-1, " (0 or -1 = off)"),
-        "n": POSITIVE_INT,
     }
 
 
@@ -153,10 +153,7 @@ class RolloutConfig(Checked):
     RULES = {
         "engine": one_of(ENGINES),
         "quantization": one_of(QUANTIZATIONS),
-        "n": POSITIVE_INT,
-        "temperature": NON_NEGATIVE,
-        "top_p": rule(lambda v: 0 < v <= 1, "in (0, 1]"),
-        "top_k": at_least(-1, " (0 or -1 = off)"),
+        **ValKwargsConfig.RULES,
         "response_length": POSITIVE_INT,
         "max_batch_size": POSITIVE_INT,
         "max_num_seqs": POSITIVE_INT,

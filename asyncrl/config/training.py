@@ -34,6 +34,13 @@ STALENESS_RULES = ("exact", "budget")
 DROP_POLICIES = ("backpressure", "oldest")  # a full fully_async queue: the producer waits | the oldest is dropped
 TOKENIZER_CHECKS = ("auto", "fingerprint", "probe")
 REWARD_MANAGERS = ("naive", "dapo")  # verl's names; its prime and batch managers are not built
+# the keys the actor and the critic both batch their passes by
+BATCHING_RULES = {
+    "ppo_epochs": POSITIVE_INT,
+    "ppo_micro_batch_size": POSITIVE_INT,
+    "ppo_max_token_len_per_gpu": POSITIVE_INT,
+    "loss_agg_mode": one_of(LOSS_AGG_MODES),
+}
 
 
 @dataclass
@@ -114,14 +121,11 @@ class ActorConfig(Checked):
 
     RULES = {
         "ppo_mini_batch_size": POSITIVE_INT,
-        "ppo_micro_batch_size": POSITIVE_INT,
-        "ppo_max_token_len_per_gpu": POSITIVE_INT,
-        "ppo_epochs": POSITIVE_INT,
+        **BATCHING_RULES,
         "clip_ratio": rule(lambda v: 0 <= v < 1, "in [0, 1)"),
         "clip_ratio_low": or_null(NON_NEGATIVE),
         "clip_ratio_high": or_null(NON_NEGATIVE),
         "clip_ratio_c": or_null(rule(lambda v: v > 1, "> 1")),
-        "loss_agg_mode": one_of(LOSS_AGG_MODES),
         "kl_loss_type": one_of(KL_KINDS),
         "kl_loss_coef": NON_NEGATIVE,
         "ulysses_sequence_parallel_size": rule(lambda v: v == 1, "1 (Ulysses sequence parallelism is not built)"),
@@ -163,10 +167,8 @@ class FilterGroupsConfig(Checked):
 
 @dataclass
 class AlgorithmConfig(Checked):
-    """The ``algorithm:`` section, tagged by ``name``: these are the keys every algorithm reads; an algorithm's own
-    keys are the fields of its section class, a subclass of this one in its module (``Algorithm.section``: ppo's
-    ``gamma`` and ``lam``, grpo's ``norm_adv_by_std_in_grpo``). The loader parses the section as the chosen
-    algorithm's class (``asyncrl.config.algorithm_section``)."""
+    """The keys every algorithm reads; an algorithm's own are the fields of its subclass of this one
+    (``Algorithm.section``: ``asyncrl.config.algorithm_section``)."""
 
     name: str = "grpo"  # grpo | ppo (critic + GAE) | distill (on-policy distillation from a teacher) | dpo (online)
     adv_estimator: str | None = None  # verl's name; null = the algorithm's own (grpo: grpo, ppo: gae)
@@ -307,13 +309,7 @@ class CriticConfig(Checked):
     use_dynamic_bsz: bool = False  # as actor.use_dynamic_bsz
     ppo_max_token_len_per_gpu: int = 16384  # as actor.ppo_max_token_len_per_gpu
 
-    RULES = {
-        "cliprange_value": NON_NEGATIVE,
-        "ppo_epochs": POSITIVE_INT,
-        "ppo_micro_batch_size": POSITIVE_INT,
-        "ppo_max_token_len_per_gpu": POSITIVE_INT,
-        "loss_agg_mode": one_of(LOSS_AGG_MODES),
-    }
+    RULES = {"cliprange_value": NON_NEGATIVE, **BATCHING_RULES}
 
 
 @dataclass
