@@ -102,12 +102,10 @@ class RollouterSpec(RolloutSpec):
 
 
 @dataclass(frozen=True)
-class TrainerSpec:
+class TrainerSpec(RolloutSpec):
     """The trainer (actor) role: its model, optimiser and micro-batching, the engine it evaluates (or, in sync,
     generates) with, and what the algorithm and the schedule decided for it."""
 
-    engine: EngineSpec
-    reward: RewardConfig  # a RewardSpec when built by role_specs
     actor: ActorConfig
     strategy: str  # ddp | fsdp2, with several ranks
     record_consumed: bool  # fingerprint the weights after every update (asyncrl replay)
