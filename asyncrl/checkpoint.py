@@ -127,23 +127,20 @@ class CheckpointManager:
         os.rename(tmp, final)
         _fsync_dir(self.root)
         atomic_write_bytes(self.root / "latest", f"{final.name}\n".encode())
-        self._prune()
-        return final
-
-    def _prune(self) -> None:
-        steps = sorted(self.list_steps())
-        for s in steps[: max(0, len(steps) - self.max_to_keep)]:
+        steps = self.list_steps()
+        for s in steps[: max(0, len(steps) - self.max_to_keep)]:  # the oldest beyond max_to_keep
             shutil.rmtree(self.root / f"step_{s}", ignore_errors=True)
+        return final
 
     def list_steps(self) -> list[int]:
         if not self.root.is_dir():
             return []
         names = [p.name for p in self.root.iterdir() if (p / DRIVER_STATE).is_file()]
-        return [int(n.removeprefix("step_")) for n in names if n.startswith("step_") and n[5:].isdecimal()]
+        return sorted(int(n.removeprefix("step_")) for n in names if n.startswith("step_") and n[5:].isdecimal())
 
     def latest(self) -> Path | None:
         """The newest checkpoint that passes its manifest; a newer one that fails is skipped with a warning."""
-        for step in sorted(self.list_steps(), reverse=True):
+        for step in reversed(self.list_steps()):
             ckpt = self.root / f"step_{step}"
             problem = verify_manifest(ckpt)
             if problem is None:
