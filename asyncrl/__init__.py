@@ -17,28 +17,22 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-# public name -> the module that defines it
+# the module that defines them -> the public names
 _PUBLIC = {
-    "load_config": "asyncrl.api",
-    "train": "asyncrl.api",
-    "TrainResult": "asyncrl.api",
-    "Config": "asyncrl.config.schema",
-    "load_model": "asyncrl.models.loading",
-    "PromptDataset": "asyncrl.data.dataset",
-    "load_rows": "asyncrl.data.rows",
-    "RolloutEngine": "asyncrl.rollout.engine",
-    "SamplingParams": "asyncrl.types",
-    "Sample": "asyncrl.types",
-    "Prompt": "asyncrl.types",
-    "RewardFn": "asyncrl.rewards",
-    "collate": "asyncrl.data.collate",
-    "group_ids": "asyncrl.data.collate",
-    "rewards_of": "asyncrl.data.collate",
-    "forward_logits": "asyncrl.trainer.forward",
-    "evaluate_prompts": "asyncrl.run.evaluation",
-    "load_sft_config": "asyncrl.finetune.sft",
-    "run_sft": "asyncrl.finetune.sft",
+    "asyncrl.api": ("load_config", "train", "TrainResult"),
+    "asyncrl.config.schema": ("Config",),
+    "asyncrl.models.loading": ("load_model",),
+    "asyncrl.data.dataset": ("PromptDataset",),
+    "asyncrl.data.rows": ("load_rows",),
+    "asyncrl.rollout.engine": ("RolloutEngine",),
+    "asyncrl.types": ("SamplingParams", "Sample", "Prompt"),
+    "asyncrl.rewards": ("RewardFn",),
+    "asyncrl.data.collate": ("collate", "group_ids", "rewards_of"),
+    "asyncrl.trainer.forward": ("forward_logits",),
+    "asyncrl.run.evaluation": ("evaluate_prompts",),
+    "asyncrl.finetune.sft": ("load_sft_config", "run_sft"),
 }
+_MODULE_OF = {name: module for module, names in _PUBLIC.items() for name in names}
 _MODULES = {"losses": "asyncrl.losses"}
 
 __all__ = [
@@ -67,8 +61,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name in _PUBLIC:
-        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    if name in _MODULE_OF:
+        value = getattr(importlib.import_module(_MODULE_OF[name]), name)
     elif name in _MODULES:
         value = importlib.import_module(_MODULES[name])
     else:
