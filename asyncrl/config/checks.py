@@ -21,8 +21,6 @@ def validate(cfg: Config) -> None:
     check_algorithm_name(cfg.algorithm.name)
     d, a = cfg.data, cfg.actor
     if cfg.trainer.schedule != "fully_async":  # fully_async's step: require_batches x ppo_mini_batch_size groups
-        allowed = f"<= data.train_batch_size ({d.train_batch_size})"
-        check(a.ppo_mini_batch_size <= d.train_batch_size, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size, allowed)
         allowed = f"a divisor of data.train_batch_size ({d.train_batch_size})"
         ok = d.train_batch_size % a.ppo_mini_batch_size == 0
         check(ok, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size, allowed)
