@@ -3,8 +3,7 @@
 
 Every command that takes a config accepts dotted ``key=value`` overrides after its flags, e.g.
 ``asyncrl train --config configs/quickstart.yaml rollout.n=8 trainer.total_training_steps=20``.
-Errors a user can fix (``asyncrl.errors.UserInputError``: bad config, data row, model dir, reward spec, a server of
-theirs...) print one line and exit with status 2; anything else is a bug and keeps its traceback.
+Errors a user can fix print one line and exit with status 2; anything else keeps its traceback (``asyncrl.errors``).
 """
 
 from __future__ import annotations

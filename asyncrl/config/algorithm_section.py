@@ -7,10 +7,6 @@ An algorithm is found by its name as ``asyncrl.algorithms.algorithm_class`` find
 ``asyncrl.algorithms.<name>``, or a dotted import path of the user's, that names its class ``ALGORITHM``. It is a
 plugin lookup by name (``importlib``), so the config, two floors below the algorithms, imports none of them by
 statement.
-
-A key another built-in algorithm reads, set for this one, is an error naming that algorithm, unless it holds that
-key's default: verl's scripts and configs carry ``algorithm.gamma: 1.0`` and ``algorithm.lam: 1.0`` for every
-estimator, and a run of this package dumps only its own algorithm's keys.
 """
 
 from __future__ import annotations
@@ -81,8 +77,10 @@ def section_class(name: str) -> type[AlgorithmConfig]:
 
 def other_algorithms_defaults(section: dict[str, object], chosen: type[AlgorithmConfig], name: str) -> list[str]:
     """The keys of ``section`` (one layer's ``algorithm:``, plain values) that another built-in algorithm reads and
-    ``chosen`` does not, each holding that algorithm's default: the loader drops them. Such a key set to anything
-    else is an error naming who reads it. Keys no algorithm reads are left for the loader to name as unknown."""
+    ``chosen`` does not, each holding that algorithm's default: the loader drops them (verl's scripts and configs
+    carry ``algorithm.gamma: 1.0`` and ``algorithm.lam: 1.0`` for every estimator; a run of this package dumps only
+    its own algorithm's keys). Such a key set to anything else is an error naming who reads it. Keys no algorithm
+    reads are left for the loader to name as unknown."""
     own = {f.name for f in dataclasses.fields(chosen)}
     stray = [k for k in section if k not in own]
     if not stray:
