@@ -35,29 +35,7 @@ _PUBLIC = {
 _MODULE_OF = {name: module for module, names in _PUBLIC.items() for name in names}
 _MODULES = {"losses": "asyncrl.losses"}
 
-__all__ = [
-    "__version__",
-    "load_config",
-    "train",
-    "TrainResult",
-    "Config",
-    "load_model",
-    "PromptDataset",
-    "load_rows",
-    "RolloutEngine",
-    "SamplingParams",
-    "Sample",
-    "Prompt",
-    "RewardFn",
-    "collate",
-    "group_ids",
-    "rewards_of",
-    "forward_logits",
-    "evaluate_prompts",
-    "load_sft_config",
-    "run_sft",
-    "losses",
-]
+__all__ = ["__version__", *_MODULE_OF, *_MODULES]
 
 
 def __getattr__(name: str):
@@ -75,17 +53,24 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-if TYPE_CHECKING:
-    from asyncrl import losses
-    from asyncrl.api import TrainResult, load_config, train
-    from asyncrl.config.schema import Config
-    from asyncrl.data.collate import collate, group_ids, rewards_of
-    from asyncrl.data.dataset import PromptDataset
-    from asyncrl.data.rows import load_rows
-    from asyncrl.finetune.sft import load_sft_config, run_sft
-    from asyncrl.models.loading import load_model
-    from asyncrl.rewards import RewardFn
-    from asyncrl.rollout.engine import RolloutEngine
-    from asyncrl.run.evaluation import evaluate_prompts
-    from asyncrl.trainer.forward import forward_logits
-    from asyncrl.types import Prompt, Sample, SamplingParams
+if TYPE_CHECKING:  # the names __getattr__ resolves, for type checkers
+    from asyncrl import losses as losses
+    from asyncrl.api import TrainResult as TrainResult
+    from asyncrl.api import load_config as load_config
+    from asyncrl.api import train as train
+    from asyncrl.config.schema import Config as Config
+    from asyncrl.data.collate import collate as collate
+    from asyncrl.data.collate import group_ids as group_ids
+    from asyncrl.data.collate import rewards_of as rewards_of
+    from asyncrl.data.dataset import PromptDataset as PromptDataset
+    from asyncrl.data.rows import load_rows as load_rows
+    from asyncrl.finetune.sft import load_sft_config as load_sft_config
+    from asyncrl.finetune.sft import run_sft as run_sft
+    from asyncrl.models.loading import load_model as load_model
+    from asyncrl.rewards import RewardFn as RewardFn
+    from asyncrl.rollout.engine import RolloutEngine as RolloutEngine
+    from asyncrl.run.evaluation import evaluate_prompts as evaluate_prompts
+    from asyncrl.trainer.forward import forward_logits as forward_logits
+    from asyncrl.types import Prompt as Prompt
+    from asyncrl.types import Sample as Sample
+    from asyncrl.types import SamplingParams as SamplingParams
