@@ -23,10 +23,6 @@ def at_least(lo: float, note: str = "") -> Rule:
     return (lambda v: v >= lo), f">= {lo:g}{note}"
 
 
-def above(lo: float) -> Rule:
-    return (lambda v: v > lo), f"> {lo:g}"
-
-
 def between(lo: float, hi: float) -> Rule:
     return (lambda v: lo <= v <= hi), f"in [{lo:g}, {hi:g}]"
 
@@ -41,7 +37,7 @@ def or_null(r: Rule) -> Rule:
 
 
 POSITIVE_INT = at_least(1)
-POSITIVE = above(0)
+POSITIVE = rule(lambda v: v > 0, "> 0")
 NON_NEGATIVE = at_least(0)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from asyncrl.config.errors import ConfigError, check
 from asyncrl.config.rollout import DTYPES, RewardConfig, RolloutConfig
-from asyncrl.config.rules import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Checked, above, at_least, one_of, or_null, rule
+from asyncrl.config.rules import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Checked, at_least, one_of, or_null, rule
 from asyncrl.config.training import (
     ActorConfig,
     AlgorithmConfig,
@@ -91,7 +91,7 @@ class ModelConfig(Checked):
     RULES = {
         "dtype": one_of(DTYPES),
         "lora_rank": at_least(0, " (0 = full fine-tuning)"),
-        "lora_alpha": above(0),
+        "lora_alpha": POSITIVE,
         "target_modules": rule(_module_names, '"all-linear" or a non-empty list of module names'),
     }
 
