@@ -201,7 +201,6 @@ class JsonRequestHandler(BaseHTTPRequestHandler):
     debug on the server's log, and ``_send``: a JSON reply (``Connection: close`` when the connection ends)."""
 
     protocol_version = "HTTP/1.1"  # keep-alive: the client reuses one connection per thread
-    allow_nan = False  # a reply with NaN or inf is not JSON: refused rather than sent
     server: TrackedHTTPServer
 
     def setup(self) -> None:
@@ -218,7 +217,7 @@ class JsonRequestHandler(BaseHTTPRequestHandler):
         self.server.log.debug("%s %s", self.address_string(), format % args)
 
     def _send(self, status: int, payload: object) -> None:
-        data = json.dumps(payload, allow_nan=self.allow_nan).encode("utf-8")
+        data = json.dumps(payload, allow_nan=False).encode("utf-8")  # NaN or inf is not JSON: refused, not sent
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
