@@ -117,7 +117,7 @@ def _memory_plan(a: argparse.Namespace, shown: list | None) -> None:
     from asyncrl.sizing.check import check_plan, gpu_roles, local_device_bytes
     from asyncrl.sizing.memory import plan_memory
     from asyncrl.sizing.shape import model_shape
-    from asyncrl.sizing.table import Layout, format_memory
+    from asyncrl.sizing.table import format_memory
 
     def plan_checks(cfg) -> None:
         """Each section's own keys, and the ranks from the GPU keys. Not the cross-key checks of a run (those
@@ -132,13 +132,13 @@ def _memory_plan(a: argparse.Namespace, shown: list | None) -> None:
     if device is None:
         raise ConfigError("plan --model: this machine has no GPU to size the plan by: give --gpu-mem GB")
     if shown is not None:
-        layouts = [Layout(s.schedule, s.trainer, s.rollout, f"{i}. {s.label()}") for i, s in enumerate(shown, 1)]
+        layouts = [(f"{i}. {s.label()}", s.schedule, s.trainer) for i, s in enumerate(shown, 1)]
     else:
         if a.gpus is None:
             raise ConfigError("plan --model: give --gpus N (with --nodes M)")
         sched = cfg.trainer.schedule if cfg.trainer.schedule != "sync" else "one_step_off"
-        layouts = [Layout("sync", a.gpus)]
-        layouts += [Layout(sched, t, r) for r, t in splits(_cluster(a))]
+        layouts = [(f"sync ({a.gpus})", "sync", a.gpus)]
+        layouts += [(f"{sched} ({r} gen / {t} train)", sched, t) for r, t in splits(_cluster(a))]
     shape = model_shape(a.model)
     print()
     print(format_memory(cfg, shape, layouts, device))

@@ -29,9 +29,7 @@ class MemoryPlanError(UserInputError, RuntimeError):
 def gpu_roles(cfg: Config) -> tuple[str, ...]:
     """The roles ``cfg`` puts on GPUs: the trainer (``trainer.n_gpus_per_node``), the rollout pool
     (``rollout.n_gpus_per_node``)."""
-    return (("trainer",) if cfg.trainer.n_gpus_per_node > 0 else ()) + (
-        ("rollout",) if cfg.rollout.n_gpus_per_node > 0 else ()
-    )
+    return tuple(role for role in ("trainer", "rollout") if getattr(cfg, role).n_gpus_per_node > 0)
 
 
 def local_device_bytes() -> int | None:

@@ -139,22 +139,17 @@ class MemoryPlan:
 
     def problems(self) -> list[str]:
         """One line per role that does not fit: ``trainer rank: 143.2 GB of 80 GB (fp32 masters 30.5 GB, ...)``."""
-        out = []
-        d = self.device_bytes
-        if d is not None and self.trainer.total > d:
-            out.append(f"trainer rank: {self.trainer.total / GB:.1f} GB of {d / GB:.0f} GB ({self.trainer.largest()})")
-        r = self.rollout
-        if r is None:
-            return out
-        if r.engine == "vllm" and d is not None:
-            need = self.max_model_len * self.kv_per_token
-            if r.kv_cache < need:
-                out.append(
-                    f"rollout rank: vLLM's KV cache gets {r.kv_cache / GB:.1f} GB of rollout.gpu_memory_utilization "
-                    f"x {d / GB:.0f} GB = {r.budget / GB:.1f} GB, less than one rollout.max_model_len "
-                    f"({self.max_model_len} tokens: {need / GB:.2f} GB) ({r.largest()})"
-                )
-        if d is not None and r.total > d:
+        d, t, r = self.device_bytes, self.trainer, self.rollout
+        if d is None:
+            return []
+        out = [f"trainer rank: {t.total / GB:.1f} GB of {d / GB:.0f} GB ({t.largest()})"] if t.total > d else []
+        if r is not None and r.engine == "vllm" and r.kv_cache < (need := self.max_model_len * self.kv_per_token):
+            out.append(
+                f"rollout rank: vLLM's KV cache gets {r.kv_cache / GB:.1f} GB of rollout.gpu_memory_utilization "
+                f"x {d / GB:.0f} GB = {r.budget / GB:.1f} GB, less than one rollout.max_model_len "
+                f"({self.max_model_len} tokens: {need / GB:.2f} GB) ({r.largest()})"
+            )
+        if r is not None and r.total > d:
             out.append(f"rollout rank: {r.total / GB:.1f} GB of {d / GB:.0f} GB ({r.largest()})")
         return out
 
@@ -226,9 +221,8 @@ def trainer_memory(cfg: Config, s: ModelShape, ranks: int, engine: int = 0) -> T
     m = TrainerMemory(strategy=strategy, ranks=ranks, tokens=tokens)
     if strategy == "ddp":
         m.params, m.masters, m.grads, m.optimizer = P * b, (P * 4 if b < 4 else 0), P * 4, P * 8
-        copy = P * b
-        m.ref = copy if uses_ref else 0
-        m.prox = copy if uses_prox else 0
+        m.ref = P * b if uses_ref else 0
+        m.prox = P * b if uses_prox else 0
     else:
         shard = -(-P // ranks)
         m.params = 0 if fs.param_offload else shard * 4
