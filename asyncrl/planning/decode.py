@@ -13,7 +13,7 @@ from itertools import accumulate
 from typing import TypeVar
 
 from asyncrl.planning.clock import Compute
-from asyncrl.planning.cost import continuous_schedule, decode_segments, prefill_tokens
+from asyncrl.planning.cost import decode_segments, prefill_tokens
 from asyncrl.planning.setting import Prices
 from asyncrl.types import engine_chunks
 
@@ -39,10 +39,8 @@ def decode(prices: Prices, rows: list[Row]):
         chunk_rows = [chunks[c] if c < len(chunks) else [] for chunks in plans]
         prefill = max(prefill_tokens([(rows[i].shared, rows[i].prefix) for i in ch], cost.engine) for ch in chunk_rows)
         yield Compute(prices.call_s(prefill), prices.gen_threads, prices.pool)
-        if cost.engine == "vllm":
-            per_rep = [continuous_schedule([rows[i].need for i in ch], cost.max_num_seqs)[0] for ch in chunk_rows]
-        else:
-            per_rep = [decode_segments([rows[i].need for i in ch]) for ch in chunk_rows]
+        slots = cost.max_num_seqs if cost.engine == "vllm" else 0  # the built-in engine: a chunk fits its slots
+        per_rep = [decode_segments([rows[i].need for i in ch], cost.engine, slots) for ch in chunk_rows]
         # the union of every replica's segment boundaries: between two, each replica's live batch is constant
         ends = [list(accumulate(s.tokens for s in segs)) for segs in per_rep]
         bounds = sorted({0} | {b for e in ends for b in e})
