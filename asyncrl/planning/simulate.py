@@ -113,22 +113,13 @@ class Sim(StreamSim):
         """The schedule's own loop (``schedules.loops``; fully_async's: ``planning.stream``) on the virtual clock."""
         sched = self.setting.schedule
         proc = self.fully_async() if sched == "fully_async" else LOOPS[sched](SimPorts(self))
-        done = {"trainer": False}
-
-        def main():
-            yield from proc
-            done["trainer"] = True
-
-        self.clock.spawn(main())
-        self.clock.run(until=lambda: done["trainer"])
-        if not done["trainer"]:
+        self.clock.spawn(proc)
+        self.clock.run(until=lambda: proc.gi_frame is None)  # the trainer's loop ended (a Rollouter may run on)
+        if proc.gi_frame is not None:
             books = self.producer.controller.metrics() if sched == "fully_async" else {}
             raise RuntimeError(
                 f"simulation of {self.setting.label()} stalled after {len(self.step_ends)} steps {books}"
             )
-        return self.prediction()
-
-    def prediction(self) -> Prediction:
         ends = self.step_ends
         first = 1 if len(ends) > 2 else 0
         t0 = ends[first - 1] if first else 0.0
@@ -142,9 +133,7 @@ class Sim(StreamSim):
             step_s=step_s,
             samples_per_s=per_step / step_s,
             trainer_idle=1.0 - _busy(self.spans, "trainer", t0, ends[-1]) / window,
-            rollout_idle=0.0
-            if self.setting.schedule == "sync"
-            else 1.0 - _busy(self.spans, "rollout", t0, ends[-1]) / window,
+            rollout_idle=0.0 if sched == "sync" else 1.0 - _busy(self.spans, "rollout", t0, ends[-1]) / window,
             staleness=dict(sorted(self.staleness.items())),
             partial_share=self.partial / max(1, sum(self.staleness.values())),
             spans=self.spans,
