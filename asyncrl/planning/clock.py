@@ -9,7 +9,7 @@ A process yields what it does next:
   than cores and a computation on several threads moves those at ``parallel`` and the one-thread ones at ``single``
   instead: a parallel region waits at its barrier for a thread sliced out. A pool of its own (``pool=None``: a
   role's own devices) never slows.
-- ``Wait(signal)``: until ``signal.fire()`` (at once if it fired since it was last ``clear``-ed).
+- ``Wait(signal)``: until ``Clock.fire(signal)`` (at once if it fired since ``signal.fired`` was last reset).
 - ``Delay(seconds)``: wall time that takes no core (a network transfer, a sleep).
 
 ``run`` advances to the next completion, hands it back to its process, and goes on until every process ended or
@@ -40,7 +40,7 @@ class Delay:
 
 @dataclass
 class Signal:
-    """A latch: ``fire`` wakes every waiter and stays set until ``clear``."""
+    """A latch: ``Clock.fire`` wakes every waiter, and ``fired`` stays set until the process that waits resets it."""
 
     name: str = ""
     fired: bool = False
@@ -70,10 +70,6 @@ class Clock:
 
     def spawn(self, proc: Process) -> None:
         self._ready.append((proc, None))
-
-    @staticmethod
-    def clear(signal: Signal) -> None:
-        signal.fired = False
 
     def fire(self, signal: Signal) -> None:
         signal.fired = True

@@ -15,7 +15,7 @@ import copy
 from collections.abc import Callable
 
 from asyncrl.data.dataset import EpochSampler
-from asyncrl.planning.clock import Clock, Compute, Delay, Signal, Wait
+from asyncrl.planning.clock import Compute, Delay, Signal, Wait
 from asyncrl.planning.cost import Segment, prefill_tokens
 from asyncrl.planning.setting import Span
 from asyncrl.planning.slots import SimRank, SimRow
@@ -129,11 +129,11 @@ class SimRollouter:
         sim = self.sim
         self._put()
         sim.clock.fire(sim.parked)
-        Clock.clear(sim.resumed)
+        sim.resumed.fired = False
         yield Wait(sim.resumed)
 
     def idle(self) -> Steps[None]:
-        Clock.clear(self.sim.admission)
+        self.sim.admission.fired = False
         yield Wait(self.sim.admission)
 
     def _scorer(self, batch: list[tuple[Sample, Callable[[Sample], None]]], step: int) -> Steps[None]:
@@ -243,7 +243,7 @@ class StreamSimPorts:
     def take(self, step: int):
         sim, t0 = self.sim, self.sim.clock.now
         while (got := sim.producer.take(sim.budget.groups_per_update, self.version, 0.0)) is None:
-            Clock.clear(sim.queued)
+            sim.queued.fired = False
             yield Wait(sim.queued)
         if sim.clock.now > t0:
             sim.spans.append(Span("driver", "wait_batch", t0, sim.clock.now, step))
@@ -276,7 +276,7 @@ class StreamSimPorts:
         self.version += 1
         t1 = sim.clock.now
         held.park, held.interrupt = True, sim.setting.partial_rollout
-        Clock.clear(sim.parked)
+        sim.parked.fired = False
         sim.clock.fire(sim.admission)  # an idle Rollouter reaches its park point (the real one polls)
         yield Wait(sim.parked)
         yield Delay(sim.prices.stream_push_s)
