@@ -60,17 +60,16 @@ class Setting:
         """The setting a config runs: its schedule, each role's threads (CPU) or GPUs, the fully_async knobs."""
         t, r, at = cfg.trainer, cfg.rollout, cfg.async_training
         on_gpu = t.n_gpus_per_node > 0
-        trainer = t.nnodes * t.n_gpus_per_node if on_gpu else max(1, int(t.cpus_per_worker)) * t.num_workers
-        if t.schedule == "sync":
-            rollout = 0
-        elif on_gpu:
-            rollout = r.nnodes * r.n_gpus_per_node
-        else:
-            rollout = max(1, int(r.cpus_per_worker)) * r.num_workers
+
+        def units(role) -> int:
+            return (
+                role.nnodes * role.n_gpus_per_node if on_gpu else max(1, int(role.cpus_per_worker)) * role.num_workers
+            )
+
         return Setting(
             schedule=t.schedule,
-            trainer=trainer,
-            rollout=rollout,
+            trainer=units(t),
+            rollout=0 if t.schedule == "sync" else units(r),
             staleness_threshold=float(at.staleness_threshold),
             staleness_rule=str(at.staleness_rule),
             trigger_parameter_sync_step=int(at.trigger_parameter_sync_step),
