@@ -2,10 +2,8 @@
 ``CostModel``, on a described cluster.
 
 ``sync``, ``one_step_off`` and ``two_step_off`` run the real run's own loops (``schedules.loops``) over ports that
-price each phase on the clock (``planning.sim_ports``): a loop changed there changes the prediction. ``fully_async``
-runs both its loops (``schedules.fully_async.loop``): the Rollouter's (``produce``, with the real ``Producer``) over
-streaming engines priced per step (``stream.SimRollouter``), the driver's (``consume``: take, prepare, train, park
-the Rollouter, sync, resume) over ``stream.StreamSimPorts``. The other schedules' decode calls: ``planning.decode``.
+price each phase on the clock (``planning.sim_ports``; their decode calls: ``planning.decode``): a loop changed there
+changes the prediction. ``fully_async`` runs both its loops (``schedules.fully_async.loop``): ``planning.stream``.
 
 Clusters: ``Cluster.cpu(cores)``: every role shares the machine's cores (a computation on t threads among others
 moves at min(1, cores / all running threads) of its alone speed; its alone speed on t threads is Amdahl's law with

@@ -31,10 +31,9 @@ PIECE_STEPS = 16  # the clock jumps at most this many decode steps at a time, so
 
 
 class SimRollouter:
-    """``loop.produce``'s ports on the clock: one Rollouter's life (a fault ends it: ``held.stop``) with the real
-    ``Producer`` (``books``; restored from ``take`` when it takes over), each rank's streaming engine priced per step
-    between row ends, the rows that ended scored on the pool's cores beside the decode. ``version``: the weights its
-    engines hold. ``sim``: the ``simulate.Sim`` whose clock, prices, work and signals these use."""
+    """``loop.produce``'s ports on the clock, priced as this module says: one Rollouter's life (a fault ends it:
+    ``held.stop``), its books the real ``Producer`` (restored from ``take`` when it takes over). ``version``: the
+    weights its engines hold. ``sim``: the ``simulate.Sim`` whose clock, prices, work and signals these use."""
 
     def __init__(self, sim: StreamSim, version: int, take: Takeover | None = None):
         st, cost, budget = sim.setting, sim.cost, sim.budget
@@ -205,13 +204,11 @@ class StreamSim:
         self.clock.fire(self.admission)
 
     def _start_rollouter(self, version: int, take: Takeover | None = None) -> None:
+        if take is not None:  # taking over from the last one, dead: what it decodes meanwhile is lost
+            self.rollouter.held.stop = True
         self.rollouter = SimRollouter(self, version, take)
         self.producer = self.rollouter.books
         self.clock.spawn(loop.produce(self.rollouter))
-
-    def _replace_rollouter(self, take: Takeover, version: int) -> None:
-        self.rollouter.held.stop = True  # dead: what it decodes meanwhile is lost
-        self._start_rollouter(version, take)
         self.clock.fire(self.admission)
 
 
@@ -220,10 +217,9 @@ def _sim_prompt(epoch: int, index: int) -> Prompt:
 
 
 class StreamSimPorts:
-    """``loop.consume``'s ports on the clock: take a batch when the queue has it, prepare, train; at the end of a
-    sync window park the Rollouter (interrupting its decode with partial rollout), send the weights, resume it. A
-    fault (``Fault``) kills the run and resumes it from its last checkpoint, or replaces the Rollouter mid-run, as
-    ``recovery`` does. ``sim``: the ``simulate.Sim`` whose clock, prices, work, books and Rollouter these drive."""
+    """``loop.consume``'s ports (``loop.StreamPorts``) on the clock. A fault (``Fault``) kills the run and resumes it
+    from its last checkpoint, or replaces the Rollouter mid-run, as ``recovery`` does. ``sim``: the ``simulate.Sim``
+    whose clock, prices, work, books and Rollouter these drive."""
 
     def __init__(self, sim: StreamSim):
         self.sim = sim
@@ -298,8 +294,8 @@ class StreamSimPorts:
             sim.faulted = True  # kill -9 late in the run: all after the checkpoint is lost; resume from it
             snap, self.updates, self.version, n_consumed = self.checkpoint
             del sim.consumed[n_consumed:]
-            sim._replace_rollouter(Takeover(copy.deepcopy(snap), [], self.version), self.version)
+            sim._start_rollouter(self.version, Takeover(copy.deepcopy(snap), [], self.version))
             self.base, self.since_base = copy.deepcopy(snap), []
         elif fault and fault.kind == "takeover" and self.updates == fault.after_update and not sim.faulted:
             sim.faulted = True  # the Rollouter dies; a new one restores the last snapshot + what was consumed
-            sim._replace_rollouter(Takeover(self.base, list(self.since_base), self.version), self.version)
+            sim._start_rollouter(self.version, Takeover(self.base, list(self.since_base), self.version))
