@@ -282,12 +282,6 @@ class CostModel:
         return self.prepare(**{k: v for k, v in x.items() if k in self.prepare.names})
 
     @property
-    def stream_rows(self) -> int:
-        """Rows one engine decodes at once when it streams (``fully_async``): vLLM's ``max_num_seqs`` (when set),
-        the built-in engine's ``max_batch_size``; the engine's own ``capacity``."""
-        return self.max_num_seqs if self.engine == "vllm" and self.max_num_seqs else self.max_batch_size
-
-    @property
     def chunk_rows(self) -> int | None:
         """Rows one engine call takes at once: the built-in engine's ``max_batch_size``; vLLM takes them all."""
         return None if self.engine == "vllm" else self.max_batch_size

@@ -38,9 +38,9 @@ class SimRollouter:
     def __init__(self, sim: StreamSim, version: int, take: Takeover | None = None):
         st, cost, budget = sim.setting, sim.cost, sim.budget
         self.sim, self.version, self.held = sim, version, Hold()
-        capacities, max_groups = stream_concurrency(
-            cost.stream_rows, cost.n, sim.prices.replicas, st.max_inflight_groups
-        )
+        # rows one engine streams at once, its own ``capacity``: vLLM's max_num_seqs (when set), else max_batch_size
+        rows = cost.max_num_seqs if cost.engine == "vllm" and cost.max_num_seqs else cost.max_batch_size
+        capacities, max_groups = stream_concurrency(rows, cost.n, sim.prices.replicas, st.max_inflight_groups)
         self.ranks = [SimRank(c) for c in capacities]
         self.scoring: list[tuple[Sample, Callable[[Sample], None]]] = []
         sampler = EpochSampler(sim.dataset_size, 1, seed=sim.seed, shuffle=True)
