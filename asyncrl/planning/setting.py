@@ -140,23 +140,22 @@ class Prices:
         self.cost, self.cluster, self.setting = cost, cluster, setting
         sc = cost.scaling
         speed = max(cluster.device_speed, 1e-9)
+        gen_units = setting.trainer if setting.schedule == "sync" else setting.rollout  # threads (cpu) or devices (gpu)
         if cluster.kind == "cpu":
-            gen_threads = setting.trainer if setting.schedule == "sync" else setting.rollout
-            self.gen_factor = sc.speed("gen", cost.gen_threads) / sc.speed("gen", gen_threads)
+            self.gen_factor = sc.speed("gen", cost.gen_threads) / sc.speed("gen", gen_units)
             # a streaming engine's step scales with threads as the probe measured it (else as generation does)
-            self.stream_factor = sc.speed("stream", cost.gen_threads) / sc.speed("stream", gen_threads)
-            self.admit_factor = sc.speed("admit", cost.gen_threads) / sc.speed("admit", gen_threads)
+            self.stream_factor = sc.speed("stream", cost.gen_threads) / sc.speed("stream", gen_units)
+            self.admit_factor = sc.speed("admit", cost.gen_threads) / sc.speed("admit", gen_units)
             self.train_factor = sc.speed("train", cost.train_threads) / sc.speed("train", setting.trainer)
             if setting.schedule != "sync":  # several pools: their idle OpenMP threads sleep (the probe's shared_train)
                 self.train_factor /= sc.shared_train or 1.0
-            self.replicas, self.gen_threads, self.train_threads = 1, float(gen_threads), float(setting.trainer)
+            self.replicas, self.gen_threads, self.train_threads = 1, float(gen_units), float(setting.trainer)
             self.pool: str | None = "shared"
             par, one = sc.oversubscribed_parallel, sc.oversubscribed_single
             self.oversubscribed: tuple[float, float] | None = None if par is None or one is None else (par, one)
         else:
             # generation: one replica per device as profiled (rows split over them); training: tokens split
-            rollout_devices = setting.trainer if setting.schedule == "sync" else setting.rollout
-            self.replicas = max(1, rollout_devices // max(1, cost.gen_threads))
+            self.replicas = max(1, gen_units // max(1, cost.gen_threads))
             self.gen_factor = self.stream_factor = self.admit_factor = 1.0 / speed
             self.train_factor = cost.train_threads / setting.trainer / speed
             self.gen_threads = self.train_threads = 0.0
