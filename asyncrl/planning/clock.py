@@ -65,20 +65,20 @@ class Clock:
         self.cores = cores
         self.oversubscribed = oversubscribed
         self.now = 0.0
-        self._ready: deque[tuple[Process, Any]] = deque()
+        self._ready: deque[Process] = deque()  # each resumed with None
         self._jobs: list[_Job] = []
 
     def spawn(self, proc: Process) -> None:
-        self._ready.append((proc, None))
+        self._ready.append(proc)
 
     def fire(self, signal: Signal) -> None:
         signal.fired = True
         waiters, signal.waiters = signal.waiters, []
-        self._ready.extend((p, None) for p in waiters)
+        self._ready.extend(waiters)
 
-    def _step(self, proc: Process, value: Any) -> None:
+    def _step(self, proc: Process) -> None:
         try:
-            op = proc.send(value)
+            op = proc.send(None)
         except StopIteration:
             return
         if not isinstance(op, Compute | Delay | Wait):
@@ -86,7 +86,7 @@ class Clock:
         if isinstance(op, Wait) and not op.signal.fired:
             op.signal.waiters.append(proc)
         elif isinstance(op, Wait) or op.seconds <= 0:
-            self._ready.append((proc, None))
+            self._ready.append(proc)
         elif isinstance(op, Compute):
             self._jobs.append(_Job(proc, op.seconds, op.threads, op.pool == "shared" and self.cores is not None))
         else:
@@ -105,7 +105,7 @@ class Clock:
     def run(self, until: Callable[[], bool] = lambda: False, max_events: int = 10_000_000) -> float:
         for _ in range(max_events):
             while self._ready:
-                self._step(*self._ready.popleft())
+                self._step(self._ready.popleft())
                 if until():
                     return self.now
             if not self._jobs:
@@ -117,7 +117,7 @@ class Clock:
             for j, r in zip(self._jobs, rates):
                 j.left -= dt * r
                 if j.left <= 1e-12:
-                    self._ready.append((j.proc, None))
+                    self._ready.append(j.proc)
                 else:
                     still.append(j)
             self._jobs = still
