@@ -166,8 +166,7 @@ def profile_run(run_dir: str | Path, probe: Callable[[CostModel, Path], Scaling]
             f"(run 3 or more steps; runs of asyncrl before {WORK_FILE} existed cannot be profiled)"
         )
     gens: dict[int, list[float]] = defaultdict(list)
-    rewards: dict[int, float] = defaultdict(float)
-    updates: dict[int, float] = defaultdict(float)
+    spent: dict[tuple[str, int], float] = defaultdict(float)  # (reward or update_actor, step): seconds
     segments: dict[int, list[tuple[int, int, float]]] = {}  # a step's measured decode steps (the built-in engine)
     for e in events:
         if e.get("kind") not in ("span", "instant") or e.get("worker") == "driver":
@@ -176,12 +175,10 @@ def profile_run(run_dir: str | Path, probe: Callable[[CostModel, Path], Scaling]
         dur = e["end_s"] - e["start_s"]
         if e["name"] == "generate":
             gens[step].append(dur)
-        elif e["name"] == "reward":
-            rewards[step] += dur
+        elif e["name"] in ("reward", "update_actor"):
+            spent[e["name"], step] += dur
         elif e["name"] == "decode_segments" and step is not None:
             segments.setdefault(step, [(int(a), int(b), float(c)) for a, b, c in e["args"].get("segments", [])])
-        elif e["name"] == "update_actor":
-            updates[step] += dur
     r = cfg.rollout
     shared = bool(r.enable_prefix_caching)
     X_dec, y_dec, X_up, y_up, y_oth = [], [], [], [], []
@@ -194,12 +191,12 @@ def profile_run(run_dir: str | Path, probe: Callable[[CostModel, Path], Scaling]
         X_dec.append([reg[k] for k in DECODE_NAMES])
         y_dec.append(gens[s][0])  # the step's own generation (a held-out evaluation may follow it)
         tokens = float(m.get("perf/actor_tokens", 0.0))
-        upd = updates.get(s, m.get("timing_s/update_actor", 0.0))
+        upd = spent.get(("update_actor", s), m.get("timing_s/update_actor", 0.0))
         X_up.append([1.0, tokens])  # the update and the rest of the train call share their regressors
         y_up.append(upd)
         y_oth.append(max(0.0, m["timing_s/train"] - upd))
         X_rew.append([float(len(w["response_len"]))])
-        y_rew.append(rewards.get(s, 0.0))
+        y_rew.append(spent.get(("reward", s), 0.0))
         prep.append(m.get("timing_s/prepare", 0.0))
         gen_s = m["timing_s/gen"] if schedule == "sync" else 0.0
         other.append(max(0.0, m["timing_s/step"] - gen_s - m.get("timing_s/prepare", 0.0) - m["timing_s/train"]))
