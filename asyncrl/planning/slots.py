@@ -71,6 +71,3 @@ class SimRank:
         self.end(done)
         self.fill()
         return done
-
-    def made(self, r: SimRow) -> int:
-        return min(r.need, self.t - r.start) if r.start >= 0 else 0

@@ -62,7 +62,7 @@ class SimRollouter:
         for k, rank in enumerate(self.ranks):
             back = []
             for r in [r for _, _, r in rank.live] + rank.waiting:
-                made = rank.made(r)
+                made = min(r.need, rank.t - r.start) if r.start >= 0 else 0  # a waiting row made nothing
                 back.append(_row(r, made, self.version, "eos" if made >= r.need else "interrupted"))
             rank.live, rank.waiting, rank.used, rank.debt, rank.carry = [], [], [], 0.0, 0.0
             self.books.returned(k, back)
