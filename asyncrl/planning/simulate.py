@@ -61,9 +61,8 @@ class Sim(StreamSim):
         self.cost, self.cluster, self.setting, self.steps = cost, cluster, setting, steps
         self.seed, self.fault, self.faulted = seed, fault, False
         self.consumed: list[tuple[str, int, int]] = []  # fully_async: (group, controller's staleness, rows' own)
-        self.budget = budget_of(setting, cost.ppo_mini_batch_size)
+        b = self.budget = budget_of(setting, cost.ppo_mini_batch_size)
         # enough prompts that the run never wraps an epoch (a smaller set is shuffled faster than a large one)
-        b = self.budget
         self.dataset_size = dataset_size or (steps + 2) * b.groups_per_update + 2 * b.groups_per_window_budget + 4096
         self.prices = Prices(cost, cluster, setting)
         self.clock = Clock(cluster.cores if cluster.kind == "cpu" else None, self.prices.oversubscribed)

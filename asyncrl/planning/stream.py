@@ -45,8 +45,7 @@ class SimRollouter:
         self.scoring: list[tuple[Sample, Callable[[Sample], None]]] = []
         sampler = EpochSampler(sim.dataset_size, 1, seed=sim.seed, shuffle=True)
         complete = lambda sample, done: self.scoring.append((sample, done))  # noqa: E731
-        queue = queue_for(st, budget)
-        args = (budget, queue, sampler, _sim_prompt, cost.n, capacities, max_groups)
+        args = (budget, queue_for(st, budget), sampler, _sim_prompt, cost.n, capacities, max_groups)
         self.books = Producer(*args, clock=lambda: sim.clock.now, complete=complete)
         if take is not None:
             self.books.restore(take)
