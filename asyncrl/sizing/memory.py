@@ -254,9 +254,9 @@ def rollout_memory(cfg: Config, s: ModelShape, device_bytes: int | None, shared:
         m.cuda_graphs = 0 if r.enforce_eager else VLLM_GRAPH_BYTES
         # rollout.gpu_memory_utilization, null resolved as on a GPU (of its own, or beside the trainer)
         share = vllm_gpu_share(r.gpu_memory_utilization, colocated=shared)
-        m.budget = int(share * device_bytes) if device_bytes is not None else 0
-        used = m.weights + m.activations + m.cuda_graphs
-        m.kv_cache = max(0, m.budget - used) if device_bytes is not None else 0
+        if device_bytes is not None:  # else budget and KV cache stay 0: not known
+            m.budget = int(share * device_bytes)
+            m.kv_cache = max(0, m.budget - m.weights - m.activations - m.cuda_graphs)
     else:
         rows = r.max_batch_size
         m.activations = rows * s.vocab * 4
