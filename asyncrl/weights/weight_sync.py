@@ -1,6 +1,6 @@
 """``WeightSync``: the one owner of trainer -> rollout weight synchronisation on the driver.
 
-Set-up, every sync, and the ``sync/*`` metrics, identically in every schedule and on either role backend (it only
+Set-up, every sync, and the ``weight_sync/*`` metrics, identically in every schedule and on either role backend (it only
 makes calls through ``asyncrl.calls.Handle``, with the typed clients of ``asyncrl.weights.clients``; the tensors go
 over the sync group between the workers). The version a sync carries is the trainer's own counter, read by the
 schedule from the trainer's last update; nothing here counts.
@@ -124,7 +124,7 @@ class WeightSync:
 
     @staticmethod
     def metrics(stats: SyncStats) -> dict[str, float]:
-        """The ``sync/*`` metrics of one sync, the same keys in every schedule."""
+        """The ``weight_sync/*`` metrics of one sync, the same keys in every schedule."""
         return {
             "weight_sync/seconds": stats.seconds,
             "weight_sync/apply_seconds": stats.apply_seconds,
