@@ -8,11 +8,13 @@ instead of hanging it.
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
 import torch
 
+from asyncrl.comm.groups import LOOPBACK, reserve_port
 from asyncrl.weights import HandshakeError, SyncTimeoutError, WeightSyncError, WeightSyncGroup, find_free_port
 from asyncrl.weights.buckets import ParamMeta, metas_of
 from asyncrl.weights.handshake import SyncPlan, validate_plan
@@ -191,3 +193,25 @@ def test_a_local_group_on_an_address_an_earlier_local_group_used_starts_afresh()
     old = [groups.create_process_group("local", "127.0.0.1", port, r, 2, 5.0, "weights")[0] for r in range(2)]
     new = [groups.create_process_group("local", "127.0.0.1", port, r, 3, 5.0, "weights")[0] for r in range(3)]
     assert {id(g.hub) for g in new} != {id(g.hub) for g in old} and len({id(g.hub) for g in new}) == 1
+
+
+def test_a_reserved_port_is_held_until_rank_0_builds_its_group_on_it():
+    """``reserve_port`` starts rank 0's store as it picks the port, so no other process can take the port before the
+    rendezvous (``find_free_port`` only names a port free at that moment); the group is then built on that store."""
+    port = reserve_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, pytest.raises(OSError):
+        s.bind((LOOPBACK, port))  # taken already: the store listens there
+
+    def create(rank: int, params: dict[str, torch.Tensor]):
+        return lambda: WeightSyncGroup.create(rank=rank, world_size=2, port=port, params=params, timeout_s=TIMEOUT_S)
+
+    params = trainer_params()
+    made = run_ranks(create(0, params), create(1, zeros_like_all(params)))
+    assert all(isinstance(g, WeightSyncGroup) for g in made), made
+    try:
+        _, (named, version, _) = sync(made, params, version=3)
+        assert version == 3 and [n for n, _ in named] == list(params)
+        assert all(torch.equal(t, params[n]) for n, t in named)
+    finally:
+        for g in made:
+            g.close()

@@ -31,6 +31,18 @@ def find_free_port(host: str = LOOPBACK) -> int:
         return int(s.getsockname()[1])
 
 
+_RESERVED: dict[tuple[str, int], dist.TCPStore] = {}  # (host, port) -> rank 0's store, listening since reserve_port
+
+
+def reserve_port(host: str = LOOPBACK) -> int:
+    """A port on ``host`` where rank 0's rendezvous store already listens: the OS picks it as the store binds, so no
+    other process can take it between the choice and the rendezvous (as one can after ``find_free_port``).
+    ``create_process_group`` for rank 0 in this process takes that store."""
+    store = dist.TCPStore(host, 0, None, is_master=True, wait_for_workers=False)
+    _RESERVED[(host, store.port)] = store
+    return int(store.port)
+
+
 def default_backend() -> str:
     """ "nccl" when this process sees a CUDA device and NCCL is built in, else "gloo"."""
     return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
@@ -64,14 +76,20 @@ def create_process_group(
     """Rendezvous through a TCPStore that rank 0 hosts on ``host:port`` and return (process group, store).
 
     Blocks until all ``world_size`` ranks joined, at most ``timeout_s`` seconds (then c10d raises RuntimeError).
-    Keep the store referenced as long as the group lives: rank 0's store is the server the others talk to.
+    Keep the store referenced as long as the group lives: rank 0's store is the server the others talk to (the one
+    ``reserve_port`` started, where it chose ``port``).
     """
+    reserved = _RESERVED.pop((host, port), None) if rank == 0 else None
     if backend == LOCAL:
         from asyncrl.comm.local import join_local
 
         return join_local((host, port, group_name), rank, world_size), None
     timeout = timedelta(seconds=timeout_s)
-    base = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False)
+    if reserved is not None:
+        reserved.set_timeout(timeout)
+        base = reserved
+    else:
+        base = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False)
     store = dist.PrefixStore(f"asyncrl/{group_name}/", base)
     if backend == "gloo":
         gloo = dist.ProcessGroupGloo

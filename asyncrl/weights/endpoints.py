@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.comm.groups import find_free_port
+from asyncrl.comm.groups import reserve_port
 from asyncrl.models.fp8 import quantize_for_sync, sync_layout
 from asyncrl.models.lora import is_lora, require_adapter, synced_tensors
 from asyncrl.weights.errors import WeightSyncError
@@ -125,9 +125,9 @@ class SyncSenderMixin(_WeightSyncMixin):
             return fingerprint_of(tensors.items(), dtypes)
 
     def weight_sync_endpoint(self, host: str) -> tuple[str, int]:
-        """(host, port) for the group's store: a free port on ``host``, the trainer's own node address (the driver
-        asks the backend where this worker runs)."""
-        return host, find_free_port(host)
+        """(host, port) for the group's store: a port on ``host`` where the store already listens (``reserve_port``);
+        ``host`` is the trainer's own node address (the driver asks the backend where this worker runs)."""
+        return host, reserve_port(host)
 
     def send_weights(
         self,
