@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -334,6 +335,16 @@ def test_cost_json_round_trips_and_bad_files_name_the_field(tmp_path):
     assert from_dict(old, "old").scaling == dataclasses.replace(cost.scaling, shared_train=0.5)
     with pytest.raises(CostModelError, match=r"scaling has unknown keys \['shared_rollout'\]"):
         from_dict({**raw, "scaling": {**raw["scaling"], "shared_rollout": 1.0}}, "x")
+    # a file of the wrong shape gets the field named, never a TypeError
+    for bad, message in [
+        ({"scaling": 3}, "scaling must be a JSON object, got 3"),
+        ({"decode": {"names": 1, "coef": [1.0]}}, "decode: names must be a list of strings"),
+        ({"decode": {"names": ["a"], "coef": ["x"]}}, "decode: names must be a list of strings, coef"),
+        ({"decode": {"names": ["a", "b"], "coef": [1.0]}}, "decode: 2 names but 1 coefficients"),
+        ({"update_keep": "x"}, "update_keep must be a positive number, got 'x'"),
+    ]:
+        with pytest.raises(CostModelError, match=re.escape(message)):
+            from_dict({**raw, **bad}, "x")
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

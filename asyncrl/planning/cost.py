@@ -334,11 +334,14 @@ class CostModel:
 def _term(raw: Any, where: str) -> Term:
     if not isinstance(raw, dict) or not {"names", "coef"} <= set(raw):
         raise CostModelError(f"{where}: a term needs 'names' and 'coef', got {raw!r:.80}")
-    if len(raw["names"]) != len(raw["coef"]):
-        raise CostModelError(f"{where}: {len(raw['names'])} names but {len(raw['coef'])} coefficients")
-    return Term(
-        tuple(raw["names"]), tuple(float(c) for c in raw["coef"]), float(raw.get("rel_err", 0.0)), int(raw.get("n", 0))
-    )
+    try:
+        names, coef = tuple(str(n) for n in raw["names"]), tuple(float(c) for c in raw["coef"])
+        term = Term(names, coef, float(raw.get("rel_err", 0.0)), int(raw.get("n", 0)))
+    except (TypeError, ValueError):
+        raise CostModelError(f"{where}: names must be a list of strings, coef, rel_err and n numbers") from None
+    if len(names) != len(coef):
+        raise CostModelError(f"{where}: {len(names)} names but {len(coef)} coefficients")
+    return term
 
 
 def from_dict(raw: Any, where: str) -> CostModel:
@@ -358,9 +361,10 @@ def from_dict(raw: Any, where: str) -> CostModel:
             v = _term(v, f"{where}: {f.name}")
         elif f.name == "scaling":
             known = {g.name for g in fields(Scaling)}
-            if isinstance(v, dict):  # a cost file's one-thread decode policy factor: not a price (co-run), dropped
-                v = {k: x for k, x in v.items() if k != "shared_gen"}
-            if not isinstance(v, dict) or set(v) - known:
+            if not isinstance(v, dict):
+                raise CostModelError(f"{where}: scaling must be a JSON object, got {v!r:.80}")
+            v = {k: x for k, x in v.items() if k != "shared_gen"}  # a one-thread decode policy factor: not a price
+            if set(v) - known:
                 raise CostModelError(f"{where}: scaling has unknown keys {sorted(set(v) - known)}")
             v = Scaling(**v)
         elif f.name == "groups":
@@ -378,6 +382,6 @@ def from_dict(raw: Any, where: str) -> CostModel:
             raise CostModelError(f"{where}: {name} must be a positive integer, got {value!r}")
     if model.engine not in ENGINES:
         raise CostModelError(f"{where}: engine {model.engine!r} is not one of {', '.join(ENGINES)}")
-    if not (0.0 < model.update_keep < math.inf):
+    if not isinstance(model.update_keep, int | float) or not (0.0 < model.update_keep < math.inf):
         raise CostModelError(f"{where}: update_keep must be a positive number, got {model.update_keep!r}")
     return model
