@@ -170,7 +170,6 @@ def test_partial_rollout_keeps_tokens_from_both_versions(setup, tmp_path):
     # An untrained micro model emits eos within a few tokens; with no eos every row runs all 400 tokens, so the
     # pause below lands mid-decode.
     ro.engine.eos_token_ids = [10**9]
-    ro.engine._stream.eos_ids = frozenset(ro.engine.eos_token_ids)  # the streaming decoder's copy
     ro.start()
     try:
         first = ro.get_batch(1, trainer_version=0)  # group A, all at version 0; B is decoding now

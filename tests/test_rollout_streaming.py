@@ -115,6 +115,18 @@ def test_generate_and_streaming_agree_greedy_too(endless, tok):
     assert_same_rows(reference, streamed)
 
 
+def test_eos_ids_assigned_after_construction_reach_the_streamed_rows(model, tok):
+    rows = blanks(tok)
+    never = [10**9]  # no token id: every row runs to its budget
+    reference = RolloutEngine(model, tok, eos_token_ids=never).resume(rows, PARAMS, seed=2)
+    assert {s.stop_reason for s in reference} == {"length"}
+    engine = RolloutEngine(model, tok, max_batch_size=4)  # the tokenizer's eos, which this model draws often
+    engine.eos_token_ids = never
+    assert_same_rows(reference, stream_randomly(engine, rows, PARAMS, 2, random.Random(0)))
+    with pytest.raises(ValueError, match="no eos token ids"):
+        engine.eos_token_ids = []
+
+
 @pytest.mark.parametrize("stops", [(1,), (3, 7), (5, 6, 15)])
 def test_interrupted_and_resubmitted_rows_continue_as_if_never_interrupted(model, tok, stops):
     rows = blanks(tok)

@@ -74,9 +74,7 @@ class RolloutEngine(GatedEngine):
             raise ValueError(f"RolloutEngine: max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
         self.tokenizer = tokenizer
-        self.eos_token_ids = list(default_eos_token_ids(model, tokenizer) if eos_token_ids is None else eos_token_ids)
-        if not self.eos_token_ids:
-            raise ValueError("RolloutEngine: no eos token ids (tokenizer and generation config define none)")
+        self.eos_token_ids = default_eos_token_ids(model, tokenizer) if eos_token_ids is None else eos_token_ids
         self.max_batch_size = max_batch_size
         self.version = version
         self.share_prefixes = share_prefixes
@@ -100,6 +98,21 @@ class RolloutEngine(GatedEngine):
         self._streamed: dict[int, Sample] = {}  # rows in the decoder, as submitted
         self._ready: list[tuple[int, Sample]] = []  # rows that need no decoding, reported at the next step
         self._next_tag = 0
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """The ids that end a row. An assignment reaches both decoders: a streamed row decoding now reads the new
+        ids from its next token on."""
+        return self._eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError("RolloutEngine: no eos token ids (tokenizer and generation config define none)")
+        self._eos_token_ids = list(ids)
+        stream: ContinuousDecoder | None = getattr(self, "_stream", None)  # None while __init__ runs
+        if stream is not None:
+            stream.eos_ids = frozenset(ids)
 
     # -------------------------------------------------------------------------------------------------- generate
 
