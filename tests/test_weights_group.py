@@ -215,3 +215,14 @@ def test_a_reserved_port_is_held_until_rank_0_builds_its_group_on_it():
     finally:
         for g in made:
             g.close()
+
+
+def test_a_reservation_not_taken_in_time_frees_its_port_at_the_next_one():
+    """A set-up that fails before rank 0 joins leaves its store listening only until the next reservation after its
+    hold: reservations stay bounded by the set-ups of one hold period."""
+    stale = reserve_port(hold_s=0.0)
+    kept = reserve_port()  # prunes the stale one, holds its own
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, stale))  # free again
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, pytest.raises(OSError):
+        s.bind((LOOPBACK, kept))

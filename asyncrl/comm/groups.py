@@ -31,15 +31,21 @@ def find_free_port(host: str = LOOPBACK) -> int:
         return int(s.getsockname()[1])
 
 
-_RESERVED: dict[tuple[str, int], dist.TCPStore] = {}  # (host, port) -> rank 0's store, listening since reserve_port
+RESERVE_HOLD_S = 900.0  # longer than any set-up's deadline: a reservation not taken by then never will be
+# (host, port) -> rank 0's store, listening since reserve_port, and the monotonic time it is released unless taken
+_RESERVED: dict[tuple[str, int], tuple[dist.TCPStore, float]] = {}
 
 
-def reserve_port(host: str = LOOPBACK) -> int:
+def reserve_port(host: str = LOOPBACK, hold_s: float = RESERVE_HOLD_S) -> int:
     """A port on ``host`` where rank 0's rendezvous store already listens: the OS picks it as the store binds, so no
     other process can take it between the choice and the rendezvous (as one can after ``find_free_port``).
-    ``create_process_group`` for rank 0 in this process takes that store."""
+    ``create_process_group`` for rank 0 in this process takes that store. A store not taken within ``hold_s``
+    seconds (its set-up failed before rank 0 joined) is closed at the next reservation, freeing its port."""
+    now = time.monotonic()
+    for key in [k for k, (_, until) in _RESERVED.items() if until <= now]:
+        del _RESERVED[key]  # the last reference: the store stops listening
     store = dist.TCPStore(host, 0, None, is_master=True, wait_for_workers=False)
-    _RESERVED[(host, store.port)] = store
+    _RESERVED[(host, store.port)] = store, now + hold_s
     return int(store.port)
 
 
@@ -79,7 +85,7 @@ def create_process_group(
     Keep the store referenced as long as the group lives: rank 0's store is the server the others talk to (the one
     ``reserve_port`` started, where it chose ``port``).
     """
-    reserved = _RESERVED.pop((host, port), None) if rank == 0 else None
+    reserved = _RESERVED.pop((host, port), (None, 0.0))[0] if rank == 0 else None
     if backend == LOCAL:
         from asyncrl.comm.local import join_local
 
