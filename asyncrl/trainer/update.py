@@ -337,6 +337,13 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], optim: OptimConfig) ->
     return adamw(params, lr=optim.lr, betas=(beta1, beta2), weight_decay=optim.weight_decay)
 
 
+def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The lr ramps linearly from lr / warmup_steps to lr over the first ``warmup_steps`` updates, then holds."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    )
+
+
 def grads_to_clip(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> Sequence[torch.Tensor]:
     """The gradients a step clips and takes: the fp32 masters' under ``MasterWeightsAdamW``, else the model's."""
     return optimizer.grads_in_fp32() if isinstance(optimizer, MasterWeightsAdamW) else params

@@ -20,7 +20,7 @@ from asyncrl.data.collate import TrainBatch, micro_batches
 from asyncrl.models.device import resolve_device, to_device
 from asyncrl.models.loading import load_model
 from asyncrl.trainer.forward import at_responses, batching, model_inputs
-from asyncrl.trainer.update import build_optimizer, optimize
+from asyncrl.trainer.update import build_optimizer, optimize, warmup_schedule
 from asyncrl.types import Scored
 from asyncrl.workers.backends import RoleWorker
 
@@ -54,10 +54,7 @@ class CriticWorker(RoleWorker):
         self.model = ValueModel(lm).to(self.device)
         o = spec.critic.optim
         self.optimizer = build_optimizer(self.model.parameters(), o)
-        warm = o.lr_warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0
-        )
+        self.scheduler = warmup_schedule(self.optimizer, o.lr_warmup_steps)
         self.updates = 0
 
     def compute_values(self, batch: TrainBatch, step: int = -1) -> Scored:

@@ -36,15 +36,11 @@ from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.trainer import fsdp, gathered
 from asyncrl.trainer.data_parallel import DataParallel, rank_name
 from asyncrl.trainer.forward import batching, enable_checkpointing, response_logprobs, use_checkpointing
-from asyncrl.trainer.update import build_optimizer, fit
+from asyncrl.trainer.update import build_optimizer, fit, warmup_schedule
 from asyncrl.types import Generation, Prompt, UpdateResult
 from asyncrl.weights.endpoints import SyncSenderMixin
 from asyncrl.workers.backends import RoleWorker
 from asyncrl.workers.trainer_state import ActorStateMixin
-
-
-def _warmup_lambda(warmup_steps: int):
-    return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
 class TrainerWorker(ActorStateMixin, SyncSenderMixin, RoleWorker):
@@ -106,7 +102,7 @@ class TrainerWorker(ActorStateMixin, SyncSenderMixin, RoleWorker):
     def _build_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
         o = self.spec.actor.optim
         optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], o)
-        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_lambda(o.lr_warmup_steps))
+        return optimizer, warmup_schedule(optimizer, o.lr_warmup_steps)
 
     # ---- data parallelism ----------------------------------------------------------------------------------------
     # (host, port) for the ranks' rendezvous: a free port on ``host``, this rank's node, as for the sync group's store
