@@ -31,7 +31,9 @@ def find_free_port(host: str = LOOPBACK) -> int:
         return int(s.getsockname()[1])
 
 
-RESERVE_HOLD_S = 900.0  # longer than any set-up's deadline: a reservation not taken by then never will be
+# rank 0 takes its reservation as its set-up call starts (seconds later, or a trainer step later): one not taken in
+# this time belongs to a set-up that failed
+RESERVE_HOLD_S = 900.0
 # (host, port) -> rank 0's store, listening since reserve_port, and the monotonic time it is released unless taken
 _RESERVED: dict[tuple[str, int], tuple[dist.TCPStore, float]] = {}
 
