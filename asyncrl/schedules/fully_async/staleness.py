@@ -1,57 +1,12 @@
-"""Admission control for ``fully_async``: when may the Rollouter start another group, so staleness stays bounded.
+"""Admission control and consumption order for ``fully_async``: every consumed group within ``max_staleness``.
 
-Units: a *group* is the ``rollout.n`` responses to one prompt (what the queue, the controller and the ledger count);
-a *version* is the trainer's weight version, which starts at 0 and increases by 1 after every
-``trigger_parameter_sync_step`` optimizer updates (one *sync window*). Staleness of a group = the trainer's version at
-the update that consumes it minus ``start_version``, the version its generation started with.
-
-Derivation (``s`` = ``staleness_threshold``):
-
-- ``B = require_batches * ppo_mini_batch_size`` groups per optimizer update, ``K = trigger_parameter_sync_step``
-  updates per window, ``W = B * K`` groups per version. Update ``u`` runs at version ``u // K``, so the group at
-  (0-based) position ``c`` of the consumption order is trained on at version ``c // W``.
-- verl's budget: version ``v`` may only be reached after the trainer consumed ``v * W`` groups, and the Rollouter at
-  version ``v`` may have produced (queued + in flight + consumed in this window) at most ``W * (1 + s)`` groups:
-  ``M = W + floor(W * s)`` (floored, as verl does; ``s`` is read as an exact decimal so 0.29 * 100 is 29).
-- If groups were consumed in the order they started, a group started at version ``v`` would sit at a position
-  ``c <= v * W + M - 1``, so ``max_staleness = (M - 1) // W = ceil(floor(W * s) / W)``: 0 for ``s = 0`` (strictly
-  on-policy within a window), ``ceil(s)`` once ``W * s >= 1``, never more than ``ceil(s)``.
-- But groups finish out of start order: a slow (long-tail) group can be overtaken by any number of younger groups
-  while it is in flight, and verl's budget alone (consumption in the order groups finish) then lets its staleness
-  grow without bound.
-
-Admission. Let ``N`` = groups started and not dropped/abandoned, counting the candidate (= consumed + queued + in
-flight + 1) and ``v_r`` the Rollouter's version. Start the candidate only if
-
-  (a) ``N <= v_r * W + M``                     verl's budget: what ``staleness_threshold`` means for throughput.
-
-Consumption. Under ``async_training.staleness_rule=exact`` (the default) each group has a *deadline*,
-``start_version + S`` (``S = max_staleness``): the last version that may train on it. The trainer's update at
-consumed count ``c`` (version ``v = c // W``) takes the ``B`` queued (or finished, not yet queued) groups with the
-earliest deadlines, queue order among equals, and only if what it leaves behind still fits: for every version
-``u >= v``, the unconsumed groups with deadline ``<= u`` number at most ``(u + 1) * W - (c + B)``, the consumption
-positions left through version ``u``. Otherwise it waits for the group that is due (still generating). Under
-``budget`` (verl's) it takes the oldest ``B`` queued groups, FIFO, and never waits for a particular one.
-
-Proof that under ``exact`` every group ``g`` is consumed with staleness ``<= S``: the groups with deadline ``<= u``
-started at versions ``<= u - S``, so by (a) they number at most ``(u - S) * W + M <= (u + 1) * W`` (``M <= (S + 1) *
-W``), which is every position through version ``u``: the check holds before any consumption. Each update keeps it
-(that is its condition), and an admission cannot break it: a new group starts at ``v_r``, no earlier than any live
-group, so its deadline is at least that of every group already consumed; for a ``u`` below it nothing changes, and
-for a ``u`` at or above it the count is bounded by all groups ever started, ``v_r * W + M <= (u + 1) * W``. Drops
-only lower counts. So every group's position is at most ``(deadline + 1) * W - 1``: it is trained at a version
-``<= start_version + S``. Liveness: the trainer waits only for groups that are generating (they end, or fail and are
-dropped); with nothing in flight the earliest-deadline pick always fits. The queue's capacity cannot hold a due group
-out: a finished group the queue has no room for is taken from the Rollouter's books directly (``Producer.take``), and
-the generation thread stops waiting for room while the trainer waits (``Producer.put_finished``).
-
-Across a kill and resume the argument is unchanged: queued groups come back with their start versions, and in-flight
-groups are abandoned (never consumed, like drops) and their prompts re-issued as new groups at the resumed version.
-
-Why at consumption and not at admission: holding admission back while an old group generates also bounds
-staleness, but on a long tail it keeps the exact Rollouter at 0.6 of its slots where the budget alone fills 0.87
-(BENCHMARKS.md, "fully_async streams per row"); the trainer, which waits for data most of every step on such work
-anyway, waits for a due group instead.
+Units: a *group* is the ``rollout.n`` responses to one prompt; a *version* is the trainer's weight version (one more
+every ``trigger_parameter_sync_step`` updates). ``B`` groups per update, ``W`` per version, ``s`` =
+``staleness_threshold``, ``M = W + floor(W * s)``, ``S = max_staleness``. A group starts only if ``N`` (groups started
+and not dropped/abandoned, itself counted) ``<= v_r * W + M`` (``v_r``: the Rollouter's version); under
+``staleness_rule=exact`` an update takes the ``B`` earliest deadlines (``start_version + S``) only if what it leaves
+still fits before theirs (``pick``), under ``budget`` the oldest ``B``. Derivation and proof:
+docs/schedules/fully_async.md, "The bound, derived".
 """
 
 from __future__ import annotations
@@ -80,7 +35,7 @@ class StalenessViolation(RuntimeError):
 
 @dataclass(frozen=True)
 class StalenessBudget:
-    """The four config knobs and what they imply, in groups and versions (see the module docstring)."""
+    """The four config knobs and what they imply, in groups and versions."""
 
     require_batches: int = 1
     ppo_mini_batch_size: int = 1
@@ -177,7 +132,7 @@ class StalenessController:
             return self._live()
 
     def admission_limit(self) -> int:
-        """The largest N (counting a candidate) rule (a) allows right now."""
+        """The largest N (counting a candidate) admission allows right now."""
         with self._cond:
             return self._limit()
 
@@ -233,8 +188,8 @@ class StalenessController:
         they would be taken FIFO) the next update takes: positions into ``candidates``, in that order; None to wait.
 
         ``budget``: the first ``B``. ``exact``: the ``B`` with the earliest deadlines, and only if the groups left
-        unconsumed still fit the positions left before their deadlines (the module docstring); else None, so the
-        trainer waits for the due group still generating."""
+        unconsumed still fit the positions left before their deadlines; else None, so the trainer waits for the due
+        group still generating."""
         b = self.budget
         n = b.groups_per_update
         if len(candidates) < n:
