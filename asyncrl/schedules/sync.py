@@ -1,16 +1,4 @@
-"""``sync``: the baseline every other schedule is measured against.
-
-The trainer's own worker generates, then the algorithm prepares the batch, then the roles learn from it: nothing
-overlaps. Per step, top to bottom:
-
-    generate with the current weights (rule rewards scored on the worker)     timing_s/gen
-      (algorithm.filter_groups: drop groups without a reward spread, generate more until the batch is full)
-    prepare the batch (advantages; critic values; teacher knowledge)           timing_s/prepare
-    update the roles that learn (ref/old log-probs inside the trainer's call)  timing_s/train
-    metrics -> (held-out eval) -> (checkpoint)
-
-On-policy: every sample's weight version equals the trainer's (staleness 0, measured from the recorded versions).
-"""
+"""``sync``: generate with the current weights, prepare, train; nothing overlaps (docs/schedules/sync.md)."""
 
 from __future__ import annotations
 
