@@ -1,26 +1,9 @@
 """``fully_async``: a Rollouter streams groups through a bounded queue; the roles learn from them as they come.
 
-This package is the whole schedule: this module starts the run; ``loop.consume`` is the consumer's loop (the
-driver's, outlined below), run here over ``run_ports.StreamRunPorts`` and by the planner over simulated ports;
-``loop.produce`` is the producer's, over its books in plain Python (``producer``), which ``rollouter.Rollouter``
-runs on its generation thread and the planner on its clock; ``staleness``, ``queue``, ``ledger`` are the protocol it
-keeps, ``recovery`` and ``supervisor`` replace a dead Rollouter, ``report`` writes the ledger's report. The
-Rollouter generates all the time, admitted by the staleness controller, and scores each group's rule reward as it
-finishes. Per trainer step, top to bottom:
-
-    take B = require_batches x ppo_mini_batch_size groups (earliest deadline first)       timing_s/wait_batch
-    prepare the batch                                                                     timing_s/prepare
-    update (require_batches optimizer steps; old log-probs: current weights | proximal
-    snapshot | behaviour, chosen by config inside the trainer)                            timing_s/train
-    every trigger_parameter_sync_step steps, when the trainer's version moves on:         timing_s/param_sync
-        park the Rollouter (partial_rollout: interrupt its decode; else let it finish) ->
-        send the weights -> (checkpoint snapshot) -> it resumes with the new version
-    metrics (staleness and partial spans from the versions the engine recorded) -> (eval) -> (checkpoint)
-
-Staleness is bounded by admission and the order of consumption (proof in ``staleness``) and checked at every
-consumption, for every algorithm. A checkpoint is taken while the Rollouter is parked for a sync, so it holds
-the queue (samples with their rewards), the in-flight partial rows, the controller, the prompt ledger and the prompt
-cursor of one instant: a resumed run loses and repeats no prompt (``ledger.json`` at the end is the evidence).
+This module starts the run. ``loop`` holds the driver's loop (``consume``, over ``run_ports.StreamRunPorts`` here and
+simulated ports in the planner) and the Rollouter's (``produce``, over the books of ``producer``); ``staleness``,
+``queue`` and ``ledger`` are the protocol it keeps; ``recovery`` and ``supervisor`` replace a dead Rollouter. The
+step, the staleness bound and the lossless resume: docs/schedules/fully_async.md.
 """
 
 from __future__ import annotations

@@ -1,37 +1,7 @@
-"""The ``fully_async`` producer: streams prompt groups into the bounded queue, one event at a time.
+"""The ``fully_async`` producer: what its loop (``loop.produce``, one engine step a ``loop.turn``) does to its books.
 
-``Producer`` is its books and its loop in plain Python: the prompt stream (an ``EpochSampler`` plus prompts to
-re-issue), the ``StalenessController`` that admits new groups, the ``MessageQueue`` the trainer pulls from, the
-``PromptLedger`` that proves every prompt is trained on exactly once, and the groups in flight with the rollout rank
-each one's rows are on. Its loop (``loop.produce``, a ``loop.turn`` at a time), one engine step a turn:
-
-    place: rows that wait to decode (interrupted at a sync, handed back by an agent's tool call, restored from a
-        checkpoint) go back first, then new groups while the controller admits them, fewer than ``max_completing``
-        rows wait for their completion, and a rank has a free slot (least loaded rank first; a group's rows go to
-        one rank, sharing its prefill, and those beyond its free slots wait in that engine's queue); the rows enter
-        each engine's decode at its next step
-    advance every rank's engine one step (a remote rank: collect what it reported meanwhile); every row that ended
-        goes to its completion (``complete``: its reward on the reward loop, or an agent's next move), which hands
-        it back on its own thread (``completed``)
-    a group whose last row completed is queued (dynamic sampling: a group without a reward spread is dropped
-        instead and its prompt recorded as filtered), whatever older groups are doing
-
-So a finished row frees its slot at the step it ends and a new group takes it at the next; the decode never waits
-for a batch's longest row, nor for a reward or a tool call. Concurrency is per rank (``capacities``: each engine's
-rows at once) and at most ``max_groups`` groups are in flight in all (``stream_concurrency``, which the performance
-model uses too).
-
-``rollouter.Rollouter`` runs the loop on its generation thread with its engines (``RankStream``: its own in-process,
-the other ranks' over calls), sleeping on ``wake`` when no rank decodes on its thread; the performance model's
-simulator (``asyncrl.planning.stream``) runs the same loop on a virtual clock, its engines priced per step and its
-rewards on the pool's cores.
-
-At a weight sync the Rollouter parks. With ``partial_rollout`` it interrupts every engine first (all asked at once):
-the rows come back with their tokens, log-probs and per-token versions, stay in their groups and are placed again
-after the sync (they continue with the new weights); without it no new group is placed and the live rows run to
-their end (``drain``), so every response comes from one version. Completions go on while parked. ``snapshot`` (only
-while parked: no row is on an engine) captures the queue, the in-flight rows (those completing marked so), the
-controller, the ledger and the prompt cursor together: restoring it loses and repeats nothing.
+``rollouter.Rollouter`` runs the loop on its generation thread, the performance model (``asyncrl.planning.stream``) on
+a virtual clock. How it streams, and how it parks at a sync: docs/schedules/fully_async.md.
 """
 
 from __future__ import annotations
@@ -63,8 +33,7 @@ class Producer(Books):
 
     def place(self, admit: bool = True) -> list[tuple[int, list[Sample]]]:
         """Rows to submit, by rank: first the unfinished rows of groups on no engine (start order), then (``admit``)
-        new groups while the controller, ``max_groups``, ``max_completing`` and a free slot allow (the module
-        docstring's *place*)."""
+        new groups while the controller, ``max_groups``, ``max_completing`` and a free slot allow."""
         out: dict[int, list[Sample]] = {}
         with self.lock:
             for gid in sorted(self._unplaced, key=self._unplaced.__getitem__):
