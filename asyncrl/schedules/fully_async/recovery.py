@@ -1,20 +1,10 @@
 """What a ``fully_async`` Rollouter hands the driver, and how a replacement Rollouter takes over from a dead one.
 
-The Rollouter owns the stream (queue, in-flight rows, controller, ledger, prompt cursor); if its process dies, all of
-that dies with it. The driver keeps the last ``RollouterSnapshot`` (taken while the Rollouter was parked at a weight
-sync) and every batch it consumed since (``ConsumedBatch``). A replacement restores the snapshot and then replays
-those consumptions (``advance``), which makes its books what the dead Rollouter's were minus what it had not
-handed out yet:
-
-- a group the trainer consumed since the snapshot is consumed once, never generated again: if it was queued or in
-  flight at the snapshot it leaves the queue / the in-flight rows; if it was issued after the snapshot its issue,
-  generation and queueing are recorded under its own group id and its prompt is skipped when the prompt cursor
-  reaches it (``RollouterSnapshot.skip``);
-- everything the dead Rollouter issued after the snapshot and had not handed out (in flight, or queued) is simply
-  not in the replacement's books: its prompts are drawn again from the restored cursor, so none is lost;
-- the controller replays each consumption with the version it was trained at, so the consumption count, the
-  trainer version it implies and the admission rule continue exactly (the bound's proof only needs the live count
-  to be an upper bound; groups lost with the process lower it, like drops).
+A replacement restores the dead one's last ``RollouterSnapshot`` and replays every ``ConsumedBatch`` since
+(``advance``): a consumed group is consumed once and never generated again (one issued after the snapshot is recorded
+under its own group id, and the prompt cursor passes over its prompt: ``RollouterSnapshot.skip``); what the dead one
+issued after the snapshot and had not handed out is not in the books, so its prompts are drawn again from the restored
+cursor; the controller replays each consumption at its version, so the staleness bound holds (docs/faults.md).
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
-"""Keeping the ``fully_async`` Rollouter alive: a Rollouter that dies (or hangs) is replaced without losing a prompt.
+"""Keeping the ``fully_async`` Rollouter alive: ``StreamSupervisor`` replaces one that dies or hangs, losing no prompt.
 
-The Rollouter holds the stream: the queue, the in-flight rows, the staleness controller, the prompt ledger and the
-prompt cursor. ``StreamSupervisor`` is the driver's way to it in a Ray run. It keeps the last snapshot of the
-Rollouter (taken at every weight sync, while it is parked, and once before it starts) and every batch the trainer
-consumed since. When a call finds the Rollouter's process gone (Ray's error for a dead actor), or a call does not
-answer within its deadline, it:
-
-1. kills what is left and starts a new Rollouter on the same bundle of the rollout placement group;
-2. rebuilds the weight-sync group and pushes the trainer's current weights and version;
-3. restores the last snapshot and replays the consumption since (``recovery``: what the trainer took is never
-   generated again; the rest of what the dead one had issued is, from the restored cursor and in-flight rows);
-4. snapshots it (the new base) and starts it, then repeats the call that failed.
-
-The staleness bound holds: the controller replays every consumption with its version, and regenerated groups start
-at the trainer's current version. After ``trainer.max_worker_restarts`` failures no Rollouter is started again: a
-failure inside a step (at its weight sync or its metrics) lets the step finish and be logged (``lost``), and the next
-``get_batch`` raises the ``WorkerLostError`` naming the Rollouter and the cause, so the schedule checkpoints the last
-finished step with ``advanced()``, the snapshot the dead Rollouter would have given (``resume_mode=auto`` then loses
-and repeats no prompt). In-process (no ``respawn``) nothing is kept and a failure ends the run, as it always did.
+It keeps the Rollouter's last snapshot (taken at every weight sync, while parked, and once before it starts) and every
+batch consumed since; a replacement restores both (``recovery``), then the failed call is repeated (docs/faults.md).
+After ``trainer.max_worker_restarts`` failures, one inside a step lets the step finish and be logged (``lost``) and the
+next ``get_batch`` raises the ``WorkerLostError``; the schedule then checkpoints ``advanced()``, the snapshot the dead
+Rollouter would have given. In-process (no ``respawn``) nothing is kept and a failure ends the run.
 """
 
 from __future__ import annotations
