@@ -1,14 +1,10 @@
 """Per-prompt accounting for ``fully_async``: the evidence that every prompt was trained on exactly once per epoch.
 
-Streaming hides losses: a group can vanish in a dropped queue slot, die with a killed Rollouter, or be trained on
-twice after a resume from an inconsistent checkpoint, and the loss curve would look the same. The ledger records, for
-every ``(epoch, prompt index)``, how many times it was issued, generated, queued, consumed and dropped; it travels in
-the checkpoint next to the queue snapshot and the controller state, and ``verify_epoch`` turns it into a report of
-lost and duplicated prompts.
-
-It is a record, not an enforcer: events for groups that are no longer open (e.g. a second ``consumed``) are counted,
-not refused, so that ``verify_epoch`` can report them. Group ids are ``"<epoch>:<index>#<attempt>"`` (the prompt's
-``Prompt.uid`` plus an attempt number), issued here, so an id alone names its prompt.
+A group lost in a dropped queue slot or with a killed Rollouter, or trained twice after a resume, would not show in
+the loss curve. The ledger counts, for every ``(epoch, prompt index)``, its issues, generations, queueings,
+consumptions and drops; it travels in the checkpoint, and ``verify_epoch`` reports lost and duplicated prompts. It is
+a record, not an enforcer: events for groups no longer open (a second ``consumed``) are counted, not refused, so that
+``verify_epoch`` can report them. Group ids are ``"<epoch>:<index>#<attempt>"``, so an id alone names its prompt.
 """
 
 from __future__ import annotations

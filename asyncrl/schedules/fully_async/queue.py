@@ -1,13 +1,9 @@
-"""The bounded, thread-safe FIFO between the Rollouter and the Trainer in ``fully_async``.
+"""The bounded, thread-safe FIFO of ``Group``s between the Rollouter and the trainer in ``fully_async``.
 
-Plain Python (a ``threading.Condition``), so it is tested without Ray; a Ray actor wraps it at the edge. The unit is a
-``Group`` (the ``rollout.n`` responses to one prompt): the trainer consumes whole groups because GRPO normalises
-rewards within a group. The queue keeps arrival order; which groups an update takes is the consumer's choice
-(``StalenessController.pick``: oldest first under verl's budget, earliest deadline first under the exact rule).
-
-Nothing disappears uncounted: a full queue either blocks the producer (``drop_policy="backpressure"``, the default:
-backpressure) or, with ``drop_policy="oldest"``, evicts the oldest queued group, increments ``dropped_count`` and
-returns the evicted ids from ``put`` so the caller can tell the controller and the ledger.
+The unit is a ``Group`` (the ``rollout.n`` responses to one prompt): GRPO normalises rewards within a group. The queue
+keeps arrival order; which groups an update takes is the consumer's choice (``StalenessController.pick``). Nothing
+disappears uncounted: a full queue blocks the producer (``drop_policy="backpressure"``) or evicts its oldest group,
+counted and returned from ``put`` for the controller and the ledger (``"oldest"``).
 """
 
 from __future__ import annotations
