@@ -1,12 +1,8 @@
 """The order of events of ``sync``, ``one_step_off`` and ``two_step_off``, written once and run on two clocks.
 
-Each loop is a generator over ``Ports``. The real run (``schedules.run_ports.RunPorts``) gives it ports that call
-the roles; the performance model (``planning.sim_ports.SimPorts``) gives it ports that advance a virtual
-clock. A port method that takes time is a clock step, used as ``x = yield from ports.generated(...)``: the simulated
-ports' are generators that yield clock events; the real ports' are plain methods that do the work and return, made
-steps by ``clock_step``. So a change to a loop here changes what the run does and what the planner predicts together
-(``tests/test_perf.py`` checks that a changed loop moves the prediction). ``fully_async``'s consumer loop is its own
-package's (``schedules.fully_async``).
+Each loop is a generator over ``Ports``: the real run's (``schedules.run_ports.RunPorts``, plain methods made clock
+steps by ``clock_step``) or the performance model's (``planning.sim_ports.SimPorts``, generators of clock events), so
+a change to a loop changes the run and the planner's prediction together (``tests/test_perf.py``).
 """
 
 from __future__ import annotations

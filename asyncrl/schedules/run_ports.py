@@ -55,13 +55,9 @@ def _driver_threads(cfg: Config) -> Iterator[None]:
 
 @contextmanager
 def open_run(cfg: Config, stream: StreamFactory | None = None) -> Iterator[tuple[Run, Algorithm]]:
-    """What comes before every schedule's first step, in order: the run directory and the data; the algorithm's own
-    resources (a teacher); every role started on its pool with its spec (``trainer.schedule``'s ``trainer_plan`` and
-    ``rollout_side``); the resume from the latest checkpoint; where the schedule has a rollout side, the weight sync
-    (the rollout side brought to the trainer's weights) and who replaces its dead workers (the pool's supervisor on
-    Ray; ``stream`` builds fully_async's); the metrics log; the held-out accuracy before training. The ``Run`` is
-    built whole from these. Everything started here is stopped at exit, the metrics log too (its trackers' runs
-    marked failed when the run raised)."""
+    """The ``Run``, built whole before a schedule's first step (``stream`` builds fully_async's Rollouter supervisor),
+    and its algorithm. Everything started here is stopped at exit, the metrics log too (its trackers' runs marked
+    failed when the run raised)."""
     check_model_dir(cfg.model.path)  # before any worker starts: the workers load the weights
     check_agent_loop(cfg.rollout.agent.default_agent_loop)
     directory = RunDir(cfg)

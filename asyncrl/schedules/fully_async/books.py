@@ -1,7 +1,6 @@
-"""The ``fully_async`` producer's books (``Books``): the groups in flight and where their rows are, the staleness
-controller, the queue, the prompt ledger and cursor; and the driver's side of them: a trainer step's ``take``, the
-``snapshot`` a checkpoint keeps and its ``restore``, the counters. ``producer.Producer`` adds the loop that fills
-them."""
+"""The ``fully_async`` producer's books (``Books``) and the driver's side of them: a trainer step's ``take``, the
+``snapshot`` a checkpoint keeps and its ``restore``, the counters. ``producer.Producer`` adds the loop that fills them.
+"""
 
 from __future__ import annotations
 

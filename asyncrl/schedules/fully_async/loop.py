@@ -1,11 +1,8 @@
 """``fully_async``'s two loops, each written once and run on two clocks (as ``schedules.loops`` is for the others).
 
-``consume`` is the driver's loop: the real run (``schedules.fully_async.run_fully_async``) drives it over ports that
-call the roles and the Rollouter, the performance model (``planning.stream.StreamSimPorts``) over ports that advance a
-virtual clock. ``produce`` is the Rollouter's: ``rollouter.Rollouter`` drives it on its generation thread over its
-ranks, the performance model (``planning.stream.SimRollouter``) over ranks priced on the clock, both with the real
-``Producer``. A port method that takes time is a clock step, as in ``schedules.loops``: a change here changes what
-the run does and what the planner predicts together.
+``consume`` is the driver's: over ``run_ports.StreamRunPorts`` in a run, ``planning.stream.StreamSimPorts`` in the
+performance model. ``produce`` is the Rollouter's: over ``rollouter.RollouterPorts`` on its generation thread,
+``planning.stream.SimRollouter``'s ranks priced on the clock in the model, both with the real ``Producer``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The Rollouter's rollout ranks as ``slots.RankStream``s: its own engine, stepped on its generation thread, and the
-pool's other ranks, which step on threads of their own (``asyncrl.workers.stream_loop``) and are reached by calls:
-a submit it does not wait for, and one long poll at a time for the rows that ended, whose answer sets the
-Rollouter's ``wake`` event (its generation thread sleeps on it while only other ranks hold rows). ``RankPorts``: a
-turn of the producer's loop (``loop.turn``) over such ranks."""
+"""The Rollouter's rollout ranks as ``slots.RankStream``s (``OwnRank``: its own engine, on its generation thread;
+``RemoteRank``: another rank, stepping on a thread of its own and reached by calls) and ``RankPorts``, a turn of the
+producer's loop (``loop.turn``) over them."""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
-"""The ``fully_async`` Rollouter: the worker that runs the producer's loop (``loop.produce``) on a
-generation thread, one engine step a turn, with its own streaming engine (own model copy, weights received over the
-sync group), parking while the driver holds it (a weight sync, a checkpoint; ``rollouter/idle_ratio`` counts it).
-The driver calls in from Ray's actor threads (the actor is threaded); the books are guarded by the producer's lock.
+"""The ``fully_async`` Rollouter: the worker that runs the producer's loop (``loop.produce``) on a generation thread.
 
-With ``rollout.num_workers`` > 1 the Rollouter streams to the other rollout ranks too (rollout workers on GPUs of
-their own, ``attach_ranks``): each group goes whole to the least loaded rank with free slots, those ranks step on
-their own threads and hand back each row as it ends (``ranks.RemoteRank``). The books stay here, so staleness, the
-ledger and recovery are those of one Rollouter; every rank receives each weight sync. How it parks for a sync (with
-or without partial rollout) is ``producer``'s.
+It has its own streaming engine (its own model copy, weights received over the sync group) and, with
+``rollout.num_workers`` > 1, the other rollout ranks (``attach_ranks``, ``ranks.RemoteRank``); the books stay here, so
+staleness, the ledger and recovery are one Rollouter's. The driver calls in from Ray's actor threads (the actor is
+threaded); the books are guarded by the producer's lock. It parks while the driver holds it (a weight sync, a
+checkpoint; ``rollouter/idle_ratio`` counts it).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Where the fully_async producer's rows go and how much the stream holds: the rollout ranks as the loop drives them
-(``RankStream``), how many rows and groups are in flight (``stream_concurrency``), the staleness budget and the queue
-(``budget_of``, ``queue_for``), each one rule for the Rollouter and the performance model; the slots' occupancy over
-time."""
+"""What the fully_async stream holds, one rule each for the Rollouter and the performance model: its ranks
+(``RankStream``), rows and groups in flight (``stream_concurrency``), the staleness budget and queue (``budget_of``,
+``queue_for``); and the slots' occupancy over time (``Occupancy``)."""
 
 from __future__ import annotations
 
