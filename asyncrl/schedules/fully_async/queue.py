@@ -22,10 +22,7 @@ class QueueClosed(RuntimeError):
 @dataclass
 class Group:
     """The responses to one prompt, generated together: the unit of queueing, admission and accounting.
-
-    ``group_id`` comes from ``PromptLedger.issue``; ``(epoch, index)`` is the prompt; ``start_version`` is the weight
-    version generation began with (every sample's ``start_version`` equals it).
-    """
+    ``group_id`` is ``PromptLedger.issue``'s; ``start_version`` is every sample's: the weight version it began with."""
 
     group_id: str
     epoch: int

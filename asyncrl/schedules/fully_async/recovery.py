@@ -106,10 +106,9 @@ class Takeover:
 
 def advance(take: Takeover, budget: StalenessBudget) -> RollouterSnapshot:
     """The snapshot the dead Rollouter would give now, at ``take.version``: its last one with the consumption since
-    replayed in order (the module docstring): the consumed groups taken out (queue, in-flight rows, their seconds, the
-    counters) and ``skip`` grown by the prompts issued after it and already consumed. A replacement restores it; the
-    driver checkpoints it when no replacement may be started (``trainer.max_worker_restarts`` spent), so a resume
-    loses nothing either. Raises if a batch does not fit the books (a group consumed twice, a version out of step)."""
+    replayed in order (the module docstring). A replacement restores it; the driver checkpoints it when no replacement
+    may be started, so a resume loses nothing either. Raises if a batch does not fit the books (a group consumed
+    twice, a version out of step)."""
     snap = take.snapshot
     if take.version < snap.engine_version:
         raise ValueError(f"advance: version {take.version} is older than the snapshot's {snap.engine_version}")

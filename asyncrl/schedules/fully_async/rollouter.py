@@ -130,10 +130,8 @@ class Rollouter(RolloutWorker):
             return self.held.park or self.held.stop
 
     def _complete(self, sample: Sample, done: Callable[[Sample], None]) -> None:
-        """A row that ended, off the decode: an agent's turn that may go on is started (``AgentEngine.start_turn``:
-        its tool calls; then ``_turn`` hands it back to the books to decode its next turn, its slot free meanwhile); a
-        row whose rollout ended is scored on the reward loop. ``done`` hands it back to the books; the generation
-        thread steps on."""
+        """A row that ended, off the decode: an agent's row that goes on starts its turn (its tool calls; ``_turn``
+        hands it back to decode its next turn, its slot free meanwhile), any other is scored on the reward loop."""
         if self.agent is not None and self.agent.multi_turn_row(sample):
             with self._cv:
                 self._turns += 1
