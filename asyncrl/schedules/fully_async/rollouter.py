@@ -267,9 +267,8 @@ class Rollouter(RolloutWorker):
 
 
 class RollouterPorts(RankPorts):
-    """``loop.produce``'s ports on the Rollouter's generation thread: its ranks (``RankPorts``; a full queue's put
-    gives way to the driver), the driver's hold under the Rollouter's condition, its agent turns; an idle loop sleeps
-    on the books' ``wake``, which every event that gives it work sets."""
+    """``loop.produce``'s ports on the Rollouter's generation thread: its ranks (a full queue's put gives way to the
+    driver), the driver's hold, its agent turns; an idle loop sleeps on the books' ``wake``."""
 
     def __init__(self, r: Rollouter):
         super().__init__(r.books, r.streams, POLL_S, r._leave_put)
