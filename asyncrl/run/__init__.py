@@ -1,12 +1,4 @@
-"""The parts of a training run that every schedule shares, and ``Run``, which holds them.
-
-- ``directory``: the run directory: config, checkpoints and the resume from one, the records ``asyncrl replay``
-  reads, ``summary.json`` and ``timeline.json`` at the end.
-- ``generation``: where a step's batch comes from: the prompt stream, its generation on the rollout side, dynamic
-  sampling's filling (``skip``: the same batch dumped, or read back).
-- ``step_log``: what a step measures (timings, staleness, sample statistics) and the metrics log.
-- ``evaluation``: held-out accuracy, on the engine that generates the training batches.
-- ``supervision``: a rollout pool whose dead or hung workers are replaced (fully_async's Rollouter has its own).
+"""The parts of a training run that every schedule shares (docs/design.md, floor 4), and ``Run``, which holds them.
 
 ``Run`` is built whole, after the roles started, the checkpoint was restored and the weight sync set up
 (``asyncrl.schedules.run_ports.open_run``), and handed to the schedule: nothing is attached to it afterwards. The
@@ -35,10 +27,8 @@ from asyncrl.weights.weight_sync import WeightSync
 
 @dataclass(eq=False)
 class Run:
-    """One run's parts: ``dir`` (the run directory), ``prompts`` (the data), ``progress`` (the step it started at,
-    the trainer's version, samples trained), ``log`` (the metrics), the started ``roles``, and on a schedule with a
-    rollout side the weight ``sync`` and who replaces a dead rollout worker: the pool's supervisor (``pool``) or
-    fully_async's stream supervisor (``stream``)."""
+    """One run's parts. ``sync`` and the supervisor that replaces a dead rollout worker (``pool``, or fully_async's
+    ``stream``) exist only on a schedule with a rollout side."""
 
     cfg: Config
     dir: RunDir

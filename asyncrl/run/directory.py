@@ -1,10 +1,5 @@
 """The run directory: its config, checkpoints and the resume from one, the records ``asyncrl replay`` reads, and what
-a run leaves at its end (``summary.json``, the merged ``timeline.json``, the final model).
-
-Layout of ``trainer.default_local_dir``: ``config.yaml`` (the resolved config), ``checkpoints/step_N/`` (every
-worker's state and the driver's: data cursor, counters, summary, RNG), ``metrics.jsonl``, the traces and the
-experiment trackers' files (the step log's, ``asyncrl.run.step_log``), ``consumed/step_N.pkl`` +
-``step_N.weights.json`` (``trainer.record_consumed``), ``final/``, ``summary.json``, ``timeline.json``.
+a run leaves at its end (``summary.json``, the merged ``timeline.json``, the final model). Layout: docs/outputs.md.
 """
 
 from __future__ import annotations

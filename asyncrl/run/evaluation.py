@@ -1,18 +1,11 @@
-"""Held-out accuracy: ``n`` responses per prompt (``rollout.val_kwargs``), scored by the reward registry; accuracy =
-the fraction of responses scored 1.0 (the mean over every prompt's responses).
+"""Held-out accuracy: the fraction of responses the reward registry scores 1.0, computed by ``score_samples`` for
+every caller (``asyncrl eval`` and SFT in-process with a ``RolloutEngine``, a run through ``held_out``), so every
+number called "accuracy" is computed the same way.
 
-Used in-process (``asyncrl eval``, SFT) with a ``RolloutEngine`` (``evaluate_prompts``) and by a run through a
-worker's ``generate`` (``held_out``: ``val/accuracy``, ``val/n``, ``val/version``); all go through ``score_samples`` so
-every number called "accuracy" is computed the same way.
-
-A run evaluates on the engine that generates its training batches, so the trainer spends no memory on a KV cache
-where the schedule has a rollout side:
-
-- ``sync``: the trainer's engine (it is the rollout).
-- ``one_step_off``, ``two_step_off``: the rollout pool's workers (vLLM when configured), with the last sync's weights.
-- ``fully_async``: the Rollouter's engine; once it streams, while it is parked (``StreamSupervisor.parked``: with
-  ``async_training.partial_rollout`` its rows are interrupted and resumed after, as at a sync; else they end first),
-  with the last sync's weights.
+A run evaluates on the engine that generates its training batches (``evaluators``), so the trainer spends no memory on
+a KV cache where the schedule has a rollout side; with which weights: docs/metrics.md, ``val/version``. fully_async's
+Rollouter evaluates while parked: with ``async_training.partial_rollout`` its rows are interrupted and resumed after,
+as at a sync; else they end first.
 """
 
 from __future__ import annotations
@@ -115,11 +108,11 @@ def held_out(run: Any, step: int) -> dict[str, float]:
 
 
 def evaluators(run: Any, step: int) -> list[RolloutClient]:
-    """Who decodes the held-out prompts (the module docstring's list). A pool worker takes the call after the
-    generation it runs, so it decodes with the last sync's weights (one_step_off at step t: v(t-1), which generate
-    batch t+1); at the last step (nothing in flight) the pool first gets the final weights. A resumed run's pool is
-    not synced before training: the trainer evaluates then. fully_async's Rollouter decodes here before its stream
-    starts (step 0); once it streams, ``held_out`` parks it."""
+    """Who decodes the held-out prompts: the trainer in ``sync``, else the rollout side. A pool worker takes the call
+    after the generation it runs, so it decodes with the last sync's weights (one_step_off at step t: v(t-1), which
+    generate batch t+1); at the last step (nothing in flight) the pool first gets the final weights. A resumed run's
+    pool is not synced before training: the trainer evaluates then. fully_async's Rollouter decodes here before its
+    stream starts (step 0); once it streams, ``held_out`` parks it."""
     roles = run.roles
     if roles.rollouter is not None:
         return [RolloutClient(roles.rollouter.handle)] if run.progress.version == 0 else [roles.trainer]

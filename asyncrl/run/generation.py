@@ -1,34 +1,11 @@
-"""Where a step's batch comes from, on the batch schedules (sync, one_step_off, two_step_off): the run's one prompt
-stream, the generation of its prompts on the rollout side, and dynamic sampling's filling.
+"""Where a step's batch comes from on the batch schedules (sync, one_step_off, two_step_off): the run's one prompt
+stream (``PromptStream``), the generation of its prompts on the rollout side (``launch_generation``) and dynamic
+sampling's filling (``BatchFiller``; the feature and its metrics: docs/rewards.md, "DAPO").
 
-**The prompt stream** (``PromptStream``): the training and held-out datasets and the one sampler whose cursor a
-checkpoint records; every row's sampling noise keyed by ``trainer.seed`` and the prompt, never the step.
-
-**Generation on a rollout pool** (``launch_generation``): a batch's prompts split over the workers, waited for
-together. With a ``RolloutPool`` (``asyncrl.run.supervision``; Ray runs of the schedules with a pool), a worker that
-dies or hangs while generating its share is replaced and the share generated again on the new worker, same prompts
-and seed.
-
-**Dynamic sampling** (``BatchFiller``, ``algorithm.filter_groups``): DAPO's loop, as verl's DAPO trainer runs it. A
-step's batch is generated in generation batches of ``data.gen_batch_size`` prompts (``data.train_batch_size`` when
-null). Each one's groups are judged by the rule in ``asyncrl.rewards.filtering`` (``keep_group``: the metric differs
-within the group); while fewer than ``data.train_batch_size`` groups are kept, another generation batch is generated and
-judged, at most ``max_num_gen_batches`` of them (0: no limit), after which the run stops with an error naming the key
-and the counts. The groups kept beyond a full batch in the last generation batch are discarded, as verl discards them.
-
-Where this departs from verl: the extra generation batches of a step are generated with the weights its first one
-was (no weight sync in between), and the surplus is never carried into the next step, so every schedule keeps its
-exact staleness (sync 0, one_step_off 1, two_step_off 2) with filtering on.
-
-The data cursor: each generation batch draws from the run's one prompt stream (``PromptStream.next_prompts``), so the
-prompts of filtered and discarded groups are consumed, as in verl. Each schedule records, for a checkpoint, the
-cursor after the last generation batch of the step it trained (or of the batch in flight, for the pipelined ones),
-so a resumed run goes on with the prompt after the last one drawn.
-
-Metrics of a step: ``train/num_gen_batches`` (verl's name) and ``dynamic_sampling/groups_generated``,
-``groups_kept`` (with a spread), ``groups_filtered`` (without: dropped), ``groups_discarded`` (kept beyond the full
-batch) and ``groups_trained``; generated = kept + filtered and kept = trained + discarded, trained =
-``data.train_batch_size``.
+With a ``RolloutPool`` (``asyncrl.run.supervision``), a worker that dies or hangs while generating its share is
+replaced and the share generated again on the new worker, same prompts and seed. Every generation batch, its groups
+kept or not, draws from the one stream (``PromptStream.next_prompts``); each schedule records for a checkpoint the
+cursor after the last generation batch of the step it trained (or of the batch in flight, for the pipelined ones).
 """
 
 from __future__ import annotations
@@ -87,8 +64,7 @@ class PromptStream:
 @dataclass
 class Generated:
     """A generated batch: its samples in prompt order per worker, the slowest worker's seconds, and what the
-    rollout engines reported (``perf/rollout_prefill_saving``: the share of prompt tokens not prefilled because an
-    identical prompt was; ``perf/rollout_tokens_per_s``: response tokens generated per second of the slowest call)."""
+    rollout engines reported (metrics: docs/metrics.md, "Time and throughput")."""
 
     samples: list[Sample]
     seconds: float

@@ -1,20 +1,12 @@
-"""Rollout skip (``rollout.skip``): dump each step's generated batch, and let a later run reuse it instead of
-generating, to iterate on the trainer side quickly (verl's rollout skip).
+"""Rollout skip (``rollout.skip``; docs/rollout_trace.md): dump each step's generated batch under a key of every
+config field that decides what is generated (``key.json``), and let a later run with the same key reuse it instead of
+generating. A run whose key differs is stopped with an error naming the fields, never fed another run's samples.
 
-The dumps live in ``rollout.skip.dump_dir`` under a key: every config field that decides what is generated (model,
-data and its order, sampling, schedule, seeds, rollout workers), written beside them in ``key.json``. A run
-whose key differs from the directory's is stopped with an error naming the fields that differ, never fed another
-run's samples. ``action``:
-
-- ``cache``: a step with a dump reuses it (its prompts are checked against the ones this run drew for the step); a
-  step without one generates and dumps.
-- ``repeat``: a step without a dump reuses the latest dumped batch before it (training again on the same samples;
-  the prompt check is skipped), so one dumped step feeds a whole run.
-
-Reused samples keep the weight versions they were generated with, so staleness is reported as it really is. With
-dynamic sampling (``algorithm.filter_groups``) a step may generate several batches: the second and later are dumped
-as ``step_N_genG.pkl``, and ``cache`` reuses each; ``repeat`` cannot fill a batch that way (a config error).
-Not in ``fully_async``, whose Rollouter streams groups rather than generating batches (a config error).
+``cache`` checks a dump's prompts against the ones this run drew for the step; ``repeat`` reuses the latest dump
+before a step that has none, unchecked. Reused samples keep the weight versions they were generated with, so
+staleness is reported as it really is. With dynamic sampling a step's later generation batches are dumped as
+``step_N_genG.pkl``, which ``repeat`` cannot use; neither can ``fully_async``, which streams groups (both config
+errors).
 """
 
 from __future__ import annotations

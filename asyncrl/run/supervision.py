@@ -1,18 +1,9 @@
 """Keeping a rollout pool alive: a rollout worker that dies (or hangs) mid-generation is replaced, not fatal.
 
-``RolloutPool`` watches the pool of the schedules that have one (``one_step_off``, ``two_step_off``) on Ray. When a
-worker's ``generate`` fails because its process died (OOM-killed, preempted, ``kill -9``) or does not answer within
-``rollout.generate_timeout_s``, the pool:
-
-1. kills what is left of it and starts a replacement on the same bundle of the rollout placement group;
-2. rebuilds the weight-sync group (a gloo group cannot take a new member) and pushes the trainer's current weights
-   and version to every receiver;
-3. generates the dead worker's share again: the same prompts with the same seed (its partial tokens died with it;
-   the prompts did not), so the step trains on every prompt it drew, once.
-
-The samples regenerated carry the version they were made with, which is never older than the original launch's, so
-the schedule's staleness bound holds. After ``trainer.max_worker_restarts`` replacements the run stops with one
-error naming the worker and the cause (the schedule writes a checkpoint of the last finished step first).
+``RolloutPool`` watches the pool of ``one_step_off`` and ``two_step_off`` on Ray: a worker whose process died or that
+does not answer within ``rollout.generate_timeout_s`` is killed and replaced on its bundle, the weight-sync group is
+rebuilt (a gloo group cannot take a new member) with the trainer's current weights, and its share is generated again,
+same prompts and seed. What the run survives and how it stops (``trainer.max_worker_restarts``): docs/faults.md.
 An error raised by the worker's own code (a bad prompt, a reward service that is down) is not a death: it is raised
 as it is, since a new worker would fail the same way.
 """
