@@ -1,20 +1,13 @@
 """Start, supervise and stop a teacher server process for a distillation run (``teacher.url`` empty).
 
-The server is ``python -m asyncrl.teacher.server`` on 127.0.0.1 with a free port, a real separate process (as a
-``vllm serve`` would be); it prints one JSON line with its URL when it listens. The run stops it at the end, on an
-error and on SIGTERM/Ctrl-C (the context manager's ``finally``); a server that exits or stays silent during start-up
-is an error that names the model directory and carries the tail of the server's stderr.
+The server is ``python -m asyncrl.teacher.server`` on 127.0.0.1 with a free port, a separate process (as a ``vllm
+serve`` would be) that prints one JSON line with its URL when it listens. The run stops it at the end, on an error and
+on SIGTERM/Ctrl-C (the context manager's ``finally``); a server that exits or stays silent during start-up is an error
+that names the model directory and carries the tail of the server's stderr.
 
-A server that dies while the run needs it (OOM-killed, ``kill -9``) is restarted on the same port by
-:class:`TeacherSupervisor`, a daemon thread that polls the process every 0.2 s, so the URL the client holds stays valid
-and the requests that failed meanwhile succeed on the client's retries: before each retry the client waits while a
-restart is under way (``TeacherSupervisor.wait_up``, up to ``teacher.startup_timeout_s``), so the default
-``teacher.max_retries`` are spent on a server that is up, not on the restart's start-up (the tiny test model's server
-took 5-11 s to restart here, far more than the back-off of 0.5 + 1 + 2 s). Each restart is logged with the exit code and
-recorded (:class:`TeacherRestart`); a restart that fails to start (port taken, crash at start-up) is a death too. After
-``teacher.max_restarts`` restarts the next death is left alone: the supervisor logs why once (``gave_up``: the count and
-the stderr log, ``teacher_server.log`` in the run directory, which every restart appends to) and the client's next
-failure ends the run. On exit the supervisor stops before the server does, so a server being stopped is never restarted.
+:class:`TeacherSupervisor` restarts a server that dies on its port, so the client's URL stays valid; the client waits
+out a restart before each retry (``wait_up``), so ``teacher.max_retries`` are spent on a server that is up, not on a
+start-up longer than the back-off. What it survives and how it gives up (``teacher.max_restarts``): docs/faults.md.
 """
 
 from __future__ import annotations
@@ -111,7 +104,8 @@ class TeacherEndpoint:
 
 
 class TeacherSupervisor(TeacherEndpoint):
-    """Restarts the server started here on its port when it exits while the run still needs it (module docstring).
+    """Restarts the server started here on its port when it exits while the run still needs it; a restart that fails
+    to start counts as the next death, and on exit the supervisor stops before the server, which is never restarted.
 
     Threading: one daemon thread (``_watch``) polls and restarts; ``stop`` may come from any thread at any moment, a
     restart in progress included. ``_lock`` orders the two: after ``stop`` has set ``_stopping`` under it, no new

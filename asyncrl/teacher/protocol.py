@@ -1,7 +1,5 @@
-"""The teacher wire format: the subset of vLLM's OpenAI-compatible ``POST /v1/completions`` used for scoring.
-
-Both sides live here so the format is written down once: the server parses requests and renders replies with it, the
-client turns replies back into tensors. Because the contract is vLLM's, a real ``vllm serve`` is a valid teacher.
+"""The teacher wire format, the server's and the client's: the subset of vLLM's OpenAI-compatible
+``POST /v1/completions`` used for scoring, so a real ``vllm serve`` is a valid teacher.
 
 ``choices[i].prompt_logprobs`` (vLLM's extension of the OpenAI API) is a list aligned with the prompt tokens. Entry 0
 is ``null`` (the first token has no prediction); entry ``t >= 1`` is the teacher's distribution that *predicted*

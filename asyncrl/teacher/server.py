@@ -1,19 +1,13 @@
-"""``asyncrl serve-teacher``: a teacher that scores token sequences over HTTP, speaking vLLM's completions API.
-
-On-policy distillation needs the teacher's top-k log-probs at every position of each student rollout. The contract is
-vLLM's OpenAI-compatible ``POST /v1/completions`` with ``prompt_logprobs`` (format: :mod:`asyncrl.teacher.protocol`),
-so a real ``vllm serve`` can stand in for this server on GPU boxes; this one runs the built-in transformers model for
-tiny teachers and tests, on the standard library only (``ThreadingHTTPServer``: one thread per connection).
+"""``asyncrl serve-teacher``: a teacher that scores token sequences over HTTP, speaking vLLM's completions API
+(format: :mod:`asyncrl.teacher.protocol`; HTTP plumbing: :mod:`asyncrl.teacher.transport`), so a real ``vllm serve``
+can stand in for it. This one runs the built-in transformers model for tiny teachers and tests, on the standard library
+only, with no authentication: it binds 127.0.0.1 unless told otherwise.
 
 Concurrent requests are batched: connection threads put one job per prompt on a queue; a single batcher thread takes
 the first job, waits up to ``max_wait_ms`` for more (up to ``max_batch`` sequences), runs one right-padded forward
 pass, and resolves each job's future. Right padding keeps every real token at the position it has unbatched, so
-batched and unbatched scores agree to float rounding.
-
-Endpoints: ``GET /health``, ``GET /v1/models`` (vLLM's list plus ``vocab_size`` and ``tokenizer_fingerprint``, which
-the client uses to check the student shares the vocabulary), ``POST /v1/completions``, ``POST /tokenize`` and
-``POST /detokenize`` (vLLM's shapes; the HTTP plumbing is :mod:`asyncrl.teacher.transport`). There is no
-authentication: it binds 127.0.0.1 unless told otherwise.
+batched and unbatched scores agree to float rounding. ``GET /v1/models`` adds ``vocab_size`` and
+``tokenizer_fingerprint`` to vLLM's list, for the client's check that the student shares the vocabulary.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """The HTTP side of ``asyncrl serve-teacher``: routing, body limits, status codes and keep-alive connection tracking.
-
-Kept apart from :mod:`asyncrl.teacher.server` (the model, the batcher and the endpoint logic) so that the engine reads
-without the ``http.server`` plumbing around it. This module knows the teacher only through the routes it is given
-and never imports the server, so the two cannot form an import cycle.
+It knows the teacher only through the routes it is given and never imports :mod:`asyncrl.teacher.server`.
 
 Each route takes the decoded JSON body (None for a GET) and returns the JSON reply; this module turns
 :class:`~asyncrl.teacher.protocol.RequestError` into 400, :class:`ServerStoppingError` into 503 and anything else
