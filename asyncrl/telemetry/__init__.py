@@ -1,10 +1,6 @@
-"""Observability for asyncrl runs: per-step metrics, per-worker span timelines, and PNG reports.
-
-- :mod:`.metrics` -- :class:`MetricsLogger` (console / jsonl / tensorboard / prometheus / wandb / mlflow) and jsonl
-  readers; :mod:`.trackers` -- the W&B and MLflow runs (imported only when chosen).
-- :mod:`.timeline` -- :class:`Timeline` spans, Chrome-trace output, busy/idle accounting.
-- :mod:`.report` -- ``write_report`` / ``compare_report`` (imported lazily: matplotlib is not needed in workers).
-- ``grafana/asyncrl_dashboard.json`` -- a dashboard for the prometheus backend (:data:`GRAFANA_DASHBOARD`).
+"""Observability for asyncrl runs: per-step metrics (``metrics``, its ``backends`` and ``trackers``), per-worker span
+timelines (``timeline``), the rollout trace (``trace``) and PNG reports (``report``, imported lazily: matplotlib is not
+needed in workers); ``GRAFANA_DASHBOARD``, a dashboard for the prometheus backend.
 """
 
 from collections.abc import Callable

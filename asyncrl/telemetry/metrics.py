@@ -1,15 +1,10 @@
 """One entry point for per-step scalar metrics, fanned out to the configured backends.
 
-The driver calls :meth:`MetricsLogger.log` once per training step with a flat ``{"reward/mean": 0.5, ...}`` dict.
-Keys are slash-separated families; the console line and the bundled Grafana dashboard look for these ones:
-
-- ``reward/mean``, ``val/accuracy``
-- ``timing_s/<phase>`` (seconds; ``timing_s/step`` is the whole step)
-- ``perf/throughput_tokens_per_s``
-- ``staleness/mean``, ``staleness/max`` (weight versions between generation start and the update using the sample)
-
-Values are validated once here (numbers only, so a stray string or tensor fails at the call site with the key named,
-not deep inside a backend), then every backend gets the same ``dict[str, float]`` and the same timestamp.
+The driver calls :meth:`MetricsLogger.log` once per training step with a flat ``{"reward/mean": 0.5, ...}`` dict
+(the names and units: docs/metrics.md); the console line and the bundled Grafana dashboard read ``reward/mean``,
+``val/accuracy``, ``timing_s/*``, ``perf/throughput_tokens_per_s`` and ``staleness/*``. Values are validated once here
+(numbers only, so a stray string or tensor fails at the call site with the key named, not deep inside a backend), then
+every backend gets the same ``dict[str, float]`` and the same timestamp.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""Static PNG summary of a run: learning curves on top, a Gantt chart of who was busy when below.
+"""Static PNG summary of a run: learning curves on top, a Gantt chart of who was busy when below
+(:func:`compare_report`: several runs' charts on one x scale, e.g. ``sync`` against ``one_step_off``).
 
-The Gantt chart is what makes asynchrony visible: with ``one_step_off`` the rollout and trainer rows overlap, with
-``sync`` they alternate. :func:`compare_report` stacks several runs' charts on one x scale to show exactly that.
-Reads only the files a run leaves behind (``metrics.jsonl``, ``timeline.json``), so it works on finished, crashed
-or still-running runs alike. Figures are drawn on an explicit Agg canvas instead of through pyplot: no global backend
+Reads only the files a run leaves behind (``metrics.jsonl``, ``timeline.json``), so it works on finished, crashed or
+still-running runs alike. Figures are drawn on an explicit Agg canvas instead of through pyplot: no global backend
 switch, no display needed, and safe to call from a background thread of the driver.
 """
 

@@ -1,11 +1,7 @@
-"""The rollout trace (``rollout.trace``): a few of each step's samples, as the trainer consumed them, in
-``rollout_trace.jsonl`` of the run directory (no external service), read back by ``asyncrl trace RUN_DIR --step N``.
-
-A record holds the prompt and response (text and token ids; with ``token2text`` each response token's own text), the
-reward, the stop reason, the weight version of every response token and the sample's staleness (the trainer's
-version at the update that consumed it minus the version its generation started with). ``max_samples_per_step``
-samples are taken evenly spaced over the step's batch, so every part of the batch (every group, in order) shows.
-A resumed run drops the records of steps past its checkpoint, as ``metrics.jsonl`` does.
+"""The rollout trace (``rollout.trace``; docs/rollout_trace.md): a few of each step's samples, as the trainer
+consumed them, in ``rollout_trace.jsonl`` of the run directory, read back by ``asyncrl trace RUN_DIR --step N``. A
+sample's staleness is the trainer's version at the update that consumed it minus the version its generation started
+with.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """Experiment trackers behind :class:`asyncrl.telemetry.metrics.MetricsLogger`: Weights & Biases and MLflow.
 
-Each records what the run is when it starts (its resolved config, the command line that started it, where its roles
-were placed), then every metric of every step at that step. A resumed run continues the same tracker run: the run's
-id and the last step it logged are kept in the run directory (``wandb_run.json``, ``mlflow_run.json``, rewritten
-after every step), and a step at or below that one is not logged again, so each step is in the tracker's history
-once. A run that died after logging steps past its last checkpoint runs those steps again when resumed:
-``metrics.jsonl`` drops its first values and keeps the new ones, while the trackers keep the values they got first
-(W&B's history only moves forward; MLflow would hold the step twice).
-
-W&B follows its own environment (``WANDB_MODE=offline``, ``WANDB_API_KEY``, ``WANDB_ENTITY``) and writes its files
-under ``WANDB_DIR``, else the run directory. MLflow logs to ``MLFLOW_TRACKING_URI``, else to a file store in the run
-directory (``mlruns/``; MLflow 3 keeps its file store behind ``MLFLOW_ALLOW_FILE_STORE``, which is set for it). A
+What each records, how a resumed run continues the same tracker run (``wandb_run.json``, ``mlflow_run.json``: a step
+at or below the last one logged is not logged again) and the environment each follows: docs/metrics.md, "Loggers". A
 package is imported only when its logger is chosen, and the config check names a missing one before a run starts
 (``asyncrl.config.schema.TrainerConfig.check``).
 """
