@@ -1,10 +1,8 @@
-"""A role's torch device, resolved where the role runs: ``trainer.device`` (auto | cpu | cuda).
+"""A role's torch device, resolved where the role runs: ``trainer.device`` (auto | cpu | cuda; docs/config.md).
 
-``auto`` is the role's GPU when it has one: under Ray, the GPU its slot was given (Ray sets ``CUDA_VISIBLE_DEVICES``
-to it, so it is ``cuda:0`` in the worker; a role given no GPU sees none and runs on the CPU); in-process, this
-process's current CUDA device when there is one. ``cuda`` insists, and a role that sees no CUDA device fails at its
-start, naming itself. Models, optimizer state, batches and KV caches live on the device; tensors go to the CPU only
-to cross a process boundary (the built-in engine samples on the logits' device: ``asyncrl.rollout.sampling``).
+Under Ray, ``auto``'s GPU is the one the role's slot was given, ``cuda:0`` in the worker (Ray sets
+``CUDA_VISIBLE_DEVICES``). Models, optimizer state, batches and KV caches live on the device; tensors go to the CPU
+only to cross a process boundary (the built-in engine samples on the logits' device: ``asyncrl.rollout.sampling``).
 """
 
 from __future__ import annotations

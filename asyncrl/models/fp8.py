@@ -1,13 +1,7 @@
-"""FP8 rollout (``rollout.quantization: fp8``): the weights cross a sync as float8 e4m3 with per-block scales, and the
-rollout engine runs on them.
-
-At every sync the trainer quantizes each linear weight of the transformer blocks blockwise, with one fp32 scale per
-128 x 128 block (the recipe of DeepSeek-V3 and of verl's FP8 rollout). The fp8 values travel under the weight's
-name and the scales under ``name + "_scale_inv"`` (vLLM's name for them). Embeddings, norms, biases and the output
-head stay in the trainer's precision, as vLLM's FP8 keeps them. The receiving engine multiplies values by scales
-and runs on the result. On a CPU that emulates the quantized weights' numerics; activations stay unquantized. A GPU's
-W8A8 kernels would also quantize activations per token group; they are the GPU path behind the same switch and are
-not run here.
+"""FP8 rollout (``rollout.quantization: fp8``; docs/fp8.md): at every sync the trainer quantizes each linear weight
+of the transformer blocks to float8 e4m3 with one fp32 scale per 128 x 128 block; the values travel under the
+weight's name, the scales under ``name + "_scale_inv"`` (vLLM's name), and the receiving engine runs on values times
+scales. Activations stay unquantized (a GPU's W8A8 kernels, which would quantize them, are not run here).
 """
 
 from __future__ import annotations

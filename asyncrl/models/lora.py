@@ -5,10 +5,8 @@ wraps its own copy of the base model with an adapter of the same shape, so both 
 identically (``...q_proj.lora_A.default.weight``) and the sync group's handshake compares them like any parameters.
 ``synced_tensors`` is what a sync carries: the adapter alone for a LoRA model, every parameter otherwise. A rollout
 engine that owns its copy keeps the adapter merged into the base weights (decoding pays no extra matmuls) and
-re-merges at every sync (``merged_update``).
-
-Verified, not assumed: a sync whose plan has no adapter tensor is refused (``require_adapter``), because an async
-LoRA run that pushes the base weights and never the adapter trains fine and samples from a policy that never moves.
+re-merges at every sync (``merged_update``). A sync whose plan has no adapter tensor is refused
+(``require_adapter``; why: docs/lora.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """``model.override_config`` (verl's key): model-config changes applied wherever the policy is built.
 
 The trainer's model, its reference and proximal copies, the built-in rollout engine's copy and vLLM all get the same
-overrides, so trainer and rollout compute the same function. (verl applies RoPE scaling to the trainer only: its
-rollout silently runs the unscaled model, and the rollout/trainer log-prob gap grows with position.)
+overrides, so trainer and rollout compute the same function (docs/model_overrides.md).
 
 - ``attn_implementation``: the Hugging Face attention kernel (``eager``, ``sdpa``, or another the installed
   transformers offers); vLLM always uses its own attention, whose log-probs are compared with the trainer's every step.
