@@ -1,13 +1,6 @@
 """asyncrl: RL post-training of language models where generation and training run at once.
 
-The public surface (docs/api.md), imported on first use so that ``import asyncrl`` stays light:
-
-- ``load_config(path_or_dict, overrides)`` -> ``Config``; ``train(config, reward=..., train_data=..., val_data=...)``
-  -> ``TrainResult`` (``asyncrl.api``);
-- the building blocks of a training loop of one's own (``examples/minimal_grpo.py``): ``load_model``,
-  ``load_rows``, ``PromptDataset``, ``RolloutEngine``, ``SamplingParams``, ``Sample``, ``RewardFn``, ``collate``,
-  ``group_ids``, ``rewards_of``, ``forward_logits``, ``losses``, ``evaluate_prompts``, ``load_sft_config``,
-  ``run_sft``.
+The public surface (docs/api.md) is imported on first use, so that ``import asyncrl`` stays light.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""Training from Python: ``load_config`` -> a typed ``Config``; ``train`` -> a ``TrainResult``.
+"""Training from Python: ``load_config`` -> a typed ``Config``; ``train`` -> a ``TrainResult`` (docs/api.md).
 
-``train`` is ``asyncrl train`` with two things a notebook has and a YAML file has not:
-
-- ``reward``: a Python callable, in verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)``
-  form or as ``fn(samples) -> list[float]`` (each sample a dict of those four keys). It is pickled by value
-  (cloudpickle: a lambda, a closure, a function of ``__main__`` or of a module of one's own) into
-  ``RUN_DIR/inputs/reward_fn.pkl`` and ``reward.custom_function`` names that file, so every role that scores, in
-  this process or on a Ray worker, loads the same function, and a resumed run finds it again.
-- ``train_data`` / ``val_data``: rows in verl's schema (``asyncrl.data.rows``) as a list of dicts, written to
-  ``RUN_DIR/inputs/`` and checked row by row before any worker starts, or a path (``data.train_files`` /
-  ``data.val_files``).
+``train`` is ``asyncrl train`` with what a notebook has and a YAML file has not: a ``reward`` callable, pickled by
+value into ``RUN_DIR/inputs/reward_fn.pkl`` (which ``reward.custom_function`` then names, so every role that scores
+and a resumed run load the same function), and ``train_data`` / ``val_data`` as rows, checked and written to
+``RUN_DIR/inputs/``.
 """
 
 from __future__ import annotations

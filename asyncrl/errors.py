@@ -1,14 +1,9 @@
 """The base of every error a user's input causes, and how the command line turns one into a single line.
 
-An error is a ``UserInputError`` when the user can fix it by changing what they gave asyncrl: the config, a dataset
-row, a reward function spec, a model / adapter / GGUF / checkpoint path, a run directory to trace or replay, a
-placement the cluster cannot hold, or a server of theirs (the teacher, the reward service, vLLM) that is missing,
-down or answering wrongly. ``asyncrl`` prints such an error as ``asyncrl <command>: error: <message>`` and exits with
-status 2, without a traceback: the message already names what is wrong and where. Every other exception is a bug or
-a failure of the machinery and keeps its traceback.
-
-Each such class keeps its older base as well (``class ConfigError(UserInputError, ValueError)``), so code that
-catches ``ValueError`` or ``RuntimeError`` catches these too.
+An error is a ``UserInputError`` when the user can fix it by changing what they gave asyncrl (the kinds:
+docs/cli.md); ``asyncrl`` prints it as ``asyncrl <command>: error: <message>`` and exits with status 2, without a
+traceback. Each such class keeps its older base as well (``class ConfigError(UserInputError, ValueError)``), so code
+that catches ``ValueError`` or ``RuntimeError`` catches these too.
 
 This module imports no asyncrl module when it loads (every error module imports it) and nothing from Ray (an
 in-process run never loads Ray): a Ray error is recognised by the attributes Ray gives it.

@@ -1,17 +1,9 @@
-"""Deterministic replay of a run's trainer side (``trainer.record_consumed`` + ``asyncrl replay RUN_DIR``).
-
-An asynchronous run is not repeatable: which samples land in which step, with which weight versions and where a partial
-rollout was split, depends on timing. The trainer's side is, though, given what it consumed. With
-``trainer.record_consumed`` the driver writes each step's consumed samples, as the algorithm received them (order,
-groups, every token's version), to ``RUN_DIR/consumed/step_N.pkl`` before the update, and a crc32 of each weight tensor
-after it (``step_N.weights.json``; ``asyncrl.run.directory``). ``asyncrl replay RUN_DIR`` starts the trainer in this
-process from the run's config, with the torch thread count the run's trainer reported, feeds it those samples step by
-step through the same algorithm, and compares its weights with the run's checkpoints and final model. Its last line says
-whether the final weights are identical, bit for bit, or names the first step and tensor that differ. This is how a
-divergence that timing made unrepeatable is debugged.
-
-Algorithms whose batch depends on another role's state (``ppo``'s critic, ``distill``'s teacher) are not replayed (a
-clear error): only the actor-only algorithms, ``grpo`` and ``dpo``.
+"""Deterministic replay of a run's trainer side (``trainer.record_consumed`` + ``asyncrl replay RUN_DIR``;
+docs/replay.md). The run records each step's samples as the algorithm received them (order, groups, every token's
+version) before the update and a crc32 per weight tensor after it (``asyncrl.run.directory``); replay starts the
+trainer in this process from the run's config and torch thread count, feeds it those samples through the same
+algorithm, and compares its weights with the run's, its checkpoints and final model. Only algorithms whose batch is a
+function of the samples alone (``replayable``: ``grpo``, ``dpo``) are replayed; others are refused with an error.
 """
 
 from __future__ import annotations
@@ -44,7 +36,7 @@ def _first_difference(mine: dict[str, torch.Tensor], theirs: dict[str, torch.Ten
 
 
 def replay(run_dir: str | Path) -> dict[str, Any]:
-    """Re-run the trainer side of ``run_dir`` on its recorded samples; returns what matched (see module docstring)."""
+    """Re-run the trainer side of ``run_dir`` on its recorded samples; returns what matched."""
     from asyncrl.algorithms import algorithm_class
     from asyncrl.config import load_config
     from asyncrl.models.loading import load_tokenizer_from
