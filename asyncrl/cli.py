@@ -260,9 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="replace a non-empty --out")
     s.set_defaults(fn=cmd_convert_gguf)
 
-    # Commands other distributions register under the ``asyncrl.commands`` entry points (asyncrl's lab: ``bench``,
-    # ``demo``, ``demo-real``): each entry is a function that adds its subparser, with ``fn`` as its default. asyncrl
-    # imports none of them by name; a command whose distribution is not installed is simply absent.
+    # the ``asyncrl.commands`` entry points (docs/cli.md, the lab's): each adds its subparser, with ``fn`` as default
     for ep in sorted(entry_points(group="asyncrl.commands"), key=lambda e: e.name):
         if ep.name not in sub.choices:
             ep.load()(sub)

@@ -103,8 +103,7 @@ class PrefillStats:
         return self.unshared_tokens - self.tokens
 
     def metrics(self) -> dict[str, float]:
-        """``perf/rollout_prefill_saving``: the share of prompt tokens not prefilled because an identical prompt was
-        (none when nothing was prefilled)."""
+        """``perf/rollout_prefill_saving`` (docs/metrics.md); none when nothing was prefilled."""
         return {"perf/rollout_prefill_saving": self.saved_tokens / self.unshared_tokens} if self.unshared_tokens else {}
 
 

@@ -37,10 +37,7 @@ END_OF_TURN_TOKENS = ("<|im_end|>",)
 
 
 class GGUFConvertError(ModelLoadError):
-    """A GGUF file could not be converted; the message names the file (or output) and the cause.
-
-    A :class:`ModelLoadError`, so the command line reports it as one line with exit status 2.
-    """
+    """A GGUF file could not be converted; the message names the file (or output) and the cause."""
 
 
 def default_smollm2_gguf() -> Path:

@@ -123,14 +123,9 @@ def load_model(
     for_training: bool = True,
     overrides: Mapping[str, object] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load ``(model, tokenizer)`` from a local directory with AutoModelForCausalLM / AutoTokenizer.
-
-    ``overrides``: ``model.override_config`` (``asyncrl.models.overrides``): the attention implementation and config
-    attributes (RoPE scaling, ...) to load the model with.
-
-    ``for_training=True`` returns the model in train mode with gradients enabled; ``False`` returns it in eval mode
-    with ``requires_grad`` off (rollout and reference models never need gradients, which saves memory).
-    """
+    """``(model, tokenizer)`` from a local directory, built with ``overrides`` (``model.override_config``). With
+    ``for_training=False`` the model is in eval mode with ``requires_grad`` off (rollout and reference models never
+    need gradients, which saves memory)."""
     path = os.fspath(path)
     if isinstance(dtype, str) and dtype not in DTYPES:
         raise ModelLoadError(f"model.dtype {dtype!r} for {path}: unknown dtype (known: {', '.join(DTYPES)})")

@@ -5,11 +5,9 @@ Each backend receives already-validated ``dict[str, float]`` values (NaN/inf inc
 non-finite ones itself: TensorBoard and Prometheus skip them, so a single bad step does not wreck a plot's y-range or
 fire an alert on a meaningless value. Heavy imports (torch's SummaryWriter) happen only when a backend is chosen.
 
-The JSON-lines file holds one ``{"step", "time", ...}`` object per line. A run can be killed at any moment (OOM,
-pre-emption, Ctrl-C), so every line is flushed and ``os.fsync``'d before ``write`` returns: whatever step the trainer
-saw as logged is on disk. The only damage a kill can do is a *torn last line* (a prefix of the final write). Readers
-ignore such a line, and :class:`JsonlWriter` cuts it off when it reopens the file for append, so the file stays valid
-JSON lines across crash/resume cycles.
+A run can be killed at any moment, so the JSON-lines file's every line is on disk before ``log`` returns; the only
+damage a kill can do is a torn last line, which readers ignore and :class:`JsonlWriter` cuts off when it reopens the
+file, so it stays valid JSON lines across crash/resume cycles.
 """
 
 from __future__ import annotations

@@ -73,15 +73,12 @@ def validate_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
 
 
 class MetricsLogger:
-    """Logs per-step scalars to any of ``console``, ``jsonl``, ``tensorboard``, ``prometheus``, ``wandb``, ``mlflow``.
+    """Logs per-step scalars to the ``backends`` (docs/metrics.md, "Loggers"), their files under ``out_dir``.
 
-    Files go under ``out_dir``: ``metrics.jsonl`` (one durable line per step, non-finite values as ``null``) and
-    ``tensorboard/``. Prometheus serves gauges on ``127.0.0.1:<prometheus_port>``; ``0`` or None picks a free port,
-    available afterwards as :attr:`prometheus_port`. W&B and MLflow (``asyncrl.telemetry.trackers``) record ``run``
-    (names, config, command line, placement; default: named after ``out_dir``) at the start and continue their run
-    when ``run.resumed``. ``console=False`` silences the console backend even when it is listed, so Ray workers or
-    tests can share a config with the driver without printing. Thread-safe: one lock serialises ``log`` calls, so
-    lines never interleave.
+    ``prometheus_port`` 0 or None picks a free port, available afterwards as :attr:`prometheus_port`. W&B and MLflow
+    record ``run`` (default: named after ``out_dir``). ``console=False`` silences the console backend even when it is
+    listed, so Ray workers or tests can share a config with the driver without printing. Thread-safe: one lock
+    serialises ``log`` calls, so lines never interleave.
     """
 
     def __init__(
