@@ -82,10 +82,7 @@ def sample_metrics(samples: list[Sample], batch: TrainBatch) -> dict[str, float]
 
 
 def agent_metrics(samples: list[Sample]) -> dict[str, float]:
-    """Multi-turn metrics of a batch (none when every sample is single-turn): ``agent/turns_mean`` (assistant
-    turns per sample), ``agent/tool_call_rate`` (share of samples that called a tool), ``agent/tool_calls_mean``,
-    ``agent/tool_error_count`` (calls that failed: raised, timed out, unknown tool, unparsable) and
-    ``agent/tool_token_frac`` (share of response tokens that are tool output, trained with mask 0)."""
+    """Multi-turn metrics of a batch (docs/metrics.md, ``agent/*``); none when every sample is single-turn."""
     if not samples or all(s.response_mask is None for s in samples):
         return {}
     n = len(samples)

@@ -36,10 +36,9 @@ TENSORBOARD_DIR = "tensorboard"
 
 
 def machine_cpu() -> dict[str, float]:
-    """``perf/machine_busy_core_s``: core-seconds the whole machine has spent busy since boot (``/proc/stat``: user,
-    nice, system, irq, softirq, steal), and ``perf/monotonic_s``: a clock to difference it against. Differences over
-    a run's steps give how much of the cores the run kept busy (``asyncrl bench``'s ``cpu_utilization``); every
-    process counts, so it means something only on an otherwise idle machine. Empty where there is no /proc/stat."""
+    """``perf/machine_busy_core_s`` (``/proc/stat``: user, nice, system, irq, softirq, steal) and ``perf/monotonic_s``
+    (docs/metrics.md); every process counts, so it means something only on an otherwise idle machine. Empty where
+    there is no /proc/stat."""
     try:
         with open("/proc/stat") as f:
             fields = f.readline().split()
