@@ -1,7 +1,8 @@
-"""``asyncrl serve-teacher``: a teacher that scores token sequences over HTTP, speaking vLLM's completions API
-(format: :mod:`asyncrl.teacher.protocol`; HTTP plumbing: :mod:`asyncrl.teacher.transport`), so a real ``vllm serve``
-can stand in for it. This one runs the built-in transformers model for tiny teachers and tests, on the standard library
-only, with no authentication: it binds 127.0.0.1 unless told otherwise.
+"""``asyncrl serve-teacher``: a teacher that scores token sequences over HTTP, speaking vLLM's completions API.
+
+The format is :mod:`asyncrl.teacher.protocol`'s and the HTTP plumbing :mod:`asyncrl.teacher.transport`'s, so a real
+``vllm serve`` can stand in for this server, which runs the built-in transformers model for tiny teachers and tests, on
+the standard library only, with no authentication: it binds 127.0.0.1 unless told otherwise.
 
 Concurrent requests are batched: connection threads put one job per prompt on a queue; a single batcher thread takes
 the first job, waits up to ``max_wait_ms`` for more (up to ``max_batch`` sequences), runs one right-padded forward
