@@ -2,18 +2,16 @@
 
 A process yields what it does next:
 
-- ``Compute(seconds, threads, pool)``: work that takes ``seconds`` when it has its ``threads`` to itself. In a
-  shared pool (a CPU machine's cores, ``Clock(cores=...)``) every running computation is slowed by
-  ``min(1, cores / threads of all running)``: the threads are time-sliced and each computation moves at the pace of
-  its slowest thread. With ``oversubscribed=(parallel, single)`` (measured: ``asyncrl probe``), a pool with more threads
-  than cores and a computation on several threads moves those at ``parallel`` and the one-thread ones at ``single``
-  instead: a parallel region waits at its barrier for a thread sliced out. A pool of its own (``pool=None``: a
-  role's own devices) never slows.
+- ``Compute(seconds, threads, pool)``: work that takes ``seconds`` with its ``threads`` to itself. In the shared pool
+  (``Clock(cores=...)``) every running computation moves at ``min(1, cores / threads of all running)``; with
+  ``oversubscribed=(parallel, single)`` (measured by ``asyncrl probe``), an oversubscribed pool running a computation
+  on several threads moves those at ``parallel`` and the one-thread ones at ``single`` (a parallel region waits at its
+  barrier for a thread sliced out). ``pool=None`` (a role's own devices) never slows.
 - ``Wait(signal)``: until ``Clock.fire(signal)`` (at once if it fired since ``signal.fired`` was last reset).
 - ``Delay(seconds)``: wall time that takes no core (a network transfer, a sleep).
 
-``run`` advances to the next completion, hands it back to its process, and goes on until every process ended or
-``until`` says stop. Nothing here knows about RL: ``simulate`` builds the schedules on it.
+``run`` hands each completion back to its process until every process ended or ``until`` says stop. Nothing here
+knows about RL.
 """
 
 from __future__ import annotations

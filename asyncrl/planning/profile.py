@@ -1,23 +1,10 @@
 """``asyncrl profile RUN_DIR``: fit a ``CostModel`` from a finished run's own records.
 
-Read from the run directory: ``config.yaml`` (the work per step, the threads or devices each role had),
-``work.jsonl`` (every sample's prompt and response length, per step), ``metrics.jsonl`` (the driver's timings, the
-update's processed tokens) and ``timeline.json`` (each worker's ``generate``, ``reward`` and ``update_actor``
-spans). Fitted over the measured steps (the first, which pays one-off costs, left out, and any step over
-``DISTURBED`` times the median step, slowed by something outside the run):
-
-- decode seconds per engine call ~ call + step x decode steps + token x positions run (live rows per step plus
-  prefilled tokens), the regressors computed from each step's rows as the engine batches them (``cost``); the
-  built-in engine's measured steps (``decode_segments`` on the timeline: seconds per stretch of a constant batch)
-  price a step and a row of it directly, the call's part fitted on what they leave;
-- update seconds ~ call + token x processed tokens; the rest of the train call likewise;
-- reward seconds per scored row; prepare (advantages, a teacher's knowledge in distillation: the teacher's latency)
-  per step and per prompt + response token of the batch; the step's remaining driver time per step.
-
-Any schedule's run can be profiled; ``sync`` is the natural one (nothing overlaps, so each span is its phase's
-cost alone). What the run cannot show (how this machine's phases scale with threads, the prefill's price, the
-weight-sync bandwidth: the cost model's ``Scaling``) is measured by ``asyncrl probe RUN_DIR``, asyncrl's lab's
-command, which hands its measurement to ``profile_run``.
+Read: ``config.yaml``, ``work.jsonl`` (each sample's lengths per step), ``metrics.jsonl`` (the driver's timings) and
+``timeline.json`` (the workers' spans); fitted over the measured steps, the first (one-off costs) and any over
+``DISTURBED`` times the median step left out. What each term prices, and why ``sync`` is the run to profile:
+docs/performance.md, "Plan a run before renting the GPUs". What a run cannot show (``Scaling``) is measured by the
+lab's ``asyncrl probe RUN_DIR``, which hands it to ``profile_run``.
 """
 
 from __future__ import annotations
@@ -93,9 +80,8 @@ def generation_regressors(
 
 
 DECODE_NAMES = ("call", "step", "token", "prefill_token")
-# a step that took this many times the median step's seconds was slowed by something outside the run (another job on
-# the machine): its observations are left out of every fit, where they would pull each term off (least squares is
-# pulled by a step 30x slow however many steady ones it has)
+# a step over this many times the median step was slowed by something outside the run (another job on the machine):
+# left out of every fit, which least squares would follow however many steady steps there are
 DISTURBED = 5.0
 logger = logging.getLogger(__name__)
 

@@ -1,15 +1,12 @@
-"""Every schedule's order of events on a virtual clock, with each engine and trainer call replaced by its price in a
+"""Every schedule's order of events on a virtual clock, each engine and trainer call replaced by its price in a
 ``CostModel``, on a described cluster.
 
-``sync``, ``one_step_off`` and ``two_step_off`` run the real run's own loops (``schedules.loops``) over ports that
-price each phase on the clock (``planning.sim_ports``; their decode calls: ``planning.decode``): a loop changed there
-changes the prediction. ``fully_async`` runs both its loops (``schedules.fully_async.loop``): ``planning.stream``.
-
-Clusters: ``Cluster.cpu(cores)``: every role shares the machine's cores (a computation on t threads among others
-moves at min(1, cores / all running threads) of its alone speed; its alone speed on t threads is Amdahl's law with
-the profile's measured serial fraction). ``Cluster.gpus(nodes, per_node)``: each role on devices of its own; a
-phase's seconds scale with the devices it has against those the profile ran on (generation: rows split over
-replicas; training: tokens split over data-parallel ranks), times ``device_speed``.
+``sync``, ``one_step_off`` and ``two_step_off`` run the run's own loops (``schedules.loops``) over
+``planning.sim_ports`` (their decode calls: ``planning.decode``), ``fully_async`` both its loops over
+``planning.stream``: a loop changed there changes the prediction. ``Cluster.cpu``: every role shares the cores (a
+computation's alone speed on t threads is Amdahl's law with the profile's serial fraction); ``Cluster.gpus``: each
+role on devices of its own, a phase's seconds scaled by its devices against the profile's (rows over replicas, tokens
+over ranks) and ``device_speed``.
 """
 
 from __future__ import annotations

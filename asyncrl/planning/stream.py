@@ -1,13 +1,9 @@
-"""``fully_async`` on the virtual clock: both its loops are the run's own (``schedules.fully_async.loop``). The
-Rollouter's (``loop.produce``) runs over ``SimRollouter``, with the real ``Producer`` (its ``StalenessController``,
-``MessageQueue``, ``PromptLedger``, partial-rollout pause and drain) deciding what each rank decodes; each rank's
-streaming engine is priced per step (a fixed part plus a part per row it runs, at the batch decode's prices: vLLM's
-live rows, the built-in engine's slots in use, kept as that engine keeps them) and per admission (the new rows'
-prefill, a blank group's shared; never the batch decoder's per-call cost), and the clock jumps from one row's end to
-the next: a row that ends frees its slot at that step and the producer places the next group at once, as the real
-engines do. A row that ends goes to the reward loop, priced on the pool's cores beside the decode; its group
-completes when it is scored. The driver's (``loop.consume``) runs over ``StreamSimPorts``. ``StreamSim`` is the part
-of ``simulate.Sim`` that runs them."""
+"""``fully_async`` on the virtual clock, both its loops the run's own (``schedules.fully_async.loop``): the
+Rollouter's (``loop.produce``) over ``SimRollouter``, the real ``Producer`` deciding what each rank decodes, and the
+driver's (``loop.consume``) over ``StreamSimPorts``. A rank's streaming engine is priced per step and per admission,
+never at the batch decoder's per-call cost (docs/performance.md, "The streaming decoder"); the clock jumps from one
+row's end to the next, where the producer places the next group at once, as the real engines do. An ended row is
+scored on the pool's cores beside the decode; its group completes when it is scored."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """``asyncrl preflight``: the run's command line, checked part by part on the cluster it will use, in minutes and
 before any long load, instead of at step 1 after loading the model.
 
-In order, one line each (PASS or FAIL, with the reason and the figures):
-
-    memory plan          the sizing plan from the model's config.json against the device (before any worker starts;
-                         a plan that cannot fit stops here, so nothing is loaded)
-    placement <worker>   every role as ``start_roles`` placed it: its node, device, GPUs (the run's own start-up)
-    trainer group        an all-reduce and a broadcast on the trainer's data-parallel group, with their bandwidth
-    weight sync          the run's sync group set up and one push of the real weights into every engine, in seconds
-    fingerprint <engine> each engine's weights after that push against the trainer's, tensor by tensor
-    decode <engine>      one short decode on every engine, with the run's sampling
-    trainer micro-batch  the algorithm's preparation and one update at the plan's token budget, peak memory vs plan
-
-The exit status is 0 only when every line passes. Worker logs go to ``trainer.default_local_dir``/preflight/logs, so
-the run's own directory (its checkpoints, its metrics) is left untouched.
+One PASS or FAIL line a part, in order: memory plan (a plan that cannot fit stops here, before any worker starts),
+placement, trainer group, weight sync, fingerprint, decode, trainer micro-batch; what each runs and when it fails:
+docs/gpu.md, "Before a run: asyncrl preflight". The exit status is 0 only when every line passes. Worker logs go to
+``trainer.default_local_dir``/preflight/logs, so the run's own directory is left untouched.
 """
 
 from __future__ import annotations
@@ -38,8 +29,8 @@ def preflight_config(cfg: Config) -> Config:
 
 
 def run_preflight(cfg: Config, emit: Callable[[str], None] = print, _corrupt_bucket: int | None = None) -> list[Check]:
-    """Check ``cfg``'s run (the module docstring's lines, each handed to ``emit`` as it is decided) and return the
-    lines. A config the algorithm refuses raises its ``ConfigError`` as ``asyncrl train`` would. ``_corrupt_bucket``:
+    """Check ``cfg``'s run (the module docstring's lines, each handed to ``emit`` as it is decided) and return
+    them. A config the algorithm refuses raises its ``ConfigError`` as ``asyncrl train`` would. ``_corrupt_bucket``:
     the weight sync's test hook (a byte of that bucket flipped after its checksum is taken)."""
     from asyncrl.algorithms import algorithm_class, check_config
     from asyncrl.config.specs import role_specs

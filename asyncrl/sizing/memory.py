@@ -1,14 +1,9 @@
 """The memory plan: the bytes one GPU of each role holds at its peak, from the config and the model's shape alone.
 
-It describes the GPU trainer (FSDP2 with fp32 shards as the masters and bf16 compute through torch's
-``MixedPrecisionPolicy``; the reference and proximal models sharded or offloaded; no unsharded serving copy outside
-``sync``; micro-batches by token budget and attention memory linear in the tokens; the weight receiver applying each
-bucket as it arrives), and is checked against the tensor bytes measured on this code (tests/test_memory_plan.py):
-parameters, gradients, masters, optimizer state and reference for DDP and FSDP2 in fp32, and the tensors autograd
-saves in a forward. Each term is a field with its ``doc`` (``term``).
-
-Null config keys resolve as on a GPU (this plan is for GPUs): ``actor.gradient_checkpointing`` on,
-``rollout.dtype`` bf16, ``rollout.gpu_memory_utilization`` 0.8 on a rollout GPU and 0.4 beside the trainer (sync).
+The trainer it describes, and its check against measured bytes: docs/gpu.md, "A 7B model on 2 x 8 GPUs". Each term
+is a field with its ``doc`` (``term``). Null config keys resolve as on a GPU (this plan is for GPUs):
+``actor.gradient_checkpointing`` on, ``rollout.dtype`` bf16, ``rollout.gpu_memory_utilization`` 0.8 on a rollout GPU
+and 0.4 beside the trainer (sync).
 """
 
 from __future__ import annotations
