@@ -1,12 +1,8 @@
-"""The ``algorithm:`` section is tagged by ``algorithm.name``: its keys are those of the chosen algorithm's section
-class, ``AlgorithmConfig`` (what every algorithm reads) or a subclass its module defines (``Algorithm.section``; ppo's
-``PPOConfig`` adds ``gamma`` and ``lam``). The loader parses the section as that class, so a key no algorithm reads is
-an unknown key, and a user's algorithm brings its own keys with it.
-
-An algorithm is found by its name as ``asyncrl.algorithms.algorithm_class`` finds it: the module
-``asyncrl.algorithms.<name>``, or a dotted import path of the user's, that names its class ``ALGORITHM``. It is a
-plugin lookup by name (``importlib``), so the config, two floors below the algorithms, imports none of them by
-statement.
+"""The ``algorithm:`` section, tagged by ``algorithm.name``: the loader parses it as the chosen algorithm's section
+class (``Algorithm.section``, else ``AlgorithmConfig``), so a key no algorithm reads is an unknown key and a user's
+algorithm brings its own keys (docs/config.md, "Two choices: the algorithm and the schedule"). The algorithm is found
+by name as ``asyncrl.algorithms.algorithm_class`` finds it, a plugin lookup (``importlib``): the config, two floors
+below the algorithms, imports none of them by statement.
 """
 
 from __future__ import annotations
@@ -77,10 +73,9 @@ def section_class(name: str) -> type[AlgorithmConfig]:
 
 def other_algorithms_defaults(section: dict[str, object], chosen: type[AlgorithmConfig], name: str) -> list[str]:
     """The keys of ``section`` (one layer's ``algorithm:``, plain values) that another built-in algorithm reads and
-    ``chosen`` does not, each holding that algorithm's default: the loader drops them (verl's scripts and configs
-    carry ``algorithm.gamma: 1.0`` and ``algorithm.lam: 1.0`` for every estimator; a run of this package dumps only
-    its own algorithm's keys). Such a key set to anything else is an error naming who reads it. Keys no algorithm
-    reads are left for the loader to name as unknown."""
+    ``chosen`` does not, each holding that algorithm's default: the loader drops them (verl's configs carry
+    ``gamma: 1.0`` for every estimator). Set to anything else, such a key is an error naming who reads it; keys no
+    algorithm reads are left for the loader to name as unknown."""
     own = {f.name for f in dataclasses.fields(chosen)}
     stray = [k for k in section if k not in own]
     if not stray:

@@ -51,10 +51,8 @@ def load_schema(
     validate_fn: Callable[[T], None],
 ) -> T:
     """Merge a YAML file (or a nested dict of the same keys) and ``key=value`` overrides onto the dataclass defaults
-    and validate.
-
-    Raises ``ConfigError`` naming the key for an unknown key, a wrong type, a missing value or an out-of-range value.
-    """
+    and validate; raises ``ConfigError`` naming the key for an unknown key, a wrong type, a missing or an out-of-range
+    value."""
     from omegaconf import OmegaConf  # here, not at import: the config tree itself needs no omegaconf
     from omegaconf.errors import OmegaConfBaseException
 

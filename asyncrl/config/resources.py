@@ -2,10 +2,9 @@
 
 ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` is the trainer's data-parallel world, one rank per GPU;
 ``rollout.nnodes`` x ``rollout.n_gpus_per_node`` / ``rollout.tensor_model_parallel_size`` the rollout pool's workers
-(engines), each on TP GPUs of one node. ``num_workers`` left at 1
-becomes that product, so a config written for verl's recipes needs no other key; set to anything else it must agree.
-Without GPUs, ``nnodes`` spreads ``num_workers`` CPU ranks evenly over that many nodes. Where the pools land, and
-whether the cluster holds them, is decided when the run starts (``asyncrl.roles.placement``).
+(engines), each on TP GPUs of one node. ``num_workers`` left at 1 becomes that product; set to anything else it must
+agree. Without GPUs, ``nnodes`` spreads ``num_workers`` CPU ranks evenly over that many nodes. Where the pools land
+is decided when the run starts (``asyncrl.roles.placement``).
 """
 
 from __future__ import annotations

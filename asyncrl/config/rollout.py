@@ -71,9 +71,7 @@ class MultiTurnConfig(Checked):
 # How the rollout's device-dependent nulls resolve: one rule each, read by the engines where they start and by the
 # memory plan (asyncrl.sizing), which resolves them as on a GPU.
 GPU_SHARE = 0.8  # a GPU of its own: verl's recipes give vLLM 0.6-0.8 of a rollout-only GPU
-# a GPU shared with the trainer (the sync schedule's colocated engine): vLLM here never sleeps (it keeps its weights
-# and KV cache while the trainer updates), so the trainer's parameters, gradients, optimizer state and activations
-# live in the other 0.6; vLLM also refuses to start when its share is not free at that moment
+# a GPU shared with the trainer (sync's colocated engine, which never sleeps): docs/config.md, gpu_memory_utilization
 COLOCATED_SHARE = 0.4
 
 

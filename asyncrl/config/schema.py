@@ -1,11 +1,8 @@
 """The config tree: one typed dataclass per section, one default per knob, each section checking its own fields.
 
-Two choices shape a run: ``algorithm.name`` (what is learned from finished samples: grpo | ppo | distill | dpo) and
-``trainer.schedule`` (when things happen: sync | one_step_off | two_step_off | fully_async). Every algorithm runs on
-every schedule. Leaf names follow verl's where the concept is the same (``data.train_batch_size``, ``rollout.n``,
-``actor.ppo_mini_batch_size``, ``algorithm.adv_estimator``, ...) without verl's ``actor_rollout_ref.`` nesting. The
-rollout side's sections live in ``asyncrl.config.rollout``, the learning side's in ``asyncrl.config.training``; this
-module holds the run's own sections and the tree.
+Its two choices (``algorithm.name``, ``trainer.schedule``) and verl's names: docs/config.md. The rollout side's sections
+live in ``asyncrl.config.rollout``, the learning side's in ``asyncrl.config.training``; this module holds the run's
+own sections and the tree.
 """
 
 from __future__ import annotations

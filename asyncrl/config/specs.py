@@ -1,10 +1,6 @@
-"""What each role is given instead of the whole config: the sections it reads and the decisions others made for it.
-
-A worker never sees ``algorithm.name`` or ``trainer.schedule``. The algorithm says what it needs of the trainer
-(``TrainerNeeds``: a reference model, how often it catches up); the schedule says which model is the PPO ratio's
-old policy, how many updates make one weight version, and whether the trainer's own engine is the rollout
-(``TrainerPlan``); the sections come from the config, and ``trainer.device`` is each role's (resolved where it
-runs).
+"""What each role is given instead of the whole config: the sections it reads and the decisions others made for it
+(docs/design.md, "Each role gets its own spec"). A worker never sees ``algorithm.name`` or ``trainer.schedule``;
+``trainer.device`` is resolved where each role runs.
 """
 
 from __future__ import annotations

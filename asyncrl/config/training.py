@@ -145,17 +145,13 @@ class RolloutCorrectionConfig(Checked):
 
 @dataclass
 class FilterGroupsConfig(Checked):
-    """``algorithm.filter_groups``: dynamic sampling as DAPO does it (verl's keys). A group (the ``rollout.n`` samples
-    of one prompt) whose ``metric`` is equal across its samples teaches GRPO nothing (its advantages are all zero),
-    so it is dropped before the trainer, and more prompts are generated until the batch holds
-    ``data.train_batch_size`` groups (``asyncrl.rewards.filtering`` is the rule, ``asyncrl.run.generation``
-    the loop)."""
+    """``algorithm.filter_groups``: DAPO's dynamic sampling, verl's keys (docs/rewards.md). A group whose ``metric``
+    is equal across its samples has all-zero advantages: it is dropped (``asyncrl.rewards.filtering``) and more
+    prompts are generated (``asyncrl.run.generation``)."""
 
     enable: bool = False
-    # what must differ within a group (asyncrl.rewards.filtering.metric_value): acc (the reward function's "acc", or
-    # its score when it returns none) | score (the reward function's score, before overlong shaping and binarize) |
-    # seq_reward (the sample's reward as trained: after shaping) | seq_final_reward (the same here: no KL in the
-    # reward) | any other key the reward function returns in its dict
+    # what must differ within a group: acc | score | seq_reward | seq_final_reward | any key the reward function
+    # returns (asyncrl.rewards.filtering.metric_value; each in docs/config.md)
     metric: str = "acc"
     max_num_gen_batches: int = 0  # generation batches per step before the run stops with an error (0 = no limit)
 
@@ -181,9 +177,8 @@ class AsyncTrainingConfig(Checked):
     """``fully_async`` only (verl's ``async_training`` section); the bound: schedules/fully_async/staleness.py."""
 
     staleness_threshold: float = 0.0  # extra groups in flight, as a fraction of one sync window
-    # exact: no group is trained staler than ceil(staleness_threshold) versions (the trainer takes the earliest
-    # deadlines first and waits for a due group still generating) | budget: verl's, groups trained in the order they
-    # finish (a slow group can end up staler, and the run reports how stale: fully_async/max_seen_staleness)
+    # exact: no group trained staler than ceil(staleness_threshold) versions (earliest deadline first) | budget:
+    # verl's, in the order groups finish (a slow group may end up staler: fully_async/max_seen_staleness)
     staleness_rule: str = "exact"
     trigger_parameter_sync_step: int = 1  # trainer steps per weight sync (= per version)
     require_batches: int = 1  # ppo_mini_batch_size groups per trainer step (one optimizer step each)
@@ -314,9 +309,8 @@ class CriticConfig(Checked):
 
 @dataclass
 class OverlongBufferConfig(Checked):
-    """``reward_model.reward_kwargs.overlong_buffer_cfg`` (verl's DAPO reward manager): a response of L tokens that
-    runs into the last ``len`` tokens before ``max_resp_len`` loses reward linearly, down to ``-penalty_factor`` at
-    ``max_resp_len``: penalty = min(-(L - (max_resp_len - len)) / len * penalty_factor, 0), added to its score
+    """``reward_model.reward_kwargs.overlong_buffer_cfg`` (verl's DAPO reward manager): a response that runs into the
+    last ``len`` tokens before ``max_resp_len`` loses reward linearly, down to ``-penalty_factor`` at ``max_resp_len``
     (``asyncrl.rewards.overlong``)."""
 
     enable: bool = False
