@@ -1,12 +1,11 @@
 """``asyncrl train-rm``: a small reward model for the demo task, trained here so the reward-model path runs on real
 weights.
 
-Pairs come from the dataset itself: each prompt followed by its correct answer (label 1) and by a corrupted answer
-(label 0: the integer answer shifted by a non-zero amount), in the exact token layout the policy produces (prompt ids
-as the rollout sees them, answer, eos). The model is ``AutoModelForSequenceClassification`` (one logit) built from a
-policy directory, so it shares the policy's tokenizer; its body starts from the policy's weights and its head from
-scratch. Trained with binary cross-entropy; the held-out pairwise accuracy (correct scored above corrupted) is
-reported. Output: a plain HF directory for ``reward_model.path``.
+Pairs come from the dataset: each prompt with its correct answer (label 1) and a corrupted one (label 0,
+``corrupt_answer``), in the token layout the policy produces. The model is ``AutoModelForSequenceClassification`` (one
+logit) built from a policy directory, so it shares the policy's tokenizer; its body starts from the policy's weights,
+its head from scratch. Trained with binary cross-entropy; reports the held-out pairwise accuracy (correct scored
+above corrupted). Output: a plain HF directory for ``reward_model.path``.
 """
 
 from __future__ import annotations

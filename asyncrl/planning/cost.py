@@ -1,14 +1,9 @@
 """``CostModel``: what one finished run's work costs, per unit, with each term's fit error (``cost.json``).
 
 A term is linear in what the run did: ``seconds = sum(coef_k * x_k)`` over named regressors, fitted by least squares
-with non-negative coefficients over the run's measured steps (the first step, which pays one-off costs, left out).
-Its ``rel_err`` is the relative RMS error of the fit over those observations.
-
-The decode term follows the run's engine (``rollout.engine``): its steps from row lengths alone (``decode_segments``:
-the built-in engine's slots, a call of more than ``max_batch_size`` rows as chunks one after another; vLLM's
-continuous batching of at most ``max_num_seqs`` rows) and the prompt tokens it prefills (``prefill_tokens``). A run
-whose prompts are all alike in length cannot tell prefill from the call's fixed cost: without a probe a prefilled
-token is priced as a decoded position; the probe measures it.
+with non-negative coefficients over the run's measured steps. The decode term follows the run's engine
+(``decode_segments``, ``prefill_tokens``; docs/performance.md). A run whose prompts are all alike in length cannot tell
+prefill from the call's fixed cost: without a probe a prefilled token is priced as a decoded position.
 """
 
 from __future__ import annotations

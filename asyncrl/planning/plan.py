@@ -1,10 +1,9 @@
 """``asyncrl plan --cost cost.json --gpus N [--nodes M]`` (or ``--cpus C``): search the schedules, the rollout /
 trainer split, the staleness threshold and the sync interval on the simulator; print the best few with their
-predicted speed-up over a colocated sync on the same devices and the config overrides that run them.
-
-The search is coarse then fine: the pipelined schedules run ``search_steps`` simulated steps on every split, fully_async
-every knob on the best ``SPLITS`` splits of those; the best ``refine`` of all run again for ``steps``; the table ranks
-those (and sync) by samples/s.
+predicted speed-up over a colocated sync on the same devices and the config overrides that run them. Coarse then
+fine: ``search_steps`` simulated steps of the pipelined schedules on every split and of fully_async's knobs on the
+best ``SPLITS`` of those splits (on all when no pipelined schedule is asked for); the best ``refine`` again for
+``steps``.
 """
 
 from __future__ import annotations
@@ -97,8 +96,6 @@ def make_plan(
     refine: int = 6,
 ) -> Plan:
     cands = candidates(cluster, schedules)
-    # the split first: the pipelined schedules (one setting per split, cheap) rank the splits; fully_async's knobs
-    # are searched on the best SPLITS of them (on all splits when no pipelined schedule is asked for)
     piped = [(simulate(cost, cluster, c, search_steps), c) for c in cands if c.schedule in PIPELINED]
     best: dict[tuple[int, int], float] = {}
     for p, c in piped:

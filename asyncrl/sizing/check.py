@@ -1,10 +1,7 @@
 """The memory check a run makes before any worker starts: a plan that cannot fit fails at once, in one line naming
-the role, its bytes and the device's, instead of an out-of-memory error minutes into loading a model.
-
-It runs only when the run declares GPUs (``trainer.n_gpus_per_node`` or ``rollout.n_gpus_per_node`` > 0), against
-``trainer.gpu_memory_gb`` or else the device memory of the GPU this process sees (``torch.cuda.get_device_properties``),
-assuming the roles' GPUs are alike; where neither is known (a driver on a CPU-only head node, the key unset) the
-check is skipped, saying so.
+the role, its bytes and the device's, instead of an out-of-memory error minutes into loading a model. It runs only
+when the run declares GPUs, against ``trainer.gpu_memory_gb`` or else the GPU this process sees (the roles' GPUs
+assumed alike); where neither is known (a CPU-only driver, the key unset) it is skipped, saying so.
 """
 
 from __future__ import annotations
