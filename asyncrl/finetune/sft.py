@@ -38,8 +38,7 @@ class SFTDataConfig:
     val_files: list[str] = field(default_factory=list)
     val_max_samples: int = 500
     response_key: str = "ground_truth"  # reward_model.ground_truth, or a key of extra_info holding the target text
-    # the target as the model should write it: "{response}" is the text response_key names ("Answer: {response}" for
-    # a task whose prompt asks for that reply)
+    # the target as the model writes it, "{response}" the text response_key names (e.g. "Answer: {response}")
     response_template: str = "{response}"
     batch_size: int = 64  # sequences per optimizer step
     max_prompt_length: int = 256
@@ -59,8 +58,7 @@ class SFTOptimConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 20
     grad_clip: float = 1.0
-    # constant: lr after warm-up; cosine: decays to lr * min_lr_ratio at the end of the budget, where the budget is
-    # trainer.total_steps or trainer.max_time_s, whichever is used up first (so a time-limited run still anneals).
+    # constant (lr after warm-up) | cosine (to lr * min_lr_ratio as the step or time budget, whichever first, runs out)
     lr_schedule: str = "constant"
     min_lr_ratio: float = 0.1
 

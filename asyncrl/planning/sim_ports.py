@@ -1,9 +1,8 @@
 """The performance model's ``Ports`` for the loops of ``schedules.loops``: each phase priced on the virtual clock.
 
-The loops are the real run's (``schedules.loops``); here every port yields clock events (``planning.clock``): a decode
-priced as its engine batches (``planning.decode``), a preparation, an update, a weight sync. The rollout side is one
-worker generating the batches it is given in launch order, with the weights last pushed to it; a sample's staleness
-is counted from those versions, as the real run counts it from the versions the engine recorded.
+The rollout side is one worker generating the batches it is given in launch order, with the weights last pushed to
+it; a sample's staleness is counted from those versions, as the real run counts it from the versions the engine
+recorded.
 """
 
 from __future__ import annotations
