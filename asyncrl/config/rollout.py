@@ -168,8 +168,7 @@ class RolloutConfig(Checked):
     }
 
     def model_len(self, max_prompt_length: int) -> int:
-        """Prompt + response tokens the engine must hold: ``max_model_len``, else ``data.max_prompt_length`` +
-        ``response_length``."""
+        """Prompt + response tokens the engine must hold: ``max_model_len``, else prompt + response length."""
         return self.max_model_len or max_prompt_length + self.response_length
 
     def check(self, key: str) -> None:

@@ -209,9 +209,8 @@ class Scaling:
     stream_admit_row_s: float = 0.0
     stream_serial: float | None = None  # Amdahl's serial fraction of a streamed step (None: generation's)
     stream_admit_serial: float | None = None  # ... of taking rows in (None: a streamed step's)
-    # a run of several pools on the CPU (co-run): its workers' idle OpenMP threads sleep, which changes the update's
-    # speed alone (``shared_train``, over its priced speed); fewer cores than threads: the speed of a job on several
-    # threads and of a one-thread job together, over alone (None: not probed; as priced, and a fair share of the cores)
+    # a run of several pools on the CPU (docs/performance.md, "Two jobs on one CPU's cores"): the update's speed alone
+    # over its priced one, and two jobs' speeds together over alone (None: not probed; a fair share of the cores)
     shared_train: float | None = None
     oversubscribed_parallel: float | None = None
     oversubscribed_single: float | None = None

@@ -1,7 +1,6 @@
-"""A decode call on the virtual clock, priced by the engine's own structure (``cost.decode_segments``): one step per
-token; each step costs a fixed part plus a part per live row; rows split by group over the rollout replicas, which
-step together. The built-in engine runs them in chunks of ``max_batch_size`` rows, each chunk to its longest row;
-vLLM takes every row in one call, ``max_num_seqs`` at a time, a finished row's slot taken by the next at once.
+"""A decode call on the virtual clock, priced by the engine's own structure (``cost.decode_segments``): rows split by
+group over the rollout replicas, which step together; the built-in engine runs them in chunks of ``max_batch_size``
+rows, each to its longest row, vLLM in one call, ``max_num_seqs`` at a time.
 """
 
 from __future__ import annotations

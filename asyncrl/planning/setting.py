@@ -183,9 +183,8 @@ class Prices:
 # ---- the work: groups drawn from the profile -------------------------------------------------------------------------
 class Work:
     """The profiled run's own groups: the k-th prompt the simulated run asks for is the profiled run's k-th, in its
-    data order (a run of the same data meets the same prompts in that order, and their lengths are known: a long
-    tail's few long groups land where they landed); past the end of the profile, groups drawn (seeded, with
-    replacement) from them."""
+    data order (a long tail's few long groups land where they landed); past the end of the profile, groups drawn
+    (seeded, with replacement) from them."""
 
     def __init__(self, cost: CostModel, seed: int):
         self.cost, self.rng = cost, random.Random(seed)

@@ -1,7 +1,5 @@
-"""The parts ``asyncrl preflight`` checks, one function each, every one on the run's own code path: the sizing plan
-(``asyncrl.sizing``), the roles as ``start_roles`` placed them, the trainer's data-parallel group, the weight sync
-(``WeightSync``) and its fingerprints, each engine's ``generate``, and the algorithm's own ``prepare`` and ``train``
-on one micro-batch. Each returns ``Check`` lines; none raises for a fault it finds."""
+"""The parts ``asyncrl preflight`` checks (docs/gpu.md), one function each, every one on the run's own code path.
+Each returns ``Check`` lines; none raises for a fault it finds."""
 
 from __future__ import annotations
 
