@@ -1,22 +1,12 @@
 """Data-parallel trainer ranks (``trainer.num_workers``): a share of every mini-batch each, and the gradients summed
-across ranks before each optimizer step.
+across ranks before each optimizer step. The row split, the two strategies and why torch's ``DistributedDataParallel``
+wrapper is not used: docs/data_parallel.md.
 
-Every rank receives the whole batch and draws the same mini-batch permutation (same seed); rank ``r`` then forwards
-and backwards only its share of each mini-batch (``share``: whole prompt groups, balanced by tokens, so packing still
-shares each prompt), with the loss weights of the whole mini-batch (its token or sequence count), so that the
-gradients summed over the ranks are exactly the gradient one rank would have computed over the whole mini-batch. The
-log-prob passes (reference, old policy) are split the same way and all-gathered.
-
-``trainer.strategy``: ``ddp`` replicates the model and optimizer and sums the gradients with ``all_reduce_grads``;
-every rank clips by the same norm and takes the same step, so the replicas stay equal, bit for bit, without
-broadcasting weights. ``fsdp2`` shards them (``shard_with_fsdp2``, ``asyncrl.trainer.fsdp``), and the ranks run their
-passes in lockstep (``asyncrl.trainer.update.optimize``). Torch's ``DistributedDataParallel`` wrapper is not used: it
-all-reduces inside ``backward`` and expects every rank to call it equally often, while here a rank's share may pack
-into a different number of micro-batches (or none: every row of its share skipped as zero-advantage).
-
-The group is a process group of its own (``asyncrl.comm.groups``: TCPStore + gloo, or NCCL on GPUs), not the
-default group, so ``ddp`` ranks may also be threads of one process (the in-process backend), and the weight sync's
-group is separate. FSDP2 needs the default group as well, so its ranks are processes.
+Every rank receives the whole batch and draws the same mini-batch permutation; its share is weighted by the whole
+mini-batch's token (or sequence) count, so the gradients summed over the ranks are exactly one rank's over the whole
+mini-batch. Under ``ddp`` every rank clips by the same norm and takes the same step, so the replicas stay equal, bit
+for bit, without broadcasting weights. The group is its own (``asyncrl.comm.groups``), not the default group, so
+``ddp`` ranks may be threads of one process.
 
 Every collective runs on the group's device (``DataParallel.device``: the rank's GPU under NCCL, which takes CUDA
 tensors only; the host under gloo): what a collective sends is moved there first, and a result comes back to the host

@@ -1,35 +1,11 @@
-"""FSDP2 for the data-parallel trainer (``trainer.strategy: fsdp2``): each rank keeps 1/N of every trained parameter,
-of its gradient and of its AdamW state (``torch.distributed.fsdp.fully_shard``, one unit per decoder layer and one for
-the rest).
+"""FSDP2 for the data-parallel trainer (``trainer.strategy: fsdp2``): ``fully_shard`` per decoder layer and one unit
+for the rest; the fp32 shards are the master weights. What is sharded, offloaded, kept whole and checkpointed:
+docs/data_parallel.md.
 
-Mixed precision as verl: the trained model's shards are fp32 and are the master weights (AdamW steps them; no
-``MasterWeightsAdamW`` under FSDP2); with ``model.dtype`` bf16 (or fp16) a ``MixedPrecisionPolicy`` all-gathers them in
-that dtype for every forward and backward and reduce-scatters the gradients in fp32. The frozen reference and
-proximal models are sharded too, in ``model.dtype`` (no optimizer), and refreshed shard by shard from the trained
-model's (``copy_shards``: no communication). ``actor.fsdp_config.param_offload`` (= ``optimizer_offload``: torch's
-``CPUOffloadPolicy`` keeps a module's parameter, gradient and so optimizer-state shards on the host together, so
-the two cannot differ) and ``ref.fsdp_config.param_offload`` keep those shards on the host between passes.
-
-A sharded module all-gathers its parameters in every forward and reduce-scatters the gradients in every backward,
-so the ranks run the same number of passes (``DataParallel.idle_pass``). The gradients are summed over the ranks, not
-averaged, as under DDP (``asyncrl.trainer.data_parallel``).
-
-Where the trainer's engine is the rollout (the sync schedule), every rank also keeps an unsharded copy of the
-weights in ``model.dtype`` (``TrainerWorker.serving``), refreshed after each update with one all-gather per
-parameter: the colocated engine decodes from it (each rank its own prompts, for its own number of steps, which a
-sharded module cannot do alone). That is verl's hybrid engine: the trainer's shards plus a full copy for the rollout.
-In every other schedule no full copy is kept: the log-prob passes run on the shards, and what reads the full weights
-on rank 0 gathers them parameter by parameter (``asyncrl.trainer.gathered``). Per rank: 1/N of weights, gradients and
-optimizer state (plus the full copy in sync), against all of them in full under DDP.
-
-Checkpoints are sharded (``torch.distributed.checkpoint``): each rank writes its shards of the weights, the optimizer
-state and the reference, nothing gathered, and reads them back (another number of sharded ranks: resharded); rank 0
-also writes the full weights as one HF directory, gathered parameter by parameter. A checkpoint of one rank or of DDP
-ranks (the single-rank layout) still loads into sharded ranks, each taking its slice; a sharded one does not load
-into DDP or one rank (refused, naming the keys).
-
-FSDP2 needs the process's default process group (``DeviceMesh`` does not take a bare ``ProcessGroupGloo``), so
-ranks must be processes (the Ray backend), not threads of one process.
+The gradients are summed over the ranks, not averaged (as under DDP), and a sharded module collects in every forward
+and backward, so the ranks run the same number of passes (``DataParallel.idle_pass``). FSDP2 needs the process's
+default process group (``DeviceMesh`` does not take a bare ``ProcessGroupGloo``), so ranks must be processes (the Ray
+backend), not threads of one process.
 """
 
 from __future__ import annotations
