@@ -1,9 +1,7 @@
-"""Full weights of an FSDP2 trainer, gathered one parameter at a time, for the calls that read them on rank 0 alone.
-
-Where the trainer's engine is not the rollout (every schedule but sync) an FSDP2 trainer keeps no unsharded copy of
-its weights (``TrainerWorker.serving`` is None): a weight sync, an evaluation on the trainer, an export or a
-checkpoint gathers each parameter from its shards when it is read (``DTensor.full_tensor``), so the whole model is
-never held unsharded on a GPU (a sync packs each gathered parameter into its bucket and drops it).
+"""Full weights of an FSDP2 trainer that keeps no unsharded copy (``TrainerWorker.serving`` is None: every
+schedule but sync), gathered one parameter at a time (``DTensor.full_tensor``) for the calls that read them on rank 0
+alone (a weight sync, an evaluation on the trainer, an export, a checkpoint), so the whole model is never held
+unsharded on a GPU.
 
 A gather is a collective of every trainer rank, but those calls reach rank 0 only. So rank 0 leads: before each
 parameter it announces the parameter's index over the data-parallel group, and every other rank, inside

@@ -6,11 +6,8 @@ through ``fit``); it never asks which algorithm made the batch. What differs bet
 how many rows make one unit (online DPO's pairs stay together and are never packed), what a micro-batch weighs in
 its mini-batch (tokens, sequences, or pairs), and which rows cannot change the gradient.
 
-Mixed precision as verl trains: parameters and activations in ``model.dtype`` (bf16 on GPUs); fp32 master weights
-and optimizer state (``MasterWeightsAdamW``, the AdamW ``build_optimizer`` gives when any parameter is not fp32),
-gradient reductions (``asyncrl.trainer.data_parallel``), log-probs and losses (``asyncrl.trainer.forward`` upcasts
-the logits). Without the masters an update smaller than half a bf16 step of a weight (lr 1e-5 on a weight of 1.0:
-bf16 resolves 2^-7) is rounded away every time; with them it accumulates until it shows.
+Mixed precision (fp32 master weights, ``MasterWeightsAdamW`` where any parameter is not fp32): docs/gpu.md,
+"Precision".
 """
 
 from __future__ import annotations
