@@ -1,28 +1,13 @@
-"""The in-process role backend: workers as objects in the driver's process (the Ray one is ``RayHandle`` in
-``asyncrl.workers.cluster``, the only module that imports Ray, so an in-process run never loads it).
+"""The in-process role backend: workers as objects in the driver's process, each with its own call thread (the Ray one
+is ``RayHandle`` in ``asyncrl.workers.cluster``, the only module that imports Ray, so an in-process run never loads
+it). Both start the same worker classes with the same arguments and hand back ``asyncrl.calls.Handle``s; what
+in-process gives and does not: docs/design.md, "Backends".
 
-Both backends start the same worker classes with the same arguments and hand back ``asyncrl.calls.Handle``s.
-In-process, each worker gets its own call thread (``concurrency`` threads for a worker that must answer while it
-works, like the Rollouter), so calls to one worker run one at a time and calls to different workers overlap, as with
-Ray actors; torch releases the GIL inside its kernels, so a rollout worker's decode and the trainer's update really do
-run at once. What in-process does not give: CPU reservations (every worker shares the process's torch threads) and
-isolation (a worker that crashes the interpreter takes the run with it).
-
-Where a worker's library chatter (transformers' "Loading weights" and "Writing model shards" progress bars,
-FutureWarnings, vLLM's engine logs, NCCL's) goes, on either backend: its log file in the run directory, not the
-console of ``asyncrl train``, which shows the run (the driver's step lines and its errors) and to which Ray forwards
-everything a worker process writes (``log_to_driver``).
-
-A Ray worker is a process of its own: before the worker is built, its stdout and stderr (file descriptors 1 and 2,
-so C libraries and the subprocesses it starts, such as vLLM's engine core, are included) are pointed at
-``RUN_DIR/logs/<worker>.log`` (:func:`send_output_to`). What a worker must say to the user still reaches the driver:
-its exceptions travel with the call that raised them (Ray re-raises them in the driver with the worker's traceback),
-and asyncrl's own warnings (loggers under ``asyncrl``) are written to the console the worker started with as well as
-to its file.
-
-In-process roles (``trainer.backend=in_process``) share the driver's process and console, which file descriptors
-cannot split: while they run, transformers' progress bars, Python warnings and transformers' logger write to
-``RUN_DIR/logs/in_process.log`` instead, and are put back when the roles stop (:func:`in_process_chatter_to`).
+Where a worker's library chatter goes, on either backend (docs/outputs.md): a Ray worker's file descriptors 1 and 2
+are pointed at ``RUN_DIR/logs/<worker>.log`` before it is built (:func:`send_output_to`), while asyncrl's own warnings
+also reach the console it started with; in-process roles share the driver's descriptors, so their progress bars,
+Python warnings and transformers' logger go to ``RUN_DIR/logs/in_process.log`` while they run and are put back when
+the roles stop (:func:`in_process_chatter_to`).
 """
 
 from __future__ import annotations
