@@ -1,10 +1,7 @@
-"""Process groups for collectives that must not touch torch.distributed's default group, or none at all.
-
-Why not ``init_process_group``: a process has one default group, and a trainer may need it for its own data
-parallelism (DDP/FSDP), while a Ray actor process may take part in more than one group over a run (a weight-sync
-group is re-created after a failure, or by several pipelines in one Ray session). So each group here is its own
-``TCPStore`` (hosted by rank 0) + ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL`` (CUDA), and collectives are
-called on that object directly with a per-call deadline. Any number of these can coexist in one process.
+"""Process groups of their own (a ``TCPStore`` hosted by rank 0 + ``ProcessGroupGloo`` on CPU or ``ProcessGroupNCCL``
+on CUDA, called directly), never torch.distributed's default group: a process has one default group, which the
+trainer may need for its own data parallelism (FSDP2), while a Ray actor process may take part in several groups over
+a run (a weight-sync group is re-created after a failure). Any number of these can coexist in one process.
 
 Every collective here is started asynchronously and waited with a deadline, so a peer that never shows up makes
 the call raise (RuntimeError from c10d) after the remaining time instead of blocking forever. ``local``

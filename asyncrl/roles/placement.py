@@ -1,18 +1,13 @@
-"""Placement as config: which resource pool each training role runs on, on how many nodes, with how many GPUs.
+"""Placement as config: which resource pool each training role runs on, on how many nodes, with how many GPUs
+(``placement.pools``, ``placement.roles``: docs/config.md). Empty config = every role of the run on one pool,
+``trainer``: ``trainer.nnodes`` nodes, each holding its share of the actor's ``trainer.num_workers`` data-parallel
+ranks, ``trainer.cpus_per_worker`` CPUs and (with ``trainer.n_gpus_per_node``) one GPU per rank. The rollout's place
+is the schedule's: ``sync`` generates on the actor's own workers, the others on a rollout pool of
+``rollout.num_workers`` workers over ``rollout.nnodes`` nodes, one GPU each where ``rollout.n_gpus_per_node`` > 0.
 
-``placement.pools`` names pools and their CPUs and GPUs; ``placement.roles`` maps each training role (actor, critic,
-reward_model) to a pool. Roles on the same pool share it and a schedule calls them one after another; roles on
-different pools get resources of their own and their calls overlap (the actor's and the critic's updates at once:
-verl's split placement, as config instead of a code edit). The reference and proximal models live in the actor's
-worker. The rollout's place is the schedule's: ``sync`` generates on the actor's own workers, the others on a
-rollout pool of ``rollout.num_workers`` workers over ``rollout.nnodes`` nodes, one GPU each where
-``rollout.n_gpus_per_node`` > 0.
-
-Empty config = every role of the run on one pool, ``trainer``: ``trainer.nnodes`` nodes, each holding its share of
-the actor's ``trainer.num_workers`` data-parallel ranks, ``trainer.cpus_per_worker`` CPUs and (with
-``trainer.n_gpus_per_node``) one GPU per rank. A pool is one bundle of resources per node; Ray puts a pool's
-bundles on distinct nodes. Every check here runs before any worker starts, against the cluster's nodes when there
-is a cluster (``NodeCapacity``), so a plan the cluster cannot hold fails at once, naming what is missing.
+A pool is one bundle of resources per node; Ray puts a pool's bundles on distinct nodes. Every check here runs before
+any worker starts, against the cluster's nodes when there is a cluster (``NodeCapacity``), so a plan the cluster
+cannot hold fails at once, naming what is missing.
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""Weight synchronization from the trainer to the rollout workers over torch.distributed (gloo on CPU, NCCL on GPU).
-
-- ``buckets``: pure packing of parameters into flat per-dtype buckets, and their CRC32.
-- ``handshake``: the parameter list/bucket plan agreed at group creation and its check against a rollout model.
-- the process group under it is ``asyncrl.comm``'s (a group of its own, never the default one; or ``local``).
-- ``group``: ``WeightSyncGroup``, one rank's view of the group: ``send`` (rank 0) / ``receive_stream`` (ranks 1..N).
-- ``incoming``: one sync as a receiver takes it, bucket by bucket (at most two buckets held), each checked first.
-- ``endpoints``: the worker side (sender/receiver mixins); ``weight_sync``: ``WeightSync``, the driver side that
-  sets a group up and syncs over it, through role handles (Ray actors or in-process workers alike) and the typed
-  clients of ``clients``.
-"""
+"""Weight synchronization from the trainer to the rollout workers (docs/performance.md, "Weight sync"): the worker
+side in ``endpoints``, the driver side in ``weight_sync``, over a process group of ``asyncrl.comm``'s."""
 
 from asyncrl.comm.groups import find_free_port
 from asyncrl.weights.buckets import Bucket, BucketEntry, ParamMeta, checksum, pack, plan_buckets, unpack

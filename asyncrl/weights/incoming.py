@@ -1,12 +1,11 @@
-"""One sync as a rollout worker receives it: bucket by bucket, each checked, handed over to be applied, then let go.
+"""One sync as a rollout worker receives it: bucket by bucket, each checked, handed over to be applied, then let go,
+so that a receiver never holds a second full copy of the weights (docs/performance.md, "Weight sync").
 
-Why: a receiver that gathered the whole sync before applying any of it held a second full copy of the weights beside
-the engine's (15 GB for a 7B model in bf16). :class:`Incoming` holds at most two buckets: the one handed over (being
-applied) and the next one, whose broadcast is posted before the first is handed over, so that receiving the next
-bucket overlaps applying this one. They go in two buffers used in turn, each the size of the largest bucket it takes
-(``weight_sync.bucket_mb``, or one parameter larger than that: a 7B model's embedding is 1.09 GB in bf16); a buffer is
-reused once the tensors of its last bucket are let go (the engine copies them into its parameters,
-``asyncrl.rollout.bucket_update``), before the bucket after next is posted.
+:class:`Incoming` holds at most two buckets: the one handed over (being applied) and the next one, whose broadcast is
+posted before the first is handed over, so that receiving the next bucket overlaps applying this one. They go in two
+buffers used in turn, each the size of the largest bucket it takes (``weight_sync.bucket_mb``, or one parameter
+larger than that); a buffer is reused once the tensors of its last bucket are let go (the engine copies them into its
+parameters, ``asyncrl.rollout.bucket_update``), before the bucket after next is posted.
 
 Checks: each bucket's header (version, index, size) and, with ``verify``, its CRC32 are checked before the bucket is
 handed over, so a bucket that fails is never applied. After the first failure no bucket is handed over, but every
