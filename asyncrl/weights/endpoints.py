@@ -163,14 +163,11 @@ class SyncReceiverMixin(_WeightSyncMixin):
     def receive_weights(
         self, verify: bool = False, version: int | None = None, timeout_s: float | None = None
     ) -> SyncStats:
-        """Receive one sync and apply each bucket as it arrives; ``version`` (when given) must match the one sent.
-
-        How the buckets are checked and held (at most two beyond the model, none applied unchecked):
-        ``asyncrl.weights.incoming``. A sync that fails before its first bucket is applied leaves the model and its
-        version untouched; one that fails later has applied the buckets before it, with no rollback (it would need a
-        second copy): the engine keeps its old version number and refuses to generate (PartialWeightsError) until the
-        next complete sync, and the error says so.
-        """
+        """Receive one sync and apply each bucket as it arrives (checked and held as ``asyncrl.weights.incoming``
+        says); ``version`` (when given) must match the one sent. A sync that fails before its first bucket is applied
+        leaves the model and its version untouched; one that fails later is not rolled back (that needs a second
+        copy): the engine refuses to generate (PartialWeightsError) until the next complete sync, and the error says
+        so."""
         incoming = self._group(version).receive_stream(verify, timeout_s, expected_version=version)
         try:
             if incoming.intact:  # bucket 0 passed its checks: nothing is applied otherwise

@@ -10,15 +10,10 @@ import torch
 
 @dataclass(frozen=True)
 class SyncStats:
-    """Cost of one sync as seen by one rank.
-
-    ``seconds`` is the transport time on that rank: on the trainer from the first bucket's header to the last bucket
-    sent, packing and checksums included; on a rollout worker the time spent waiting for buckets and checking them.
-    ``bytes`` is the parameter payload (headers excluded); ``bytes_per_s`` is ``bytes / seconds``; ``buckets`` is how
-    many flat tensors were broadcast. ``apply_seconds`` is the rest of a rollout worker's sync: copying each bucket
-    into its model as it arrives, while the next one is received (0 on the trainer); the two add up to the worker's
-    wall time for the sync.
-    """
+    """Cost of one sync as seen by one rank. ``seconds``: its transport time (on the trainer from the first bucket's
+    header to the last bucket sent, packing and checksums included; on a rollout worker the time spent waiting for
+    buckets and checking them); ``bytes``: the parameter payload, headers excluded; ``apply_seconds``: the rest of a
+    rollout worker's sync, copying each bucket into its model while the next one is received (0 on the trainer)."""
 
     seconds: float
     bytes: int
@@ -38,11 +33,9 @@ class SyncStats:
 
 
 def memcpy_bytes_per_s(nbytes: int, repeats: int = 3) -> float:
-    """Bytes per second of an in-process ``copy_`` of ``nbytes`` bytes (best of ``repeats``), on the CPU.
-
-    This is the physical limit to report next to a sync's ``bytes_per_s``: a sync over loopback moves the same bytes
-    at least once through memory, so it cannot beat a plain copy on the same machine.
-    """
+    """Bytes per second of an in-process ``copy_`` of ``nbytes`` bytes (best of ``repeats``), on the CPU: the limit to
+    report beside a sync's ``bytes_per_s``, since a sync over loopback moves the same bytes at least once through
+    memory."""
     if nbytes <= 0:
         raise ValueError(f"memcpy_bytes_per_s: nbytes must be > 0, got {nbytes}")
     src = torch.ones(nbytes, dtype=torch.uint8)

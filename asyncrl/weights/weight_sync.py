@@ -100,13 +100,11 @@ class WeightSync:
         return self.plan
 
     def push(self, version: int, _corrupt_bucket: int | None = None) -> SyncStats:
-        """Send the trainer's weights as ``version`` to every receiver and apply them there; returns the slowest
-        receiver's SyncStats (its transport ``seconds`` and ``apply_seconds``).
-
-        Send and receives run concurrently. Raises WeightSyncError naming the version and every worker that failed
-        (with its error) or did not finish within ``weight_sync.timeout_s`` (+ a short grace for the workers' own
-        errors).
-        ``_corrupt_bucket`` is the test hook that flips a byte of one bucket after its checksum is taken."""
+        """Send the trainer's weights as ``version`` to every receiver and apply them there, the send and the receives
+        concurrently; returns the slowest receiver's SyncStats. Raises WeightSyncError naming the version and every
+        worker that failed (with its error) or did not finish within ``weight_sync.timeout_s`` (+ a short grace for
+        the workers' own errors). ``_corrupt_bucket``: the test hook that flips a byte of one bucket after its
+        checksum is taken."""
         verify, timeout_s = self.cfg.verify, self.cfg.timeout_s
         labelled = [(rank_label(0), SyncSender(self.trainer).send_weights(version, verify, timeout_s, _corrupt_bucket))]
         for i, w in enumerate(self.receivers):

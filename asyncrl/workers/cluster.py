@@ -151,14 +151,9 @@ def as_actor(cls: type) -> type:
 class RayPools:
     """A ``Placement`` reserved on the Ray cluster: one placement group per pool, one bundle per node of the pool
     (STRICT_SPREAD: on distinct nodes when there are several), each worker on its slot's bundle with its share of
-    the bundle's CPUs and GPUs (``Placement.slot``).
-
-    Reserving the pools up front means a run's workers either all fit or fail at start with a clear message, and
-    roles on different pools never compete for the same CPUs or GPUs. Each role runs its slot's torch threads, so a
-    lone role uses its whole part of the pool and colocated roles time-share it. ``log_dir``: where each worker's
-    output goes, ``<log_dir>/<worker>.log`` (``trainer``, ``trainer.rank1``, ``rollout0``, ``rollouter``; appended
-    to, so a worker started again after a death writes below its predecessor), or null: Ray forwards it to the
-    driver's console."""
+    the bundle's CPUs and GPUs and its torch threads (``Placement.slot``), so a run's workers either all fit or fail at
+    start, and roles on different pools never compete for the same CPUs or GPUs. ``log_dir``: each worker's output
+    goes to ``<log_dir>/<worker>.log``, appended to (docs/outputs.md); null: Ray forwards it to the driver's console."""
 
     def __init__(self, placement: Placement, ready_timeout_s: float, log_dir: Path | None = None):
         self.placement, self.log_dir = placement, log_dir

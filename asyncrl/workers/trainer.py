@@ -1,12 +1,9 @@
 """The trainer: the actor (+ reference, + proximal) model, its optimizer, and a built-in engine over the same weights.
 
-A plain Python class that knows neither the algorithm nor the schedule. It gets its role's spec
-(``asyncrl.config.specs.TrainerSpec``): what the algorithm needs of it (a reference model and its refresh), what the
-schedule decided (the old policy, updates per weight version, whether its engine is the rollout). ``update`` fills
-what the batch's ``Objective`` asks for (reference and old log-probs) and runs the one update loop
-(``asyncrl.trainer.update.fit``). In the sync schedule its engine is the rollout; in the others it only evaluates,
-and the weights go to the rollout workers over the sync group (``SyncSenderMixin``). A backend
-(``asyncrl.workers.backends``) runs it as a Ray actor or as an object in the driver's process.
+It knows neither the algorithm nor the schedule: its role's spec (``asyncrl.config.specs.TrainerSpec``) says what
+they need of it. ``update`` fills what the batch's ``Objective`` asks for (reference and old log-probs) and runs the
+one update loop (``asyncrl.trainer.update.fit``). In the sync schedule its engine is the rollout; in the others it
+only evaluates, and the weights go to the rollout workers over the sync group (``SyncSenderMixin``).
 """
 
 from __future__ import annotations
@@ -86,8 +83,6 @@ class TrainerWorker(ActorStateMixin, SyncSenderMixin, RoleWorker):
         # the PPO ratio's denominator, as the schedule chose: the behaviour log-probs (bypass), the weights at the
         # start of the sync window (decoupled PPO), or the current weights
         self.prox_model = _frozen_copy(self.model) if spec.plan.old_policy == "prox" else None
-        # the full weights the engine decodes from, a sync sends and a checkpoint holds: the trained model itself,
-        # or under FSDP2 (whose model is sharded) an unsharded copy refreshed after every update
         self.serving = self.model
         self.optimizer, self.scheduler = self._build_optimizer()
         self.sync_quantization = spec.engine.rollout.quantization  # fp8: the weights a sync sends are quantized
