@@ -3,7 +3,7 @@
 ``local`` when they are all threads of one process (the in-process backend: a copy on the device they share, no
 process group), ``nccl`` when every one is a process on CUDA with a GPU of its own (NCCL refuses two ranks on one
 device), else ``gloo`` through host memory. The weight sync takes it as it is; a trainer's data-parallel ranks, which
-need a real process group (torch.distributed's default one), take ``gloo`` where the sync would be ``local``.
+need a real process group, take ``gloo`` where the sync would be ``local``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 Why buckets: one collective per parameter costs a round trip each (a Qwen2 layer has ~12 parameters), one collective
 for the whole model needs a second full copy of the weights on both sides. Buckets of ``bucket_mb`` MiB bound both.
-Parameters are packed in order, one dtype per bucket (a flat tensor has one dtype); a parameter larger than the
-bucket size gets a bucket of its own rather than being split.
 """
 
 from __future__ import annotations
@@ -89,8 +87,9 @@ def metas_of(named_tensors: Mapping[str, torch.Tensor]) -> list[ParamMeta]:
 def plan_buckets(metas: Sequence[ParamMeta], bucket_mb: float) -> list[Bucket]:
     """Pack ``metas`` in order into buckets of at most ``bucket_mb`` MiB each.
 
-    A new bucket starts when the next parameter would overflow the current one or has another dtype; a parameter
-    larger than ``bucket_mb`` alone gets its own bucket. Names must be unique (they key the tensors).
+    A new bucket starts when the next parameter would overflow the current one or has another dtype (a flat tensor
+    has one dtype); a parameter larger than ``bucket_mb`` gets a bucket of its own rather than being split. Names must
+    be unique (they key the tensors).
     """
     if not bucket_mb > 0:
         raise ValueError(f"plan_buckets: bucket_mb must be > 0 (MiB), got {bucket_mb}")

@@ -2,9 +2,7 @@
 
 A trainer worker class inherits :class:`SyncSenderMixin` (it must have ``self.serving``, the full weights, or gather
 them: ``weight_sync_gather``), a rollout worker class :class:`SyncReceiverMixin` (it must have ``self.engine``, a
-``RolloutEngine``). The tensors travel over the sync group (gloo/NCCL), never through the role backend (Ray's object
-store or the driver's memory); the backend only carries the calls, so a Ray actor and an in-process worker sync the
-same way.
+``RolloutEngine``). The backend only carries the calls, so a Ray actor and an in-process worker sync the same way.
 """
 
 from __future__ import annotations

@@ -12,10 +12,8 @@ class HandshakeError(WeightSyncError):
 
 
 class SyncTimeoutError(WeightSyncError, TimeoutError):
-    """A sync did not finish within its timeout (a peer never took part, or the link stalled).
-
-    The group is unusable afterwards (its ranks are out of step); create a new one.
-    """
+    """A sync did not finish within its timeout (a peer never took part, or the link stalled). The group is unusable
+    afterwards (its ranks are out of step): create a new one."""
 
 
 def rank_label(rank: int) -> str:

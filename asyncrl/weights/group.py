@@ -2,13 +2,10 @@
 
 Rank 0 is the trainer (the only sender), ranks 1..N are rollout workers. Creating the group is collective: every
 rank calls ``WeightSyncGroup.create`` at about the same time; rank 0 plans the buckets and the receivers check the
-plan against their model (see ``asyncrl.weights.handshake``). Each sync is then, per bucket, a 5-int64 header
-``(version, bucket index, crc32, has_crc, nbytes)`` and the bucket's bytes, both broadcast from rank 0.
-
-A receiver takes the buckets one at a time, each checked before it is applied (``receive_stream``;
-``asyncrl.weights.incoming`` says how, and why a checksum or header mismatch leaves the group usable). A transport
-failure or timeout (a peer absent or dead) leaves the ranks out of step, so the group is marked broken and every
-later call raises until a new group is created.
+plan against their model (``asyncrl.weights.handshake``). Each sync is then, per bucket, a 5-int64 header
+``(version, bucket index, crc32, has_crc, nbytes)`` and the bucket's bytes, both broadcast from rank 0, which a
+receiver takes as ``asyncrl.weights.incoming`` says. A transport failure or timeout (a peer absent or dead) leaves the
+ranks out of step, so the group is marked broken and every later call raises until a new group is created.
 
 One group object is used from one thread at a time. Several groups may coexist in one process (no default
 process group is involved, see ``asyncrl.comm.groups``).

@@ -1,9 +1,7 @@
-"""``WeightSync``: the one owner of trainer -> rollout weight synchronisation on the driver.
-
-Set-up, every sync, and the ``weight_sync/*`` metrics, identically in every schedule and on either role backend (it only
-makes calls through ``asyncrl.calls.Handle``, with the typed clients of ``asyncrl.weights.clients``; the tensors go
-over the sync group between the workers). The version a sync carries is the trainer's own counter, read by the
-schedule from the trainer's last update; nothing here counts.
+"""``WeightSync``: the one owner of trainer -> rollout weight synchronisation on the driver: set-up, every sync, and
+the ``weight_sync/*`` metrics, the same in every schedule and on either role backend (it only calls role handles,
+through ``asyncrl.weights.clients``; the tensors go over the sync group between the workers). The version a sync
+carries is the trainer's own counter, read by the schedule from the trainer's last update; nothing here counts.
 
 Each call blocks its worker while the sync runs, so the workers must not be busy with another call (a rollout worker
 must have returned from ``generate`` first) or the sync times out. After a timeout or transport error the group is

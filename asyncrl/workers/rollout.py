@@ -1,11 +1,8 @@
-"""A rollout-only worker: the built-in engine over its own copy of the policy, fed new weights by the trainer.
-
-Used by the schedules with a rollout pool (one_step_off, two_step_off; the fully_async Rollouter builds on it, and
-streams a share of its groups to the pool's other ranks: ``stream_*``, over ``asyncrl.workers.stream_loop``). It
-never trains; it receives weights over the sync group (``SyncReceiverMixin.receive_weights`` ->
-``RolloutEngine.update_weights_streamed``, bucket by bucket), records the version that produced every token, and
-scores each sample's rule reward as soon as it is generated, so rewards are computed where the samples are, off the
-trainer's critical path.
+"""A rollout-only worker for the schedules with a rollout pool: the built-in engine over its own copy of the policy,
+fed new weights by the trainer over the sync group (``SyncReceiverMixin``), bucket by bucket. It never trains; it
+records the version that produced every token and scores each sample's rule reward as soon as it is generated, off
+the trainer's critical path. A rank of the fully_async Rollouter also streams a share of its groups here
+(``stream_*``, over ``asyncrl.workers.stream_loop``).
 """
 
 from __future__ import annotations

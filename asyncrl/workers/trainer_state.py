@@ -1,11 +1,7 @@
 """The trainer's state on disk: checkpoints (resume), exports (a plain HF directory) and the weights as a dict.
 
-Under DDP (or one rank) rank 0 writes the full weights, in ``model.dtype``, and the optimizer state in the single-rank
-layout (the fp32 masters inside it, ``MasterWeightsAdamW``): N ranks' checkpoint resumes on M. Under FSDP2 every rank
-is called and writes its own shards (``asyncrl.trainer.fsdp.save_sharded``: the fp32 weight shards, which are the
-masters, the optimizer state and the reference; nothing gathered), and rank 0 the full weights in ``model.dtype`` as
-one HF directory (``model/``, gathered parameter by parameter where no full copy is kept,
-``asyncrl.trainer.gathered``). A sharded checkpoint resumes on sharded ranks only.
+What a checkpoint holds (DDP or one rank: rank 0 writes it all, in the single-rank layout; FSDP2: every rank its own
+shards in ``sharded/``, and rank 0 ``model/``) and where it resumes: docs/data_parallel.md.
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ class ActorStateMixin:
 
     def save_checkpoint(self, directory: str) -> None:
         """Writes model (safetensors) + tokenizer, optimizer, scheduler and RNG states into ``directory``; under FSDP2
-        every rank is called, and writes its shards into ``sharded/`` (the module docstring says what goes where)."""
+        every rank is called, and writes its shards into ``sharded/``."""
         d = Path(directory)
         if self.sharded:
             frozen = {"ref": self.ref_model} if self.ref_model is not None else {}
