@@ -2,9 +2,8 @@
 accumulation, data-parallel ranks, non-finite steps and the optimizer step.
 
 ``optimize`` minimises a micro-batch loss it is handed (the critic's value loss, or a policy ``Objective``'s loss
-through ``fit``); it never asks which algorithm made the batch. What differs between objectives comes in as data:
-how many rows make one unit (online DPO's pairs stay together and are never packed), what a micro-batch weighs in
-its mini-batch (tokens, sequences, or pairs), and which rows cannot change the gradient.
+through ``fit``); it never asks which algorithm made the batch: what differs between objectives comes in as data
+(``weight``, ``keep_rows``, ``rows_per_unit``).
 
 Mixed precision (fp32 master weights, ``MasterWeightsAdamW`` where any parameter is not fp32): docs/gpu.md,
 "Precision".
@@ -108,8 +107,7 @@ def optimize(
     dp: DataParallel | None = None,
 ) -> FitStats:
     """``role.ppo_epochs`` passes over ``batch`` in ``num_mini_batches`` optimizer steps each, minimising
-    ``micro_loss(micro_batch)``. ``role`` is the role's config (actor or critic: the same fields); ``prefix`` names
-    its grad-norm, lr and skipped-step metrics.
+    ``micro_loss(micro_batch)``; ``prefix`` names its grad-norm, lr and skipped-step metrics.
 
     Gradients are accumulated over micro-batches, each scaled by ``weight(micro) / weight(mini-batch)``, so that the
     accumulated gradient equals the gradient of the loss aggregated over the whole mini-batch (default weight: the

@@ -124,11 +124,10 @@ class Incoming:
         self._next += 1
 
     def _buffer(self, slot: int) -> torch.Tensor:
-        """Buffer ``slot`` of two used in turn (even buckets, odd buckets), each the size of the largest bucket it
-        takes, allocated once per sync: the memory held does not depend on how the allocator reuses freed blocks.
-        When tensors of the bucket it held are still referenced (a caller keeping them past the next bucket, e.g. an
-        fp8 weight waiting for its scales, or ``receive`` keeping them all), it is left to them and a fresh buffer
-        takes its place."""
+        """Buffer ``slot`` of the two used in turn (even buckets, odd buckets), allocated once per sync, so the memory
+        held does not depend on how the allocator reuses freed blocks. While tensors of the bucket it held are still
+        referenced (a caller keeping them past the next bucket, e.g. an fp8 weight waiting for its scales, or
+        ``receive`` keeping them all), it is left to them and a fresh buffer takes its place."""
         if slot < len(self._pool):
             buffer, idle = self._pool[slot]
             if idle is not None and _use_count(buffer) == idle:
