@@ -2,11 +2,8 @@
 the run's roles as one team (``Roles``: every client, where each runs; ``PoolTurns``: how calls to roles on shared
 pools take turns), built whole by ``asyncrl.workers.start.start_roles``.
 
-A client wraps a ``Handle`` (Ray actor or in-process worker, ``asyncrl.workers.backends``) and returns ``Pending``
-results of the dataclasses in ``asyncrl.types``. Only the client modules name a worker method by string
-(``tests/test_layout.py`` checks): this one; ``asyncrl.weights.clients``, the weight sync's (its room is beside this
-one); ``asyncrl.schedules.fully_async.client``, the Rollouter's. The teacher's client is
-``asyncrl.teacher.client.TeacherClient`` (an HTTP server is a role of its own).
+Only the client modules name a worker method by string (``tests/test_layout.py`` checks): this one,
+``asyncrl.weights.clients`` (the weight sync's) and ``asyncrl.schedules.fully_async.client`` (the Rollouter's).
 """
 
 from __future__ import annotations
@@ -166,8 +163,8 @@ class LeaderHandle:
 class DataParallelTrainerClient(TrainerClient):
     """``trainer.num_workers`` data-parallel ranks as one trainer (``asyncrl.trainer.data_parallel``): a training
     step and a resume run on every rank; everything that reads the full weights, generation for evaluation, an
-    export, the weight sync, goes to rank 0 (``handle``), and so does a checkpoint unless the optimizer state is
-    ``sharded`` (FSDP2: every rank takes part in gathering it)."""
+    export, the weight sync, goes to rank 0 (``handle``), and so does a checkpoint unless the trainer is ``sharded``
+    (FSDP2: every rank writes its own shards)."""
 
     def __init__(self, ranks: list[Handle], sharded: bool = False):
         super().__init__(LeaderHandle(ranks) if sharded else ranks[0])

@@ -1,12 +1,10 @@
 """``python -m asyncrl.workers.reaper DRIVER_PID``: once the driver is gone, kill every process it had started.
 
-A driver killed with SIGKILL cannot stop its local Ray cluster; Ray's workers notice and exit, but some of its
-processes do not (measured: ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent`` still ran 30 s after the driver was
-killed). ``init_ray`` starts this watchdog beside a local cluster, in a session of its own so a kill of the driver's
-process group does not take it too. It records the driver's descendants (pid and start time, so a reused pid is
-never touched) twice a second; when its parent changes (the driver died and it was re-parented), it sends SIGKILL to
-every recorded process still alive and to their own descendants, then exits. After a clean exit there is nothing
-left to kill.
+A driver killed with SIGKILL cannot stop its local Ray cluster, and some of Ray's processes outlive it (measured:
+``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent`` still ran 30 s after the driver was killed). ``init_ray`` starts
+this watchdog beside a local cluster, in a session of its own so a kill of the driver's process group does not take
+it too. It records the driver's descendants (with their start times, so a reused pid is never touched) until it is
+re-parented, then sends SIGKILL to those still alive and to their own descendants.
 """
 
 from __future__ import annotations
