@@ -1,11 +1,6 @@
-"""Loading a user's reward function, as verl's ``custom_reward_function`` does.
-
-A spec is ``"path/to/file.py:function_name"`` (``"path/to/file.py"`` alone means verl's default name
-``compute_score``), or ``"package.module:function_name"`` for an importable module. The function has verl's signature
-``fn(data_source, solution_str, ground_truth, extra_info) -> float | dict`` and receives the *whole* decoded response:
-answer extraction is up to it.
-
-Everything that can be wrong with a spec is reported when it is loaded (at start-up), naming the spec.
+"""Loading a user's reward function, as verl's ``custom_reward_function`` does (spec and signature: docs/rewards.md,
+"Which function scores a response"); it receives the whole decoded response, so answer extraction is up to it. Every
+fault of a spec is reported when it is loaded (at start-up), naming the spec.
 """
 
 from __future__ import annotations

@@ -1,28 +1,7 @@
-"""Dynamic sampling's rule (DAPO; ``algorithm.filter_groups``): which groups of samples are worth training on.
-
-A group is the ``rollout.n`` samples of one prompt. When its metric is the same for every sample, GRPO's
-group-normalised advantages are all zero and online DPO has no pair, so the group costs a trainer pass and teaches
-nothing: it is dropped and another prompt is generated in its place. This module is the rule alone, pure and
-importable by every producer of groups (the batch schedules' ``asyncrl.run.generation`` and the
-fully_async Producer) without importing any schedule.
-
-The metrics, as verl names them, on what an asyncrl ``Sample`` carries:
-
-- ``acc``: ``reward_extra["acc"]`` when the reward function returned one in its dict (verl's math_dapo does), else
-  its score after ``reward.binarize`` and before the overlong penalty (a function that returns a number returns its
-  accuracy; verl's DAPO manager logs such a number as acc; the penalty records it in ``reward_extra["acc"]``);
-- ``score``: the reward function's score before the DAPO manager's overlong penalty and ``reward.binarize``
-  (``reward_extra["score"]`` when either changed the reward, else ``reward``);
-- ``seq_reward``: ``reward``, the sample's reward as trained (after the overlong penalty; verl's token_level_scores
-  summed);
-- ``seq_final_reward``: ``reward`` too (verl subtracts ``algorithm.use_kl_in_reward``'s KL penalty here, which
-  asyncrl does not build: its KL is a loss term);
-- any other name: that key of ``reward_extra`` (a key the reward function returns in its dict), or an error naming
-  the metric, the sample and the keys it has.
-
-Where verl differs: verl keeps a group when ``np.std(values) > 0``, and float rounding can make the std of equal
-values positive (``np.std([0.1] * 3)`` is 1.4e-17); "no spread" here means all values equal, exactly. Like verl, a
-group of one sample is kept (there is no spread to measure).
+"""Dynamic sampling's rule (DAPO; ``algorithm.filter_groups``): a group (the ``rollout.n`` samples of one prompt)
+whose metric is the same for every sample has all-zero GRPO advantages and no DPO pair, so it is dropped. Pure, so
+that every producer of groups imports it without importing a schedule. The metrics, and where this departs from verl:
+docs/rewards.md, "DAPO: dynamic sampling and overlong shaping".
 """
 
 from __future__ import annotations
@@ -40,7 +19,7 @@ class FilterMetricError(UserInputError, ValueError):
 
 
 def metric_value(sample: Sample, metric: str) -> float:
-    """The value of ``metric`` (see the module docstring) for ``sample``, in reward units."""
+    """The value of ``metric`` for ``sample``, in reward units; ``FilterMetricError`` when the sample lacks it."""
     extra = sample.reward_extra
     if metric in ("seq_reward", "seq_final_reward"):
         return sample.reward

@@ -1,17 +1,6 @@
-"""A generative reward model (``reward.genrm.url``): a judge LLM behind an OpenAI-compatible completions server.
-
-Each response is put into ``reward.genrm.prompt_template`` (fields: ``solution_str``, ``ground_truth``,
-``data_source`` and every ``extra_info`` key, e.g. ``question``) and sent as one ``POST /v1/completions`` with
-``max_tokens: 1`` and ``logprobs: top_logprobs``; the reward is the judge's probability of its verdict,
-
-    reward = P(positive) / (P(positive) + P(negative)),
-
-where P(word) sums the probabilities of the first generated token's top candidates that start that word (``"yes"``:
-``"yes"``, ``" Yes"``, ``"y"``, ...). ``asyncrl serve-teacher`` and ``vllm serve`` both answer this request, so the
-teacher server of on-policy distillation doubles as the judge. A reply where neither verdict is among the top
-candidates fails that sample (as a scorer that raises); a server that stays down after the retries stops the run
-with one error naming its URL (``asyncrl.http_json``).
-"""
+"""A generative reward model (``reward.genrm.url``): a judge LLM behind an OpenAI-compatible completions server
+(``asyncrl serve-teacher``, ``vllm serve``). The request, the reward P(positive) / (P(positive) + P(negative)) and its
+failures: docs/rewards.md, "A generative reward model"."""
 
 from __future__ import annotations
 

@@ -1,36 +1,13 @@
-"""The reward loop: every sample is scored on its own, on a background event loop, as its row ends, while the engine
-goes on generating the others. It is the only scoring path: every role that scores builds one (``build_scorer``).
+"""The reward loop: each sample is scored on its own, on a background asyncio loop, as its row ends, while the engine
+goes on generating the others; every role that scores builds one (``build_scorer``). Behaviour: docs/rewards.md, "The
+reward loop and a reward service"; metrics: docs/metrics.md, "Samples and rewards".
 
-Two ways in:
-
-- ``submit(sample, done)``: a row's completion (``fully_async``'s Rollouter): the score is written into the sample
-  when it arrives and ``done(sample)`` is called on the loop's thread; ``take_metrics`` closes the books per step.
-- ``submit_all(samples)`` as the engine ends rows (``RolloutEngine.generate(on_samples=...)``: a decode step's at
-  once), then ``score(samples)`` for the whole call: it submits whatever was not submitted yet (an engine that hands
-  over samples only at the end, interrupted rows) and waits for all of them (the other schedules: a step needs its
-  batch's last score).
-
-Scoring runs on one asyncio loop in a daemon thread:
-
-- a custom ``async def`` reward function (verl's signature) is awaited there; a plain function, the built-in
-  scorers and the HTTP reward service (``asyncrl.rewards.remote``) run on a thread pool of ``max_concurrency``; with
-  ``batch_size`` > 1 (``reward.remote_batch_size``) the samples that reach the loop together (a decode step's rows)
-  go to the service in one request (the first waits ``BATCH_WAIT_S`` for the others), ``batch_size`` at most, and
-  each still has its own deadline and outcome;
-- at most ``max_concurrency`` samples are scored at once (a semaphore), each within ``timeout_s``: a scorer that
-  raises, times out (a plain function keeps running on its thread, its result ignored) or returns garbage fails
-  that sample only (``reward_failed``, counted), as in ``RewardFn.score``;
-- a reward service that stays down after its retries raises ``RewardServiceUnavailableError`` from ``score`` (or from
-  ``check``, on the per-row path), naming the URL.
-
-Metrics: ``reward/latency_mean_s`` and ``reward/latency_max_s`` (from a sample's submission to its score; absent
-in a step where no score arrived), ``reward/samples_per_request`` (a batching reward service),
-``reward/in_flight_max``, ``reward/failed_count``, ``reward/timeouts``, and for a batch
-``reward/scored_during_generation_frac`` (the share of samples already scored when the engine returned).
-
-``generate_scored`` is generation scored through this loop, what a rollout worker and the sync schedule's trainer do
-for every batch: the engine (any with ``generate``, ``version`` and ``last_prefill``, and ``last_segments`` where it
-measures its decode steps) and the timeline are passed in.
+Two ways in: ``submit(sample, done)``, a row's completion (``fully_async``'s Rollouter; ``take_metrics`` closes the
+books per step); or ``submit_all`` as the engine ends rows, then ``score(samples)``, which submits the rest (an engine
+that hands over samples only at the end, interrupted rows) and waits for all (the other schedules). A scorer that
+raises, times out (a plain function keeps running on its thread, its result ignored) or returns garbage fails its
+sample only, as in ``RewardFn.score``; a reward service down after its retries raises
+``RewardServiceUnavailableError`` from ``score`` (or ``check``, on the per-row path).
 """
 
 from __future__ import annotations
@@ -52,8 +29,7 @@ from asyncrl.rewards.remote import Args, RemoteReward, RewardServiceError, Rewar
 from asyncrl.rewards.reward_fn import RewardFn, build_reward_fn
 from asyncrl.types import Generation, PrefillStats, Prompt, Sample, SamplingParams
 
-# how long the first sample of a reward service's request waits for more (``reward.remote_batch_size`` > 1): rows that
-# end in one decode step reach the loop within it, and it is small against any service's own latency
+# seconds the first sample of a batched request waits for more: a decode step's rows reach the loop within it
 BATCH_WAIT_S = 0.002
 
 
@@ -267,13 +243,8 @@ def _settle(fut: Future, task: asyncio.Task) -> None:
 
 
 def build_reward_loop(cfg: RewardConfig, reward_fn: RewardFn) -> RewardLoop:
-    """The run's reward loop: ``reward_fn`` on the loop's threads, or the ``reward.remote_url`` service, or the
-    ``reward.genrm.url`` judge.
-
-    Every role that scores (rollout workers, the sync trainer, the fully_async Rollouter) calls this with its spec's
-    reward, once, right after ``build_reward_fn``: so it is also where ``reward_fn`` gets the reward manager's shaping
-    that a ``RewardSpec`` carries (``OverlongShaping.of``; a plain ``RewardConfig`` leaves ``reward_fn`` as built).
-    """
+    """The run's reward loop: ``reward_fn``, or the ``reward.remote_url`` service, or the ``reward.genrm.url`` judge.
+    Also where ``reward_fn`` gets the overlong shaping a ``RewardSpec`` carries (every scoring role calls this once)."""
     shaping = OverlongShaping.of(cfg)
     if shaping is not None:
         reward_fn.overlong = shaping

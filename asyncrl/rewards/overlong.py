@@ -1,17 +1,7 @@
-"""Overlong reward shaping (DAPO's soft overlong punishment; verl's ``reward_model.reward_manager=dapo`` with
-``reward_model.reward_kwargs.overlong_buffer_cfg``).
-
-A response that is cut at the length limit is scored as if it were a finished answer, which punishes a correct
-line of reasoning for being long and rewards nothing for finishing. DAPO softens the limit: over the last ``len``
-tokens before ``max_resp_len`` the reward goes down linearly, by ``penalty_factor`` at ``max_resp_len``. For a
-response of ``L`` tokens (every response token, eos and tool output included, as verl counts the attention mask):
-
-    expected_len = max_resp_len - len
-    penalty      = min(-(L - expected_len) / len * penalty_factor, 0)        reward units, added to the score
-
-Applied by ``RewardFn.record`` to every scored sample, wherever its rule reward is computed (the rollout workers,
-the sync trainer, the fully_async Rollouter), after ``reward.binarize``; a failed sample keeps its reward of 0.
-Held-out accuracy is scored without it: it counts correct answers.
+"""Overlong reward shaping (DAPO's soft overlong punishment; ``reward_model.reward_manager=dapo`` with
+``reward_model.reward_kwargs.overlong_buffer_cfg``): the formula, where it applies and what it logs are in
+docs/rewards.md, "DAPO: dynamic sampling and overlong shaping". ``RewardFn.record`` applies it to every scored sample,
+after ``reward.binarize``; a failed sample keeps its 0.
 """
 
 from __future__ import annotations
@@ -24,7 +14,7 @@ from asyncrl.types import Sample
 
 
 def overlong_penalty(length: int, max_resp_len: int, buffer_len: int, penalty_factor: float) -> float:
-    """The penalty (<= 0, reward units) of a response of ``length`` tokens (see the module docstring)."""
+    """The penalty (<= 0, reward units) of a response of ``length`` tokens, eos and tool output included."""
     if buffer_len < 1:
         raise ValueError(f"overlong_penalty: buffer_len must be >= 1 token (got {buffer_len})")
     expected_len = max_resp_len - buffer_len

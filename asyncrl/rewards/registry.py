@@ -1,12 +1,6 @@
-"""Which scorer handles which ``data_source``.
-
-Lookup order for a row's ``data_source``:
-
-1. scorers added with ``register_scorer`` (exact name);
-2. ``MATH_DATA_SOURCES`` (common math sets, scored with math-verify);
-3. any reasoning-gym dataset name (scored with that task's own ``score_answer``).
-
-Anything else raises ``UnknownDataSourceError``, whose message names the data source and what is known.
+"""Which scorer handles which ``data_source``: one added with ``register_scorer`` (exact name), else
+``MATH_DATA_SOURCES`` (math-verify), else any reasoning-gym dataset name (its task's ``score_answer``); anything else
+raises ``UnknownDataSourceError``, naming the data source and what is known.
 """
 
 from __future__ import annotations
@@ -57,7 +51,7 @@ def unregister_scorer(data_source: str) -> None:
 
 
 def get_scorer(data_source: str) -> ScoreFn:
-    """The scorer for ``data_source`` (see the module docstring for the lookup order)."""
+    """The scorer for ``data_source``, in the module docstring's order."""
     if data_source in _REGISTRY:
         return _REGISTRY[data_source]
     if data_source in MATH_DATA_SOURCES:

@@ -1,14 +1,9 @@
-"""A reward service over HTTP (``reward.remote_url``): one POST per response, verl's reward-function fields as JSON.
+"""A reward service over HTTP (``reward.remote_url``): one POST per response (or per batch, ``score_many``), verl's
+reward-function fields as JSON; the protocol is docs/rewards.md's, "The reward loop and a reward service". The
+transport (keep-alive, retries with back-off, timeouts) is ``asyncrl.http_json``'s.
 
-Request body: ``{"data_source", "solution_str", "ground_truth", "extra_info"}``; the reply is a number or a JSON object
-with a numeric ``"score"`` (other numeric fields go to ``Sample.reward_extra``), as a custom reward function returns.
-With ``reward.remote_batch_size`` > 1 (``score_many``) the body is a JSON array of such objects and the reply an array
-of as many results, in order; a result ``{"error": message}`` fails its sample only.
-The transport (keep-alive, retries with back-off, timeouts) is ``asyncrl.http_json``'s.
-
-A service that stays down after every retry raises :class:`RewardServiceUnavailableError` naming the URL: the rollout
-stops there, instead of silently scoring every sample as failed. A reply for one sample that is rejected (HTTP 4xx) or
-malformed fails that sample only, like a scorer that raises.
+A service down after every retry raises ``RewardServiceUnavailableError`` naming the URL: the rollout stops there,
+instead of silently scoring every sample as failed. A rejected (HTTP 4xx) or malformed reply fails its sample only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Scoring a batch of samples: the one entry point the rollout side calls.
-
-A reward must never take the training run down: a scorer that raises, returns garbage or meets an unknown
-``data_source`` marks only that sample (``reward_failed=True``, ``reward=0.0``) and is counted, so one malformed
-response or row costs one sample, not the run. Persistent failures stay visible through the returned
-``reward/failed_count``, ``RewardFn.failed_total`` and the logged messages.
+"""Scoring samples. A reward never takes the run down: a scorer that raises, returns garbage or meets an unknown
+``data_source`` fails that sample only (``reward_failed=True``, ``reward=0.0``), counted in ``reward/failed_count``
+and ``RewardFn.failed_total`` and logged.
 """
 
 from __future__ import annotations

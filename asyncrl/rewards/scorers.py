@@ -1,13 +1,7 @@
-"""Built-in scorers, all with verl's signature ``fn(data_source, solution_str, ground_truth, extra_info) -> float``.
-
-* ``reasoning_gym_score``: the task's own ``score_answer`` (exactly what reasoning-gym reports as accuracy).
-* ``math_verify_score``: symbolic equivalence with HuggingFace math-verify (``\\frac{1}{2}`` == ``0.5``), 1.0 or 0.0.
-* ``final_number_score``: the final answer written out as a number equal to the ground truth.
-
-Each scores the answer found by ``extract_answer``, not the whole response. Models answer in several conventions:
-reasoning-gym asks for ``<answer>...</answer>``, GSM8K uses ``#### 42``, chat models often end with ``Answer: 42``,
-and small models trained on bare-answer prompts just print ``42``; a scorer that compares a single answer
-(reasoning-gym's ``score_answer``) needs that answer alone, not the reasoning before it.
+"""Built-in scorers, with verl's signature ``fn(data_source, solution_str, ground_truth, extra_info) -> float``. Each
+scores the answer ``extract_answer`` finds, not the whole response: models answer as ``<answer>...</answer>``
+(reasoning-gym), ``#### 42`` (GSM8K), ``Answer: 42`` or a bare ``42``, and reasoning-gym's ``score_answer`` compares
+that answer alone.
 """
 
 from __future__ import annotations
@@ -67,11 +61,8 @@ _COUNTDOWN_INVALID_SCORE = 0.01
 
 @lru_cache(maxsize=64)
 def _rg_dataset(task: str, kwargs_json: str) -> Any:
-    """One reasoning-gym dataset object per (task, generation kwargs), used only for its ``score_answer``.
-
-    ``size=1`` keeps construction cheap: ``score_answer`` reads the entry, and at most the config (which is why the
-    row's ``task_kwargs`` are used when present).
-    """
+    """One reasoning-gym dataset per (task, generation kwargs), for its ``score_answer`` only: ``size=1``, as that reads
+    the entry and at most the config (hence the row's ``task_kwargs``)."""
     import reasoning_gym
 
     kwargs = json.loads(kwargs_json) if kwargs_json else {}
