@@ -1,16 +1,10 @@
-"""Turn a list of ``Sample`` into padded tensors for the trainer.
+"""Turn a list of ``Sample`` into padded tensors for the trainer, with the typed targets it fits.
 
-Layout: every row is ``[left pad][prompt][response][right pad]``, with all prompts left-padded to the longest prompt
-``P`` and all responses right-padded to the longest response ``T``. The response region therefore starts at the same
-column ``P`` in every row, so the logits that predict response token ``t`` are simply ``logits[:, P - 1 + t]`` for the
-whole batch, with no per-row gather. Position ids count real tokens only (``cumsum(mask) - 1``), exactly as the rollout
-engine numbers them, so trainer and engine see identical inputs.
-
-What the trainer is asked to fit rides in the batch as typed targets, not tensors looked up by string key: at most
-one ``Objective`` (the policy's; each algorithm defines its own, in ``asyncrl.algorithms``) and at most one
-``ValueTarget`` (the critic's). Each target checks its shapes where it is built, so a batch assembled wrongly fails on
-the driver, naming the field, not later inside a worker. Every tensor field is ``[B, T, ...]`` aligned with the
-batch's ``response_ids_BT`` and sliced with the batch.
+Every row is ``[left pad][prompt][response][right pad]``: prompts left-padded to the longest, ``P``, responses
+right-padded to the longest, ``T``, so the logits that predict response token ``t`` are ``logits[:, P - 1 + t]`` for
+the whole batch, with no per-row gather. Position ids count real tokens only (``cumsum(mask) - 1``), as the rollout
+engine numbers them. The targets (at most one ``Objective``, at most one ``ValueTarget``) check their shapes where
+they are built, so a batch assembled wrongly fails on the driver, naming the field, not inside a worker.
 """
 
 from __future__ import annotations

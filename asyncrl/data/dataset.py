@@ -1,13 +1,6 @@
-"""Tokenised prompts: rows from ``load_rows`` turned into ``asyncrl.types.Prompt`` objects.
-
-Prompts are tokenised once, up front, so over-long prompts are found at start-up (with their file and row) instead of
-being truncated silently during a rollout, and so rollout workers only ever handle token ids.
-
-``EpochSampler``: the order a run draws them in, a deterministic, resumable stream of prompt indices across epochs.
-Asynchronous training consumes prompts continuously rather than epoch by epoch, so the sampler is one endless stream:
-epoch ``e`` visits every index once in the order of a permutation seeded by ``seed + e``, and a batch that reaches the
-end of an epoch simply continues into the next one. Its whole state is ``(epoch, position)``, which makes a resumed
-run draw exactly the batches the interrupted run would have drawn next.
+"""Tokenised prompts: rows from ``load_rows`` turned into ``asyncrl.types.Prompt`` objects, once, up front, so an
+over-long prompt is found at start-up (with its file and row) and rollout workers only handle token ids; and
+``EpochSampler``, the order a run draws them in.
 """
 
 from __future__ import annotations
@@ -167,10 +160,12 @@ class PromptDataset:
 
 
 class EpochSampler:
-    """Endless iterator of batches of ``(epoch, index)`` pairs over ``num_items`` dataset positions.
+    """Endless iterator of batches of ``(epoch, index)`` pairs over ``num_items`` dataset positions: one stream, as
+    asynchronous training consumes prompts continuously rather than epoch by epoch.
 
-    Every ``(epoch, index)`` pair is yielded exactly once, in order of epoch. With ``shuffle=False`` each epoch is
-    ``0 .. num_items - 1`` in order. ``batch_size`` may exceed ``num_items`` (a batch then spans several epochs).
+    Every ``(epoch, index)`` pair is yielded exactly once, in order of epoch; epoch ``e`` follows a permutation seeded
+    by ``seed + e`` (``0 .. num_items - 1`` with ``shuffle=False``), and a batch may span several epochs. The whole
+    state is ``(epoch, position)``, so a resumed run draws exactly the batches the interrupted one would have drawn.
     """
 
     def __init__(self, num_items: int, batch_size: int, seed: int, shuffle: bool = True):

@@ -1,32 +1,13 @@
-"""Packed micro-batches: sequences concatenated into rows instead of padded, and a group's prompt run once.
+"""Packed micro-batches: sequences concatenated into rows instead of padded, and a group's prompt run once where that
+pays. The two layouts (shared segments under a 4D mask, or one sequence per row with no mask), why, and the token
+budget: docs/performance.md, "Packing and attention memory".
 
-The padded layout (``collate``) gives every sample a row ``[pad][prompt][response][pad]``. In GRPO the ``rollout.n``
-samples of a group repeat one prompt, and on short-answer tasks most of a row is that prompt or padding. Here a
-micro-batch is laid out as *segments* packed into rows of equal width:
-
-- a segment is one prompt followed by the responses that continue it: every sample with that exact prompt in the
-  micro-batch (``share_prefix``), or one sample (no sharing). Positions restart at 0 for each segment's prompt, and
-  each response continues from the prompt's end, exactly the position ids the padded layout gives that sample;
-- a 4D attention mask lets a token see the tokens before it in its own segment that are either the prompt or its own
-  response, nothing else. So each response attends to exactly the keys it would in its own padded row: the logits are
-  the same to float round-off, and so are every loss and every gradient (tests/test_packing.py);
-- segments are packed first-fit-decreasing into rows as wide as the longest segment, so rows hold several short
-  segments and padding is what is left at the end of each row.
-
-That mask is ``W x W`` for a row of ``W`` positions: its bytes (and, with eager attention, the scores) grow with the
-square of the row, not with its tokens. So a prompt is shared only where it pays (``sharing_pays``), and every other
-sample runs *per row*: one sequence per row, ``[prompt][response][pad]`` from column 0, position ids counting on
-through the padding, and no mask at all. Padding at the end of a row is invisible to the tokens before it under plain
-causal attention, so transformers' SDPA runs with ``is_causal`` (the flash kernels, on the CPU and on GPUs: attention
-memory linear in the tokens), flash-attention 2 as one causal sequence a row, and eager with its own causal mask.
-Micro-batches never mix the two layouts.
-
-Micro-batches hold at most ``micro_batch_size`` samples, or, with a token budget (verl's ``use_dynamic_bsz`` with
-``ppo_max_token_len_per_gpu``), at most that many positions: real tokens of shared segments (a prompt counts once, so
-a shared row is at most the budget wide), rows x longest sequence for per-row micro-batches (sequences longest first,
-so little of it is padding). A segment larger than the limit is split into pieces, each with its own copy of the
-prompt. ``PackedInputs.src_BT`` maps every response token to the row position whose output predicts it, so callers
-get ``[B, T, ...]`` outputs aligned with the micro-batch's ``response_ids_BT``.
+A segment is one prompt followed by the responses that continue it (or one sample). Positions restart at 0 at each
+segment's prompt and each response continues from the prompt's end, as in the padded layout (``collate``), so the
+logits, losses and gradients are the padded layout's to float round-off (tests/test_packing.py). A segment over the
+token budget is split into pieces, each with its own copy of the prompt. ``PackedInputs.src_BT`` maps every response
+token to the row position whose output predicts it, so callers get ``[B, T, ...]`` outputs aligned with the
+micro-batch's ``response_ids_BT``.
 """
 
 from __future__ import annotations
@@ -102,7 +83,7 @@ class TokenCount:
 class Batching:
     """How a batch is cut into forward/backward passes: ``micro_batch_size`` samples each, or with ``max_tokens``
     (verl's ``use_dynamic_bsz``) up to that many positions each, so no packed row is wider; ``share_prefix`` runs a
-    prompt once for the samples of the micro-batch that continue it where that pays (the module docstring).
+    prompt once for the samples of the micro-batch that continue it where that pays (``sharing_pays``).
     ``knob`` names the token budget's setting in errors."""
 
     micro_batch_size: int
@@ -140,8 +121,7 @@ def sharing_pays(prompt_len: int, resp_lens: list[int]) -> bool:
     elements) where the per-row layout's causal kernels compute only their sequences' own triangles,
     ``sum((P + R_i)^2) / 2``, with no mask. A saved position is priced as one row of the square (``W`` keys), so
     sharing pays when ``W^2 <= sum((P + R_i)^2) / 2 + (k - 1) * P * W``: a prompt longer than about its responses
-    (a heuristic; lab/asyncrl_lab/bench_packing.py measures both layouts). A short prompt before long responses (verl's
-    DAPO: 2k + 16 x 8k) runs per row."""
+    (a heuristic; lab/asyncrl_lab/bench_packing.py measures both layouts)."""
     k = len(resp_lens)
     if k < 2:
         return False
@@ -152,14 +132,9 @@ def sharing_pays(prompt_len: int, resp_lens: list[int]) -> bool:
 
 def plan(prompts: list[tuple[int, ...]], resp_lens: list[int], batching: Batching) -> list[list[list[int]]]:
     """Micro-batches as lists of segments (lists of sample indices; a segment's samples share its prompt), as
-    ``batching`` asks.
-
-    With ``share_prefix`` a group's samples are cut into pieces (``micro_batch_size`` samples, or ``max_tokens`` real
-    tokens with the prompt counted once) and a piece is one segment where ``sharing_pays``; every other sample is a
-    segment of its own. Micro-batches hold either shared segments only or single ones only (laid out per row by
-    ``pack``). Without ``max_tokens``: at most ``micro_batch_size`` samples each. With it: at most ``max_tokens`` real
-    tokens of shared segments, or rows x longest sequence of single ones. Longest first, so micro-batches hold similar
-    widths. Raises ValueError when one sample alone exceeds ``max_tokens`` (``knob`` names the setting)."""
+    ``batching`` asks: a group's pieces are segments where ``sharing_pays``, every other sample one of its own, and a
+    micro-batch holds only one kind. Longest first, so micro-batches hold similar widths. Raises ValueError when one
+    sample alone exceeds ``max_tokens`` (``knob`` names the setting)."""
     share_prefix, micro_batch_size, max_tokens = batching.share_prefix, batching.micro_batch_size, batching.max_tokens
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, p in enumerate(prompts):

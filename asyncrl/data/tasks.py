@@ -1,12 +1,6 @@
-"""Built-in tasks generated procedurally by reasoning-gym, written as verl-schema rows.
-
-Nothing is downloaded: reasoning-gym builds every item from ``random.Random(seed + item_index)``. That detail matters
-for splitting: datasets with seeds ``s`` and ``s + 1`` share all but one item, so the test split is drawn from
-``seed + TEST_SEED_OFFSET``, and the training split skips its questions.
-
-``TASKS`` holds tasks with tuned default generation settings (small numbers, so that small models can learn them);
-any other reasoning-gym dataset name works too, with reasoning-gym's own defaults. ``register_task`` adds or replaces
-an entry.
+"""Built-in tasks generated procedurally by reasoning-gym (nothing is downloaded: item i is built from
+``random.Random(seed + i)``), written as verl-schema rows. ``TASKS`` holds tasks with default generation settings
+tuned small, for small models; any other reasoning-gym dataset name works with reasoning-gym's defaults.
 """
 
 from __future__ import annotations
