@@ -1,8 +1,6 @@
-"""Advantage estimators: GRPO group-relative outcome advantages and PPO's GAE, plus masked whitening.
-
-Conventions: ``*_B`` is one value per response, ``*_BT`` is per response token with ``mask_BT`` (1 = real token).
-Rewards are in whatever units the reward function emits; GRPO advantages with ``norm_by_std`` are unitless (in group
-standard deviations), GAE advantages and returns are in reward units.
+"""Advantage estimators (GRPO's group-relative outcome advantages, PPO's GAE) and masked whitening; their formulas:
+docs/algorithms/grpo.md and ppo.md, "What it optimises". GRPO advantages with ``norm_by_std`` are in group standard
+deviations, GAE advantages and returns in reward units.
 """
 
 from __future__ import annotations
@@ -33,19 +31,9 @@ def _group_stats(rewards_B: Tensor, group_ids_B: Tensor) -> tuple[Tensor, Tensor
 def compute_grpo_advantages(
     rewards_B: Tensor, group_ids_B: Tensor, norm_by_std: bool = True, eps: float = 1e-6
 ) -> Tensor:
-    """GRPO outcome advantage: each response's reward minus its group's mean, optionally over (group std + eps).
-
-    ``group_ids_B`` (long) says which prompt each response answers; responses to the same prompt form a group. The
-    std is ``torch.std``'s *unbiased* estimate (divides by n-1), as in verl's ``compute_grpo_outcome_advantage`` --
-    for a group of 4 with rewards [1, 0, 1, 0] that is sqrt(1/3), not 0.5. A group whose rewards are all equal gets
-    advantage 0 (its numerator is 0; eps keeps the division finite).
-
-    Departure from verl: a group of size 1 gets advantage 0 here (it has no baseline to compare against, so it carries
-    no learning signal); verl uses mean 0 and std 1 for it, i.e. passes its raw reward through.
-
-    Returns ``adv_B`` in group standard deviations (``norm_by_std``), or in reward units with ``norm_by_std=False``
-    (Dr. GRPO's recommendation: the std division up-weights near-unanimous groups).
-    """
+    """GRPO outcome advantage ``adv_B``: each response's reward minus its group's mean (responses with one
+    ``group_ids_B``), over (unbiased group std + eps) with ``norm_by_std``. A group of one gets 0 (it has no baseline;
+    verl passes its raw reward through)."""
     inverse_B, count_G, mean_G, std_G = _group_stats(rewards_B, group_ids_B)
     r = rewards_B.to(mean_G.dtype)
     adv_B = r - mean_G[inverse_B]
@@ -64,12 +52,8 @@ def broadcast_advantages(adv_B: Tensor, mask_BT: Tensor) -> Tensor:
 
 
 def group_reward_spread(rewards_B: Tensor, group_ids_B: Tensor) -> float:
-    """Fraction of groups whose rewards are not all equal, in [0, 1].
-
-    Only those groups carry a GRPO learning signal (an all-equal group has advantage 0), so this is the useful
-    fraction of a batch -- what DAPO's dynamic sampling filters on. Groups of size 1 count as "all equal".
-    An empty batch gives 0.0.
-    """
+    """Fraction of groups whose rewards are not all equal (the only ones GRPO learns from), in [0, 1]; a group of
+    one counts as all equal, an empty batch gives 0.0."""
     if rewards_B.numel() == 0:
         return 0.0
     inverse_B, _, _, std_G = _group_stats(rewards_B, group_ids_B)
@@ -79,15 +63,8 @@ def group_reward_spread(rewards_B: Tensor, group_ids_B: Tensor) -> float:
 def compute_gae(
     rewards_BT: Tensor, values_BT: Tensor, mask_BT: Tensor, gamma: float, lam: float
 ) -> tuple[Tensor, Tensor]:
-    """Generalised Advantage Estimation (Schulman et al. 2016) over response tokens.
-
-    Per real token t (walking backwards, skipping padding):
-        delta_t = r_t + gamma * V_{t+1} - V_t
-        A_t     = delta_t + gamma * lam * A_{t+1}
-        R_t     = A_t + V_t                      (the critic's regression target)
-    where t+1 is the next *real* token. After the last real token the episode is over, so V = 0 and A = 0 there
-    (bootstrap 0): ``values_BT`` on padding are ignored, whatever they hold. ``rewards_BT`` usually holds the scalar
-    outcome reward at the last real token (plus per-token KL penalties, if used); rewards on padding are ignored.
+    """Generalised Advantage Estimation (Schulman et al. 2016) over response tokens, as docs/algorithms/ppo.md writes
+    it, with t+1 the next *real* token and V = A = 0 after the last one: rewards and values on padding are ignored.
 
     Same recursion as verl's ``compute_gae_advantage_return``, with two departures: advantages are returned *raw*
     (verl whitens them inside; call :func:`whiten` yourself), and both outputs are 0 on padding. Runs in float32 or

@@ -1,10 +1,6 @@
-"""Off-policy correction for rollouts that did not come from the policy being corrected to.
-
-In asynchronous RL the behaviour policy that sampled a response (the inference engine: possibly several weight
-versions stale, and numerically different from the trainer even at the same weights) differs from the policy the
-PPO ratio is anchored at. Truncated importance sampling (TIS; Espeholt et al. 2018 "IMPALA", Yao et al. 2025 "Your
-efficient RL framework secretly brings you off-policy RL training") reweights each token's loss by
-pi_cur / pi_behav, truncated from above at ``threshold`` to bound the variance (at the price of some bias).
+"""Off-policy correction (truncated importance sampling; Espeholt et al. 2018, Yao et al. 2025) for rollouts whose
+behaviour policy (the engine that sampled) is not the policy the PPO ratio is anchored at; why and the formulas:
+docs/algorithms/grpo.md, "What it optimises".
 """
 
 from __future__ import annotations
@@ -28,27 +24,14 @@ def truncated_importance_weights(
     level: str = "token",
     threshold: float = 2.0,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Truncated importance weights ``[B, T]`` (detached) for the per-token policy loss, and diagnostics.
-
-    - ``level="token"``: w_t = min(pi_cur(x_t) / pi_behav(x_t), threshold).
-    - ``level="sequence"``: w = min(prod_t pi_cur(x_t) / pi_behav(x_t), threshold), one weight per response,
-      broadcast to all its tokens. Unbiased for sequence-level objectives but far higher variance; truncation does
-      most of the work on long responses.
+    """Truncated importance weights ``[B, T]`` (detached, 0 on padding) for the per-token policy loss, per token or
+    per response (``level``), and diagnostics.
 
     ``cur_logp_BT`` is the policy being corrected *to* (usually the trainer's old/proximal log-probs, so that the
     PPO ratio and the IS weight together form decoupled PPO); ``behav_logp_BT`` is what the engine reported at
-    sampling time. Weights are computed in log space and the truncation is applied *before* exp
-    (w = exp(min(log w, log threshold))), so even a sequence whose summed log-ratio is 1000 gives ``threshold``,
-    never inf. Weights are 0 on padding.
-
-    Stats (python floats; one ``.item()`` sync each, this is meant to be called once per micro-batch):
-      - ``rollout_corr/is_mean``, ``rollout_corr/is_max``: mean / max of the *untruncated* weights (log-ratio
-        clamped at +-20 so they stay finite), over real tokens (token level) or over non-empty responses (sequence
-        level) -- the raw mismatch, before truncation hides it;
-      - ``rollout_corr/truncated_frac``: fraction of those tokens / responses whose weight was truncated;
-      - ``rollout_corr/kl``: mean over real tokens of behav_logp - cur_logp, a k1 estimate of KL(behav || cur) in nats
-        per token (samples come from behav, so this is unbiased for it);
-      - ``rollout_corr/k3_kl``: the k3 estimate r - 1 - log r with r = pi_cur / pi_behav, same KL, always >= 0.
+    sampling time. The truncation is applied in log space, before exp, so even a sequence whose summed log-ratio is
+    1000 gives ``threshold``, never inf. Stats: docs/metrics.md's ``rollout_corr/*``, python floats with one
+    ``.item()`` sync each (call this once per micro-batch).
     """
     check_one_of("level", level, IS_LEVELS)
     if not threshold > 0:

@@ -1,17 +1,11 @@
-"""Losses for on-policy distillation (GKD, Agarwal et al. 2024 "On-Policy Distillation of Language Models").
+"""Losses for on-policy distillation (GKD, Agarwal et al. 2024); what each optimises, and why its gradient is what it
+is: docs/algorithms/distill.md, "What it optimises". p = teacher, q = student, per response position.
 
-Notation: p = teacher, q = student, per response position. Two kinds of teacher signal are supported:
-
-* **Top-k distributions** (``teacher_topk_ids_BTK`` long, ``teacher_topk_logp_BTK``): the teacher's K most likely ids
-  per position and their log-probs *normalised over the full vocabulary* (so sum_k p_k <= 1; the rest, 1 - sum_k p_k,
-  is the tail the teacher did not send). The student gives its full ``student_logp_BTV``. Ids within one position
-  must be distinct; a padded slot needs a valid id and log-prob -inf (it then carries no mass).
-* **Sampled-token log-probs** (``teacher_logp_BT``): the teacher's log-prob of the token the student sampled -- the
-  cheap signal used by tinker / prime-rl style on-policy distillation.
-
-All divergences are in nats per token; each function returns ``(loss, per_token_BT)`` with the per-token value 0 on
-padding, and the loss aggregated by ``loss_agg_mode`` (see :func:`asyncrl.losses.agg_loss`). The teacher side is
-always detached.
+The teacher sends either its top K ids per position (``teacher_topk_ids_BTK``, distinct within a position) with
+log-probs normalised over the full vocabulary (``teacher_topk_logp_BTK``; a padded slot needs a valid id and log-prob
+-inf), against the student's full ``student_logp_BTV``; or its log-prob of the token the student sampled
+(``teacher_logp_BT``). Divergences are in nats per token; each function returns ``(loss, per_token_BT)``, the
+per-token value 0 on padding and the loss aggregated by ``loss_agg_mode`` (``agg_loss``). The teacher is detached.
 """
 
 from __future__ import annotations
@@ -102,20 +96,8 @@ def topk_forward_kl(
     loss_agg_mode: str = "token-mean",
     eps: float = 1e-8,
 ) -> tuple[Tensor, Tensor]:
-    """Forward KL(teacher || student) per position, restricted to the teacher's top-k ids. Returns ``(loss, kl_BT)``.
-
-    The teacher's mass outside its top k is unknown, so the full-vocabulary KL cannot be computed; ``tail`` says how
-    the remaining mass is handled:
-
-    - ``"renorm"``: renormalise both teacher and student over the K ids only
-      (p~_k = p_k / sum_j p_j, q~_k = q_k / sum_j q_j) and return KL(p~ || q~). This ignores how much mass the student
-      puts outside the K ids: a student that puts 90% of its mass elsewhere but has the right *shape* on the K ids
-      gets loss 0.
-    - ``"bucket"`` (default): add one "everything else" bucket, with teacher mass 1 - sum_k p_k and student mass
-      1 - sum_k q_k over the *same* ids (each clamped below at ``eps`` to keep the log finite), and return the exact
-      KL of these (K+1)-outcome distributions. This coarsened KL is a lower bound on the full-vocabulary KL (data
-      processing inequality: merging outcomes cannot increase a KL); it is exact when the teacher's top k holds all
-      its mass, and it does penalise a student that leaks mass outside the teacher's top k.
+    """Forward KL(teacher || student) per position on the teacher's top-k ids, the rest of the mass as ``tail`` says
+    (``renorm`` or ``bucket``, its masses clamped below at ``eps``). Returns ``(loss, kl_BT)``.
 
     ``student_logp_BTV`` may be log-probs or raw logits (it is re-normalised with logsumexp, a no-op on log-probs);
     apply any distillation temperature before calling. Computed in float32 (float64 stays float64); gradients flow to
@@ -135,19 +117,9 @@ def generalized_jsd_topk(
     loss_agg_mode: str = "token-mean",
     eps: float = 1e-8,
 ) -> tuple[Tensor, Tensor]:
-    """Generalised Jensen-Shannon divergence of GKD (Agarwal et al. 2024, eq. 1) on the teacher's top-k support.
-
-    With p = teacher, q = student (on the coarsened support, see ``tail`` in :func:`topk_forward_kl`) and the mixture
-    m = beta * p + (1 - beta) * q:
-
-        JSD_beta(p || q) = beta * KL(p || m) + (1 - beta) * KL(q || m)
-
-    This is the convention of TRL's ``GKDTrainer.generalized_jsd_loss``: ``beta`` weights the *teacher* side.
-    ``beta = 0.5`` is the symmetric JSD (>= 0, bounded by log 2, 0 iff p = q). The endpoints are taken as limits,
-    as TRL does: ``beta = 0`` returns forward KL(p || q) and ``beta = 1`` reverse KL(q || p). Note the formula
-    itself tends to 0 at both ends -- JSD_beta / beta -> KL(p || q) as beta -> 0 and JSD_beta / (1 - beta) ->
-    KL(q || p) as beta -> 1 -- so the endpoints are the *rescaled* limits and the loss scale jumps there
-    (beta = 0.01 gives roughly 0.01 * KL(p || q), beta = 0 gives KL(p || q)). Returns ``(loss, jsd_BT)``.
+    """GKD's generalised JSD (eq. 1) on the teacher's top-k support (``tail`` as in ``topk_forward_kl``), in TRL's
+    convention: ``beta`` weights the teacher, and ``beta`` 0 and 1 give the rescaled limits KL(p || q) and KL(q || p).
+    Returns ``(loss, jsd_BT)``.
     """
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must be in [0, 1] (got {beta})")
@@ -170,32 +142,15 @@ def reverse_kl_sampled(
     loss_agg_mode: str = "token-mean",
     gradient: str = "score_function",
 ) -> tuple[Tensor, Tensor]:
-    """Per-token reverse KL(student || teacher) estimated on student-sampled tokens. Returns ``(loss, kl_BT)``.
+    """Per-token reverse KL(student || teacher) estimated on the tokens the student sampled, from their log-probs
+    under both. Returns ``(loss, kl_BT)``: ``kl_BT`` (0 on padding) is the ``estimator``'s value, k1 = log q - log p
+    (can be negative on one token) or k3 = r - 1 - log r (>= 0, not clamped), and ``loss`` its aggregate.
 
-    Inputs are the log-probs, under student q and teacher p, of the token x_t the student sampled at each position.
-    Per token (value, nats), with log r = log p(x_t) - log q(x_t):
-      - ``k1``: log q - log p. Unbiased for KL(q || p) at that position; can be negative on single tokens.
-      - ``k3``: r - 1 - log r. Also unbiased (x ~ q), always >= 0, lower variance when q ~ p. Not clamped.
-    ``kl_BT`` (0 on padding) carries this value; ``loss`` is its aggregate, so its *value* is the KL estimate.
-
-    What the gradient is -- be careful, the obvious version does not train:
-
-    - ``gradient="pathwise"``: plain autograd through the estimator with the sampled tokens held fixed.
-      For k1 this is grad log q(x_t), whose expectation under x_t ~ q is **zero**: minimising "student_logp -
-      teacher_logp" by backprop alone gives no learning signal in expectation, only noise (the teacher term has no
-      gradient). For k3 it is (1 - p/q) grad log q(x_t), whose expectation is -sum_x p(x) grad log q(x) = the gradient
-      of the *forward* KL(p || q) at that position, not of the reverse KL.
-    - ``gradient="score_function"`` (default): a surrogate whose value equals ``kl_BT`` but whose gradient is
-      stopgrad(log q - log p) * grad log q(x_t) for either estimator -- the REINFORCE / score-function gradient of
-      KL(q || p) at each position, unbiased when x_t ~ q. This is what on-policy distillation does in practice
-      (tinker uses -(log q - log p) as a per-token advantage in a policy-gradient loss; equivalently the pathwise
-      gradient of k2 = 0.5 (log q - log p)^2).
-
-    Caveats: (1) the score-function gradient is *per position* -- it treats each token's KL as a one-step problem
-    and ignores that x_t also changes the states of later tokens (the full sequence-level gradient would weight
-    grad log q(x_t) by the sum of the remaining per-token KLs); (2) it is unbiased only if x_t was sampled from the
-    same q that ``student_logp_BT`` comes from. For stale or engine-sampled tokens, pass -kl_BT.detach() as the
-    advantage to :func:`asyncrl.losses.policy_loss_ppo_clip` together with truncated importance weights instead.
+    ``gradient="score_function"`` (default): stopgrad(log q - log p) * grad log q(x_t), for either estimator;
+    ``"pathwise"``: plain autograd through the estimator, which does not train the reverse KL (why:
+    docs/algorithms/distill.md). The score-function gradient is per position and unbiased only for tokens sampled
+    from this q; for stale tokens, pass -kl_BT.detach() as the advantage to ``policy_loss_ppo_clip`` with importance
+    weights.
     """
     check_one_of("estimator", estimator, REVERSE_KL_ESTIMATORS)
     check_one_of("gradient", gradient, REVERSE_KL_GRADIENTS)
@@ -215,12 +170,8 @@ def reverse_kl_sampled(
 
 
 def mix_on_policy(lmbda: float, generator: torch.Generator) -> bool:
-    """GKD's data mix: True (use student-generated, on-policy responses) with probability ``lmbda``, else False
-    (use the dataset's / teacher's responses).
-
-    ``lmbda = 1`` is pure on-policy distillation, ``lmbda = 0`` pure supervised KD. One draw from ``generator``
-    (u ~ U[0, 1), on-policy iff u < lmbda), so a seeded generator makes the schedule reproducible.
-    """
+    """GKD's data mix: True (train on the student's own responses) with probability ``lmbda``, else False (on the
+    dataset's); one draw from ``generator``, so a seeded generator makes the schedule reproducible."""
     if not 0.0 <= lmbda <= 1.0:
         raise ValueError(f"lmbda must be in [0, 1] (got {lmbda})")
     return bool(torch.rand((), generator=generator).item() < lmbda)

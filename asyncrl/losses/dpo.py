@@ -1,14 +1,6 @@
-"""Direct preference optimisation losses over (chosen, rejected) response pairs.
-
-Inputs are each response's log-ratio against the reference policy, ``log pi(y|x) - log pi_ref(y|x)``, summed over
-its tokens (``sequence_logratios``). With ``h = logratio_chosen - logratio_rejected``:
-
-- ``sigmoid`` (DPO, Rafailov et al. 2023): ``-log sigmoid(beta * h)``.
-- ``ipo`` (Azar et al. 2023): ``(h - 1 / (2 * beta))^2``, on log-ratios averaged over each response's tokens (as TRL's
-  ``loss_type="ipo"`` does), so that ``beta`` means the same for short and long answers.
-
-The implicit rewards are ``beta * logratio``; the preference accuracy is the share of pairs whose chosen response has
-the larger implicit reward.
+"""Direct preference optimisation losses over (chosen, rejected) response pairs, ``sigmoid`` (DPO) and ``ipo``, on
+each response's log-ratio against the reference (``sequence_logratios``); the formulas: docs/algorithms/dpo.md. ``ipo``
+takes log-ratios averaged over each response's tokens (as TRL does), so ``beta`` means the same for any length.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Per-token KL estimators between the policy and a reference policy (Schulman's k1/k2/k3), as verl's ``kl_penalty``.
-
-With tokens x sampled from the policy pi and r = pi_ref(x) / pi(x), each estimator's expectation over x ~ pi relates to
-KL(pi || pi_ref):
-  - k1 = log pi - log pi_ref = -log r: unbiased, high variance, can be negative per token;
-  - k2 = 0.5 * (log r)^2: biased (second-order accurate when pi ~ pi_ref), always >= 0;
-  - k3 = r - 1 - log r: unbiased and always >= 0 ("low_var_kl"; verl's default for the GRPO KL loss).
-Values are in nats per token. Gradients flow to ``logp_BT``; ``ref_logp_BT`` is treated as data.
+"""Per-token KL estimators between the policy and a reference policy (Schulman's k1/k2/k3), as verl's ``kl_penalty``;
+their formulas and properties: docs/algorithms/grpo.md, "What it optimises". Values are in nats per token;
+gradients flow to ``logp_BT``, ``ref_logp_BT`` is treated as data.
 """
 
 from __future__ import annotations

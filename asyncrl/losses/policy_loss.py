@@ -1,6 +1,5 @@
-"""PPO clipped surrogate policy loss (with DAPO asymmetric clipping and dual-clip), as used by PPO and GRPO.
-
-The loss is *minimised*; all log-probs are natural-log per-token log-probs of the sampled response tokens, ``[B, T]``.
+"""PPO clipped surrogate policy loss (with DAPO's asymmetric clipping and dual-clip), as PPO and GRPO use it; the
+loss is minimised, and log-probs are natural-log per-token log-probs of the sampled response tokens, ``[B, T]``.
 """
 
 from __future__ import annotations
@@ -25,18 +24,8 @@ def policy_loss_ppo_clip(
     clip_ratio_c: float | None = None,
     is_weights_BT: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO-clip loss: per token, max(-A * r, -A * clip(r, 1 - low, 1 + high)), then aggregated by ``loss_agg_mode``.
-
-    ``r = exp(logp - old_logp)`` is the ratio of the policy being trained to the policy the advantages were computed
-    for (``old_logp_BT``, detached). ``clip_ratio_low != clip_ratio_high`` is DAPO's "clip-higher".
-
-    Dual clip (Ye et al. 2020; verl's ``clip_ratio_c``): for negative advantages the plain PPO loss -A * r is unbounded
-    as r grows, so one very off-policy token can dominate; when ``clip_ratio_c`` (> 1) is given, tokens with A < 0 have
-    their loss capped at -A * clip_ratio_c. Tokens with A >= 0 are unaffected.
-
-    ``is_weights_BT`` (treated as constants: detached here) multiply the per-token loss after clipping -- e.g. truncated
-    importance weights pi_old / pi_behaviour from :func:`asyncrl.losses.truncated_importance_weights` when rollouts
-    came from a different (stale or differently-quantised) policy than ``old_logp_BT``; this is decoupled PPO.
+    """PPO-clip loss, aggregated by ``loss_agg_mode``: the formula, the dual clip (``clip_ratio_c`` > 1) and the
+    importance weights are docs/algorithms/grpo.md's. ``old_logp_BT`` and ``is_weights_BT`` are detached here.
 
     Returns ``(loss, stats)``; ``stats`` holds detached 0-d tensors (no GPU sync here; call ``float()`` to log):
       - ``pg_clipfrac``: fraction of real tokens where the clipped branch was the max (i.e. the ratio clip was active);

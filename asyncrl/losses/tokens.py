@@ -1,16 +1,10 @@
 """Per-token arithmetic shared by every loss in ``asyncrl.losses``: log-probs and entropies ``[B, T]`` from logits
 ``[B, T, V]``, and the masked reductions over ``[B, T]`` response tokens.
 
-From logits: both functions compute in float32, upcasting bf16/fp16 one batch row at a time (logsumexp over a 150k
-vocabulary in bf16 loses several digits), and never materialise log_softmax. Without grad (old/ref log-probs) the extra
-memory is one row's ``[T, V]`` at a time; with autograd on, every row's float32 copy is kept for backward, so the
-saving then is only the never-built log-softmax. Gradients flow.
-
-Masked reductions: all token-level tensors in this package are ``[B, T]`` over response tokens, paired with
-``mask_BT`` (bool or float, 1 = real response token). Padded positions may hold garbage -- even NaN or inf, e.g. the
-log-prob of a pad id -- so these helpers select with ``torch.where`` instead of multiplying by the mask
-(``nan * 0`` is ``nan``). Every reduction is safe for an all-zero mask: it returns 0, not NaN, so an empty micro-batch
-contributes nothing instead of poisoning the whole step.
+From logits: computed in float32, bf16/fp16 upcast one batch row at a time (logsumexp over a 150k vocabulary in bf16
+loses several digits), never materialising log_softmax; with autograd on, every row's float32 copy is kept for
+backward. Masked reductions: padding may hold anything, NaN or inf included, so they select with ``torch.where``
+(``nan * 0`` is ``nan``), and an all-zero mask gives 0, not NaN, so an empty micro-batch cannot poison a step.
 """
 
 from __future__ import annotations
@@ -95,18 +89,10 @@ def masked_var(x: Tensor, mask: Tensor, dim: int | None = None, keepdim: bool = 
 
 
 def agg_loss(loss_BT: Tensor, mask_BT: Tensor, loss_agg_mode: str = "token-mean") -> Tensor:
-    """Reduce a per-token loss ``[B, T]`` to a scalar, as verl's ``agg_loss`` does.
-
-    - ``token-mean``: sum(loss * mask) / sum(mask). Every token weighs the same, so long responses weigh more
-      (DAPO's recommendation).
-    - ``seq-mean-token-sum``: per-sequence sum, then mean over sequences. Scales with response length (Dr. GRPO-like
-      without the constant normaliser).
-    - ``seq-mean-token-mean``: per-sequence mean, then mean over sequences (the original GRPO paper). Every sequence
-      weighs the same regardless of length.
-
-    Departure from verl: in both ``seq-mean-*`` modes, sequences with no valid token are *excluded* from the mean over
-    sequences (verl divides 0/0 = NaN for seq-mean-token-mean and counts them as 0 for seq-mean-token-sum). An
-    all-empty batch gives 0. Units: whatever ``loss_BT`` is in (per token).
+    """Reduce a per-token loss ``[B, T]`` to a scalar, as verl's ``agg_loss`` does (the modes: docs/algorithms/grpo.md,
+    "What it optimises"), in ``loss_BT``'s units. Departure from verl: in both ``seq-mean-*`` modes a sequence with no
+    valid token is left out of the mean over sequences (verl gives NaN for seq-mean-token-mean and counts it as 0 for
+    seq-mean-token-sum); an all-empty batch gives 0.
     """
     check_one_of("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
     if loss_agg_mode == "token-mean":
