@@ -1,9 +1,6 @@
 """One module per algorithm (``algorithm.name``): the roles it needs, how finished samples become a typed training
-batch, which pure losses from ``asyncrl.losses`` update which role, and what it reads of the config with its own
-rules on it (``check_config``). Every algorithm runs on every schedule. Nothing lists them: the built-in ones are
-this package's modules that name an ``ALGORITHM`` (``builtin_algorithms``), a user's is any module that does.
-
-``Algorithm`` is what an algorithm is: schedules call only this interface; workers never see it.
+batch, which pure losses from ``asyncrl.losses`` update which role, and its own config rules (``check_config``). Every
+algorithm runs on every schedule; schedules call only the ``Algorithm`` interface, workers never see it.
 
 A batch is prepared in two halves. ``prepare`` runs on the schedule's thread, in batch order: it draws anything
 random and issues the calls to other roles (critic values, reward-model scores), so their order on each worker is
@@ -110,9 +107,8 @@ class Algorithm(ABC):
 
 def algorithm_class(cfg: Config) -> type[Algorithm]:
     """The class of ``algorithm.name``: the module ``asyncrl.algorithms.<name>`` for a built-in name, or the module at
-    a dotted import path of the user's (``my_pkg.my_algo``), names it ``ALGORITHM`` (imported on demand:
-    distillation's teacher client is not loaded otherwise). A new algorithm is such a module and its loss: nothing
-    here lists it (``asyncrl.config.algorithm_section`` finds the module, for its ``algorithm:`` keys too)."""
+    a dotted import path of the user's (``my_pkg.my_algo``), names it ``ALGORITHM``. Nothing lists algorithms, and a
+    module is imported on demand (distillation's teacher client is not loaded otherwise)."""
     name = cfg.algorithm.name
     module = algorithm_module(name)
     cls = getattr(module, "ALGORITHM", None)

@@ -1,12 +1,8 @@
-"""On-policy distillation (GKD): the student generates, a teacher server returns its top-k log-probs at every
-response position, and the student minimises ``distill.loss`` against them (``asyncrl.losses.distill_loss``).
-
-Roles: the actor (the student) and the teacher, any server speaking vLLM's ``/v1/completions`` with
-``prompt_logprobs``: ``teacher.url``, or an ``asyncrl serve-teacher`` process started here on ``teacher.model_path``
-for the run, restarted on its port if it dies (``asyncrl.teacher.launch``; ``teacher/restarts`` counts them) and
-stopped at its end. Rewards are scored for the metrics only (``reward/mean`` is the student's training accuracy); the
-loss is the teacher's. With ``distill.lmbda`` < 1 a batch trains on the dataset's answers instead of the student's
-responses with probability 1 - lmbda (one seeded draw per batch, in batch order).
+"""On-policy distillation (GKD; docs/algorithms/distill.md): the student generates, a teacher server returns its top-k
+log-probs at every response position, and the student minimises ``distill.loss`` against them. The teacher is
+``teacher.url`` or an ``asyncrl serve-teacher`` this run starts, restarts and stops (``asyncrl.teacher.launch``).
+Rewards are only logged; with ``distill.lmbda`` < 1 a batch trains on the dataset's answers instead, with probability
+1 - lmbda (one seeded draw per batch, in batch order).
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Online DPO: each prompt's ``rollout.n`` samples, ranked by their reward, give one (chosen, rejected) pair, and the
-actor is fitted to the preferences against a frozen reference policy (``losses.dpo``).
-
-Roles: the actor, with its reference copy inside it (refreshed to the actor's weights every
-``algorithm.dpo.ref_update_freq`` steps; 0 = frozen for the run). Per batch: the rule rewards (scored on the rollout
-side) -> per group, the highest-reward sample is chosen and the lowest rejected (the first of equals, in sample
-order) -> groups whose rewards are all equal (ties) or that have no scored sample are dropped and counted -> the
-trainer's update (which computes the reference log-probs). A batch without a single pair still makes the trainer's
-step, on a placeholder pair of weight 0, so the weight version advances as in every other algorithm.
+"""Online DPO (docs/algorithms/dpo.md): each prompt's ``rollout.n`` samples, ranked by their reward, give one
+(chosen, rejected) pair, and the actor is fitted to the preferences against a reference policy (``losses.dpo``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""GRPO, and the policy-gradient objective it shares with PPO: per-token advantages and the PPO-clip loss (dual-clip,
-asymmetric clip ratios, truncated importance sampling against the rollout, an entropy bonus and a KL loss to the
-reference policy), as a typed target the trainer fits without knowing which algorithm built it. GRPO is that
-objective with group-normalised outcome rewards as every token's advantage; PPO (``asyncrl.algorithms.ppo``) puts a
-critic's GAE advantages on the same target.
-
-``PolicyTarget`` asks the trainer for the old policy's log-probs (the ratio's denominator: the behaviour
-log-probs, the current weights or the sync window's proximal weights, which the schedule chooses) and, with
-``actor.use_kl_loss``, the reference policy's. With ``actor.skip_zero_adv_rows`` (and no entropy bonus or KL loss,
-the only terms a row with all-zero advantages adds to), such rows skip their passes: their gradient is exactly zero.
-
-GRPO's roles: the actor (+ its reference copy with ``actor.use_kl_loss``). Per batch: the rule rewards (already scored
-on the rollout side) -> per-group mean (and std, ``algorithm.norm_adv_by_std_in_grpo``) normalisation -> one advantage
-per response, broadcast over its tokens -> the trainer's update (which computes the old and reference log-probs).
+"""GRPO, and the policy-gradient objective it shares with PPO: ``PolicyTarget``, per-token advantages and the PPO-clip
+loss with its entropy bonus, KL loss and truncated importance sampling, a typed target the trainer fits without
+knowing which algorithm built it. GRPO puts each response's group-normalised outcome reward on its tokens; PPO
+(``asyncrl.algorithms.ppo``) puts a critic's GAE advantages. What it optimises: docs/algorithms/grpo.md.
 """
 
 from __future__ import annotations

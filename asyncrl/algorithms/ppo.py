@@ -1,16 +1,9 @@
-"""PPO with a critic: GAE advantages from the critic's values, the PPO-clip loss on the actor, the clipped value loss
-on the critic, and an optional reward model whose score joins the rule reward.
-
-Roles: actor (+ ref with a KL loss), critic, reward model (``reward_model.enable``); where each runs is placement
-config. Per batch:
+"""PPO with a critic (docs/algorithms/ppo.md): GAE advantages from the critic's values, the PPO-clip loss on the actor,
+the clipped value loss on the critic, and an optional reward model whose score joins the rule reward. Per batch:
 
     prepare: values (critic) | reward-model scores, issued at once when on different pools   timing_s/values
     finish:  combined reward on each last token -> GAE -> whitened advantages
     train:   update_critic | update_actor (after trainer.critic_warmup steps), at once on different pools
-
-Where this departs from the textbook/verl: ``critic/vf_explained_var`` is measured on the values predicted at rollout
-time (before the critic's update), and the reward model's logit enters the reward through a sigmoid (see
-``asyncrl.rewards.combine``).
 """
 
 from __future__ import annotations
