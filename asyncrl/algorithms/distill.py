@@ -116,7 +116,6 @@ class Distill(Algorithm):
             mix_on_policy(self.cfg.distill.lmbda, self.on_policy_gen)
 
     def prepare(self, samples: list[Sample], step: int) -> Finish:
-        # GKD's data mix, drawn here, in batch order, so that it is reproducible
         on_policy = self.cfg.distill.lmbda >= 1.0 or mix_on_policy(self.cfg.distill.lmbda, self.on_policy_gen)
         if not on_policy:
             tok = self.tokenizer

@@ -8,9 +8,8 @@ A row is one prompt of a dataset in verl's layout::
      "reward_model": {"style": "rule", "ground_truth": "42"},
      "extra_info": {"split": "train", "index": 0, ...}}      # optional dict
 
-Every row is validated once when it is read, so that a bad row fails at start-up with its file and row number rather
-than as a ``KeyError`` somewhere inside a rollout an hour later. Row numbers in messages are 0-based positions in their
-file (as pandas and pyarrow count them); JSON syntax errors name the 1-based *line* instead, as an editor does.
+Every row is validated when it is read, so a bad row fails at start-up naming its file and row (0-based, as pandas
+and pyarrow count; a JSON syntax error names the 1-based line instead, as an editor does).
 """
 
 from __future__ import annotations

@@ -70,12 +70,8 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None, keepdim: bool =
 
 
 def masked_var(x: Tensor, mask: Tensor, dim: int | None = None, keepdim: bool = False, unbiased: bool = True) -> Tensor:
-    """Variance of ``x`` over masked positions.
-
-    ``unbiased=True`` applies Bessel's correction n/(n-1) with n = mask sum, as verl's ``masked_var`` does. Where the
-    correction is undefined (n <= 1) this returns 0 instead of raising (verl raises): a lone token has no spread.
-    An all-zero mask also gives 0.
-    """
+    """Variance of ``x`` over masked positions; ``unbiased`` (Bessel, n = mask sum) as verl's ``masked_var``, but 0
+    where n <= 1 (verl raises): a lone token has no spread."""
     m = _float_mask(mask, x)
     mean = masked_mean(x, m, dim=dim, keepdim=True)
     centered_sq = (x - mean) ** 2
@@ -122,11 +118,8 @@ def _picked_logprobs(logits_TV: Tensor, labels_T: Tensor) -> Tensor:
 
 
 def logprobs_from_logits(logits_BTV: Tensor, labels_BT: Tensor) -> Tensor:
-    """Natural-log probability of ``labels_BT`` under softmax(logits): ``logits[label] - logsumexp(logits)``.
-
-    Equal to ``log_softmax(logits).gather(-1, labels)`` but never allocates the full ``[B, T, V]`` log-softmax.
-    Returns float32 (or float64 if the logits are float64), shape ``[B, T]``.
-    """
+    """Natural-log probability of ``labels_BT`` under softmax(logits), ``[B, T]``, in float32 (float64 for float64
+    logits)."""
     if logits_BTV.shape[:-1] != labels_BT.shape:
         raise ValueError(
             f"labels_BT must match logits_BTV without its vocab dim (got {tuple(labels_BT.shape)} "
@@ -142,10 +135,6 @@ def _entropy_rows(logits_TV: Tensor) -> Tensor:
 
 
 def entropy_from_logits(logits_BTV: Tensor) -> Tensor:
-    """Entropy of softmax(logits) per position, in nats, ``[B, T]`` (uniform over V -> log V).
-
-    Uses H = logsumexp(z) - sum_v softmax(z)_v z_v (as verl), which has no log(0) even when a probability underflows.
-    Logits must be finite: a -inf logit (a vocab entry masked out) gives 0 * -inf = NaN; mask with a large negative
-    finite value instead.
-    """
+    """Entropy of softmax(logits) per position, in nats, ``[B, T]``. Logits must be finite: a -inf logit (a vocab
+    entry masked out) gives 0 * -inf = NaN; mask with a large negative finite value instead."""
     return _float32_rows(_entropy_rows, logits_BTV)

@@ -19,13 +19,9 @@ def value_loss_clipped(
     cliprange_value: float,
     loss_agg_mode: str = "token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO's clipped value loss: 0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2), aggregated.
-
-    ``vpreds_BT`` are the critic's current predictions, ``old_values_BT`` its predictions at rollout time (detached),
-    ``returns_BT`` the GAE returns (targets, detached), ``cliprange_value`` = c in reward units. Taking the max makes
-    the loss pessimistic: a prediction may not profit from moving more than c away from the old one (as in verl's
-    ``compute_value_loss`` and the OpenAI baselines). The 0.5 factor is applied after aggregation (as verl); it is the
-    usual 1/2 of a squared error, so the gradient per token is (v - R).
+    """PPO's clipped value loss, as docs/algorithms/ppo.md writes it (and verl's ``compute_value_loss``): the max makes
+    it pessimistic, so a prediction cannot profit from moving more than ``cliprange_value`` (reward units) from its
+    rollout-time value. ``old_values_BT`` and ``returns_BT`` are detached here.
 
     Returns ``(loss, stats)`` with ``stats["vf_clipfrac"]`` (detached 0-d tensor): fraction of real tokens where the
     clipped branch was strictly larger, i.e. the clip changed the loss.
@@ -47,12 +43,8 @@ def value_loss_clipped(
 
 
 def explained_variance(values_BT: Tensor, returns_BT: Tensor, mask_BT: Tensor) -> float:
-    """1 - Var[R - V] / Var[R] over real tokens: 1 = perfect critic, 0 = no better than a constant, < 0 = worse.
-
-    Both variances are the population (biased) estimate; the Bessel factor would cancel in the ratio anyway. When the
-    returns have no spread (Var[R] = 0, e.g. a batch of identical rewards or no real token) the ratio is undefined and
-    this returns 0.0 rather than NaN or inf, so the metric stays plottable.
-    """
+    """1 - Var[R - V] / Var[R] over real tokens (population variances); 0.0 rather than NaN or inf when the returns
+    have no spread (identical rewards, no real token), so the metric stays plottable."""
     with torch.no_grad():
         v = values_BT.detach().float()
         r = returns_BT.detach().float()
