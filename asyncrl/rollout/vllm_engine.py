@@ -1,25 +1,8 @@
 """VllmEngine: vLLM as the rollout engine, with the built-in engine's interface (generate / resume / pause / update).
 
-vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the rollout worker is already its own process; with
-``rollout.tensor_model_parallel_size`` N > 1 its N workers are processes of vLLM's "mp" executor, each holding a shard
-and loading its shard of every sync from the whole tensors, gathered in this process's RAM), driven
-request by request through ``LLMEngine.add_request`` / ``step``, so a row that ends is reported at its step
-(``generate``'s ``on_samples``: the reward loop) and a pause takes effect at the next decode step: the unfinished
-requests are aborted and come back "interrupted" with every token and log-prob produced so far, and ``resume``
-continues them from ``prompt + response`` with the remaining budget (the partial rollout of fully_async).
-The same requests serve the streaming contract (``asyncrl.rollout.streaming``: ``submit``/``step``/``interrupt``/
-``drain``, fully_async's Producer): ``vllm_stream`` keeps one step loop going across calls, rows entering and leaving
-it between steps; ``update_weights`` refuses while it holds any row.
-
-Log-probs are vLLM's ``processed_logprobs``: of the distribution actually sampled from, after temperature (and after
-top-k/top-p when those are on; the built-in engine records them before truncation). With no truncation they equal
-``log_softmax(logits / T)``, what the trainer recomputes.
-
-Weight updates: names and shapes are checked against the Hugging Face model the trainer sends (the same check as the
-built-in engine), then loaded with vLLM's in-place ``reload_weights``; on CPU the packed oneDNN copy of a tied
-``lm_head`` is rebuilt (vLLM's reload re-processes only the embedding's, and the output layer would silently keep the
-old weights), and the prefix cache is reset so no KV computed by old weights is reused. On a GPU the same path
-receives the tensors over NCCL into CUDA memory; that path is designed, not run here (no GPU with vLLM).
+vLLM runs in this process, stepped request by request (``add_request``/``step``), so a pause takes effect at the next
+decode step and the streaming contract (``vllm_stream``) steps the same requests. Log-probs, weight updates, threads,
+tensor parallelism and what was run: docs/vllm.md, "How it works".
 """
 
 from __future__ import annotations
@@ -74,9 +57,8 @@ def import_vllm() -> Any:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the worker's thread count rules, not vLLM's
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    # rollout.enforce_eager=false compiles the model; 0.32's AOT artifacts fail to load back on CPU ("'function'
-    # object has no attribute 'finalize_loading'"), so every start recompiled (111 s for SmolLM2): use the plain
-    # inductor cache, which a later start reuses (43 s)
+    # 0.32's AOT artifacts fail to load back on CPU ("'function' object has no attribute 'finalize_loading'"): the
+    # plain inductor cache, which a later start reuses (docs/vllm.md, "How it works", Compilation)
     os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     try:
         import vllm

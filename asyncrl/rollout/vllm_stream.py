@@ -1,28 +1,14 @@
 """VllmEngine's streaming side (``asyncrl.rollout.streaming``): one persistent vLLM step loop driven by ``step()``.
 
-Design: vLLM's synchronous, in-process ``LLMEngine`` (the one ``generate``/``resume`` already drive), not its async
-engine. The caller's ``step()`` is the loop: rows waiting for a slot are added with ``add_request`` between steps,
-one ``LLMEngine.step()`` runs, and the requests that finished in it are handed back at once. The async engine
-(``AsyncLLM``) would run its own background loop on an asyncio event loop: the Rollouter could then neither say when a
-step happens (a weight update must find no row decoding, and every token's version must be the weights that made
-it) nor interrupt at a step boundary, and a second loop thread would contend for the 1-2 cores a rollout worker has.
-With the in-process engine core on CPU, vLLM schedules synchronously (``async_scheduling`` is off, no batch queue):
-every token sampled in a step is in that step's outputs, so aborting between steps loses none.
-
-Output kind: ``RequestOutputKind.DELTA``, accumulated per request here (the tokens, log-probs and versions so far of
-each live row), so ``interrupt`` has every partial response without asking vLLM. ``CUMULATIVE`` gives the same tokens
-(vLLM 0.32 hands out its request state's own growing token and log-prob lists each step, which then go stale at an
-abort); DELTA hands each token out exactly once, which is also how ``generate``/``resume`` read outputs, so a
-streamed row is assembled by the same code (``_read_step``) as a batched one.
-
-A row is continued as ``resume`` continues it (``asyncrl.rollout.streaming``): one request per row, seeded
-``request_seed(key, offset)`` from the row's own noise (``continuation``), so a streamed row draws the noise it draws
-in ``generate``/``resume``.
+It drives the synchronous in-process ``LLMEngine`` that ``generate``/``resume`` drive, not vLLM's async engine, so the
+caller decides when a step runs. Outputs are ``DELTA``, accumulated per row, so ``interrupt`` has every partial response
+without asking vLLM and a streamed row is read by the same code (``_read_step``) as a batched one. A row is seeded as
+``resume`` seeds it (``request_seed`` of its own noise). Why, and what was measured: docs/vllm.md, "How it works".
 
 Threads: ``submit`` and ``live_rows`` from any thread (a lock guards the inbox); ``step``, ``interrupt`` and ``drain``
-from the one thread that decodes. The engine's gate counts the held rows (``EngineGate.hold``/``release``, as the
-built-in engine's): while any is held ``update_weights``, ``generate`` and ``resume`` refuse, and ``submit`` refuses
-during them, so a step never meets a weight update.
+from the one thread that decodes. The engine's gate counts the held rows (``EngineGate.hold``/``release``): while any
+is held ``update_weights``, ``generate`` and ``resume`` refuse, and ``submit`` refuses during them, so a step never
+meets a weight update.
 """
 
 from __future__ import annotations
