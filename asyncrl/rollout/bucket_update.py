@@ -1,22 +1,11 @@
 """A weight update applied bucket by bucket, as a weight sync delivers it: what both engines share.
 
-Why: a receiver that gathered a whole sync before applying it held a second full copy of the weights beside the
-engine's own (15 GB for a 7B model in bf16), which does not fit beside vLLM at verl's memory fraction. Fed bucket by
-bucket (``update_weights_streamed``), an engine checks each bucket's names and shapes (``validate_update``'s rules)
-before copying any of its tensors, copies them into its parameters, and lets the bucket go before asking for the
-next one, so the sync never holds more than the bucket being applied and the one being received. After the last
-bucket every parameter the sync must cover has to have been covered (``strict``), and only then is the version set.
-
-FP8 (``rollout.quantization: fp8``): a quantized weight's fp8 values and their scales travel in two buckets (a
-bucket has one dtype, and the scales follow their weight); the values wait (keeping their bucket, which holds that one
-weight) for the scales in the next bucket, and the pair is dequantized and applied as one tensor: an fp8 sync holds
-the waiting weight's bucket, the scales' bucket and the bucket being received, plus that weight in fp32.
-
-When an update fails after some tensors were applied (a later bucket's checksum, a transport failure, a bad name in
-a later bucket) the model holds a mix of two versions. There is no rollback: it would need the second full copy this
-avoids. Instead the engine's gate is torn (``EngineGate.partial``): generate, resume and submit refuse with
-PartialWeightsError until the next complete update, and the version stays the last complete one. An update that fails
-before applying anything leaves the engine exactly as it was.
+An engine checks each bucket's names and shapes (``validate_update``'s rules) before copying any of its tensors, and
+lets the bucket go before asking for the next, so a sync never holds a second full copy of the weights; only after the
+last bucket covered everything (``strict``) is the version set (docs/performance.md, "Weight sync"; FP8 pairs:
+docs/fp8.md). An update that fails after applying some tensors has no rollback (it would need that copy): the gate is
+torn (``EngineGate.partial``) and generate, resume and submit raise PartialWeightsError until the next complete update,
+the version staying the last complete one. One that fails before applying anything leaves the engine as it was.
 """
 
 from __future__ import annotations
