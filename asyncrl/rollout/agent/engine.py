@@ -1,17 +1,9 @@
 """``AgentEngine``: a rollout engine whose samples may be several turns long, over any engine, in any schedule.
 
-It wraps a rollout engine with the agent loops (``asyncrl.rollout.agent.loop``) and has the engine's own interface
-(``generate``, ``resume``, ``submit``/``step``, weights, pause), so every schedule runs multi-turn rollouts without a
-loop of its own. In every schedule a conversation is a small state machine on the engine's streaming interface: its
-turn ends (``step`` hands the row back and its slot is free) -> ``start_turn`` asks the row's loop what follows, off
-the decode (a loop's coroutine on the agent's event loop, its tool calls each under their deadline, beside every other
-row's; a blocking loop on the agent pool) -> the tool's tokens appended, the row goes back into the engine's queue for
-its next turn; a row whose conversation ended goes to its reward (``generate``'s ``on_samples``; fully_async's
-Rollouter). A loop is asked one row at a time, so a loop written for batches runs unchanged. Token in, token out: the
-model's tokens are kept exactly as generated, a tool's output is appended as the chat template's tokens with response
-mask 0, log-prob 0 and the weight version in force, and the next turn continues from the ids (never from
-re-tokenized text). A sample interrupted by a weight sync is "interrupted" like any other and ``resume`` continues it
-mid-conversation.
+It wraps a rollout engine with the agent loops (``asyncrl.rollout.agent.loop``) behind the engine's own interface, and
+runs each conversation as a row of the engine's streaming interface: a turn that ends frees its slot, ``start_turn``
+asks the row's loop what follows off the decode, and the row re-enters with the tool's tokens appended. The states,
+token in / token out and partial rollout: docs/agent_loop.md, "A tool call releases its slot (every schedule)".
 """
 
 from __future__ import annotations

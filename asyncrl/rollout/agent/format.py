@@ -1,10 +1,6 @@
-"""Token-in, token-out multi-turn text: tool calls parsed out of a model turn, tool outputs turned into tokens.
-
-The model's tokens are never re-tokenized. What goes between two assistant turns (a tool message and the next
-generation prompt) is rendered by the tokenizer's own chat template and tokenized on its own, then appended after the
-model's eos token: so decoding the final ids gives the chat template's rendering of the conversation, except inside
-the assistant's text (which stays exactly as sampled).
-"""
+"""Token-in, token-out multi-turn text: tool calls parsed out of a model turn, tool outputs turned into tokens
+(rendered by the tokenizer's own chat template and appended after the model's eos; docs/agent_loop.md, "Token in,
+token out")."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Agent loops: what follows a model turn that ended, per row, in a multi-turn rollout (verl's ``AgentLoopBase`` does
-the same job with one coroutine per sample). Loops are registered by name and chosen per dataset row (its
-``agent_name`` column) or by ``rollout.agent.default_agent_loop``:
-
-- ``single_turn_agent``: one turn (asyncrl's behaviour without tools);
-- ``tool_agent``: a turn that calls tools (``rollout.multi_turn.tools``) gets their outputs and goes on; a turn
-  without a call ends the rollout.
-
-A loop answers for one row whose turn ended: a ``Continuation`` (tokens appended with mask 0 before the model's next
-turn) or None (the conversation ends). ``asyncrl.rollout.agent.engine.AgentEngine`` runs the loops over any engine in
-any schedule.
+"""Agent loops: what follows a model turn that ended, per row, in a multi-turn rollout; registered by name, chosen per
+row (``agent_name``) or by ``rollout.agent.default_agent_loop`` (docs/agent_loop.md, "Choosing the loop"). A loop
+answers with a ``Continuation`` or None (the conversation ends); ``agent.engine.AgentEngine`` runs the loops.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""Tools a multi-turn rollout can call: the interface, two real tools, and the runner that bounds every call.
+"""Tools a multi-turn rollout can call: the interface, ``calc`` and ``python``, and the runner that bounds every call.
 
-A tool has a name, a JSON schema for its arguments (the OpenAI function format that chat templates render, and verl's
-``tool_schema``) and an ``async`` call, awaited on the agent's event loop beside every other row's calls: a tool
-awaits what it waits for (``asyncio.sleep``, an async HTTP client, ``asyncio.to_thread`` for blocking work) and never
-blocks the loop. ``call_each`` runs one turn's calls concurrently, each under a deadline; a tool that raises, times
-out, is unknown or gets bad arguments returns an error message into the conversation (counted as an error) and never
-ends the rollout.
-
-Built-in tools:
-
-- ``calc``: exact arithmetic on integers and decimals (``+ - * / // % **`` and parentheses), evaluated from the
-  parsed syntax tree (no ``eval``), with bounds on exponents and result size;
-- ``python``: a Python snippet run in a fresh interpreter (``python -I``) with CPU-time, address-space and output
-  limits; what it prints (or the last line of its traceback) is the result.
-
-A user's tool is ``"package.module:ClassName"`` in ``rollout.multi_turn.tools``: a ``Tool`` subclass built with no
-arguments.
+A tool's ``call`` is a coroutine awaited on the agent's event loop beside every other row's calls: it awaits what it
+waits for (``asyncio.to_thread`` for blocking work) and never blocks the loop. ``call_each`` runs one turn's calls
+concurrently, each under a deadline; a tool that raises, times out, is unknown or gets bad arguments returns an error
+message into the conversation and never ends the rollout. The tools and their limits: docs/agent_loop.md, "Limits".
 """
 
 from __future__ import annotations
@@ -184,7 +172,8 @@ BUILTIN_TOOLS: dict[str, type[Tool]] = {"calc": CalcTool, "python": PythonTool}
 
 
 def build_tools(names: list[str]) -> dict[str, Tool]:
-    """Tools by name: built-in names, or ``"package.module:ClassName"`` for a ``Tool`` subclass of the user's."""
+    """Tools by name: built-in names, or ``"package.module:ClassName"`` for a ``Tool`` subclass of the user's (built
+    with no arguments)."""
     tools: dict[str, Tool] = {}
     for spec in names:
         if spec in BUILTIN_TOOLS:
