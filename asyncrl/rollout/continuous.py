@@ -1,31 +1,24 @@
 """The built-in engine's decoder: rows enter free slots of a running decode and leave when they end.
 
 Every call decodes here: ``generate``/``resume`` submit their rows and step until they end, fully_async's Producer
-streams rows in and out. A fixed set of ``capacity`` slots decodes one token per step; rows wait in a thread-safe
-inbox and enter free slots at the next step, and a row that ends frees its slot for the next waiting one. The KV
-layout is ``slot_cache.SlotCache``'s: one write column ``p`` shared by all slots, each live slot's keys right-aligned
-ending at ``p`` (exactly left padding), so a step is a plain batched forward with a 2D mask and stock attention
-kernels.
+streams rows in and out. ``capacity`` slots decode one token per step in ``slot_cache.SlotCache``'s layout (one write
+column ``p``, each live slot's keys right-aligned ending at it), so a step is a plain batched forward. A step:
 
-A step: (1) admit waiting rows into free slots: the distinct prefixes among them are prefilled once, left-padded
-(``left_pad``; a group's n rows share one prefill; prefixes of very different lengths, as a sync's interrupted rows
-are, go in a few forwards by length: ``prefill_buckets``), in temporary caches whose keys are copied into every slot
-that uses them, right-aligned at ``p`` (moving the live window right first when a prefix is longer than ``p``); their
-last-position logits wait to be sampled. (2) Sample every live row from its pending logits (``sample_rows`` on
-float32 logits, the row's own uniform from ``RowStreams``' rule at its offset + t), on the model's device, so a row
-draws the same tokens whatever else is decoding (its logits differ by float rounding only: other padding). (3) Rows
-that drew an eos or filled their budget end and free their slots; when few rows are left (live + waiting <= half the
-slots in use) the live slots are packed to the front, so a long tail does not pay for empty slots; trailing free
-slots are dropped for free. (4) One forward over the slots in use: live slots feed their new token, free slots among
-them feed the pad id with a mask that sees only their own column (outputs unused); ``p`` moves on by one. Before it,
-the live window is moved back to the left edge (``relayout``) when column ``p`` is past the buffers, or when the dead
-columns left of the longest live row outnumber the live ones (the attention reads them every step; the move costs
-about one step's reading of the window).
+1. admit waiting rows into free slots: each distinct prefix is prefilled once, left-padded (prefixes of very different
+   lengths, as a sync's interrupted rows are, in a few forwards by length: ``prefill_buckets``), and its keys copied
+   into every slot that uses it, right-aligned at ``p`` (the live window moved right first for a prefix longer than
+   ``p``);
+2. sample every live row from its pending float32 logits at its own uniform (``RowStreams``' rule), so a row draws the
+   same tokens whatever else is decoding (its logits differ by float rounding only: other padding);
+3. end the rows that drew an eos or filled their budget; when live + waiting rows are at most half the slots in use,
+   pack the live ones to the front (trailing free slots are dropped for free);
+4. one forward over the slots in use (free ones feed the pad id, seeing only their own column). Before it the live
+   window moves back to the left edge when ``p`` is past the buffers, or when the dead columns left of the longest
+   live row outnumber the live ones (attention reads them every step; the move costs about one step's reading).
 
-The buffers are zero-filled (masked garbage must be finite), grown when a row's prefix + budget needs more columns
-(with slack, so the window is moved back rarely) or more slots are used (doubling up to ``capacity``). The model stays
-in eval mode from the first step until the decoder is empty again (then its training flag is restored): switching
-per step walks every module. ``submit`` is safe from any thread; ``step`` and ``interrupt`` run on one thread.
+The buffers are zero-filled (masked garbage must be finite) and grown with slack, so the window moves back rarely.
+The model stays in eval mode until the decoder is empty again (switching per step walks every module). ``submit`` is
+safe from any thread; ``step`` and ``interrupt`` run on one thread.
 """
 
 from __future__ import annotations

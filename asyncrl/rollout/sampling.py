@@ -1,23 +1,16 @@
 """Next-token sampling for a whole batch at once: temperature, top-k, top-p, then one draw per row by inverting the
 row's cumulative distribution at its own uniform (``RowStreams``: a row's noise is its own, whatever batch it is in).
 
-The noise: each row has a 64-bit key (``row_keys``, from ``seeds.sampling``'s base and the row's epoch, prompt index
-and number in its group), and its draw at a position is ``uniform(key, position)``, a counter-based hash (splitmix64)
-that gives the same float on every machine, worker and schedule.
+The noise is ``uniform(key, position)``, a counter-based hash (splitmix64) of the row's key (``row_keys``) that gives
+the same float on every machine, worker and schedule. ``sample_rows`` samples on the logits' device (only one token
+and log-prob per row come back); on the CPU the draws and the arithmetic are the host's, bit for bit.
 
-The slot decoder samples with ``sample_rows``: on the logits' device (a GPU model's logits never cross to the host; the
-rows' float64 draws, made on the CPU from their keys, go to the device, and one token and log-prob per row come back).
-On the CPU the draws and the arithmetic are the host's, bit for bit.
+The log-prob recorded for each sampled token is ``log_softmax(logits / temperature)`` over the FULL vocabulary, BEFORE
+top-k/top-p truncation: what the trainer recomputes from its own forward (it never re-applies truncation), so both
+agree exactly when weights are equal, and importance ratios stay defined even for tokens the truncated distribution
+could not pick. Greedy decoding (temperature 0) records ``log_softmax(logits)``, i.e. temperature 1.
 
-The log-probability recorded for each sampled token is ``log_softmax(logits / temperature)`` over the FULL vocabulary,
-taken BEFORE top-k/top-p truncation. That is the quantity the trainer can recompute from its own forward pass (it knows
-the temperature but never re-applies truncation), so the behaviour and recomputed log-probs agree exactly when weights
-are equal, and importance ratios stay well defined even for tokens the truncated distribution could not pick. Greedy
-decoding (temperature 0) records ``log_softmax(logits)``, i.e. temperature 1.
-
-What continuing a row means, for both engines (the slot decoder's glue and vLLM's): ``continuation`` (its prefix,
-budget and noise), ``resumable`` (``resume``'s triage) and ``extend_sample`` (the continued ``Sample``);
-and ``check_prompts``, both engines' prompt check.
+Continuing a row, for both engines: ``continuation``, ``resumable`` and ``extend_sample``; and ``check_prompts``.
 """
 
 from __future__ import annotations
@@ -35,13 +28,9 @@ from asyncrl.types import Prompt, Sample, SamplingParams
 
 def row_keys(base: int, rows: Sequence[tuple[int, int, int]]) -> list[int]:
     """One 64-bit key per row ``(epoch, prompt index, row within its group)``: row ``b``'s ``t``-th token is drawn
-    with ``uniform(keys[b], position)``, position = the tokens its response already has + ``t``.
-
-    The key depends on the row alone, never on the step, the decode call, the batch it shares or the worker it runs
-    on: the same prompt under the same weights samples the same tokens on sync, one_step_off and fully_async, and a
-    resumed, re-issued or interrupted row continues its own stream. Two rows of one call with the same triple (a batch
-    that holds a prompt twice) get distinct keys: the second by its occurrence number.
-    """
+    with ``uniform(keys[b], position)``, position = the tokens its response already has + ``t``. The key depends on
+    the row alone (why: docs/schedules/fully_async.md, "At staleness 0 it is sync"). Two rows of one call with the same
+    triple (a batch that holds a prompt twice) get distinct keys: the second by its occurrence number."""
     seen: dict[tuple[int, int, int], int] = {}
     keys = []
     for triple in rows:

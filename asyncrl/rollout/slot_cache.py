@@ -1,27 +1,23 @@
 """The continuous decoder's KV cache: rows enter and leave slots while one write column serves them all.
 
 Every full-attention layer holds ``[slots, kv_heads, columns, head_dim]`` keys and values and one write column ``p``
-(the layer's ``length``) shared by all slots. A live slot's valid keys are right-aligned, ending at column ``p`` (the
-layout a left-padded batch has), so a slot holding ``n`` keys attends to columns ``[p - n, p]`` in a decode step:
-its 2D mask row is ``arange(p + 1) >= p - n``. A decode step writes every slot's new key at column ``p`` and moves
-``p`` on by one; a row entering a slot gets its prefilled keys copied into that slot's columns ending at ``p``
-(``write_prefill``). Columns left of a slot's window hold stale but finite values (zeros at allocation, then keys
-of earlier rows or pads), always masked out: a NaN of uninitialised memory would survive the masked softmax
-(0 * NaN) and reach real tokens, hence zero-filled buffers.
+(the layer's ``length``) shared by all slots. A live slot's keys are right-aligned ending at ``p`` (a left-padded
+batch's layout), so a slot of ``n`` keys attends to columns ``[p - n, p]`` in a decode step, which writes every slot's
+new key at ``p``; an entering row's prefilled keys are copied into its slot ending at ``p`` (``write_prefill``).
+Columns left of a slot's window are always masked out but must be finite (a NaN of uninitialised memory would survive
+the masked softmax as 0 * NaN): the buffers are zero-filled.
 
 Why one shared write column rather than a write pointer per slot: transformers' attention writes a step's keys
 through ``Cache.update`` at one sequence position for the whole batch and derives the mask size and query offset
 from ``get_seq_length``; a shared column keeps that contract (``length == p``) with the stock attention kernels.
 The price is dead columns left of the longest live row, which the attention reads every step; ``relayout`` moves
-the live window ``[p - w, p)`` to end elsewhere (dropping dead columns, making room left of ``p`` for a long new
-prefix, or into bigger buffers).
+the live window ``[p - w, p)`` to end elsewhere.
 
-Full-attention and sliding-window layers are supported. A sliding-window layer keeps the same columns: the window
-is the last ``sliding_window`` columns up to ``p`` for every slot (right alignment makes a column's distance from
-``p`` its token distance), which transformers' sliding mask draws from the layer's ``is_sliding`` and the shared
-column; a row's prefill of such a layer holds its last ``sliding_window - 1`` keys only, copied right-aligned at ``p``
-like the others. A linear-attention (or other) layer keeps per-row state that a slot copy would have to move:
-``unsupported_layer_kinds`` names such layers so the engine refuses them up front.
+A sliding-window layer keeps the same columns: right alignment makes a column's distance from ``p`` its token
+distance, so transformers' sliding mask (the layer's ``is_sliding`` and the shared column) is every slot's window; its
+prefill holds the last ``sliding_window - 1`` keys, copied right-aligned like the others. A linear-attention (or
+other) layer keeps per-row state that a slot copy would have to move: ``unsupported_layer_kinds`` names such layers
+so the engine refuses them up front.
 """
 
 from __future__ import annotations
