@@ -1,19 +1,15 @@
 """RolloutEngine: batched sampling from a transformers causal LM, pausable, with in-place weight updates.
 
-This is the rollout hot path of the CPU setup: our own slot decoder (``asyncrl.rollout.continuous``, for every
-call) instead of ``model.generate``, because RL needs per-token behaviour log-probs and weight versions,
-mid-generation pause/resume around weight syncs, rows that enter and leave a running decode, and no per-step work
-that is not needed.
+Every call decodes on our own slot decoder (``asyncrl.rollout.continuous``), not ``model.generate``: RL needs per-token
+behaviour log-probs and weight versions, pause/resume around weight syncs, and rows that enter and leave a running
+decode (docs/design.md, "One decode path").
 
-Threading model: ``generate``/``resume`` run on one thread; ``request_pause`` may be called from any thread and makes a
-running call return at the next decode step with the unfinished rows marked "interrupted". ``update_weights`` refuses
-to run while a call is in flight (pause first, wait for the call to return, then update, ``clear_pause`` and
-``resume``), so every token's recorded version is exactly the weights that produced it.
-
-Streaming (``asyncrl.rollout.streaming``, fully_async's Producer): ``submit`` (any thread) queues rows for the
-engine's long-lived slot decoder, ``step``/``interrupt``/``drain`` run on the driver's thread. While rows are
-held, ``generate``/``resume``/``update_weights`` refuse (EngineBusyError); ``request_pause`` plays no part
-(``interrupt`` returns the partial rows at once).
+Threads: ``generate``/``resume`` run on one thread; ``request_pause`` (any thread) makes a running call return at the
+next decode step with the unfinished rows "interrupted". ``update_weights`` refuses while a call is in flight (pause,
+wait for the call to return, update, ``clear_pause``, ``resume``), so every token's version is the weights that
+produced it. Streaming (``asyncrl.rollout.streaming``): ``submit`` from any thread, ``step``/``interrupt``/``drain`` on
+the driver's; while rows are held, ``generate``/``resume``/``update_weights`` raise EngineBusyError, and
+``request_pause`` plays no part (``interrupt`` returns the partial rows at once).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""What every rollout engine shares: the pause flag, the busy/updating gate, the batched calls (``GatedEngine``'s
-``generate``/``resume``) and the check of a weight update.
-
-An engine generates on one thread while the driver may ask it to pause from another, and a weight update must never
-run during a generate (every token's recorded version would be a lie). :class:`EngineGate` holds that state for the
-built-in engine and the vLLM engine alike; :func:`validate_update` is the one check of a named-tensor update against
-the parameters a model expects, so both engines reject the same bad updates with the same messages.
+"""What both rollout engines share: the pause flag and busy/updating gate (``EngineGate``: no weight update ever runs
+during a generate, or a token's recorded version would be a lie), the batched calls (``GatedEngine``) and the one check
+of a weight update (``validate_update``: both engines reject the same bad updates with the same messages).
 """
 
 from __future__ import annotations
