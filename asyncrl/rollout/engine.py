@@ -282,23 +282,16 @@ class RolloutEngine(GatedEngine):
     # ---------------------------------------------------------------------------------------------------- weights
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        """Parameter name -> tensor (the live parameters, detached) that a weight sync must cover.
-
-        Tied parameters appear once, under their first name (e.g. ``model.embed_tokens.weight``, not
-        ``lm_head.weight``); ``update_weights`` accepts either name for them. A LoRA model (``model.lora_rank``):
-        its adapter's tensors only.
-        """
+        """Parameter name -> tensor (the live parameters, detached) that a weight sync must cover: tied ones once,
+        under their first name (``update_weights`` accepts either); a LoRA model's adapter tensors only."""
         synced = synced_tensors(self.model)
         return sync_layout(synced) if self.quantization == "fp8" else synced
 
     def update_weights(self, named_tensors: Named, version: int, strict: bool = True) -> None:
-        """Copy ``named_tensors`` into the model's parameters in place, then set ``version``.
-
-        Every name and shape is checked before anything is copied, so a bad update leaves the weights and version
-        untouched. With ``strict`` every parameter of ``state_dict_for_sync()`` must be present (a partial sync
-        would silently mix versions). Raises EngineBusyError during a generate/resume or while streamed rows
-        are held (``interrupt`` or ``drain`` first).
-        """
+        """Copy ``named_tensors`` into the model's parameters in place, then set ``version``. Every name and shape is
+        checked before anything is copied (a bad update changes nothing); ``strict``: every parameter of
+        ``state_dict_for_sync()`` must be present (a partial sync would mix versions). EngineBusyError during a
+        generate/resume or while streamed rows are held (``interrupt`` or ``drain`` first)."""
         required = {n: self._params[n] for n in synced_tensors(self.model)}
         fp8, lora, where = self.quantization == "fp8", is_lora(self.model), f"RolloutEngine.update_weights({version=})"
         items = checked_whole(named_tensors, self._params, required, strict, where, fp8, lora)

@@ -40,9 +40,8 @@ class EngineGate:
         self._updating = False
         self.held = 0  # streamed rows submitted and not yet reported (asyncrl.rollout.streaming); under the lock
         self.key: tuple[SamplingParams, int | None] | None = None  # the held rows' params and seed
-        # why the weights are a mix of two versions, while they are (an update failed after applying part of
-        # itself): no generate, resume or submit until a complete update succeeds, so no token is ever recorded
-        # under a version whose weights the engine does not hold (``asyncrl.rollout.bucket_update.Applying``)
+        # why the weights are a mix of two versions, while they are (``bucket_update.Applying``): no token is ever
+        # recorded under a version whose weights the engine does not hold
         self.partial: str | None = None
 
     @property
@@ -164,14 +163,11 @@ class GatedEngine:
     ) -> list[Sample]:
         """Continue "interrupted" samples with the current weights until eos or ``max_new_tokens`` in total.
 
-        ``refill(n_active)`` (optional, polled between decode steps) interrupts the call early when it returns True;
-        the unfinished rows come back "interrupted". No schedule cuts a call this way since fully_async streams
-        (``submit``/``step``); tests use it to stop a decode after a chosen number of steps.
-
-        Returns new Sample objects in input order: the response so far plus the continuation (tokens, log-probs, and
-        versions = the current version), with the original ``start_version``. One continuation per sample
-        (``params.n`` is ignored); samples that are not "interrupted" are returned unchanged, and an interrupted
-        sample already at ``max_new_tokens`` becomes "length" without decoding.
+        Returns new Sample objects in input order, the continuation's tokens at the current version, the original
+        ``start_version`` kept; one continuation per sample (``params.n`` is ignored). Samples that are not
+        "interrupted" come back unchanged; an interrupted one already at ``max_new_tokens`` becomes "length" without
+        decoding. ``refill(n_active)`` (polled between decode steps; only tests use it) returning True stops the call,
+        the unfinished rows "interrupted".
         """
         out, todo = resumable(samples, params, self.tokenizer)
         if not todo:

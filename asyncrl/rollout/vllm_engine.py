@@ -234,9 +234,8 @@ class VllmEngine(VllmStreaming, GatedEngine):
                     self.adapters.activate(self._engine, adapter, version)
                 else:
                     pulled = Pulled(checked, self._canonical, applying)
-                    # tensor-parallel workers are processes of their own: they get the checked tensors whole, through
-                    # host memory (the whole sync gathered in this process's RAM first), each fingerprinting what it
-                    # received and loading its shard; a worker that got other bytes fails the sync, naming it
+                    # tensor-parallel workers are processes: the whole sync, gathered in this process's RAM, goes to
+                    # each, which fingerprints what it received and loads its shard
                     if self.options.tensor_parallel_size > 1:
                         weights = [(name, t.cpu()) for name, t in pulled]
                         pulled.raise_if_failed()

@@ -30,10 +30,7 @@ _OWN = frozenset({"engine", "multi_turn", "default_agent_loop", "last_prefill", 
 
 
 class AgentEngine:
-    """A rollout engine whose samples may be several turns long; see the module docstring.
-
-    Everything not defined here (weights, pause, model, tokenizer, ...) is the wrapped engine's.
-    """
+    """A rollout engine whose samples may be several turns long; what it does not define is the wrapped engine's."""
 
     reports_finished_rows = True
 
