@@ -86,11 +86,9 @@ def gpu_share(options: VllmOptions) -> float:
 
 
 def memory_options(options: VllmOptions, on_gpu: bool) -> dict[str, Any]:
-    """How vLLM sizes its memory and its step, on a GPU (``gpu_share`` of the device for weights, activations and KV
-    cache; chunked prefill as ``rollout.enable_chunked_prefill`` says; vLLM's own step size unless
-    ``rollout.max_num_batched_tokens`` says) or on the CPU (the share of the machine's memory, in bytes, for the KV
-    cache, and room for every scheduled sequence's whole prefix in one step: vLLM 0.32 on CPU crashes, "CPU Generator
-    does not use offset", when it splits the prefill of a request that has its own seed)."""
+    """How vLLM sizes its memory and its step: on a GPU ``gpu_share`` of the device and the ``rollout.*`` keys as set;
+    on the CPU the KV cache's share of the machine's memory, in bytes, and room for every scheduled prefix in one step
+    (0.32 must not split a seeded prefill: docs/vllm.md, "How it works", Step size)."""
     batched = options.max_num_batched_tokens
     if on_gpu:
         out: dict[str, Any] = {

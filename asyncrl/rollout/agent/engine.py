@@ -116,12 +116,9 @@ class AgentEngine:
         seed: int | None,
         on_samples: Callable[[list[Sample]], None] | None,
     ) -> list[Sample]:
-        """Every "interrupted" row of ``rows`` to the end of its conversation on the engine's streaming interface,
-        each on its own: a turn that ends frees the row's slot and what follows runs off the decode (``start_turn``:
-        its tool calls) while the engine decodes the others; the row re-enters with the tool's tokens appended.
-        Rows come back in input order. A pause request (a weight sync) stops it between steps: the rows on the
-        engine come back "interrupted" mid-turn, those whose tools run when their calls return, at the start of their
-        next turn; ``resume`` goes on from there."""
+        """Every "interrupted" row of ``rows`` to the end of its conversation on the engine's streaming interface (the
+        module docstring), in input order. A pause request stops it between steps: rows on the engine come back
+        "interrupted" mid-turn, those whose tools run when their calls return, at the start of their next turn."""
         engine, out = self.engine, list(rows)
         where: dict[tuple[int, int], int] = {}
         for i, s in enumerate(rows):
