@@ -65,10 +65,8 @@ def last_logits(
 
 
 def left_pad(prefixes: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(ids_BL, mask_BL, pos_BL)``: prefixes right-aligned, mask 1 on real tokens, positions = cumsum(mask) - 1.
-
-    Pad positions get position 0; they are masked out, so their value never reaches a real token.
-    """
+    """``(ids_BL, mask_BL, pos_BL)``: prefixes right-aligned, mask 1 on real tokens, positions = cumsum(mask) - 1
+    (pads at position 0: masked out, their value never reaches a real token)."""
     lengths = [len(p) for p in prefixes]
     L = max(lengths)
     ids_BL = torch.full((len(prefixes), L), pad_id, dtype=torch.long)
@@ -107,11 +105,8 @@ def prefill_buckets(lengths: list[int], min_saved: int = MIN_SAVED_POSITIONS) ->
 
 @dataclass(eq=False)
 class StreamRow:
-    """One row to continue: ``prefix`` (prompt + response so far, tokens) for at most ``budget`` (>= 1) new tokens.
-
-    Its ``t``-th new token draws ``uniform(key, offset + t)`` (``RowStreams``' rule). ``tag`` is the caller's id
-    (submission order); ``tokens``/``logprobs`` grow as it decodes.
-    """
+    """One row to continue: ``prefix`` (prompt + response so far) for at most ``budget`` (>= 1) new tokens, the
+    ``t``-th drawing ``uniform(key, offset + t)``; ``tag``: the caller's id (submission order)."""
 
     tag: int
     prefix: list[int]

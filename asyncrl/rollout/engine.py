@@ -49,11 +49,9 @@ class DecodeResult:
 class RolloutEngine(GatedEngine):
     """Generates ``Sample``s from ``Prompt``s with the weights of version ``version``.
 
-    ``eos_token_ids`` default to the tokenizer's eos plus the model generation config's eos. ``max_batch_size`` caps
-    the sequences decoded together (the decoder's slots; more rows wait for a free one). With ``share_prefixes`` (the
-    default) identical prefixes entering together, e.g. a prompt's n rows, are prefilled once (same samples as
-    without, for the same seed); ``last_prefill`` holds the prefill token counts of the last
-    generate/resume call, shared and unshared, so a caller can report the saving.
+    ``eos_token_ids`` default to the tokenizer's eos plus the generation config's. ``max_batch_size``: the decoder's
+    slots (more rows wait for a free one). ``share_prefixes``: identical prefixes entering together (a prompt's n rows)
+    are prefilled once, the samples unchanged; ``last_prefill``: the last call's prefill tokens, shared and unshared.
     """
 
     def __init__(

@@ -141,12 +141,9 @@ class GatedEngine:
         seed: int | None = None,
         on_samples: Callable[[list[Sample]], None] | None = None,
     ) -> list[Sample]:
-        """``len(prompts) * params.n`` samples, prompt-major (prompt 0's n samples first).
-
-        Same ``seed`` and weights give identical samples; ``seed=None`` draws fresh randomness. A row's noise is its
-        own (``RowStreams``: the prompt's epoch and index, its number ``j`` in the group), so a prompt samples the
-        same whatever else is in the call. ``on_samples`` gets the samples whose rows ended in a decode step (the very
-        objects returned) as that step ends, while the others decode on.
+        """``len(prompts) * params.n`` samples, prompt-major. Same ``seed`` and weights give identical samples, whatever
+        else is in the call (``RowStreams``); ``seed=None`` draws fresh randomness. ``on_samples`` gets the samples
+        whose rows ended in a decode step (the very objects returned) as that step ends, while the others decode on.
         """
         check_prompts(prompts, self._gate.owner)
         self._sync_from_source()

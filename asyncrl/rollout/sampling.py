@@ -84,10 +84,8 @@ def filter_top_k(logits_BV: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def filter_top_p(logits_BV: torch.Tensor, p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose probability mass reaches ``p``; others get -inf.
-
-    The most likely token is always kept, so the result is never empty. ``p >= 1`` is a no-op.
-    """
+    """Keep the smallest set of most likely tokens whose probability mass reaches ``p`` (never empty: the most likely
+    is always kept); others get -inf. ``p >= 1`` is a no-op."""
     if p >= 1.0:
         return logits_BV
     sorted_BV, order_BV = torch.sort(logits_BV, dim=-1, descending=True)
@@ -102,13 +100,10 @@ def filter_top_p(logits_BV: torch.Tensor, p: float) -> torch.Tensor:
 def sample_tokens(
     logits_BV: torch.Tensor, params: SamplingParams, uniforms_B: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row; returns ``(tokens_B, logp_B)`` with the behaviour log-prob described in the module doc.
-
-    ``logits_BV`` are the model's raw last-position logits; they are upcast to float32 so sampling and log-probs do
-    not depend on the model's compute dtype. Row ``b`` takes the first token whose cumulative probability (float64)
-    exceeds ``uniforms_B[b]`` of the total: a token of probability 0 (cut by top-k/top-p) is never taken. Greedy
-    decoding needs no uniforms.
-    """
+    """One token per row, ``(tokens_B, logp_B)``, the log-prob as the module docstring says. The raw logits are upcast
+    to float32, so neither depends on the model's compute dtype. Row ``b`` takes the first token whose cumulative
+    probability (float64) exceeds ``uniforms_B[b]`` of the total: a token cut by top-k/top-p is never taken. Greedy
+    decoding needs no uniforms."""
     logits_BV = logits_BV.float()
     if params.greedy:
         tokens_B = torch.argmax(logits_BV, dim=-1)

@@ -20,9 +20,7 @@ TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 def parse_hermes_tool_calls(text: str) -> list[ToolCall]:
     """The ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks in ``text`` (verl's ``hermes`` format).
-
-    A block that is not such JSON, or an opening tag left unclosed, becomes a call with ``error`` set, so the model
-    is told what was wrong rather than the rollout silently ending."""
+    A block that is not such JSON, or an unclosed tag, becomes a call with ``error`` set: the model is told."""
     calls: list[ToolCall] = []
     for body in TOOL_CALL_RE.findall(text):
         try:
@@ -51,11 +49,9 @@ def truncate(text: str, limit: int, side: str) -> str:
 
 
 class TurnEncoder:
-    """The tokens that follow the model's eos to hand it tool results and start its next turn.
-
-    Found once from the chat template: render a reference conversation ending in an assistant message, render it
-    again with tool messages and the generation prompt, and keep what comes after the assistant's end-of-turn token.
-    """
+    """The tokens that follow the model's eos to hand it tool results and start its next turn: what the chat template
+    renders after a reference conversation's assistant end-of-turn token once tool messages and the generation
+    prompt follow."""
 
     _BASE = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
 
