@@ -28,13 +28,17 @@ class StreamingEngine(Protocol):
         """Rows decoded at once (a slot each)."""
         ...
 
-    def submit(self, rows: list[Sample], params: SamplingParams, seed: int | None = None) -> None: ...
+    def submit(self, rows: list[Sample], params: SamplingParams, seed: int | None = None) -> None:
+        """Blank or interrupted rows wait for a slot, enter the decode at its next step; a group's share one prefill."""
 
-    def step(self) -> list[Sample]: ...
+    def step(self) -> list[Sample]:
+        """One decode step (waiting rows moved into free slots first); the rows that ended in it, each whole."""
 
-    def interrupt(self) -> list[Sample]: ...
+    def interrupt(self) -> list[Sample]:
+        """Every row held, continued so far and marked "interrupted"; the engine then holds none."""
 
-    def drain(self) -> list[Sample]: ...
+    def drain(self) -> list[Sample]:
+        """Steps until every row held has ended, taking no new row; returns them."""
 
     def live_rows(self) -> int: ...
 
