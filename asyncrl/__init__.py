@@ -19,7 +19,7 @@ _PUBLIC = {
     "asyncrl.data.rows": ("load_rows",),
     "asyncrl.rollout.engine": ("RolloutEngine",),
     "asyncrl.types": ("SamplingParams", "Sample", "Prompt"),
-    "asyncrl.rewards": ("RewardFn",),
+    "asyncrl.rewards.reward_fn": ("RewardFn",),
     "asyncrl.data.collate": ("collate", "group_ids", "rewards_of"),
     "asyncrl.trainer.forward": ("forward_logits",),
     "asyncrl.run.evaluation": ("evaluate_prompts",),
@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # the names __getattr__ resolves, for type checkers
     from asyncrl.finetune.sft import load_sft_config as load_sft_config
     from asyncrl.finetune.sft import run_sft as run_sft
     from asyncrl.models.loading import load_model as load_model
-    from asyncrl.rewards import RewardFn as RewardFn
+    from asyncrl.rewards.reward_fn import RewardFn as RewardFn
     from asyncrl.rollout.engine import RolloutEngine as RolloutEngine
     from asyncrl.run.evaluation import evaluate_prompts as evaluate_prompts
     from asyncrl.trainer.forward import forward_logits as forward_logits

@@ -13,7 +13,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import asyncrl.telemetry.backends as jsonl_module
-from asyncrl.telemetry import GRAFANA_DASHBOARD, sanitize_metric_name
+from asyncrl.telemetry.backends import GRAFANA_DASHBOARD, sanitize_metric_name
 from asyncrl.telemetry.metrics import MetricsLogger, last_logged_step, read_metrics
 
 

@@ -14,9 +14,10 @@ import threading
 import pytest
 import torch
 
-from asyncrl.comm.groups import LOOPBACK, reserve_port
-from asyncrl.weights import HandshakeError, SyncTimeoutError, WeightSyncError, WeightSyncGroup, find_free_port
+from asyncrl.comm.groups import LOOPBACK, find_free_port, reserve_port
 from asyncrl.weights.buckets import ParamMeta, metas_of
+from asyncrl.weights.errors import HandshakeError, SyncTimeoutError, WeightSyncError
+from asyncrl.weights.group import WeightSyncGroup
 from asyncrl.weights.handshake import SyncPlan, validate_plan
 
 TIMEOUT_S = 10.0  # per group operation; joins wait a little longer, so a hang is reported as a failure

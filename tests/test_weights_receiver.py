@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from asyncrl.comm import groups
-from asyncrl.comm.groups import LOOPBACK
+from asyncrl.comm.groups import LOOPBACK, find_free_port
 from asyncrl.models.fp8 import quantize_for_sync
 from asyncrl.models.lora import LoraSpec, adapter_tensors, apply_lora, synced_tensors
 from asyncrl.models.presets import build_model
@@ -24,16 +24,10 @@ from asyncrl.rollout import EngineBusyError, RolloutEngine
 from asyncrl.rollout.gate import PartialWeightsError
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Prompt, Sample
-from asyncrl.weights import (
-    SyncTimeoutError,
-    WeightSyncError,
-    WeightSyncGroup,
-    checksum,
-    find_free_port,
-    pack,
-)
-from asyncrl.weights.buckets import as_bytes
+from asyncrl.weights.buckets import as_bytes, checksum, pack
 from asyncrl.weights.endpoints import SyncReceiverMixin
+from asyncrl.weights.errors import SyncTimeoutError, WeightSyncError
+from asyncrl.weights.group import WeightSyncGroup
 from tests.test_weights_group import TIMEOUT_S, run_ranks
 
 TINY_BUCKETS_MB = 0.004  # ~4 KiB: a micro model's sync is tens of buckets

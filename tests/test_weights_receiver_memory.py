@@ -20,10 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from asyncrl.comm.groups import find_free_port
 from asyncrl.models.lora import synced_tensors
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
-from asyncrl.weights import WeightSyncGroup, checksum, find_free_port
+from asyncrl.weights.buckets import checksum
+from asyncrl.weights.group import WeightSyncGroup
 
 # ~25M parameters (~95 MiB in fp32): a second copy of it dwarfs two buckets and the allocator's noise
 SHAPE = dict(hidden_size=768, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
@@ -40,7 +42,7 @@ from asyncrl.models.lora import synced_tensors
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rollout.engine import RolloutEngine
-from asyncrl.weights import checksum
+from asyncrl.weights.buckets import checksum
 from asyncrl.weights.endpoints import SyncReceiverMixin
 
 def kib(field):

@@ -16,7 +16,7 @@ from asyncrl.models.lora import synced_tensors  # noqa: E402
 from asyncrl.rollout.gate import PartialWeightsError  # noqa: E402
 from asyncrl.rollout.sampling import SamplingParams  # noqa: E402
 from asyncrl.rollout.vllm_engine import VllmEngine  # noqa: E402
-from asyncrl.weights import WeightSyncError  # noqa: E402
+from asyncrl.weights.errors import WeightSyncError  # noqa: E402
 from tests.helpers import make_data, make_model  # noqa: E402
 from tests.test_vllm import OPTIONS, assert_follows, prompts  # noqa: E402
 from tests.test_weights_receiver import close, connect, sync  # noqa: E402

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
 METRIC_PREFIX = "asyncrl_"
+GRAFANA_DASHBOARD = Path(__file__).parent / "grafana" / "asyncrl_dashboard.json"  # for the prometheus backend
 _INVALID_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 
 
