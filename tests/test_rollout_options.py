@@ -8,17 +8,10 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import ConfigError, load_config
+from asyncrl.config.rollout import COLOCATED_SHARE, GPU_SHARE, engine_dtype
 from asyncrl.config.schema import ModelConfig, RolloutConfig
 from asyncrl.config.specs import EngineSpec
-from asyncrl.rollout.vllm_options import (
-    COLOCATED_SHARE,
-    GPU_SHARE,
-    VllmOptions,
-    eager,
-    engine_dtype,
-    gpu_share,
-    memory_options,
-)
+from asyncrl.rollout.vllm_options import VllmOptions, eager, gpu_share, memory_options
 
 GIB = 2**30
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from asyncrl.config.rollout import engine_dtype
 from asyncrl.config.specs import EngineSpec
 from asyncrl.models.loading import load_model, load_tokenizer_from
 from asyncrl.models.lora import LoraSpec, apply_lora
 from asyncrl.rollout.agent.engine import AgentEngine
 from asyncrl.rollout.engine import RolloutEngine
-from asyncrl.rollout.vllm_options import engine_dtype
 
 
 def builtin_engine(spec: EngineSpec, model: PreTrainedModel, tokenizer, quantization: str | None = None) -> AgentEngine:

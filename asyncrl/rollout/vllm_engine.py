@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.checkpoint import fingerprint
+from asyncrl.config.rollout import engine_dtype
 from asyncrl.errors import UserInputError
 from asyncrl.models.fp8 import quantize_for_sync, sync_layout
 from asyncrl.models.loading import eos_token_ids
@@ -34,7 +35,7 @@ from asyncrl.rollout.vllm_model import (
     refresh_tied_cpu_layers,
     reload_and_fingerprint,
 )
-from asyncrl.rollout.vllm_options import VllmOptions, eager, engine_dtype, memory_options
+from asyncrl.rollout.vllm_options import VllmOptions, eager, memory_options
 from asyncrl.rollout.vllm_stream import VllmRow, VllmStreaming, vllm_rows
 from asyncrl.types import PrefillStats, Sample
 

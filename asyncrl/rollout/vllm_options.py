@@ -1,8 +1,8 @@
 """The options a run gives an engine (``rollout.*`` under vLLM's names), resolved for where the engine runs.
 
-Every default that depends on the device is resolved here by a pure function of the options and ``on_gpu``, so the
-GPU side is tested on the CPU: the engine's dtype (``engine_dtype``, also the built-in engine's on a rollout
-worker), CUDA graphs (``eager``), vLLM's share of the GPU (``gpu_share``: as vLLM defines it, weights + activations
+Every default that depends on the device is resolved by a pure function of the options and ``on_gpu``, so the
+GPU side is tested on the CPU: the engine's dtype (``asyncrl.config.rollout.engine_dtype``, the built-in engine's
+too), CUDA graphs (``eager``), vLLM's share of the GPU (``gpu_share``: as vLLM defines it, weights + activations
 + KV cache) and how vLLM sizes its memory and its step (``memory_options``). Whether a share holds the weights and a
 sequence's KV cache is the memory plan's to say, before any worker starts (``asyncrl.sizing``).
 """
@@ -13,18 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl.config.rollout import COLOCATED_SHARE, GPU_SHARE, engine_dtype, vllm_gpu_share
+from asyncrl.config.rollout import vllm_gpu_share
 from asyncrl.models.overrides import hf_overrides_for
-
-__all__ = [
-    "COLOCATED_SHARE",
-    "GPU_SHARE",
-    "VllmOptions",
-    "eager",
-    "engine_dtype",
-    "gpu_share",
-    "memory_options",
-]
 
 CPU_KV_SHARE = 0.05  # on the CPU: the KV cache's share of the machine's RAM
 
