@@ -12,7 +12,8 @@ import torch
 
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
-from asyncrl.rollout import EngineBusyError, RolloutEngine
+from asyncrl.rollout.engine import RolloutEngine
+from asyncrl.rollout.gate import EngineBusyError
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.slot_cache import SlotCache
 from asyncrl.rollout.streaming import StreamingEngine

@@ -8,7 +8,8 @@ import torch
 
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
-from asyncrl.rollout import EngineBusyError, RolloutEngine, WeightUpdateError
+from asyncrl.rollout.engine import RolloutEngine
+from asyncrl.rollout.gate import EngineBusyError, WeightUpdateError
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Prompt
 

@@ -20,8 +20,8 @@ from asyncrl.models.fp8 import quantize_for_sync
 from asyncrl.models.lora import LoraSpec, adapter_tensors, apply_lora, synced_tensors
 from asyncrl.models.presets import build_model
 from asyncrl.models.tokenizer import build_char_tokenizer
-from asyncrl.rollout import EngineBusyError, RolloutEngine
-from asyncrl.rollout.gate import PartialWeightsError
+from asyncrl.rollout.engine import RolloutEngine
+from asyncrl.rollout.gate import EngineBusyError, PartialWeightsError
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Prompt, Sample
 from asyncrl.weights.buckets import as_bytes, checksum, pack
