@@ -83,8 +83,8 @@ def prefill_buckets(lengths: list[int], min_saved: int = MIN_SAVED_POSITIONS) ->
     forward's left-padded to its longest. One forward unless splitting by length saves at least ``min_saved`` padded
     positions a forward more: the partition of the sorted lengths into runs that minimises padded positions plus
     ``min_saved`` per forward. Fresh groups share one prompt each and come alike; the rows a sync interrupted come back
-    with partial responses from a few tokens to hundreds (measured on the bench model: 29-32 such rows took 0.56-1.08 s
-    in one forward, padded 27-100% beyond their tokens)."""
+    with partial responses from a few tokens to hundreds (BENCHMARKS.md, "Taking interrupted rows back after a
+    sync")."""
     n = len(lengths)
     if n < 2 or n * max(lengths) - sum(lengths) < min_saved:
         return [list(range(n))]
